@@ -1,0 +1,21 @@
+# The two set-up commands of the README are `make demo` and `make test`; both install what
+# they need first (scripts/install-deps.sh is idempotent: apt for real components, pip into .venv).
+PY := .venv/bin/python
+export TSS2_LOG := all+none
+
+.PHONY: deps test demo bench clean
+
+deps:
+	./scripts/install-deps.sh
+
+test: deps
+	$(PY) -m pytest -q tests
+
+demo: deps
+	./scripts/demo.sh
+
+bench: deps
+	$(PY) -m bench
+
+clean:
+	rm -rf .venv build dist *.egg-info .pytest_cache

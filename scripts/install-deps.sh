@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Idempotent installer for everything rigbase needs on a bare Debian 12 machine:
+# Debian packages for the real components the tests drive (swtpm, umockdev, miniupnpd,
+# avahi, QEMU, debootstrap, PostgreSQL), then a virtual environment with the project.
+# Re-running it is cheap: it installs only what is missing and re-pips only when
+# pyproject.toml changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(
+  # TPM: software TPM with EK certificates, the TSS the minion links against
+  swtpm swtpm-tools tpm2-tools libtss2-dev pkg-config gcc
+  # hardware mocks that pyudev reads
+  umockdev gir1.2-umockdev-1.0 libumockdev-dev libgirepository1.0-dev libcairo2-dev
+  # UPnP router and an independent mDNS peer, in network namespaces
+  miniupnpd miniupnpd-nftables nftables avahi-daemon socat iproute2
+  # store: PostgreSQL for the second backend's tests
+  postgresql
+  # image builder and its boot test
+  debootstrap mtools dosfstools e2fsprogs fdisk cryptsetup-bin systemd-boot-efi
+  binutils zstd qemu-system-x86 ovmf python3-venv
+  # Ansible's chroot connection needs nothing extra; util-linux gives unshare
+  util-linux
+)
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "install-deps: apt packages: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  # miniupnpd's postinst asks questions and tries to start the daemon on the host: keep it quiet
+  echo "miniupnpd miniupnpd/start_daemon boolean false" | debconf-set-selections 2>/dev/null || true
+  apt-get update -qq
+  # policy-rc.d keeps package scripts from starting daemons (avahi, miniupnpd) on the host's interfaces
+  printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod +x /usr/sbin/policy-rc.d
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  rm -f /usr/sbin/policy-rc.d
+fi
+
+PY=${PYTHON:-python3}
+if [[ ! -x .venv/bin/python ]]; then
+  "$PY" -m venv .venv
+fi
+stamp=.venv/.rigbase-deps
+want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
+  echo "install-deps: pip install -e .[test]"
+  .venv/bin/pip install -q --upgrade pip wheel
+  .venv/bin/pip install -q -e '.[test]'
+  echo "$want" > "$stamp"
+fi

@@ -1,0 +1,9 @@
+"""Shared pytest configuration. Fixtures for each real component live in tests/fixtures/<component>.py."""
+
+pytest_plugins = [
+    "tests.fixtures.postgres",
+    "tests.fixtures.swtpm",
+    "tests.fixtures.netns",
+    "tests.fixtures.umockdev",
+    "tests.fixtures.gcp",
+]
