@@ -51,3 +51,22 @@ if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
   .venv/bin/pip install -q -e '.[test]'
   echo "$want" > "$stamp"
 fi
+
+# Ansible collection community.general (the chroot connection that finalizes lab nodes). It ships only
+# in the 54 MB `ansible` bundle wheel; keep just that collection (12 MB) inside .venv. The finalize
+# runner points ANSIBLE_COLLECTIONS_PATH at .venv/ansible-collections. Bundle 12.x pairs with core 2.19.
+ANSIBLE_BUNDLE='ansible>=12,<13'
+coll=.venv/ansible-collections
+if [[ ! -f $coll/.bundle || $(cat "$coll/.bundle") != "$ANSIBLE_BUNDLE" ]]; then
+  echo "install-deps: community.general from $ANSIBLE_BUNDLE"
+  dl=$(mktemp -d)
+  .venv/bin/pip download -q --no-deps -d "$dl" "$ANSIBLE_BUNDLE" 2>&1 | grep -v "is ignored: it is neither" || true
+  rm -rf "$coll.tmp"
+  .venv/bin/python - "$dl"/ansible-*.whl "$coll.tmp" <<'EOF'
+import sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z:
+    z.extractall(sys.argv[2], [n for n in z.namelist() if n.startswith("ansible_collections/community/general/")])
+EOF
+  echo "$ANSIBLE_BUNDLE" > "$coll.tmp/.bundle"
+  rm -rf "$coll" "$dl"; mv "$coll.tmp" "$coll"
+fi

@@ -2,6 +2,7 @@
 
 pytest_plugins = [
     "tests.fixtures.postgres",
+    "tests.fixtures.control_plane",
     "tests.fixtures.swtpm",
     "tests.fixtures.netns",
     "tests.fixtures.umockdev",

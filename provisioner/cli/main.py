@@ -1,5 +1,17 @@
-"""`provision` command line (filled in by the foundation work)."""
+"""`provision`: the operator's command line. Each command group is a module of provisioner/cli/;
+adding one is ONE `add_typer` line below. Shared options and output live in common.py and render.py."""
+
+from __future__ import annotations
 
 import typer
 
-app = typer.Typer(help="rigbase control plane")
+from provisioner.cli import nodes, providers, regions, serve
+
+app = typer.Typer(help="rigbase control plane: providers, regions and nodes of your GPU fleet.",
+                  no_args_is_help=True, add_completion=False, rich_markup_mode=None,
+                  pretty_exceptions_enable=False)
+
+app.command("serve")(serve.serve)
+app.add_typer(providers.app, name="provider")
+app.add_typer(regions.app, name="region")
+app.add_typer(nodes.app, name="node")

@@ -1,0 +1,216 @@
+"""`image-builder build`: run the plan (plan.py) step by step.
+
+Output is written to a temporary directory next to --output and renamed into place at the end, so a failed
+build leaves nothing half-written where an operator would flash it from."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from image_builder import disk, ext4, initramfs, manifest, measure, node_files, pe, rootfs, staging, uki, verity, wheel
+from image_builder.errors import BuildError
+from image_builder.plan import CMDLINE, ESP_NAME, IDS, IMAGE_NAME, MANIFEST_NAME, UKI_NAME, BuildConfig
+
+BUILDER_VERSION = "1"
+VERSION = "0.1.0"
+MiB = 2**20
+
+#: The PE images firmware loads on the USB boot path, in order, as the boot test's event log shows:
+#: systemd-boot (\\EFI\\BOOT\\BOOTX64.EFI), the UKI it starts, and the kernel systemd-stub loads with LoadImage.
+USB_BOOT_PATH: tuple[str, ...] = ("systemd-boot", "uki", "kernel")
+
+
+@dataclass
+class Timings:
+    steps: dict[str, float] = field(default_factory=dict)
+
+    def run(self, name: str, fn: Callable[[], Any], log: Callable[[str], None]) -> Any:
+        t0 = time.monotonic()
+        log(f"[{name}] ...")
+        result = fn()
+        self.steps[name] = round(time.monotonic() - t0, 2)
+        log(f"[{name}] done in {self.steps[name]:.1f}s")
+        return result
+
+
+def sha256_file(path: Path) -> str:
+    md = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(8 * MiB):
+            md.update(chunk)
+    return md.hexdigest()
+
+
+def read_bundle(path: Path) -> tuple[bytes, dict[str, Any]]:
+    try:
+        raw = path.read_bytes()
+        doc = json.loads(raw)
+    except OSError as exc:
+        raise BuildError(f"cannot read the bundle {path}: {exc.strerror}; write one with `provision region bundle REGION -o FILE`.") from exc
+    except ValueError as exc:
+        raise BuildError(f"{path} is not JSON; write the bundle with `provision region bundle REGION -o FILE`.") from exc
+    missing = [k for k in ("version", "control_plane_url", "region", "region_id", "provider", "join_token") if k not in doc]
+    if not isinstance(doc, dict) or missing or doc.get("version") != 1:
+        raise BuildError(f"{path} is not a version-1 enrollment bundle (missing {', '.join(missing) or 'version 1'}); "
+                         "write it with `provision region bundle REGION -o FILE`.")
+    return raw, doc
+
+
+def default_epoch(repo: Path) -> int:
+    """SOURCE_DATE_EPOCH if set, else the last commit's time: same checkout, same timestamps."""
+    if os.environ.get("SOURCE_DATE_EPOCH", "").isdigit():
+        return int(os.environ["SOURCE_DATE_EPOCH"])
+    out = subprocess.run(["git", "-C", str(repo), "log", "-1", "--format=%ct"], capture_output=True, text=True, check=False)
+    return int(out.stdout.strip()) if out.stdout.strip().isdigit() else 1700000000
+
+
+def _nvme_esp(work: Path, epoch: int) -> Path:
+    """The ESP the installer writes to the first NVMe drive: systemd-boot whose only entry is the
+    message to plug the USB drive back in (the UKI and bundle live on the USB drive only)."""
+    files = work / "nvme-esp"
+    files.mkdir()
+    (files / "loader.conf").write_text("timeout menu-force\nconsole-mode keep\neditor no\n")
+    (files / "missing.conf").write_text(
+        "title rigbase: the USB boot drive is missing. Plug in the rigbase USB drive and reboot.\n"
+        "efi /EFI/BOOT/BOOTX64.EFI\n")
+    return disk.make_esp(work / "nvme-esp.img", 32 * MiB, {
+        "EFI/BOOT/BOOTX64.EFI": _copy_pinned(uki.SYSTEMD_BOOT, files / "systemd-bootx64.efi"),
+        "loader/loader.conf": files / "loader.conf",
+        "loader/entries/rigbase-missing-usb.conf": files / "missing.conf",
+    }, IDS["nvme_esp_volume_id"], epoch)
+
+
+def _copy_pinned(src: Path, dst: Path) -> Path:
+    shutil.copyfile(src, dst)
+    return dst
+
+
+def stage_tree(base: Path, work: Path, whl: Path, epoch: int) -> Path:
+    stage = work / "stage"
+    staging.link_tree(base, stage)
+    site = stage / "usr/lib/python3/dist-packages"
+    wheel.unpack_node_packages(whl, site)
+    for rel, (text, mode) in node_files.files(VERSION).items():
+        staging.put(stage, rel, text, mode)
+    for rel, target in node_files.enable_links().items():
+        staging.link(stage, rel, target)
+    for d in node_files.DIRS:
+        (stage / d.lstrip("/")).mkdir(parents=True, exist_ok=True)
+    staging.put(stage, "/usr/share/rigbase/nvme-esp.img", _nvme_esp(work, epoch).read_bytes())
+    # The UKI carries kernel and initramfs; the root does not need copies of them.
+    for p in sorted((stage / "boot").glob("*")):
+        if p.is_file():
+            p.unlink()
+    return stage
+
+
+def build(cfg: BuildConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Build the image; returns the manifest dict (also written, signed, to cfg.output)."""
+    bundle_raw, bundle = read_bundle(cfg.bundle)
+    key = manifest.load_private_key(cfg.key)
+    epoch = cfg.source_date_epoch
+    t = Timings()
+    inputs = rootfs.inputs_for(cfg.with_nvidia, cfg.mirror)
+    cfg.cache.mkdir(parents=True, exist_ok=True)
+    cfg.output.parent.mkdir(parents=True, exist_ok=True)
+    out = Path(tempfile.mkdtemp(prefix=f".{cfg.output.name}.", dir=cfg.output.parent))
+    work = Path(tempfile.mkdtemp(prefix="work.", dir=cfg.cache))
+    try:
+        base = t.run("base", lambda: rootfs.base_tree(cfg.cache, inputs, log), log)
+        whl = t.run("wheel", lambda: wheel.build_wheel(cfg.repo, work / "wheel", epoch), log)
+        stage = t.run("stage", lambda: stage_tree(base, work, whl, epoch), log)
+        root_img = t.run("rootfs", lambda: ext4.make(stage, work / "root.ext4", IDS["root_fs_uuid"], "rigbase-root", epoch), log)
+        ver = t.run("verity", lambda: verity.format_hash(root_img, work / "root.verity"), log)
+        initrd = t.run("initramfs", lambda: initramfs.build(base, work / "initrd.cpio", epoch), log)
+        kver = initramfs.kernel_version(base)
+        cmdline = f"{CMDLINE} rigbase.roothash={ver.root_hash}"
+        parts = uki.UkiParts(kernel=base / "boot" / f"vmlinuz-{kver}", initrd=initrd,
+                             cmdline=work / "cmdline", osrel=work / "os-release")
+        parts.cmdline.write_text(cmdline)
+        parts.osrel.write_text(node_files.os_release(VERSION))
+        uki_path = t.run("uki", lambda: uki.build(parts, out / UKI_NAME, epoch), log)
+        esp_files = {"EFI/BOOT/BOOTX64.EFI": _copy_pinned(uki.SYSTEMD_BOOT, work / "BOOTX64.EFI"),
+                     "EFI/Linux/rigbase.efi": uki_path,
+                     "loader/loader.conf": work / "loader.conf",
+                     node_files.BUNDLE_ON_ESP: work / "bundle.json"}
+        (work / "loader.conf").write_text("timeout 0\ndefault rigbase.efi\neditor no\n")
+        (work / "bundle.json").write_bytes(bundle_raw)
+        esp_size = disk.mib(uki_path.stat().st_size + 8 * MiB)
+        esp_size = max(esp_size, 40 * MiB)
+        esp_img = t.run("esp", lambda: disk.make_esp(work / "esp.img", esp_size, esp_files, IDS["esp_volume_id"], epoch), log)
+        layout = disk.Layout(IDS["disk_guid"], (
+            disk.Partition(ESP_NAME, disk.ESP_TYPE, IDS["esp_partuuid"], esp_img, esp_size),
+            disk.Partition(initramfs.USB_ROOT, disk.ROOT_TYPE, IDS["root_partuuid"], root_img, disk.mib(root_img.stat().st_size)),
+            disk.Partition(initramfs.USB_VERITY, disk.VERITY_TYPE, IDS["verity_partuuid"], ver.hash_path,
+                           disk.mib(ver.hash_path.stat().st_size)),
+        ))
+        image = t.run("disk", lambda: disk.write_image(layout, out / IMAGE_NAME), log)
+        doc = t.run("measure", lambda: _manifest(cfg, inputs, base, stage, whl, bundle_raw, bundle, parts, uki_path,
+                                                   image, layout, ver, kver, cmdline, epoch), log)
+        raw = manifest.canonical(doc)
+        (out / MANIFEST_NAME).write_bytes(raw)
+        (out / (MANIFEST_NAME + manifest.SIGNATURE_SUFFIX)).write_bytes(manifest.sign(raw, key))
+        from cryptography.hazmat.primitives import serialization
+        (out / "builder.pub").write_bytes(key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+        if cfg.output.exists():
+            shutil.rmtree(cfg.output)
+        out.rename(cfg.output)
+        doc["_timings"] = t.steps
+        return doc
+    except BaseException:
+        shutil.rmtree(out, ignore_errors=True)
+        raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _manifest(cfg: BuildConfig, inputs: rootfs.RootfsInputs, base: Path, stage: Path, whl: Path, bundle_raw: bytes,
+              bundle: dict[str, Any], parts: uki.UkiParts, uki_path: Path, image: Path, layout: disk.Layout,
+              ver: verity.Verity, kver: str, cmdline: str, epoch: int) -> dict[str, Any]:
+    sections = {".linux": parts.kernel, ".osrel": parts.osrel, ".cmdline": parts.cmdline, ".initrd": parts.initrd}
+    pcr11 = measure.pcr11(sections)
+    pe_hashes = {
+        "systemd-boot": pe.authenticode_sha256(uki.SYSTEMD_BOOT.read_bytes()),
+        "uki": pe.authenticode_sha256(uki_path.read_bytes()),
+        "kernel": pe.authenticode_sha256(parts.kernel.read_bytes()),
+    }
+    packages = [dict(zip(("name", "version"), line.split(" ", 1)))
+                for line in rootfs.installed_packages(base).splitlines() if line]
+    from cryptography.hazmat.primitives import serialization
+    pub = manifest.load_private_key(cfg.key).public_key().public_bytes(serialization.Encoding.Raw,
+                                                                        serialization.PublicFormat.Raw)
+    return {
+        "schema": manifest.SCHEMA,
+        "builder": {"version": BUILDER_VERSION, "key_sha256": hashlib.sha256(pub).hexdigest()},
+        "image": {"file": IMAGE_NAME, "sha256": sha256_file(image), "size": image.stat().st_size,
+                  "partitions": {p.name: {"offset": off, "size": size, "partuuid": p.uuid}
+                                 for p, (off, size) in zip(layout.partitions, disk.partition_offsets(layout).values())}},
+        "uki": {"file": UKI_NAME, "sha256": sha256_file(uki_path), "size": uki_path.stat().st_size},
+        "kernel": {"version": kver, "cmdline": cmdline},
+        "verity": {"root_hash": ver.root_hash, "salt": verity.SALT, "data_blocks": ver.data_blocks},
+        "pe_hashes": pe_hashes,
+        "pcr4": {"boot_path": list(USB_BOOT_PATH),
+                 "sha256": measure.pcr4_for_path([pe_hashes[n] for n in USB_BOOT_PATH])},
+        "pcr11": [{"phase": phase, "sha256": value} for phase, value in pcr11.items()],
+        "pcr12": {"sha256": measure.pcr12(cmdline)},
+        "region": {"name": bundle["region"], "region_id": bundle["region_id"], "provider": bundle["provider"],
+                   "control_plane_url": bundle["control_plane_url"],
+                   "bundle_sha256": hashlib.sha256(bundle_raw).hexdigest()},
+        "packages": packages,
+        "inputs": {"suite": inputs.suite, "mirror": inputs.mirror, "packages": list(inputs.packages),
+                   "components": list(inputs.components), "with_nvidia": inputs.with_nvidia,
+                   "rootfs_key": inputs.key(), "source_date_epoch": epoch,
+                   "wheel": {"file": whl.name, "sha256": sha256_file(whl)},
+                   "source_sha256": wheel.source_digest(cfg.repo),
+                   "systemd_stub_sha256": sha256_file(uki.STUB), "systemd_boot_sha256": sha256_file(uki.SYSTEMD_BOOT)},
+    }

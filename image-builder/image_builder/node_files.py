@@ -1,0 +1,152 @@
+"""What rigbase adds to the Debian tree: systemd units, the banner, fstab, os-release. Plain data, so the
+build plan can list it and tests can read it."""
+
+from __future__ import annotations
+
+from image_builder.initramfs import OS_STATE
+
+ESP_MOUNT = "/boot/efi"
+BUNDLE_ON_ESP = "rigbase/bundle.json"
+
+INSTALLER_UNIT = """[Unit]
+Description=rigbase installer: write the OS to this node's NVMe drives
+Documentation=file:/usr/share/doc/rigbase/image-builder.md
+# Runs before any getty so that it alone reads the consoles while it asks. No udev-settle: the initramfs
+# already probed the USB and NVMe drives, and settling costs a minute under emulation.
+After=local-fs.target systemd-udevd.service
+Before=getty-pre.target getty@tty1.service serial-getty@ttyS0.service rigbase-banner.service
+Wants=getty-pre.target
+ConditionPathExists=/etc/rigbase/boot-source
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/usr/bin/python3 -m image_builder.installer
+StandardOutput=journal
+StandardError=journal
+TimeoutStartSec=infinity
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+BANNER_UNIT = """[Unit]
+Description=rigbase console banner (minion_id and requirement verdicts)
+After=rigbase-installer.service systemd-pcrphase.service
+Before=getty@tty1.service serial-getty@ttyS0.service
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/bin/sh -c '/usr/local/bin/rigbase-banner > /run/rigbase-banner.txt 2>&1; cat /run/rigbase-banner.txt > /dev/tty1; cat /run/rigbase-banner.txt > /dev/ttyS0'
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+MEASUREMENTS_UNIT = """[Unit]
+Description=rigbase boot measurements on the serial console (PCRs and the firmware event log)
+After=rigbase-banner.service systemd-pcrphase.service
+Before=serial-getty@ttyS0.service
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/usr/local/bin/rigbase-measurements
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+MINION_UNIT = f"""[Unit]
+Description=rigbase minion: attested join, heartbeats and desired state
+After=network-online.target rigbase-banner.service
+Wants=network-online.target
+ConditionPathExists={ESP_MOUNT}/{BUNDLE_ON_ESP}
+
+[Service]
+ExecStart=/usr/local/bin/minion join --bundle {ESP_MOUNT}/{BUNDLE_ON_ESP}
+Restart=on-failure
+RestartSec=30s
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+WAIT_TPM = """for i in $(seq 300); do [ -e /dev/tpmrm0 ] && break; sleep 0.1; done"""
+
+#: Until `minion banner` exists (hardware work), show `minion id`; until that exists, derive minion_id the
+#: same way from the EK certificate (SHA-256 of the EK's DER SubjectPublicKeyInfo, first 32 hex).
+BANNER_SCRIPT = f"""#!/bin/sh
+{WAIT_TPM}
+export TSS2_LOG=all+none
+if minion banner 2>/dev/null; then exit 0; fi
+ID=$(minion id 2>/dev/null)
+if [ -z "$ID" ]; then
+  ID=$(tpm2_nvread -C o 0x01c00002 2>/dev/null | openssl x509 -inform DER -pubkey -noout 2>/dev/null \\
+       | openssl pkey -pubin -outform DER 2>/dev/null | sha256sum | cut -c1-32)
+fi
+echo
+echo "==================== rigbase node ===================="
+echo "MINION_ID=$ID"
+echo "Boot source: $(cat /etc/rigbase/boot-source 2>/dev/null)"
+echo "Add this node: provision node add --minion-id $ID"
+echo "======================================================"
+"""
+
+MEASUREMENTS_SCRIPT = f"""#!/bin/sh
+# One line each, so a console reader (or the boot test) can compare them with the image manifest.
+{WAIT_TPM}
+mountpoint -q /sys/kernel/security || mount -t securityfs securityfs /sys/kernel/security
+for p in 4 11 12; do echo "RIGBASE-PCR$p=$(cat /sys/class/tpm/tpm0/pcr-sha256/$p 2>/dev/null)" > /dev/ttyS0; done
+echo "RIGBASE-EVENTLOG=$(base64 -w0 /sys/kernel/security/tpm0/binary_bios_measurements 2>/dev/null)" > /dev/ttyS0
+"""
+
+FSTAB = f"""# The root is dm-verity (read-only) under a tmpfs overlay, set up by the initramfs.
+PARTLABEL=rigbase-esp {ESP_MOUNT} vfat ro,nofail,x-systemd.device-timeout=90s 0 0
+PARTLABEL={OS_STATE} /var/lib/rigbase ext4 defaults,nofail,x-systemd.device-timeout=90s 0 2
+"""
+
+MINION_LAUNCHER = """#!/usr/bin/python3
+import sys
+from minion.cli import main
+sys.exit(main())
+"""
+
+UNITS = {
+    "rigbase-installer.service": INSTALLER_UNIT,
+    "rigbase-banner.service": BANNER_UNIT,
+    "rigbase-measurements.service": MEASUREMENTS_UNIT,
+    "rigbase-minion.service": MINION_UNIT,
+}
+
+
+def os_release(version: str) -> str:
+    return (f'NAME="rigbase"\nPRETTY_NAME="rigbase node {version} (Debian 12 bookworm)"\nID=rigbase\n'
+            f'ID_LIKE=debian\nVERSION_ID="{version}"\nIMAGE_ID=rigbase-node\nIMAGE_VERSION="{version}"\n'
+            'HOME_URL="https://github.com/rigbase"\n')
+
+
+def files(version: str) -> dict[str, tuple[str, int]]:
+    """path in the root filesystem → (content, mode)."""
+    out: dict[str, tuple[str, int]] = {
+        "/usr/local/bin/rigbase-banner": (BANNER_SCRIPT, 0o755),
+        "/usr/local/bin/rigbase-measurements": (MEASUREMENTS_SCRIPT, 0o755),
+        "/usr/local/bin/minion": (MINION_LAUNCHER, 0o755),
+        "/etc/fstab": (FSTAB, 0o644),
+        "/etc/hostname": ("rigbase\n", 0o644),
+        "/etc/hosts": ("127.0.0.1 localhost\n127.0.1.1 rigbase\n::1 localhost ip6-localhost ip6-loopback\n", 0o644),
+        "/etc/rigbase/image-version": (version + "\n", 0o644),
+    }
+    for name, text in UNITS.items():
+        out[f"/etc/systemd/system/{name}"] = (text, 0o644)
+    return out
+
+
+def enable_links() -> dict[str, str]:
+    """The symlinks `systemctl enable` would make (made directly: no chroot, no systemctl)."""
+    return {f"/etc/systemd/system/multi-user.target.wants/{n}": f"/etc/systemd/system/{n}" for n in UNITS}
+
+
+#: Directories that must exist on the read-only root (mount points).
+DIRS = (ESP_MOUNT, "/var/lib/rigbase", "/etc/rigbase")

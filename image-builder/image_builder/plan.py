@@ -1,0 +1,77 @@
+"""The build plan as plain data: the steps in order, what each reads and writes, and the fixed
+identifiers that make the output reproducible. `image-builder build --plan` prints it."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+_NS = uuid.UUID("3a1f0d5e-6b4c-4e8a-9f2d-7c1b0e5a9d42")
+
+
+def fixed_uuid(name: str) -> str:
+    """Stable UUIDs (uuid5 of a rigbase namespace) for the disk, its partitions and filesystems."""
+    return str(uuid.uuid5(_NS, name))
+
+
+#: Every identifier mkfs/sfdisk/veritysetup would otherwise randomise.
+IDS: dict[str, str] = {
+    "disk_guid": fixed_uuid("disk"),
+    "esp_partuuid": fixed_uuid("esp-partition"),
+    "root_partuuid": fixed_uuid("root-partition"),
+    "verity_partuuid": fixed_uuid("verity-partition"),
+    "root_fs_uuid": fixed_uuid("root-filesystem"),
+    "esp_volume_id": "52494742",  # "RIGB"
+    "nvme_esp_volume_id": "52494745",
+}
+
+ESP_NAME = "rigbase-esp"
+IMAGE_NAME = "rigbase-usb.img"
+UKI_NAME = "rigbase.efi"
+MANIFEST_NAME = "manifest.json"
+
+#: The kernel command line (the root hash is appended). Both consoles, so the installer and the banner
+#: reach a VGA screen and a serial-over-LAN session; gpt-auto off because the initramfs chose the root.
+CMDLINE = "console=tty0 console=ttyS0,115200 ro panic=30 systemd.gpt_auto=0 systemd.show_status=auto"
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    why: str
+    reads: tuple[str, ...]
+    writes: tuple[str, ...]
+
+
+STEPS: tuple[Step, ...] = (
+    Step("base", "debootstrap bookworm minbase + node packages, cached by inputs", ("mirror", "package set"), ("cache/rootfs/KEY/tree",)),
+    Step("wheel", "pip wheel --no-deps of this repository", ("source tree",), ("work/rigbase-*.whl",)),
+    Step("stage", "hard-link the base tree, add the minion, units, banner, installer ESP", ("base", "wheel"), ("work/stage",)),
+    Step("rootfs", "mkfs.ext4 -d with fixed UUID and hash seed, timestamps pinned", ("stage",), ("work/root.ext4",)),
+    Step("verity", "veritysetup format with a fixed salt → root hash", ("rootfs",), ("work/root.verity",)),
+    Step("initramfs", "busybox + veritysetup + storage modules, reproducible cpio", ("base",), ("work/initrd.cpio",)),
+    Step("uki", "systemd-stub + kernel + initramfs + cmdline (with root hash) + os-release; PE timestamp pinned", ("base", "initramfs", "verity"), (UKI_NAME,)),
+    Step("esp", "FAT ESP: systemd-boot, the UKI, loader.conf, the region bundle", ("uki", "bundle"), ("work/esp.img",)),
+    Step("disk", "GPT with fixed GUIDs: ESP, root, verity", ("esp", "rootfs", "verity"), (IMAGE_NAME,)),
+    Step("measure", "PCR 11 per phase (systemd-measure), PCR 12, Authenticode digests for PCR 4", ("uki",), ()),
+    Step("manifest", "manifest.json + Ed25519 detached signature", ("disk", "measure"), (MANIFEST_NAME, MANIFEST_NAME + ".sig")),
+)
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    bundle: Path
+    output: Path
+    cache: Path
+    key: Path
+    with_nvidia: bool = False
+    source_date_epoch: int = 0
+    repo: Path = Path(".")
+    mirror: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_plan(self) -> dict[str, Any]:
+        return {"config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()},
+                "ids": IDS, "cmdline": CMDLINE, "steps": [asdict(s) for s in STEPS]}

@@ -1,0 +1,86 @@
+"""`collect()`: the whole inventory of this machine (or of the umockdev testbed the process runs in).
+
+GPU facts are merged from three places, each recorded in `Gpu.sources`: NVML when the NVIDIA driver is
+bound (exact name, usable memory), sysfs (PCIe link; amdgpu's VRAM), and the catalogue in
+regions/gpus.yaml (model, fee class, form factor, and the rest when no driver is loaded).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from minion.hardware import catalogue, devices, hostfiles, nvml
+from minion.hardware.model import FormFactor, Gpu, Inventory
+from minion.hardware.units import GIB
+
+
+def collect(host_root: Path | None = None) -> Inventory:
+    import pyudev  # heavy-ish (ctypes + libudev); only the commands that need it pay for it
+
+    context = pyudev.Context()
+    notes: list[str] = []
+    pci_gpus = devices.gpus(context)
+    nvml_facts: dict[str, nvml.NvmlFacts] = {}
+    nvidia_bound = [g.pci_address for g in pci_gpus if g.driver == "nvidia"]
+    if nvidia_bound:
+        nvml_facts, problem = nvml.query(nvidia_bound)
+        if problem:
+            notes.append(problem)
+    try:
+        catalogue.load()
+        use_catalogue = True
+    except (catalogue.CatalogueMissing, OSError) as exc:
+        use_catalogue = False
+        notes.append(f"GPU catalogue unreadable: {exc}")
+    gpus = [_merge(g, nvml_facts.get(g.pci_address), use_catalogue, notes) for g in pci_gpus]
+    return Inventory(
+        hostname=hostfiles.hostname(host_root),
+        cpu=hostfiles.cpu(host_root),
+        memory_total_bytes=hostfiles.memory_total_bytes(host_root),
+        tpm=devices.tpm(context),
+        gpus=gpus,
+        drives=devices.drives(context),
+        nics=devices.nics(context),
+        notes=notes,
+    )
+
+
+def _merge(found: devices.PciGpu, live: nvml.NvmlFacts | None, use_catalogue: bool,
+           notes: list[str]) -> Gpu:
+    vendor = devices.GPU_VENDORS[found.vendor_id]
+    pci_id = f"{found.vendor_id}:{found.device_id}"
+    entry = catalogue.lookup(found.vendor_id, found.device_id) if use_catalogue else None
+    sources = {"link": "sysfs"}
+    gpu = Gpu(
+        pci_address=found.pci_address,
+        vendor_id=found.vendor_id,
+        device_id=found.device_id,
+        vendor=vendor,
+        name=f"{vendor} {pci_id}",
+        model=pci_id,
+        driver=found.driver,
+        link=found.link,
+        sources=sources,
+    )
+    if entry is not None:
+        gpu.name, gpu.model = entry.name, entry.model
+        gpu.vram_bytes = entry.vram_gib * GIB
+        gpu.gpu_class, gpu.form_factor = entry.gpu_class, entry.form_factor
+        gpu.catalogue_pcie_gen = entry.pcie_gen
+        sources.update(name="catalogue", model="catalogue", vram="catalogue", gpu_class="catalogue",
+                       form_factor="catalogue")
+    else:
+        sources.update(name="pci id", model="pci id")
+        notes.append(f"GPU {pci_id} at {found.pci_address} is not in the GPU catalogue: its fee class "
+                     "and form factor are unknown (it is treated as a PCIe card).")
+    if found.sysfs_vram_bytes:
+        gpu.vram_bytes, sources["vram"] = found.sysfs_vram_bytes, "sysfs"
+    if live is not None:
+        gpu.name, sources["name"] = live.name, "nvml"
+        gpu.vram_bytes, sources["vram"] = live.memory_total_bytes, "nvml"
+        if entry is None:
+            # Without a catalogue entry NVML's name is the best model key we have.
+            gpu.model, sources["model"] = live.name, "nvml"
+    if gpu.form_factor is FormFactor.UNKNOWN:
+        sources["form_factor"] = "unknown"
+    return gpu

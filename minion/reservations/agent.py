@@ -1,0 +1,151 @@
+"""Reconcile the node's reservations to the desired set from the heartbeat; report what is actually true.
+
+Integration is one call per heartbeat:
+
+    statuses = agent.apply([Reservation.from_dict(d) for d in response["reservations"]])
+    next_heartbeat["reservations"] = [s.to_dict() for s in statuses]
+
+`apply` is idempotent: an unchanged reservation is left alone (no re-probe, no re-announce), so calling it
+every heartbeat costs nothing. Answers that are facts (mDNS conflict, UPnP 718/606) are kept until the
+desired reservation changes, instead of being retried every heartbeat; transient UPnP failures (no IGD,
+router error) are retried on the next apply.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+
+from minion.reservations.mdns import PROBE_WINDOW_S, MdnsPublisher
+from minion.reservations.model import ActualState, MdnsState, Reservation, ReservationStatus, UpnpState
+from minion.reservations.upnp import DEFAULT_LEASE_S, UpnpMapper
+
+log = logging.getLogger(__name__)
+
+# UPnP outcomes that are settled until the desired reservation changes (not retried per heartbeat).
+SETTLED_UPNP = {UpnpState.MAPPED, UpnpState.HELD_BY_OTHER_HOST, UpnpState.REFUSED, UpnpState.OFF}
+# Summary state by precedence: the first matching rule wins.
+SUMMARY_RULES: tuple[tuple[str, ActualState], ...] = (
+    ("mdns-error", ActualState.ERROR),
+    ("mdns-conflict", ActualState.CONFLICT),
+    ("upnp-failed", ActualState.ERROR),
+    ("upnp-mapped", ActualState.MAPPED),
+    ("otherwise", ActualState.PUBLISHED),
+)
+
+
+def summarize(mdns: MdnsState, upnp: UpnpState) -> ActualState:
+    facts = {
+        "mdns-error": mdns is MdnsState.ERROR,
+        "mdns-conflict": mdns is MdnsState.CONFLICT,
+        "upnp-failed": upnp not in (UpnpState.OFF, UpnpState.MAPPED),
+        "upnp-mapped": upnp is UpnpState.MAPPED,
+        "otherwise": True,
+    }
+    return next(state for fact, state in SUMMARY_RULES if facts[fact])
+
+
+class ReservationAgent:
+    """One per node: mDNS on the LAN address always, UPnP only when the node has it on."""
+
+    def __init__(
+        self,
+        lan_address: str,
+        *,
+        upnp: bool,
+        igd_url: str | None = None,
+        igd_cache: Path | None = None,
+        lease_s: int = DEFAULT_LEASE_S,
+        probe_window_s: float = PROBE_WINDOW_S,
+    ) -> None:
+        self.mdns = MdnsPublisher(lan_address, probe_window_s=probe_window_s)
+        self.upnp = UpnpMapper(lan_address, lease_s=lease_s, igd_url=igd_url, cache_path=igd_cache) if upnp else None
+        self.desired: dict[str, Reservation] = {}
+        self._lock = threading.RLock()
+        self._renewer: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    @property
+    def lan_address(self) -> str:
+        return self.mdns.address
+
+    def apply(self, desired: list[Reservation]) -> list[ReservationStatus]:
+        """Make the node serve exactly `desired`; return the actual state of each, in `desired` order."""
+        with self._lock:
+            wanted = {r.name: r for r in desired}
+            for name, current in list(self.desired.items()):
+                if wanted.get(name) != current:
+                    self._withdraw(name)
+            for res in desired:
+                if self.desired.get(res.name) != res:
+                    self.desired[res.name] = res
+                    self.mdns.publish(res)
+                if self.upnp is not None:
+                    mapping = self.upnp.mappings.get(res.name)
+                    if mapping is None or mapping.state not in SETTLED_UPNP:
+                        self.upnp.map(res)
+            return [self.status(r.name) for r in desired]
+
+    def _withdraw(self, name: str) -> None:
+        self.desired.pop(name, None)
+        self.mdns.unpublish(name)
+        if self.upnp is not None:
+            self.upnp.unmap(name)
+
+    def status(self, name: str) -> ReservationStatus:
+        mdns_state, mdns_reason = self.mdns.state(name) or (MdnsState.ERROR, "not published")
+        mapping = self.upnp.mappings.get(name) if self.upnp is not None else None
+        upnp_state = mapping.state if mapping is not None else UpnpState.OFF
+        state = summarize(mdns_state, upnp_state)
+        reason = mdns_reason or (mapping.reason if mapping is not None else None)
+        return ReservationStatus(
+            name=name,
+            state=state,
+            mdns=mdns_state,
+            upnp=upnp_state,
+            address=self.lan_address if mdns_state is MdnsState.PUBLISHED else None,
+            external_address=mapping.external_address if mapping is not None else None,
+            reason=reason,
+        )
+
+    def statuses(self) -> list[ReservationStatus]:
+        with self._lock:
+            return [self.status(name) for name in self.desired]
+
+    def set_address(self, lan_address: str) -> list[ReservationStatus]:
+        """DHCP gave the node a new LAN address: re-announce the names, re-point the mappings."""
+        with self._lock:
+            self.mdns.set_address(lan_address)
+            if self.upnp is not None:
+                names = list(self.upnp.mappings)
+                self.upnp.close()
+                self.upnp.lan_address = lan_address
+                self.upnp._upnp = None  # miniupnpc binds SSDP/HTTP to the old address
+                for name in names:
+                    self.upnp.map(self.desired[name])
+            return self.statuses()
+
+    def renew(self, now: float | None = None) -> list[str]:
+        """Renew UPnP leases that are past half their lifetime (called by the background renewer)."""
+        with self._lock:
+            return self.upnp.renew_due(now) if self.upnp is not None else []
+
+    def start_renewer(self, interval_s: float = 5.0) -> None:
+        def loop() -> None:
+            while not self._stop.wait(interval_s):
+                try:
+                    self.renew()
+                except Exception:  # noqa: BLE001 - a renewal failure must not kill the thread
+                    log.exception("UPnP lease renewal failed")
+
+        self._renewer = threading.Thread(target=loop, name="upnp-renewer", daemon=True)
+        self._renewer.start()
+
+    def close(self) -> None:
+        """Shutdown: goodbyes for every name, remove every mapping we hold."""
+        self._stop.set()
+        with self._lock:
+            for name in list(self.desired):
+                self._withdraw(name)
+            self.mdns.close()

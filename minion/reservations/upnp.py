@@ -1,0 +1,173 @@
+"""Forward reservation ports through the LAN's router with UPnP IGD (miniupnpc).
+
+Discovery is SSDP (about a second) and is done once: the IGD's root description URL is cached (in
+memory and, given `cache_path`, on disk), and later sessions go straight to `selectigd(url)`
+(milliseconds). If the cached URL stops answering we fall back to SSDP once.
+
+Router answers that are a fact about the network, not a transient failure, become reported state and
+are not retried: 718 ConflictInMappingEntry (another LAN host holds the external port) and 606 Action
+not authorized (router policy). Mappings carry a lease; `renew_due()` re-adds them at half the lease,
+so a crashed node's mapping expires on its own instead of pointing at a reused address forever.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from minion.reservations.model import Protocol, Reservation, UpnpState
+
+log = logging.getLogger(__name__)
+
+DEFAULT_LEASE_S = 3600
+DISCOVER_DELAY_MS = 500
+# miniupnpc exposes only the control URL after discovery, not the root description URL it came from;
+# these are the root description paths of common IGD firmwares (miniupnpd first: most home routers).
+ROOT_DESC_PATHS = ("/rootDesc.xml", "/igd.xml", "/gatedesc.xml", "/description.xml")
+
+# miniupnpc raises Exception(strupnperror(code)); the text is all we get, so map it back to meaning.
+UPNP_ERRORS: dict[str, tuple[UpnpState, str]] = {
+    "ConflictInMappingEntry": (UpnpState.HELD_BY_OTHER_HOST, "UPnP 718: another host already maps external port {port}"),
+    "Action not authorized": (UpnpState.REFUSED, "UPnP 606: the router refused to map external port {port}"),
+}
+
+
+@dataclass
+class Mapping:
+    reservation: Reservation
+    state: UpnpState
+    reason: str | None = None
+    external_address: str | None = None
+    renew_at: float = 0.0
+
+
+class UpnpMapper:
+    """Maps reservation ports on the IGD for one node (`lan_address`); use only when UPnP is on."""
+
+    def __init__(
+        self,
+        lan_address: str,
+        *,
+        lease_s: int = DEFAULT_LEASE_S,
+        cache_path: Path | None = None,
+        igd_url: str | None = None,
+        description: str = "rigbase",
+    ) -> None:
+        self.lan_address = lan_address
+        self.lease_s = lease_s
+        self.cache_path = cache_path
+        self.description = description
+        self.igd_url = igd_url or self._read_cache()
+        self._upnp: object | None = None  # miniupnpc.UPnP once an IGD is selected
+        self._lock = threading.Lock()
+        self.mappings: dict[str, Mapping] = {}
+
+    # -- IGD -------------------------------------------------------------------------------------
+    def _read_cache(self) -> str | None:
+        if self.cache_path and self.cache_path.exists():
+            return self.cache_path.read_text().strip() or None
+        return None
+
+    def _write_cache(self, url: str) -> None:
+        self.igd_url = url
+        if self.cache_path:
+            self.cache_path.parent.mkdir(parents=True, exist_ok=True)
+            self.cache_path.write_text(url + "\n")
+
+    def _new_client(self) -> object:
+        import miniupnpc  # only nodes with UPnP on load the C extension
+
+        # multicastif keeps SSDP on the LAN interface; never on the other interfaces of the node.
+        return miniupnpc.UPnP(multicastif=self.lan_address, discoverdelay=DISCOVER_DELAY_MS)
+
+    def igd(self) -> object:
+        """The selected IGD client: cached URL first (no SSDP), SSDP discovery as the fallback."""
+        if self._upnp is not None:
+            return self._upnp
+        if self.igd_url:
+            client = self._new_client()
+            try:
+                client.selectigd(self.igd_url)  # type: ignore[attr-defined]
+                self._upnp = client
+                return client
+            except Exception as exc:  # noqa: BLE001 - a stale cache falls back to discovery
+                log.info("cached IGD %s did not answer (%s); discovering again", self.igd_url, exc)
+        client = self._new_client()
+        if client.discover() == 0:  # type: ignore[attr-defined]
+            raise LookupError("no UPnP Internet Gateway Device answered on the LAN")
+        control_url = client.selectigd()  # type: ignore[attr-defined]
+        self._upnp = client
+        self._remember_root_desc(control_url)
+        return client
+
+    def _remember_root_desc(self, control_url: str) -> None:
+        parts = urlsplit(control_url)
+        for path in ROOT_DESC_PATHS:
+            url = f"{parts.scheme}://{parts.netloc}{path}"
+            try:
+                if self._new_client().selectigd(url) == control_url:  # type: ignore[attr-defined]
+                    self._write_cache(url)
+                    return
+            except Exception:  # noqa: BLE001 - just not this path
+                continue
+        log.info("IGD root description URL not found under %s; SSDP will run again next time", parts.netloc)
+
+    # -- mappings --------------------------------------------------------------------------------
+    def map(self, res: Reservation) -> Mapping:
+        """Add (or refresh) external PORT → lan_address:PORT with a lease; failures become state."""
+        with self._lock:
+            mapping = self._add(res)
+            self.mappings[res.name] = mapping
+            return mapping
+
+    def _add(self, res: Reservation) -> Mapping:
+        try:
+            client = self.igd()
+        except LookupError as exc:
+            return Mapping(res, UpnpState.NO_IGD, str(exc))
+        proto = res.protocol.value.upper()
+        try:
+            client.addportmapping(  # type: ignore[attr-defined]
+                res.port, proto, self.lan_address, res.port, f"{self.description} {res.name}", "", self.lease_s
+            )
+            external_ip = client.externalipaddress()  # type: ignore[attr-defined]
+        except Exception as exc:  # noqa: BLE001 - miniupnpc reports every SOAP error as Exception
+            state, template = UPNP_ERRORS.get(str(exc), (UpnpState.ERROR, "UPnP error: {error}"))
+            if state is UpnpState.ERROR:
+                self._upnp = None  # the router may have restarted: select it again next time
+            return Mapping(res, state, template.format(port=res.port, error=exc))
+        return Mapping(
+            res, UpnpState.MAPPED, None, f"{external_ip}:{res.port}", time.monotonic() + self.lease_s / 2
+        )
+
+    def unmap(self, name: str) -> None:
+        """Remove the mapping if we hold it; a refused or conflicting one was never ours to remove."""
+        with self._lock:
+            mapping = self.mappings.pop(name, None)
+            if mapping is None or mapping.state is not UpnpState.MAPPED:
+                return
+            res = mapping.reservation
+            try:
+                self.igd().deleteportmapping(res.port, res.protocol.value.upper())  # type: ignore[attr-defined]
+            except Exception as exc:  # noqa: BLE001 - the lease expires on its own anyway
+                log.warning("removing UPnP mapping for port %s failed: %s", res.port, exc)
+
+    def renew_due(self, now: float | None = None) -> list[str]:
+        """Re-add every mapping past half its lease; returns the names renewed."""
+        now = time.monotonic() if now is None else now
+        due = [m.reservation for m in self.mappings.values() if m.state is UpnpState.MAPPED and m.renew_at <= now]
+        for res in due:
+            self.map(res)
+        return [r.name for r in due]
+
+    def lookup(self, port: int, protocol: Protocol) -> tuple[str, int, str, bool, int] | None:
+        """The router's own view of a mapping: (internal host, internal port, description, enabled, lease)."""
+        return self.igd().getspecificportmapping(port, protocol.value.upper())  # type: ignore[attr-defined]
+
+    def close(self) -> None:
+        for name in list(self.mappings):
+            self.unmap(name)

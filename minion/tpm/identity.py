@@ -1,0 +1,17 @@
+"""The node's identity for humans: minion_id, shown on the console banner and typed by the operator
+into `provision node add --minion-id`. Derived from the TPM's EK, so reinstalling the OS keeps it."""
+
+from __future__ import annotations
+
+from minion.tpm.errors import TpmUnavailable
+from minion.tpm.session import TpmSession, minion_id_from_spki
+
+__all__ = ["TpmUnavailable", "minion_id", "minion_id_from_spki"]
+
+
+def minion_id(tcti: str | None = None) -> str:
+    """minion_id of the TPM on `tcti` (default: --tcti/RIGBASE_TCTI/`device:/dev/tpmrm0`).
+
+    Raises TpmUnavailable, whose message says what to check, when no TPM answers."""
+    with TpmSession(tcti) as session:
+        return session.endorsement_key().minion_id

@@ -1,0 +1,64 @@
+"""Ansible filter `rigbase_scratch_layout`: the scratch volume a node gets from its NVMe drives.
+
+Computed in one pure function so a lab root (no block devices) and a real node get byte-identical
+/etc/rigbase/scratch.yaml and fstab entries for the same inputs; only the real node goes on to
+partition, assemble and format. The filesystem is addressed by LABEL in fstab because its UUID only
+exists after mkfs, which a lab never runs.
+
+Rules: no drive → no scratch volume; one drive → one GPT partition formatted directly; two or more →
+one partition per drive striped as RAID0 (md) — scratch is a cache of data that lives elsewhere, so
+capacity and bandwidth win over redundancy.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+SCRATCH_LABEL = "rigbase-scratch"  # ext4 labels hold 16 bytes
+MD_NAME = "rigbase-scratch"
+FSTYPE = "ext4"
+
+
+def partition_path(device: str, number: int = 1) -> str:
+    """/dev/nvme0n1 → /dev/nvme0n1p1, /dev/sda → /dev/sda1 (the kernel adds 'p' after a digit)."""
+    return f"{device}p{number}" if re.search(r"\d$", device) else f"{device}{number}"
+
+
+def scratch_layout(drives: list[dict[str, Any]] | list[str], mountpoint: str = "/scratch",
+                   label: str = SCRATCH_LABEL, exclude: list[str] | None = None) -> dict[str, Any]:
+    """`exclude`: drives found in use on a real node (the one holding the OS)."""
+    excluded = sorted(set(exclude or []))
+    paths = sorted({d if isinstance(d, str) else d["path"] for d in drives or []} - set(excluded))
+    sizes = {d["path"]: int(d.get("size_bytes") or 0) for d in drives or [] if isinstance(d, dict)}
+    for path in paths:
+        if not re.fullmatch(r"/dev/[A-Za-z0-9/_-]+", path):
+            raise ValueError(f"{path!r} is not a block device path under /dev")
+    partitions = [partition_path(p) for p in paths]
+    if not paths:
+        kind, device, raid = "none", None, None
+    elif len(paths) == 1:
+        kind, device, raid = "single", partitions[0], None
+    else:
+        kind, device = "raid0", f"/dev/md/{MD_NAME}"
+        raid = {"device": device, "name": MD_NAME, "level": 0, "members": partitions}
+    total = sum(sizes.get(p, 0) for p in paths)
+    return {
+        "kind": kind,
+        "drives": paths,
+        "excluded": excluded,
+        "partitions": partitions,
+        "raid": raid,
+        "device": device,
+        "filesystem": FSTYPE if device else None,
+        "label": label if device else None,
+        "mountpoint": mountpoint,
+        "size_bytes": total or None,
+        # nofail: a dead scratch drive must not keep the node from booting and reporting the fault
+        "fstab": f"LABEL={label} {mountpoint} {FSTYPE} defaults,noatime,nofail 0 2" if device else None,
+    }
+
+
+class FilterModule:
+    def filters(self) -> dict[str, Any]:
+        return {"rigbase_scratch_layout": scratch_layout}

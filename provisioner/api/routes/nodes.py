@@ -1,0 +1,61 @@
+"""/v1/nodes: add, list (keyset pages of at most 500), show, remove, replace, maintenance, history."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Response
+
+from provisioner.api.deps import Db, Operator
+from provisioner.api.schemas import EventOut, MaintenanceIn, NodeIn, NodeOut, Page, ReplaceIn
+from provisioner.services import nodes as service
+
+router = APIRouter(prefix="/v1/nodes", tags=["nodes"])
+
+
+@router.post("", status_code=201)
+def add(body: NodeIn, session: Db, actor: Operator) -> NodeOut:
+    node = service.add(session, body.name, region=body.region, minion_id=body.minion_id, service=body.service,
+                       hostname=body.hostname, upnp=body.upnp, mining=body.mining, actor=actor)
+    return NodeOut.of(node)
+
+
+@router.get("", response_model=Page[NodeOut])
+def list_nodes(
+    session: Db, region: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=service.MAX_PAGE)] = 100,
+    after: str | None = None, include_removed: bool = False,
+) -> Response:
+    rows, cursor = service.list_page(session, region=region, limit=limit, after=after,
+                                     include_removed=include_removed)
+    # serialised once by pydantic-core: FastAPI would validate the 500 items a second time
+    page = Page[NodeOut](items=[NodeOut.of(n) for n in rows], next=cursor)
+    return Response(page.model_dump_json(), media_type="application/json")
+
+
+@router.get("/{ref}")
+def show(ref: str, session: Db, region: str | None = None) -> NodeOut:
+    return NodeOut.of(service.get(session, ref, region))
+
+
+@router.delete("/{ref}")
+def remove(ref: str, session: Db, actor: Operator, region: str | None = None) -> NodeOut:
+    return NodeOut.of(service.remove(session, ref, region=region, actor=actor))
+
+
+@router.post("/{ref}/replace", status_code=201)
+def replace(ref: str, body: ReplaceIn, session: Db, actor: Operator, region: str | None = None) -> NodeOut:
+    return NodeOut.of(service.replace(session, ref, minion_id=body.minion_id, region=region, actor=actor))
+
+
+@router.post("/{ref}/maintenance")
+def maintenance(ref: str, body: MaintenanceIn, session: Db, actor: Operator, region: str | None = None) -> NodeOut:
+    return NodeOut.of(service.maintenance(session, ref, body.mode, region=region, actor=actor, reason=body.reason))
+
+
+@router.get("/{ref}/history")
+def history(ref: str, session: Db, region: str | None = None) -> Page[EventOut]:
+    _, events = service.history(session, ref, region)
+    return Page(items=[EventOut(id=e.id, at=e.at, actor=e.actor, resource_id=e.resource_id, name=e.resource_name,
+                                from_state=e.from_state, to_state=e.to_state, reason=e.reason, state=e.to_state)
+                       for e in events])

@@ -1,0 +1,33 @@
+"""/v1/regions: create, list, show, remove (?force=true removes its nodes too)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from provisioner.api.deps import Db, Operator
+from provisioner.api.schemas import Page, RegionIn, RegionOut
+from provisioner.services import regions as service
+
+router = APIRouter(prefix="/v1/regions", tags=["regions"])
+
+
+@router.post("", status_code=201)
+def create(body: RegionIn, session: Db, actor: Operator) -> RegionOut:
+    region = service.create(session, body.name, provider=body.provider, storage_mode=body.storage_mode,
+                            public_jobs=body.public_jobs, options=body.options, actor=actor)
+    return RegionOut.of(region)
+
+
+@router.get("")
+def list_regions(session: Db, provider: str | None = None) -> Page[RegionOut]:
+    return Page(items=[RegionOut.of(r) for r in service.list_all(session, provider)])
+
+
+@router.get("/{ref}")
+def show(ref: str, session: Db, provider: str | None = None) -> RegionOut:
+    return RegionOut.of(service.get(session, ref, provider))
+
+
+@router.delete("/{ref}")
+def remove(ref: str, session: Db, actor: Operator, force: bool = False, provider: str | None = None) -> RegionOut:
+    return RegionOut.of(service.remove(session, ref, force=force, provider=provider, actor=actor))

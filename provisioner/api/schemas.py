@@ -1,0 +1,127 @@
+"""Wire shapes of the operator API (pydantic 2). Lists are pages: {"items": [...], "next": cursor}."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Generic, TypeVar
+
+from pydantic import BaseModel, Field
+
+from provisioner.states import is_online
+from provisioner.store.models import Node, Provider, Region
+
+T = TypeVar("T")
+
+
+class Page(BaseModel, Generic[T]):
+    items: list[T]
+    next: str | None = Field(None, description="cursor for the next page (`after=`); null at the end")
+
+
+class ProviderIn(BaseModel):
+    kind: str
+    payment_mode: str | None = None
+    config: dict[str, Any] = Field(default_factory=dict)
+
+
+class ProviderOut(BaseModel):
+    id: str
+    kind: str
+    payment_mode: str
+    state: str
+    reason: str | None
+    config: dict[str, Any]
+    created_at: datetime
+
+    @classmethod
+    def of(cls, p: Provider) -> ProviderOut:
+        return cls(id=p.id, kind=p.kind, payment_mode=p.payment_mode, state=p.state, reason=p.reason,
+                   config=p.public_config or {}, created_at=p.created_at)
+
+
+class RegionIn(BaseModel):
+    name: str
+    provider: str
+    storage_mode: str = "local"
+    public_jobs: bool = True
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class RegionOut(BaseModel):
+    id: str
+    name: str
+    provider: str
+    provider_id: str
+    storage_mode: str
+    public_jobs: bool
+    state: str
+    reason: str | None
+    settings: dict[str, Any]
+    created_at: datetime
+
+    @classmethod
+    def of(cls, r: Region) -> RegionOut:
+        return cls(id=r.id, name=r.name, provider=r.provider.kind, provider_id=r.provider_id,
+                   storage_mode=r.storage_mode, public_jobs=r.public_jobs, state=r.state, reason=r.reason,
+                   settings=r.settings or {}, created_at=r.created_at)
+
+
+class NodeIn(BaseModel):
+    name: str
+    region: str
+    minion_id: str
+    service: str = "compute"
+    hostname: str | None = None
+    upnp: bool = True
+    mining: bool = False
+
+
+class NodeOut(BaseModel):
+    id: str
+    name: str
+    region: str
+    region_id: str
+    minion_id: str
+    service: str
+    hostname: str | None
+    upnp: bool
+    mining: bool
+    state: str
+    reason: str | None
+    online: bool = Field(description="derived: last heartbeat within the online window")
+    last_heartbeat_at: datetime | None
+    inventory: dict[str, Any] | None
+    requirements: dict[str, Any] | None
+    created_at: datetime
+    updated_at: datetime
+    version: int
+
+    @classmethod
+    def of(cls, n: Node) -> NodeOut:
+        return cls(id=n.id, name=n.name, region=n.region.name, region_id=n.region_id, minion_id=n.minion_id,
+                   service=n.service, hostname=n.hostname, upnp=n.upnp, mining=n.mining, state=n.state,
+                   reason=n.reason, online=is_online(n.last_heartbeat_at), last_heartbeat_at=n.last_heartbeat_at,
+                   inventory=n.inventory, requirements=n.requirements, created_at=n.created_at,
+                   updated_at=n.updated_at, version=n.version)
+
+
+class ReplaceIn(BaseModel):
+    minion_id: str
+
+
+class MaintenanceIn(BaseModel):
+    mode: str = Field(description="on | off | toggle")
+    reason: str | None = None
+
+
+class EventOut(BaseModel):
+    id: int
+    at: datetime
+    actor: str
+    resource_id: str
+    name: str
+    from_state: str | None
+    to_state: str
+    reason: str | None
+    # history lists are stateful-resource lists too: `state` is the state the event moved to
+    state: str

@@ -1,0 +1,64 @@
+"""Verify a TPM quote: structure, AK signature, nonce, PCR selection, and that the reported PCR values
+hash to the digest the TPM signed. Order matters: nothing inside TPMS_ATTEST is believed before the
+signature over it has verified."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from provisioner.attestation.keys import public_key, signature_valid
+from provisioner.attestation.refusals import Refusal, RefusalCode, refuse
+from provisioner.attestation.tpm_structures import (
+    Alg,
+    MalformedStructure,
+    QuoteInfo,
+    TpmPublic,
+    parse_quote,
+    parse_signature,
+)
+
+PCR_BANK = "sha256"
+# sha256 PCRs every quote must cover: firmware/boot chain 0-7, UKI 11, command line 12, shim/MOK 14.
+REQUIRED_PCRS: tuple[int, ...] = (0, 1, 2, 3, 4, 5, 6, 7, 11, 12, 14)
+
+
+@dataclass(frozen=True)
+class QuoteEvidence:
+    attest: bytes  # TPMS_ATTEST, exactly as signed
+    signature: bytes  # TPMT_SIGNATURE
+    pcrs: Mapping[int, bytes]  # sha256 values the node read for the quoted PCRs
+
+
+@dataclass(frozen=True)
+class VerifiedQuote:
+    info: QuoteInfo
+    pcrs: dict[int, bytes]
+
+
+def verify_quote(
+    ak: TpmPublic, evidence: QuoteEvidence, nonce: bytes, required: Sequence[int] = REQUIRED_PCRS
+) -> VerifiedQuote | Refusal:
+    """A VerifiedQuote, or the first Refusal in the order structure → signature → nonce → PCRs."""
+    try:
+        info = parse_quote(evidence.attest)
+        signature = parse_signature(evidence.signature)
+    except MalformedStructure as exc:
+        return refuse(RefusalCode.quote_malformed, str(exc))
+    if not signature_valid(public_key(ak), signature, evidence.attest):
+        return refuse(RefusalCode.quote_signature_invalid)
+    if not hmac.compare_digest(info.extra_data, nonce):
+        return refuse(RefusalCode.nonce_mismatch)
+    wanted = tuple(sorted(set(required)))
+    if len(info.pcr_select) != 1 or info.pcr_select[0].bank != Alg.SHA256 or info.pcr_select[0].indices != wanted:
+        got = ", ".join(f"{s.bank.name.lower()}:{list(s.indices)}" for s in info.pcr_select) or "none"
+        return refuse(RefusalCode.pcr_selection_mismatch, f"wanted sha256:{list(wanted)}, quoted {got}")
+    if sorted(evidence.pcrs) != list(wanted):
+        return refuse(RefusalCode.pcr_digest_mismatch, missing=sorted(set(wanted) - set(evidence.pcrs)))
+    # TPM2_Quote hashes the selected PCR values in ascending index order.
+    digest = hashlib.sha256(b"".join(evidence.pcrs[i] for i in wanted)).digest()
+    if not hmac.compare_digest(digest, info.pcr_digest):
+        return refuse(RefusalCode.pcr_digest_mismatch)
+    return VerifiedQuote(info, {i: bytes(evidence.pcrs[i]) for i in wanted})

@@ -1,0 +1,116 @@
+"""Why an attestation was refused, as data: one enum member per reason, each with the sentence an
+operator reads in the audit log and in `provision node pending`, and the API error it becomes.
+
+Refusals are returned, not raised: the join service records every one in the audit log (who, which
+minion_id, which step), and only then turns it into an HTTP answer with `Refusal.as_error()`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from provisioner.errors import Forbidden, InvalidInput, RigbaseError
+
+
+class RefusalCode(str, Enum):
+    """Each value is the machine-readable `code` in the API error and the audit entry."""
+
+    malformed_request = "attestation_malformed_request"
+    ek_invalid = "attestation_ek_invalid"
+    ek_untrusted_ca = "attestation_ek_untrusted_ca"
+    ek_certificate_missing = "attestation_ek_certificate_missing"
+    ek_certificate_mismatch = "attestation_ek_certificate_mismatch"
+    minion_id_mismatch = "attestation_minion_id_mismatch"
+    ak_invalid = "attestation_ak_invalid"
+    wrong_secret = "attestation_wrong_secret"
+    quote_malformed = "attestation_quote_malformed"
+    quote_signature_invalid = "attestation_quote_signature_invalid"
+    nonce_unknown = "attestation_nonce_unknown"
+    nonce_replayed = "attestation_nonce_replayed"
+    nonce_expired = "attestation_nonce_expired"
+    nonce_mismatch = "attestation_nonce_mismatch"
+    pcr_selection_mismatch = "attestation_pcr_selection_mismatch"
+    pcr_digest_mismatch = "attestation_pcr_digest_mismatch"
+    pcr_manifest_mismatch = "attestation_pcr_manifest_mismatch"
+    pcr_changed = "attestation_pcr_changed"
+
+
+# The operator-facing sentence per code: what happened and what to do next. `{detail}` is filled from
+# Refusal.detail["summary"] when the step has specifics (which CA, which PCRs).
+MESSAGES: dict[RefusalCode, str] = {
+    RefusalCode.malformed_request: "The join request is malformed ({detail}); update the minion and retry.",
+    RefusalCode.ek_invalid: "The endorsement key is not a standard RSA-2048 EK ({detail}); this TPM cannot join.",
+    RefusalCode.ek_untrusted_ca: (
+        "The EK certificate does not chain to a trusted TPM vendor CA ({detail}); add the vendor's CA "
+        "with `provision tpm-ca add` if you trust it."
+    ),
+    RefusalCode.ek_certificate_missing: (
+        "The TPM has no EK certificate and this region does not accept EKs without one; enable that "
+        "per region only if you trust the hardware's origin."
+    ),
+    RefusalCode.ek_certificate_mismatch: (
+        "The EK certificate certifies a different key than the TPM's EK; the node may be impersonating "
+        "another TPM, investigate before retrying."
+    ),
+    RefusalCode.minion_id_mismatch: (
+        "The claimed minion_id does not match the EK ({detail}); the node misreports its identity, "
+        "check its software."
+    ),
+    RefusalCode.ak_invalid: "The attestation key is not a restricted signing key ({detail}); update the minion.",
+    RefusalCode.wrong_secret: (
+        "The node could not recover the credential secret, so its AK is not in the TPM that owns this EK; "
+        "the join is refused, investigate the node."
+    ),
+    RefusalCode.quote_malformed: "The TPM quote is malformed ({detail}); retry the join, then check the node.",
+    RefusalCode.quote_signature_invalid: (
+        "The TPM quote's signature does not verify with the node's AK; the quote was altered, investigate the node."
+    ),
+    RefusalCode.nonce_unknown: "The attestation nonce was never issued by this control plane; restart the join.",
+    RefusalCode.nonce_replayed: "The attestation nonce was already used (a replay); restart the join for a fresh one.",
+    RefusalCode.nonce_expired: "The attestation nonce expired before the proof arrived ({detail}); restart the join.",
+    RefusalCode.nonce_mismatch: (
+        "The quote is not over this challenge's nonce (a stale or replayed quote); restart the join."
+    ),
+    RefusalCode.pcr_selection_mismatch: "The quote does not cover the required PCRs ({detail}); update the minion.",
+    RefusalCode.pcr_digest_mismatch: (
+        "The reported PCR values do not hash to the quoted PCR digest; the node misreports its measurements."
+    ),
+    RefusalCode.pcr_manifest_mismatch: (
+        "PCR values differ from the image manifest ({detail}); the node did not boot the registered image, "
+        "reinstall it from the region's boot media."
+    ),
+    RefusalCode.pcr_changed: (
+        "PCR values changed since they were recorded ({detail}); the node's boot chain changed, "
+        "inspect it and re-record with the operator's approval."
+    ),
+}
+
+# Malformed input is the client's bug (422); everything else is a trust decision (403).
+_ERROR_CLASS: dict[RefusalCode, type[RigbaseError]] = {RefusalCode.malformed_request: InvalidInput}
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """One refusal: its code, the sentence for the operator, and structured detail for the audit log."""
+
+    code: RefusalCode
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def message(self) -> str:
+        return MESSAGES[self.code].format(detail=self.detail.get("summary", "no detail"))
+
+    def as_error(self) -> RigbaseError:
+        return _ERROR_CLASS.get(self.code, Forbidden)(self.message, code=self.code.value)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"code": self.code.value, "message": self.message, "detail": self.detail}
+
+
+def refuse(code: RefusalCode, summary: str | None = None, **extra: Any) -> Refusal:
+    detail: dict[str, Any] = dict(extra)
+    if summary is not None:
+        detail["summary"] = summary
+    return Refusal(code, detail)

@@ -1,0 +1,111 @@
+"""`provision node …`: add, list, show, remove, replace, maintenance, history."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated
+
+import typer
+
+from provisioner.cli import render
+from provisioner.cli.client import Client
+from provisioner.cli.common import Json, RegionOpt, Timeout, Wait, Yes, confirm, group
+from provisioner.cli.wait import wait_for_state
+from provisioner.states import NodeState, Service
+
+app = group("Nodes: servers added by the minion_id shown on their console.")
+COLUMNS = [("id", "ID"), ("name", "NAME"), ("region", "REGION"), ("service", "SERVICE"), ("minion_id", "MINION ID"),
+           ("state", "STATE"), ("online", "ONLINE"), ("reason", "REASON")]
+HISTORY_COLUMNS = [("at", "WHEN"), ("actor", "WHO"), ("from_state", "FROM"), ("to_state", "TO"), ("reason", "WHY"),
+                   ("resource_id", "NODE ID")]
+# a freshly added node is ready (or failed) once its minion has joined and playbooks have run
+READY = {NodeState.MAINTENANCE.value, NodeState.ACTIVE.value}
+FAILED = {NodeState.ERRORED.value, NodeState.REMOVED.value}
+
+
+class MaintenanceMode(StrEnum):
+    on = "on"
+    off = "off"
+    toggle = "toggle"
+
+
+def _wait_ready(client: Client, node: dict, timeout: float) -> dict:
+    return wait_for_state(client, f"/v1/nodes/{node['id']}", done=READY, failed=FAILED, timeout=timeout)
+
+
+@app.command("add")
+def add(
+    name: Annotated[str, typer.Argument(help="DNS label, unique in its region.")],
+    region: Annotated[str, typer.Option("--region", "-r", help="Region to add the node to.")],
+    minion_id: Annotated[str, typer.Option("--minion-id", help="32 hex characters shown on the node's console.")],
+    service: Annotated[Service, typer.Option("--service", help="compute or storage (one storage node per region).")] = Service.COMPUTE,
+    hostname: Annotated[str | None, typer.Option("--hostname", help="DNS name the node is reached at.")] = None,
+    upnp: Annotated[bool, typer.Option("--upnp/--no-upnp", help="Open ports with UPnP (off behind corporate firewalls).")] = True,
+    mining: Annotated[bool, typer.Option("--mining/--no-mining", help="Mine when idle.")] = False,
+    wait: Wait = False, timeout: Timeout = 1800, json_out: Json = False,
+) -> None:
+    """Add a node by minion_id; prints its id. With --wait, waits until it has joined."""
+    client = Client.from_env()
+    node = client.post("/v1/nodes", {"name": name, "region": region, "minion_id": minion_id, "service": service.value,
+                                     "hostname": hostname, "upnp": upnp, "mining": mining})
+    if wait:
+        node = _wait_ready(client, node, timeout)
+    render.created(node, as_json=json_out)
+
+
+@app.command("list")
+def list_(
+    region: Annotated[str | None, typer.Option("--region", "-r", help="Only this region's nodes.")] = None,
+    removed: Annotated[bool, typer.Option("--removed", help="Include removed nodes.")] = False,
+    json_out: Json = False,
+) -> None:
+    """List nodes (every page)."""
+    rows = list(Client.from_env().pages("/v1/nodes", region=region, include_removed=removed or None))
+    render.table(rows, COLUMNS, as_json=json_out, empty="no node yet: `provision node add NAME --region R --minion-id ID`")
+
+
+@app.command("show")
+def show(name: str, region: RegionOpt = None, json_out: Json = False) -> None:
+    """Show one node (by name or id)."""
+    render.detail(Client.from_env().get(f"/v1/nodes/{name}", region=region), as_json=json_out)
+
+
+@app.command("remove")
+def remove(name: str, region: RegionOpt = None, yes: Yes = False, json_out: Json = False) -> None:
+    """Remove a node (kept as `removed` in the history)."""
+    confirm(f"remove node '{name}'?", yes)
+    render.detail(Client.from_env().delete(f"/v1/nodes/{name}", region=region), as_json=json_out)
+
+
+@app.command("replace")
+def replace(
+    old: Annotated[str, typer.Argument(help="The storage node to replace.")],
+    minion_id: Annotated[str, typer.Option("--minion-id", help="minion_id of the new hardware.")],
+    region: RegionOpt = None, yes: Yes = False, wait: Wait = False, timeout: Timeout = 1800, json_out: Json = False,
+) -> None:
+    """Swap a storage node's hardware: same name and settings, new minion_id; prints the new id."""
+    confirm(f"replace storage node '{old}' with minion {minion_id}?", yes)
+    client = Client.from_env()
+    node = client.post(f"/v1/nodes/{old}/replace", {"minion_id": minion_id}, region=region)
+    if wait:
+        node = _wait_ready(client, node, timeout)
+    render.created(node, as_json=json_out)
+
+
+@app.command("maintenance")
+def maintenance(
+    name: str,
+    mode: Annotated[MaintenanceMode, typer.Argument(help="on, off, or toggle.")],
+    reason: Annotated[str | None, typer.Option("--reason", help="Why, for the history.")] = None,
+    region: RegionOpt = None, json_out: Json = False,
+) -> None:
+    """Put a node into maintenance (on) or back to active (off)."""
+    node = Client.from_env().post(f"/v1/nodes/{name}/maintenance", {"mode": mode.value, "reason": reason}, region=region)
+    render.detail(node, as_json=json_out, fields=None if json_out else ["id", "name", "region", "state", "online"])
+
+
+@app.command("history")
+def history(name: str, region: RegionOpt = None, json_out: Json = False) -> None:
+    """Every state change of a node: when, who, from, to, why."""
+    rows = Client.from_env().get(f"/v1/nodes/{name}/history", region=region)["items"]
+    render.table(rows, HISTORY_COLUMNS, as_json=json_out)

@@ -1,0 +1,44 @@
+"""`provision provider …`: enable, list, show, remove."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from provisioner.cli import render
+from provisioner.cli.client import Client
+from provisioner.cli.common import Json, Yes, confirm, group
+
+app = group("Providers: where nodes come from (physical servers, GCP).")
+COLUMNS = [("id", "ID"), ("kind", "KIND"), ("payment_mode", "PAYMENT"), ("state", "STATE"), ("reason", "REASON")]
+
+
+@app.command("enable")
+def enable(
+    kind: Annotated[str, typer.Argument(help="Provider kind: physical (gcp has its own options).")],
+    payment_mode: Annotated[str | None, typer.Option("--payment-mode", help="How usage is paid (physical: credits).")] = None,
+    json_out: Json = False,
+) -> None:
+    """Enable a provider; prints its id."""
+    render.created(Client.from_env().post("/v1/providers", {"kind": kind, "payment_mode": payment_mode}), as_json=json_out)
+
+
+@app.command("list")
+def list_(json_out: Json = False) -> None:
+    """List enabled providers."""
+    render.table(Client.from_env().get("/v1/providers")["items"], COLUMNS, as_json=json_out,
+                 empty="no provider enabled: `provision provider enable physical`")
+
+
+@app.command("show")
+def show(kind: str, json_out: Json = False) -> None:
+    """Show one provider (by kind or id)."""
+    render.detail(Client.from_env().get(f"/v1/providers/{kind}"), as_json=json_out)
+
+
+@app.command("remove")
+def remove(kind: str, yes: Yes = False, json_out: Json = False) -> None:
+    """Remove a provider that has no regions left."""
+    confirm(f"remove provider '{kind}'?", yes)
+    render.detail(Client.from_env().delete(f"/v1/providers/{kind}"), as_json=json_out)

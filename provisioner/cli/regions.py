@@ -1,0 +1,54 @@
+"""`provision region …`: create, list, show, remove."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from provisioner.cli import render
+from provisioner.cli.client import Client
+from provisioner.cli.common import Json, Yes, confirm, group
+from provisioner.states import StorageMode
+
+app = group("Regions: groups of nodes of one provider, named by a DNS label.")
+COLUMNS = [("id", "ID"), ("name", "NAME"), ("provider", "PROVIDER"), ("storage_mode", "STORAGE"),
+           ("public_jobs", "PUBLIC JOBS"), ("state", "STATE"), ("reason", "REASON")]
+ProviderOpt = Annotated[str | None, typer.Option("--provider", "-p", help="Provider kind (when two providers share a region name).")]
+
+
+@app.command("create")
+def create(
+    name: Annotated[str, typer.Argument(help="DNS label: lowercase letters, digits, hyphens; 1-63.")],
+    provider: Annotated[str, typer.Option("--provider", "-p", help="Provider kind, e.g. physical.")],
+    storage_mode: Annotated[StorageMode, typer.Option("--storage-mode", help="local: SATA drives in each node; central: one storage node.")] = StorageMode.LOCAL,
+    public_jobs: Annotated[bool, typer.Option("--public-jobs/--no-public-jobs", help="Sell spare capacity to public jobs.")] = True,
+    json_out: Json = False,
+) -> None:
+    """Create a region; prints its id."""
+    body = {"name": name, "provider": provider, "storage_mode": storage_mode.value, "public_jobs": public_jobs}
+    render.created(Client.from_env().post("/v1/regions", body), as_json=json_out)
+
+
+@app.command("list")
+def list_(provider: ProviderOpt = None, json_out: Json = False) -> None:
+    """List regions."""
+    rows = Client.from_env().get("/v1/regions", provider=provider)["items"]
+    render.table(rows, COLUMNS, as_json=json_out, empty="no region yet: `provision region create NAME --provider physical`")
+
+
+@app.command("show")
+def show(name: str, provider: ProviderOpt = None, json_out: Json = False) -> None:
+    """Show one region (by name or id)."""
+    render.detail(Client.from_env().get(f"/v1/regions/{name}", provider=provider), as_json=json_out)
+
+
+@app.command("remove")
+def remove(
+    name: str, provider: ProviderOpt = None,
+    force: Annotated[bool, typer.Option("--force", help="Also remove the region's nodes.")] = False,
+    yes: Yes = False, json_out: Json = False,
+) -> None:
+    """Remove a region (refused while it has nodes, unless --force)."""
+    confirm(f"remove region '{name}'{' and all its nodes' if force else ''}?", yes)
+    render.detail(Client.from_env().delete(f"/v1/regions/{name}", force=force, provider=provider), as_json=json_out)

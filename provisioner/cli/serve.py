@@ -1,0 +1,52 @@
+"""`provision serve`: migrate the store, make sure an admin token exists, run the API."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from provisioner.cli.common import CliError
+from provisioner.config import DEFAULT_PORT, client_config_path
+
+
+def _client_url(host: str, port: int) -> str:
+    shown = "127.0.0.1" if host in ("0.0.0.0", "") else ("[::1]" if host == "::" else host)
+    return f"http://{shown}:{port}"
+
+
+def serve(
+    host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="TCP port.", min=1, max=65535)] = DEFAULT_PORT,
+    database: Annotated[str | None, typer.Option("--database", help="Database URL (default: RIGBASE_DATABASE_URL or SQLite under RIGBASE_HOME).")] = None,
+) -> None:
+    """Run the control plane. The first start creates an admin token and writes the client config."""
+    import uvicorn  # heavy imports only for this command, so `provision --help` stays instant
+
+    from provisioner.api.app import create_app
+    from provisioner.cli.client import read_client_config, write_client_config
+    from provisioner.config import database_url
+    from provisioner.errors import RigbaseError
+    from provisioner.services import tokens
+    from provisioner.store.engine import make_sessionmaker, session_scope
+
+    url = database or database_url()
+    try:
+        app = create_app(url)
+        with session_scope(make_sessionmaker(app.state.engine)) as session:
+            token = tokens.bootstrap_admin(session)
+            saved = read_client_config()
+            if token is None and saved.get("token") and tokens.is_valid(session, saved["token"]):
+                token = saved["token"]  # keep the operator's token; refresh the URL (port may have changed)
+    except RigbaseError as exc:
+        raise CliError(exc.message) from exc
+    client_url = _client_url(host, port)
+    if token:
+        write_client_config(client_url, token)
+        print(f"client config: {client_config_path()} (URL and admin token, mode 0600)", file=sys.stderr)
+    else:
+        print(f"note: an admin token exists but {client_config_path()} does not hold it: "
+              "set RIGBASE_URL and RIGBASE_TOKEN", file=sys.stderr)
+    print(f"rigbase control plane on {client_url} (OpenAPI: {client_url}/openapi.json)", file=sys.stderr, flush=True)
+    uvicorn.run(app, host=host, port=port, log_level="warning")

@@ -1,0 +1,106 @@
+"""The Google Cloud provider (issue 5): `GcpProvider` plus the call points the services and reconcilers use.
+
+One module per concern: credentials (key validation), catalogue (regions/ data), capacity (the quota
+rule), quota (`region quota`), clients (every Google client, endpoint-overridable), permissions
+(testIamPermissions → missing roles), bootstrap (project resources), storage_node (the region's VM),
+operations (explicit waits), events (Pub/Sub consumer → node state), naming (prefix, labels, requestIds).
+Importing this package imports no Google library; each call point imports what it needs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
+from provisioner.errors import InvalidInput
+from provisioner.providers.base import PlannedAction, Provider, ProviderConfig
+from provisioner.providers.gcp import bootstrap, catalogue, credentials, naming, storage_node
+from provisioner.providers.gcp.clients import Endpoints, GcpContext
+
+__all__ = ["GcpProvider", "Endpoints", "GcpContext"]
+
+
+class GcpProvider(Provider):
+    kind: ClassVar[str] = "gcp"
+    title: ClassVar[str] = "Google Cloud"
+    # cloudbender.txt: "Currently, only On-Demand instances are supported"; the payment mode is how the
+    # operator pays rigbase's fees, same choices as physical
+    payment_modes: ClassVar[tuple[str, ...]] = ("credits",)
+
+    # --- validation (no network) -----------------------------------------------------------------
+    def validate_config(self, raw: Mapping[str, Any]) -> ProviderConfig:
+        """raw: {"credentials": key JSON (str|bytes; the CLI reads `-` from stdin), "payment_mode"?, "prefix"?}."""
+        payment_mode = raw.get("payment_mode") or self.payment_modes[0]
+        if payment_mode not in self.payment_modes:
+            raise InvalidInput(f"payment mode '{payment_mode}' is not offered: choose one of {', '.join(self.payment_modes)}")
+        if not raw.get("credentials"):
+            raise InvalidInput("credentials: give the service-account key file with --credentials FILE (or - for stdin)")
+        key = credentials.parse_key(raw["credentials"])
+        prefix = raw.get("prefix") or naming.DEFAULT_PREFIX
+        if naming.gcp_name(prefix) != prefix or len(prefix) > 20:
+            raise InvalidInput(f"prefix '{prefix}' must be ≤ 20 lowercase letters, digits or '-': e.g. rigbase")
+        return ProviderConfig(payment_mode=payment_mode, public={**key.public(), "prefix": prefix}, secret=key.raw)
+
+    def validate_region(self, name: str, options: Mapping[str, Any]) -> dict[str, Any]:
+        """options: {"gcp_region"? (default: the region's name), "storage_class"}; refuses regions outside
+        the catalogue. The quota check (needs the API) is `region_quota`, called by the service."""
+        gcp_region = options.get("gcp_region") or name
+        entry = catalogue.load().region(gcp_region)
+        if not options.get("storage_class"):
+            raise InvalidInput(f"--storage-class is required for a GCP region: choose one of {', '.join(storage_node.STORAGE_CLASSES)}")
+        sc = storage_node.storage_class(options["storage_class"])
+        return {
+            "gcp_region": gcp_region,
+            "zones": list(entry.zones),
+            "storage_class": sc.name,
+            "machine_type": sc.machine_type,
+            "local_ssds": sc.local_ssds,
+        }
+
+    # --- plans (--dry-run) -------------------------------------------------------------------------
+    def plan_enable(self, config: ProviderConfig) -> list[PlannedAction]:
+        return bootstrap.plan(self.names(config))
+
+    def plan_region(self, name: str, settings: Mapping[str, Any]) -> list[PlannedAction]:
+        sc = storage_node.storage_class(settings["storage_class"])
+        spec_name = naming.gcp_name(settings.get("prefix") or naming.DEFAULT_PREFIX, "storage", name)
+        return [
+            PlannedAction(
+                "create",
+                "instance",
+                spec_name,
+                f"{sc.machine_type}, {sc.local_ssds} × 375 GB local SSD ({sc.cache_gb} GB cache), Shielded VM + vTPM, "
+                f"first free zone of {', '.join(settings['zones'])}",
+            )
+        ]
+
+    # --- call points for services / reconcilers ------------------------------------------------------
+    @staticmethod
+    def names(config: ProviderConfig) -> bootstrap.Names:
+        return bootstrap.Names(project=config.public["project_id"], prefix=config.public.get("prefix", naming.DEFAULT_PREFIX))
+
+    @staticmethod
+    def context(config: ProviderConfig, endpoints: Endpoints | None = None) -> GcpContext:
+        """Clients for the project in `config` (secret = the unsealed key bytes)."""
+        if config.secret is None:
+            raise InvalidInput("the GCP provider has no stored key: enable it again with --credentials")
+        return GcpContext.from_key(credentials.parse_key(config.secret), endpoints)
+
+    @staticmethod
+    def storage_node_spec(
+        region_id: str, region: str, settings: Mapping[str, Any], bundle: Mapping[str, Any], prefix: str = naming.DEFAULT_PREFIX
+    ) -> storage_node.StorageNodeSpec:
+        return storage_node.StorageNodeSpec(
+            region_id=region_id,
+            region=region,
+            gcp_region=settings["gcp_region"],
+            zones=tuple(settings["zones"]),
+            storage_class=storage_node.storage_class(settings["storage_class"]),
+            bundle=bundle,
+            prefix=prefix,
+        )
+
+    @staticmethod
+    def event_consumer(ctx: GcpContext, names: bootstrap.Names, on_event: Callable[[Any], None]) -> Any:
+        from provisioner.providers.gcp.events import EventConsumer
+
+        return EventConsumer(ctx, names.subscription, on_event, prefix=names.prefix)

@@ -1,0 +1,102 @@
+"""CloudBender's capacity rule: how many 1-GPU jobs a region's quota allows, and what limits it.
+
+runnable jobs per GPU type = floor(min(free GPUs, free CPUs / CPUs-per-GPU, free local SSD GB / 375)),
+free = limit - usage. The CPU metric is the GPU family's own (A2_CPUS, G2_CPUS, A3_CPUS) when the family
+has one AND the region lists it, else CPUS (N1 machines, and projects where the family metric is absent).
+Pure functions over plain numbers so the rule is table-tested without any client."""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from provisioner.providers.gcp.catalogue import GpuType
+
+LOCAL_SSD_PARTITION_GB = 375  # one GCP local SSD partition; every job gets one for scratch
+LOCAL_SSD_METRIC = "LOCAL_SSD_TOTAL_GB"
+CPUS_METRIC = "CPUS"
+
+
+class Limit(str, enum.Enum):
+    """Which factor bounds the runnable jobs (ties go to the first in this order: GPUs, CPUs, SSD)."""
+
+    GPUS = "gpus"
+    CPUS = "cpus"
+    LOCAL_SSD = "local_ssd"
+
+
+@dataclass(frozen=True)
+class Quota:
+    limit: float
+    usage: float
+
+    @property
+    def free(self) -> float:
+        # a quota over-used (usage > limit after a limit decrease) has nothing free, not a negative amount
+        return max(0.0, self.limit - self.usage)
+
+
+@dataclass(frozen=True)
+class GpuCapacity:
+    gpu: str
+    metric: str
+    gpu_limit: float
+    gpu_usage: float
+    gpu_free: float
+    cpu_metric: str
+    cpus_free: float
+    cpus_per_gpu: int
+    jobs_by_cpus: float
+    local_ssd_free_gb: float
+    jobs_by_local_ssd: float
+    runnable_jobs: int
+    limited_by: Limit
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["limited_by"] = self.limited_by.value
+        return data
+
+
+def cpu_metric_for(gpu: GpuType, quotas: Mapping[str, Quota]) -> str:
+    """The family metric when the GPU's family has one and the region lists it, else CPUS."""
+    if gpu.cpu_metric and gpu.cpu_metric in quotas:
+        return gpu.cpu_metric
+    return CPUS_METRIC
+
+
+def gpu_capacity(gpu: GpuType, quotas: Mapping[str, Quota]) -> GpuCapacity:
+    """Capacity for one GPU type; a metric the region does not list counts as a quota of 0."""
+    none = Quota(0.0, 0.0)
+    g = quotas.get(gpu.metric, none)
+    cpu_metric = cpu_metric_for(gpu, quotas)
+    cpus_free = quotas.get(cpu_metric, none).free
+    ssd_free = quotas.get(LOCAL_SSD_METRIC, none).free
+    factors = {
+        Limit.GPUS: g.free,
+        Limit.CPUS: cpus_free / gpu.cpus_per_gpu,
+        Limit.LOCAL_SSD: ssd_free / LOCAL_SSD_PARTITION_GB,
+    }
+    limited_by = min(factors, key=lambda k: factors[k])  # dict order breaks ties: gpus, cpus, local_ssd
+    return GpuCapacity(
+        gpu=gpu.name,
+        metric=gpu.metric,
+        gpu_limit=g.limit,
+        gpu_usage=g.usage,
+        gpu_free=g.free,
+        cpu_metric=cpu_metric,
+        cpus_free=cpus_free,
+        cpus_per_gpu=gpu.cpus_per_gpu,
+        jobs_by_cpus=factors[Limit.CPUS],
+        local_ssd_free_gb=ssd_free,
+        jobs_by_local_ssd=factors[Limit.LOCAL_SSD],
+        runnable_jobs=math.floor(factors[limited_by]),
+        limited_by=limited_by,
+    )
+
+
+def region_capacity(gpus: list[GpuType], quotas: Mapping[str, Quota]) -> list[GpuCapacity]:
+    return [gpu_capacity(gpu, quotas) for gpu in gpus]

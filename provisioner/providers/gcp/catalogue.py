@@ -1,0 +1,98 @@
+"""The GCP catalogue: the ten allowed regions, their zones and GPU types (regions/gcp-*.yaml).
+
+Catalogue data stays out of code (as in SkyPilot) so a price or zone update is a data change; this
+module only loads and types it. Loaded once per process: the files are small and never change at run
+time."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import yaml
+
+from provisioner.errors import InvalidInput
+
+
+@dataclass(frozen=True)
+class GpuType:
+    """One GPU type as the quota rule sees it (see regions/gcp-gpus.yaml for where each number comes from)."""
+
+    name: str
+    metric: str
+    accelerator: str
+    machine_family: str
+    machine_type: str
+    cpu_metric: str | None
+    cpus_per_gpu: int
+    price_per_gpu_hour: float
+
+
+@dataclass(frozen=True)
+class GcpRegion:
+    name: str
+    location: str
+    zones: tuple[str, ...]
+    gpu_zones: dict[str, tuple[str, ...]]  # GPU type name -> zones offering it
+
+
+@dataclass(frozen=True)
+class Catalogue:
+    regions: dict[str, GcpRegion]
+    gpus: dict[str, GpuType]
+    price_date: str
+    price_source: str
+
+    def region(self, name: str) -> GcpRegion:
+        """The catalogue entry for a GCP region; InvalidInput naming the allowed ones otherwise."""
+        try:
+            return self.regions[name]
+        except KeyError:
+            raise InvalidInput(
+                f"GCP region '{name}' is not in rigbase's catalogue: choose one of {', '.join(sorted(self.regions))}"
+            ) from None
+
+    def gpus_in(self, region: str) -> list[GpuType]:
+        """GPU types offered in a region, in catalogue order."""
+        offered = self.region(region).gpu_zones
+        return [gpu for name, gpu in self.gpus.items() if name in offered]
+
+
+def regions_dir() -> Path:
+    """regions/ at the repository root; RIGBASE_REGIONS_DIR overrides it for packaged installs."""
+    env = os.environ.get("RIGBASE_REGIONS_DIR")
+    return Path(env) if env else Path(__file__).resolve().parents[3] / "regions"
+
+
+@lru_cache(maxsize=4)
+def load(directory: Path | None = None) -> Catalogue:
+    base = directory or regions_dir()
+    gpus_doc = yaml.safe_load((base / "gcp-gpus.yaml").read_text())
+    regions_doc = yaml.safe_load((base / "gcp-regions.yaml").read_text())
+    gpus = {
+        name: GpuType(
+            name=name,
+            metric=g["metric"],
+            accelerator=g["accelerator"],
+            machine_family=g["machine_family"],
+            machine_type=g["machine_type"],
+            cpu_metric=g.get("cpu_metric"),
+            cpus_per_gpu=int(g["cpus_per_gpu"]),
+            price_per_gpu_hour=float(g["price_per_gpu_hour"]),
+        )
+        for name, g in gpus_doc["gpus"].items()
+    }
+    regions = {}
+    for name, r in regions_doc["regions"].items():
+        unknown = set(r["gpus"]) - set(gpus)
+        if unknown:  # a typo in the data must not silently drop a GPU type
+            raise ValueError(f"regions/gcp-regions.yaml: {name} lists unknown GPU types {sorted(unknown)}")
+        regions[name] = GcpRegion(
+            name=name,
+            location=r["location"],
+            zones=tuple(r["zones"]),
+            gpu_zones={gpu: tuple(zones) for gpu, zones in r["gpus"].items()},
+        )
+    return Catalogue(regions=regions, gpus=gpus, price_date=str(gpus_doc["price_date"]), price_source=gpus_doc["price_source"])

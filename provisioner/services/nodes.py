@@ -1,0 +1,200 @@
+"""Nodes: add by minion_id, list (paginated), show, remove, replace (storage), maintenance, history.
+
+`transition()` is THE way a node's state changes — operator commands here, the join protocol and
+the reconcilers all call it — so the transition table, row locking and the audit trail apply to
+every change. Non-state facts a minion reports (heartbeat time, inventory, requirement verdict)
+go through `record_report()`; they never touch `state`."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import inspect, select
+from sqlalchemy.orm import Session, joinedload
+
+from provisioner.errors import Conflict, InvalidInput, NotFound, RuleViolation
+from provisioner.services import audit, lifecycle, names
+from provisioner.services import regions as region_service
+from provisioner.services.errors import flush
+from provisioner.states import NODE_TRANSITIONS, NodeState, RegionState, Service, StorageMode
+from provisioner.store.models import AuditEvent, Node, Region, new_id
+
+KIND = "node"
+MAX_PAGE = 500
+
+
+class Maintenance(StrEnum):
+    ON = "on"
+    OFF = "off"
+    TOGGLE = "toggle"
+
+
+def lock(session: Session, node: Node) -> Node:
+    """Re-read the row under SELECT … FOR UPDATE (PostgreSQL; a no-op on SQLite, which serialises
+    writers itself). A concurrent transition waits here and then sees the winner's state; the
+    version column catches anything that slips past (e.g. a node loaded in an earlier unit of work)."""
+    if inspect(node).persistent:
+        # of=Node: lock only the node row, not its (eagerly joined) region and provider
+        session.execute(select(Node).where(Node.id == node.id).with_for_update(of=Node)
+                        .execution_options(populate_existing=True))
+    return node
+
+
+def transition(session: Session, node: Node, to: NodeState, *, actor: str, reason: str | None = None) -> Node:
+    """Move `node` to `to`: refused naming the current state when the table forbids it; recorded in
+    the audit trail (who, when, from, to, why); flushed so that a lost race is a Conflict here."""
+    lock(session, node)
+    lifecycle.apply(session, node, to, kind=KIND, name=node.name, table=NODE_TRANSITIONS, actor=actor, reason=reason)
+    return node
+
+
+def record_report(
+    session: Session, node: Node, *, at: datetime | None = None,
+    inventory: dict[str, Any] | None = None, requirements: dict[str, Any] | None = None,
+) -> Node:
+    """A heartbeat or join report: updates last_heartbeat_at (hence `online`), inventory, verdict."""
+    node.last_heartbeat_at = at or datetime.now(timezone.utc)
+    if inventory is not None:
+        node.inventory = inventory
+    if requirements is not None:
+        node.requirements = requirements
+    flush(session, f"node '{node.name}'")
+    return node
+
+
+def _holder_of(session: Session, minion_id: str) -> Node | None:
+    return session.scalar(select(Node).where(Node.minion_id == minion_id, Node.state != NodeState.REMOVED))
+
+
+def _refuse_taken_minion_id(session: Session, minion_id: str) -> None:
+    holder = _holder_of(session, minion_id)
+    if holder is not None:
+        raise Conflict(f"minion_id {minion_id} is already held by node '{holder.name}' in region "
+                       f"'{holder.region.name}': remove that node first or check the id on the banner",
+                       code="duplicate_minion_id")
+
+
+def storage_node(session: Session, region: Region) -> Node | None:
+    return session.scalar(select(Node).where(Node.region_id == region.id, Node.service == Service.STORAGE,
+                                             Node.state != NodeState.REMOVED))
+
+
+def add(
+    session: Session, name: str, *, region: str, minion_id: str, service: str = Service.COMPUTE.value,
+    hostname: str | None = None, upnp: bool = True, mining: bool = False, actor: str,
+) -> Node:
+    names.dns_label("node", name)
+    names.minion_id(minion_id)
+    try:
+        svc = Service(service)
+    except ValueError:
+        raise InvalidInput(f"service '{service}' is not known: use compute or storage") from None
+    if hostname is not None:
+        names.hostname(hostname)
+    reg = region_service.get(session, region)
+    if reg.state == RegionState.REMOVING:
+        raise RuleViolation(f"region '{reg.name}' is being removed: add the node to another region")
+    if session.scalar(select(Node.id).where(Node.region_id == reg.id, Node.name == name,
+                                            Node.state != NodeState.REMOVED)):
+        raise Conflict(f"node '{name}' already exists in region '{reg.name}': choose another name",
+                       code="duplicate_name")
+    _refuse_taken_minion_id(session, minion_id)
+    existing_storage = storage_node(session, reg)
+    if svc == Service.STORAGE and existing_storage is not None:
+        raise Conflict(f"region '{reg.name}' already has storage node '{existing_storage.name}': swap it with "
+                       f"`provision node replace {existing_storage.name} --minion-id NEW`", code="second_storage_node")
+    if svc == Service.COMPUTE and reg.storage_mode == StorageMode.CENTRAL and existing_storage is None:
+        raise RuleViolation(f"region '{reg.name}' uses central storage and has no storage node yet: add it first "
+                            f"with `provision node add NAME --region {reg.name} --service storage --minion-id ID`",
+                            code="storage_node_first")
+    node = Node(id=new_id("node"), name=name, region=reg, minion_id=minion_id, service=svc.value, hostname=hostname,
+                upnp=upnp, mining=mining)
+    session.add(node)
+    transition(session, node, NodeState.NEW, actor=actor, reason=f"added by operator with minion_id {minion_id}")
+    return node
+
+
+def list_page(
+    session: Session, *, region: str | None = None, limit: int = 100, after: str | None = None,
+    include_removed: bool = False,
+) -> tuple[list[Node], str | None]:
+    """One page ordered by id (keyset pagination: page N costs the same as page 1); returns the
+    page and the cursor for the next one (None at the end)."""
+    if not 1 <= limit <= MAX_PAGE:
+        raise InvalidInput(f"limit {limit} is out of range: use 1 to {MAX_PAGE}")
+    # the page needs each node's region name, not the region's provider: skip that join
+    stmt = (select(Node).options(joinedload(Node.region, innerjoin=True).lazyload(Region.provider))
+            .order_by(Node.id).limit(limit + 1))
+    if not include_removed:
+        stmt = stmt.where(Node.state != NodeState.REMOVED)
+    if region:
+        stmt = stmt.where(Node.region_id == region_service.get(session, region).id)
+    if after:
+        stmt = stmt.where(Node.id > after)
+    rows = list(session.scalars(stmt))
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return rows, (rows[-1].id if more else None)
+
+
+def get(session: Session, ref: str, region: str | None = None, *, include_removed: bool = False) -> Node:
+    """By id, or by name (unique per region; `region` disambiguates a name used in two regions)."""
+    stmt = select(Node).where((Node.name == ref) | (Node.id == ref))
+    if region:
+        stmt = stmt.where(Node.region_id == region_service.get(session, region).id)
+    found = list(session.scalars(stmt.where(Node.state != NodeState.REMOVED)))
+    if not found and include_removed:
+        found = list(session.scalars(stmt.order_by(Node.created_at.desc()).limit(1)))
+    if not found:
+        raise NotFound(f"node '{ref}' does not exist: see `provision node list`", code="node_not_found")
+    if len(found) > 1:
+        where = ", ".join(sorted(n.region.name for n in found))
+        raise InvalidInput(f"node name '{ref}' exists in several regions ({where}): pass --region")
+    return found[0]
+
+
+def remove(session: Session, ref: str, *, region: str | None = None, actor: str) -> Node:
+    node = get(session, ref, region)
+    return transition(session, node, NodeState.REMOVED, actor=actor, reason="removed by operator")
+
+
+def replace(session: Session, ref: str, *, minion_id: str, region: str | None = None, actor: str) -> Node:
+    """Swap a storage node's hardware: the old node is removed, a new one with the same name and
+    settings waits for the new minion. Compute nodes are simply removed and added instead."""
+    names.minion_id(minion_id)
+    old = get(session, ref, region)
+    if old.service != Service.STORAGE:
+        raise RuleViolation(f"node '{old.name}' is a compute node; only storage nodes are replaced: "
+                            "remove it and add the new node instead", code="replace_compute")
+    _refuse_taken_minion_id(session, minion_id)
+    transition(session, old, NodeState.REMOVED, actor=actor, reason=f"replaced by minion_id {minion_id}")
+    new = Node(id=new_id("node"), name=old.name, region=old.region, minion_id=minion_id, service=old.service,
+               hostname=old.hostname, upnp=old.upnp, mining=old.mining)
+    session.add(new)
+    transition(session, new, NodeState.NEW, actor=actor,
+               reason=f"replaces node {old.id} (minion_id {old.minion_id})")
+    return new
+
+
+def maintenance(session: Session, ref: str, mode: str, *, region: str | None = None, actor: str,
+                reason: str | None = None) -> Node:
+    """on: active → maintenance; off: maintenance → active; toggle picks by the current state."""
+    try:
+        wanted = Maintenance(mode)
+    except ValueError:
+        raise InvalidInput(f"maintenance mode '{mode}' is not known: use on, off or toggle") from None
+    node = lock(session, get(session, ref, region))
+    if wanted == Maintenance.TOGGLE:
+        wanted = Maintenance.OFF if node.state == NodeState.MAINTENANCE else Maintenance.ON
+    target = NodeState.MAINTENANCE if wanted == Maintenance.ON else NodeState.ACTIVE
+    why = reason or f"maintenance {wanted.value} by operator"
+    return transition(session, node, target, actor=actor, reason=why)
+
+
+def history(session: Session, ref: str, region: str | None = None) -> tuple[Node, list[AuditEvent]]:
+    """The node's events plus those of the nodes it replaced (same name in the same region)."""
+    node = get(session, ref, region, include_removed=True)
+    ids = list(session.scalars(select(Node.id).where(Node.region_id == node.region_id, Node.name == node.name)))
+    return node, audit.history(session, KIND, ids)

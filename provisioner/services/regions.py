@@ -1,0 +1,94 @@
+"""Regions: create (DNS-label name unique per provider), list, show, remove (refused while nodes
+exist unless forced, in which case the nodes are removed first, each with its own history line)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from provisioner.errors import Conflict, InvalidInput, NotFound
+from provisioner.providers.base import provider_for
+from provisioner.services import lifecycle, names
+from provisioner.services import providers as provider_service
+from provisioner.states import REGION_TRANSITIONS, NodeState, ProviderState, RegionState, StorageMode
+from provisioner.store.models import Node, Provider, Region, new_id
+
+KIND = "region"
+
+
+def transition(session: Session, region: Region, to: RegionState, *, actor: str, reason: str | None = None) -> None:
+    """The only way a region's state changes: checked against the table, recorded in the audit trail."""
+    lifecycle.apply(session, region, to, kind=KIND, name=region.name, table=REGION_TRANSITIONS,
+                    actor=actor, reason=reason)
+
+
+def create(
+    session: Session, name: str, *, provider: str, storage_mode: str = StorageMode.LOCAL.value,
+    public_jobs: bool = True, options: Mapping[str, Any] | None = None, actor: str,
+) -> Region:
+    names.dns_label("region", name)
+    try:
+        mode = StorageMode(storage_mode)
+    except ValueError:
+        raise InvalidInput(f"storage mode '{storage_mode}' is not known: use local or central") from None
+    prov = provider_service.get(session, provider)
+    if prov.state != ProviderState.ENABLED:
+        raise Conflict(f"provider '{prov.kind}' is {prov.state}, not enabled: wait for it or see `provision provider show {prov.kind}`")
+    settings = provider_for(prov.kind).validate_region(
+        name, {**(options or {}), "storage_mode": mode.value, "public_jobs": public_jobs})
+    if session.scalar(select(Region.id).where(Region.provider_id == prov.id, Region.name == name,
+                                              Region.state != RegionState.REMOVED)):
+        raise Conflict(f"region '{name}' already exists for provider '{prov.kind}': choose another name",
+                       code="duplicate_name")
+    region = Region(id=new_id("reg"), name=name, provider=prov, storage_mode=mode.value, public_jobs=public_jobs, settings=settings)
+    session.add(region)
+    transition(session, region, RegionState.NEW, actor=actor, reason="created by operator")
+    return region
+
+
+def list_all(session: Session, provider: str | None = None) -> list[Region]:
+    stmt = select(Region).where(Region.state != RegionState.REMOVED).order_by(Region.name)
+    if provider:
+        stmt = stmt.where(Region.provider_id == provider_service.get(session, provider).id)
+    return list(session.scalars(stmt))
+
+
+def get(session: Session, ref: str, provider: str | None = None) -> Region:
+    """By id, or by name (unique per provider; `provider` disambiguates when two providers share it)."""
+    stmt = select(Region).where((Region.name == ref) | (Region.id == ref), Region.state != RegionState.REMOVED)
+    if provider:
+        stmt = stmt.join(Provider).where((Provider.kind == provider) | (Provider.id == provider))
+    found = list(session.scalars(stmt))
+    if not found:
+        raise NotFound(f"region '{ref}' does not exist: see `provision region list`", code="region_not_found")
+    if len(found) > 1:
+        kinds = ", ".join(sorted(r.provider.kind for r in found))
+        raise InvalidInput(f"region '{ref}' exists for several providers ({kinds}): pass --provider")
+    return found[0]
+
+
+def live_nodes(session: Session, region: Region) -> list[Node]:
+    return list(session.scalars(select(Node).where(Node.region_id == region.id, Node.state != NodeState.REMOVED)
+                                .order_by(Node.name)))
+
+
+def remove(session: Session, ref: str, *, force: bool = False, provider: str | None = None, actor: str) -> Region:
+    from provisioner.services import nodes as node_service  # nodes imports regions
+
+    region = get(session, ref, provider)
+    nodes = live_nodes(session, region)
+    if nodes and not force:
+        shown = ", ".join(n.name for n in nodes[:5]) + (" …" if len(nodes) > 5 else "")
+        raise Conflict(f"region '{region.name}' still has {len(nodes)} node(s) ({shown}): remove them or pass --force",
+                       code="region_in_use")
+    if RegionState(region.state) != RegionState.REMOVING:
+        transition(session, region, RegionState.REMOVING, actor=actor, reason="removal requested by operator")
+    for node in nodes:
+        node_service.transition(session, node, NodeState.REMOVED, actor=actor,
+                                reason=f"region '{region.name}' removed with --force")
+    # physical regions own nothing outside the store, so removal completes at once
+    transition(session, region, RegionState.REMOVED, actor=actor)
+    return region

@@ -1,0 +1,166 @@
+"""Typed SQLAlchemy 2 models of the control plane's store.
+
+Schema changes go through Alembic revisions in provisioner/store/migrations/versions/ (never
+`create_all`), so SQLite and PostgreSQL stores upgrade the same way. Rows of removed resources are
+kept (state `removed`) for the audit trail; uniqueness rules therefore use partial unique indexes
+that ignore removed rows. Optimistic locking: every stateful row has a `version` column that
+SQLAlchemy checks on UPDATE, so two workers can never both apply a change read from the same row."""
+
+from __future__ import annotations
+
+import secrets
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import JSON, Boolean, DateTime, ForeignKey, Index, Integer, String, Text, text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.types import TypeDecorator
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def new_id(prefix: str) -> str:
+    """Short, typed, random ids (`node_3f2a…`): readable in tables, unguessable, sortable enough."""
+    return f"{prefix}_{secrets.token_hex(8)}"
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC timestamps on both backends (SQLite stores naive values)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            value = value.replace(tzinfo=timezone.utc)
+        return value
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            value = value.replace(tzinfo=timezone.utc)
+        return value
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+NOT_REMOVED = text("state != 'removed'")
+
+
+class Provider(Base):
+    __tablename__ = "providers"
+    __table_args__ = (
+        Index("uq_providers_kind_live", "kind", unique=True, sqlite_where=NOT_REMOVED, postgresql_where=NOT_REMOVED),
+    )
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=lambda: new_id("prv"))
+    kind: Mapped[str] = mapped_column(String(32))
+    payment_mode: Mapped[str] = mapped_column(String(32))
+    state: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str | None] = mapped_column(Text)
+    # what `provider show` prints; secrets go to `sealed_config` (provisioner.secrets.seal)
+    public_config: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    sealed_config: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+    version: Mapped[int] = mapped_column(Integer, nullable=False)
+
+    regions: Mapped[list[Region]] = relationship(back_populates="provider")
+    __mapper_args__ = {"version_id_col": version}
+
+
+class Region(Base):
+    __tablename__ = "regions"
+    __table_args__ = (
+        Index(
+            "uq_regions_provider_name_live", "provider_id", "name", unique=True,
+            sqlite_where=NOT_REMOVED, postgresql_where=NOT_REMOVED,
+        ),
+    )
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=lambda: new_id("reg"))
+    name: Mapped[str] = mapped_column(String(63), index=True)
+    provider_id: Mapped[str] = mapped_column(ForeignKey("providers.id"))
+    storage_mode: Mapped[str] = mapped_column(String(16))
+    public_jobs: Mapped[bool] = mapped_column(Boolean)
+    state: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str | None] = mapped_column(Text)
+    # provider-specific settings returned by Provider.validate_region
+    settings: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+    version: Mapped[int] = mapped_column(Integer, nullable=False)
+
+    provider: Mapped[Provider] = relationship(back_populates="regions", lazy="joined")
+    nodes: Mapped[list[Node]] = relationship(back_populates="region")
+    __mapper_args__ = {"version_id_col": version}
+
+
+NODE_STORAGE_LIVE = text("service = 'storage' AND state != 'removed'")
+
+
+class Node(Base):
+    __tablename__ = "nodes"
+    __table_args__ = (
+        Index("uq_nodes_region_name_live", "region_id", "name", unique=True,
+              sqlite_where=NOT_REMOVED, postgresql_where=NOT_REMOVED),
+        Index("uq_nodes_minion_id_live", "minion_id", unique=True,
+              sqlite_where=NOT_REMOVED, postgresql_where=NOT_REMOVED),
+        # one storage node per region, enforced by the database too (races between workers)
+        Index("uq_nodes_region_storage_live", "region_id", unique=True,
+              sqlite_where=NODE_STORAGE_LIVE, postgresql_where=NODE_STORAGE_LIVE),
+    )
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=lambda: new_id("node"))
+    name: Mapped[str] = mapped_column(String(63), index=True)
+    region_id: Mapped[str] = mapped_column(ForeignKey("regions.id"), index=True)
+    minion_id: Mapped[str] = mapped_column(String(32), index=True)
+    service: Mapped[str] = mapped_column(String(16))
+    hostname: Mapped[str | None] = mapped_column(String(253))
+    upnp: Mapped[bool] = mapped_column(Boolean)
+    mining: Mapped[bool] = mapped_column(Boolean)
+    # the ONE lifecycle field (states.NodeState); change it only via services.nodes.transition
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    reason: Mapped[str | None] = mapped_column(Text)
+    # reported by the minion when it joins / heartbeats
+    inventory: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    requirements: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # requirement verdict
+    last_heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+    version: Mapped[int] = mapped_column(Integer, nullable=False)
+
+    region: Mapped[Region] = relationship(back_populates="nodes", lazy="joined")
+    __mapper_args__ = {"version_id_col": version}
+
+
+class AuditEvent(Base):
+    """One line of history: who moved which resource from what to what, when and why."""
+
+    __tablename__ = "audit_events"
+    __table_args__ = (Index("ix_audit_resource", "resource_kind", "resource_id", "id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    actor: Mapped[str] = mapped_column(String(128))
+    resource_kind: Mapped[str] = mapped_column(String(32))
+    resource_id: Mapped[str] = mapped_column(String(32))
+    resource_name: Mapped[str] = mapped_column(String(128))
+    from_state: Mapped[str | None] = mapped_column(String(16))
+    to_state: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str | None] = mapped_column(Text)
+
+
+class ApiToken(Base):
+    """Operator bearer tokens. Only the SHA-256 of a token is stored; the token is shown once."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=lambda: new_id("tok"))
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    role: Mapped[str] = mapped_column(String(16))
+    token_sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

@@ -1,0 +1,103 @@
+"""ReservationAgent: reconciling to the desired set, the summary-state rules, and the desired-state format."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from minion.reservations.agent import summarize
+from minion.reservations.model import (
+    ActualState,
+    MdnsState,
+    Protocol,
+    Reservation,
+    ReservationStatus,
+    UpnpState,
+)
+from provisioner.lab.netns import Lab
+from tests.fixtures.netns import AgentProcess, MdnsLan
+
+
+@pytest.mark.parametrize(
+    ("mdns", "upnp", "expected"),
+    [
+        (MdnsState.PUBLISHED, UpnpState.OFF, ActualState.PUBLISHED),
+        (MdnsState.PUBLISHED, UpnpState.MAPPED, ActualState.MAPPED),
+        (MdnsState.PUBLISHED, UpnpState.HELD_BY_OTHER_HOST, ActualState.ERROR),
+        (MdnsState.PUBLISHED, UpnpState.REFUSED, ActualState.ERROR),
+        (MdnsState.PUBLISHED, UpnpState.NO_IGD, ActualState.ERROR),
+        (MdnsState.CONFLICT, UpnpState.MAPPED, ActualState.CONFLICT),
+        (MdnsState.ERROR, UpnpState.MAPPED, ActualState.ERROR),
+    ],
+)
+def test_summary_state_rules(mdns: MdnsState, upnp: UpnpState, expected: ActualState) -> None:
+    assert summarize(mdns, upnp) is expected
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"name": "a", "hostname": "Bad_Name", "port": 8080}, "DNS label"),
+        ({"name": "a", "hostname": "-x", "port": 8080}, "DNS label"),
+        ({"name": "a", "hostname": "ok", "port": 80}, "between 1024 and 65535"),
+        ({"name": "a", "hostname": "ok", "port": 70000}, "between 1024 and 65535"),
+    ],
+)
+def test_invalid_desired_reservation_is_refused(data: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Reservation.from_dict(data)
+
+
+def test_status_serializes_for_the_heartbeat() -> None:
+    res = Reservation.from_dict({"name": "nb", "hostname": "jupyter", "port": 8888, "protocol": "udp"})
+    assert res.protocol is Protocol.UDP and res.fqdn == "jupyter.local."
+    status = ReservationStatus("nb", ActualState.MAPPED, MdnsState.PUBLISHED, UpnpState.MAPPED, "10.0.0.5", "203.0.114.7:8888")
+    assert json.loads(json.dumps(status.to_dict()))["state"] == "mapped"
+
+
+def _reconcile(address: str) -> dict:
+    """Inside the node namespace: drive one in-process agent through a sequence of desired sets."""
+    from minion.reservations.agent import ReservationAgent
+
+    agent = ReservationAgent(address, upnp=False)
+    a = Reservation("a", "alpha", 2000)
+    b = Reservation("b", "beta", 2001)
+    try:
+        first = agent.apply([a, b])
+        entry_b = agent.mdns._entries["b"]
+        second = agent.apply([b])  # a is withdrawn, b untouched
+        untouched = agent.mdns._entries["b"] is entry_b
+        moved = agent.apply([Reservation("b", "beta", 2002)])  # same name, new port: re-published
+        return {
+            "first": [s.state.value for s in first],
+            "second": [s.name for s in second],
+            "names_after_second": sorted(agent.mdns.names()),
+            "untouched": untouched,
+            "republished": agent.mdns._entries["b"] is not entry_b,
+            "moved_port": agent.mdns._entries["b"].info.port if agent.mdns._entries["b"].info else None,
+            "moved": [s.state.value for s in moved],
+        }
+    finally:
+        agent.close()
+
+
+def test_apply_reconciles_to_the_desired_set(lab: Lab) -> None:
+    lan = lab.lan("10.79.0.0/24")
+    node = lab.netns("node")
+    address = lan.attach(node, 10)
+    result = node.call(_reconcile, address)
+    assert result["first"] == ["published", "published"]
+    assert result["second"] == ["b"] and result["names_after_second"] == ["b"]
+    assert result["untouched"] and result["republished"]
+    assert result["moved_port"] == 2002 and result["moved"] == ["published"]
+
+
+def test_serve_rejects_bad_requests_with_a_reason(mdns_lan: MdnsLan) -> None:
+    agent = AgentProcess(mdns_lan.node_a, mdns_lan.addr_a)
+    try:
+        assert "DNS label" in agent.request(op="apply", desired=[{"name": "x", "hostname": "NO!", "port": 2000}])["error"]
+        assert "unknown op" in agent.request(op="explode")["error"]
+        assert agent.status() == []  # nothing half-applied
+    finally:
+        agent.close()
