@@ -7,6 +7,7 @@ Prints requests/s, p50, p99 and the ratio p99 / 50 ms target (< 1.0 meets the ta
 
 from __future__ import annotations
 
+import os
 import shutil
 import statistics
 import tempfile
@@ -96,7 +97,9 @@ def run(backend: str, url: str, home: Path) -> None:
 def main() -> None:
     from tests.fixtures.postgres import PostgresCluster
 
-    print(f"API with {NODES} nodes; server: one uvicorn process on one core; target p99 < {TARGET_P99_MS:.0f} ms")
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"API with {NODES} nodes; server: one uvicorn process on one core; target p99 < {TARGET_P99_MS:.0f} ms; "
+          f"load average {load} on {os.cpu_count()} cores (other work inflates p99)")
     with ExitStack() as stack:
         tmp = Path(tempfile.mkdtemp(prefix="rigbase-bench-"))
         stack.callback(shutil.rmtree, tmp, True)

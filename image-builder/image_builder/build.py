@@ -73,20 +73,21 @@ def default_epoch(repo: Path) -> int:
     return int(out.stdout.strip()) if out.stdout.strip().isdigit() else 1700000000
 
 
-def _nvme_esp(work: Path, epoch: int) -> Path:
-    """The ESP the installer writes to the first NVMe drive: systemd-boot whose only entry is the
-    message to plug the USB drive back in (the UKI and bundle live on the USB drive only)."""
+def _nvme_esp(base: Path, work: Path, epoch: int) -> Path:
+    """The ESP the installer writes to the first NVMe drive. Its only boot application is a small UKI (same
+    kernel, a busybox initramfs) that prints "the USB boot drive is missing" on every console: the real UKI
+    and the bundle live on the USB drive only, so a node started without it stops with a clear message."""
     files = work / "nvme-esp"
     files.mkdir()
-    (files / "loader.conf").write_text("timeout menu-force\nconsole-mode keep\neditor no\n")
-    (files / "missing.conf").write_text(
-        "title rigbase: the USB boot drive is missing. Plug in the rigbase USB drive and reboot.\n"
-        "efi /EFI/BOOT/BOOTX64.EFI\n")
-    return disk.make_esp(work / "nvme-esp.img", 32 * MiB, {
-        "EFI/BOOT/BOOTX64.EFI": _copy_pinned(uki.SYSTEMD_BOOT, files / "systemd-bootx64.efi"),
-        "loader/loader.conf": files / "loader.conf",
-        "loader/entries/rigbase-missing-usb.conf": files / "missing.conf",
-    }, IDS["nvme_esp_volume_id"], epoch)
+    kver = initramfs.kernel_version(base)
+    (files / "cmdline").write_text("console=tty0 console=ttyS0,115200 quiet panic=0")
+    (files / "os-release").write_text(node_files.os_release(VERSION))
+    parts = uki.UkiParts(kernel=base / "boot" / f"vmlinuz-{kver}",
+                         initrd=initramfs.build_missing_usb(base, files / "initrd", epoch),
+                         cmdline=files / "cmdline", osrel=files / "os-release")
+    app = uki.build(parts, files / "BOOTX64.EFI", epoch)
+    return disk.make_esp(work / "nvme-esp.img", 32 * MiB, {"EFI/BOOT/BOOTX64.EFI": app},
+                         IDS["nvme_esp_volume_id"], epoch)
 
 
 def _copy_pinned(src: Path, dst: Path) -> Path:
@@ -105,7 +106,7 @@ def stage_tree(base: Path, work: Path, whl: Path, epoch: int) -> Path:
         staging.link(stage, rel, target)
     for d in node_files.DIRS:
         (stage / d.lstrip("/")).mkdir(parents=True, exist_ok=True)
-    staging.put(stage, "/usr/share/rigbase/nvme-esp.img", _nvme_esp(work, epoch).read_bytes())
+    staging.put(stage, "/usr/share/rigbase/nvme-esp.img", _nvme_esp(base, work, epoch).read_bytes())
     # The UKI carries kernel and initramfs; the root does not need copies of them.
     for p in sorted((stage / "boot").glob("*")):
         if p.is_file():

@@ -66,6 +66,26 @@ exec switch_root /newroot /sbin/init
 """
 
 
+MISSING_USB_INIT = r"""#!/bin/busybox sh
+# The NVMe drives' fallback: the node was started without its rigbase USB drive. Say so and wait.
+/bin/busybox mount -t devtmpfs devtmpfs /dev
+MSG="rigbase: the USB boot drive is missing. Plug in the rigbase USB drive and reboot."
+while :; do
+  for c in /dev/console /dev/tty0 /dev/ttyS0; do echo "$MSG" > $c 2>/dev/null; done
+  /bin/busybox sleep 30
+done
+"""
+
+
+def build_missing_usb(tree: Path, out: Path, epoch: int) -> Path:
+    """The initramfs of the NVMe drives' fallback UKI: busybox and a message, nothing else."""
+    entries = [cpio.Entry(d, stat.S_IFDIR | 0o755) for d in ("bin", "dev")]
+    entries.append(cpio.Entry("init", stat.S_IFREG | 0o755, MISSING_USB_INIT.encode()))
+    entries.append(cpio.Entry("bin/busybox", stat.S_IFREG | 0o755, resolve_in(tree, "bin/busybox").read_bytes()))
+    out.write_bytes(gzip.compress(cpio.archive(entries, epoch), compresslevel=6, mtime=0))
+    return out
+
+
 def init_script() -> bytes:
     text = INIT
     for k, v in {"__USB_ROOT__": USB_ROOT, "__USB_VERITY__": USB_VERITY, "__OS_ROOT__": OS_ROOT,

@@ -96,7 +96,8 @@ def layout_scripts(disks: list[str], root_size: int, verity_size: int) -> dict[s
         f"size={32 * MiB // 512}, type={ESP_TYPE}, name=\"{OS_ESP}\"",
         f"size={root_size // 512}, type={ROOT_TYPE}, name=\"{OS_ROOT}\"",
         f"size={verity_size // 512}, type={VERITY_TYPE}, name=\"{OS_VERITY}\"",
-        f"type={LINUX_TYPE}, name=\"{OS_STATE}\"",
+        # Named "-new" until formatted: the node's fstab mounts PARTLABEL=rigbase-state as soon as it appears.
+        f"type={LINUX_TYPE}, name=\"{OS_STATE}-new\"",
     ]) + "\n"}
     for i, d in enumerate(rest, start=1):
         scripts[d] = f"label: gpt\ntype={LINUX_TYPE}, name=\"{DATA}-{i}\"\n"
@@ -182,6 +183,7 @@ def install(disks: list[str], parts: list[BlockPart], say) -> None:
     _copy(usb[USB_ROOT], _part_dev(first, 2), say)
     _copy(usb[USB_VERITY], _part_dev(first, 3), say)
     subprocess.run(["mkfs.ext4", "-q", "-F", "-L", OS_STATE, _part_dev(first, 4)], check=True)
+    subprocess.run(["sfdisk", "-q", "--part-label", f"/dev/{first}", "4", OS_STATE], check=True)
     for i, disk in enumerate(disks[1:], start=1):
         _wait_for(_part_dev(disk, 1))
         subprocess.run(["mkfs.ext4", "-q", "-F", "-L", f"{DATA}-{i}", _part_dev(disk, 1)], check=True)

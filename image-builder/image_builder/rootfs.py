@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -149,10 +150,12 @@ def base_tree(cache: Path, inputs: RootfsInputs, log=print) -> Path:
     work = Path(tempfile.mkdtemp(prefix=f"{inputs.key()}.", dir=entry.parent))
     try:
         log(f"debootstrap {inputs.suite} from {inputs.mirror} ({len(inputs.packages)} extra packages) ...")
+        started = time.monotonic()
         _debootstrap(inputs, work / "tree", work / "debootstrap.log", cache / "debs")
         _trim(work / "tree")
         (work / "inputs.json").write_text(json.dumps(asdict(inputs), indent=2, sort_keys=True))
         (work / "packages.txt").write_text(installed_packages(work / "tree"))
+        (work / "seconds").write_text(f"{time.monotonic() - started:.1f}\n")  # for the benchmark
         (work / "done").write_text("")
         if entry.exists():
             shutil.rmtree(entry)

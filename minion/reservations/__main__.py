@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from minion.reservations.upnp import DEFAULT_LEASE_S
+
 
 def serve(args: argparse.Namespace) -> int:
     from minion.reservations.agent import ReservationAgent
@@ -35,6 +37,8 @@ def serve(args: argparse.Namespace) -> int:
         igd_cache=Path(args.igd_cache) if args.igd_cache else None,
         lease_s=args.lease,
     )
+    if args.upnp:
+        agent.start_renewer()
     print(json.dumps({"ready": True, "t": time.monotonic()}), flush=True)
     for line in sys.stdin:
         if not line.strip():
@@ -101,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--upnp", action="store_true")
     p.add_argument("--igd-url")
     p.add_argument("--igd-cache")
-    p.add_argument("--lease", type=int, default=3600)
+    p.add_argument("--lease", type=int, default=DEFAULT_LEASE_S)
     r = sub.add_parser("resolve", help="resolve HOST.local from this host's LAN address")
     r.add_argument("host")
     r.add_argument("--lan-address", required=True)

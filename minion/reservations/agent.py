@@ -118,12 +118,7 @@ class ReservationAgent:
         with self._lock:
             self.mdns.set_address(lan_address)
             if self.upnp is not None:
-                names = list(self.upnp.mappings)
-                self.upnp.close()
-                self.upnp.lan_address = lan_address
-                self.upnp._upnp = None  # miniupnpc binds SSDP/HTTP to the old address
-                for name in names:
-                    self.upnp.map(self.desired[name])
+                self.upnp.rebind(lan_address)
             return self.statuses()
 
     def renew(self, now: float | None = None) -> list[str]:

@@ -19,11 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from minion.reservations.model import Protocol, Reservation, UpnpState
+from minion.reservations.model import Reservation, UpnpState
 
 log = logging.getLogger(__name__)
 
-DEFAULT_LEASE_S = 3600
+# Short enough that a crashed or renumbered node's leftover mapping (which secure-mode routers let
+# nobody else delete) is gone within minutes; renewed at half, so ~2 requests per 15 min per port.
+DEFAULT_LEASE_S = 900
 DISCOVER_DELAY_MS = 500
 # miniupnpc exposes only the control URL after discovery, not the root description URL it came from;
 # these are the root description paths of common IGD firmwares (miniupnpd first: most home routers).
@@ -65,6 +67,9 @@ class UpnpMapper:
         self._upnp: object | None = None  # miniupnpc.UPnP once an IGD is selected
         self._lock = threading.Lock()
         self.mappings: dict[str, Mapping] = {}
+        # Mappings we could not remove when the address changed (the old address was already gone):
+        # the router keeps them until their lease ends, and answers 718 for the new address until then.
+        self._stale: dict[str, str] = {}  # reservation name -> previous LAN address
 
     # -- IGD -------------------------------------------------------------------------------------
     def _read_cache(self) -> str | None:
@@ -137,24 +142,34 @@ class UpnpMapper:
             external_ip = client.externalipaddress()  # type: ignore[attr-defined]
         except Exception as exc:  # noqa: BLE001 - miniupnpc reports every SOAP error as Exception
             state, template = UPNP_ERRORS.get(str(exc), (UpnpState.ERROR, "UPnP error: {error}"))
+            if state is UpnpState.HELD_BY_OTHER_HOST and res.name in self._stale:
+                # Our own old mapping, not another host's: transient, so left unsettled and retried.
+                state = UpnpState.ERROR
+                template = (f"the router still maps port {{port}} to this node's previous address "
+                            f"{self._stale[res.name]} until that lease ends (at most {self.lease_s} s); retrying")
             if state is UpnpState.ERROR:
                 self._upnp = None  # the router may have restarted: select it again next time
             return Mapping(res, state, template.format(port=res.port, error=exc))
+        self._stale.pop(res.name, None)
         return Mapping(
             res, UpnpState.MAPPED, None, f"{external_ip}:{res.port}", time.monotonic() + self.lease_s / 2
         )
 
-    def unmap(self, name: str) -> None:
-        """Remove the mapping if we hold it; a refused or conflicting one was never ours to remove."""
+    def unmap(self, name: str) -> bool:
+        """Remove the mapping if we hold it (a refused or conflicting one was never ours to remove).
+        Returns False when the router could not be told; the lease then ends it."""
         with self._lock:
+            self._stale.pop(name, None)
             mapping = self.mappings.pop(name, None)
             if mapping is None or mapping.state is not UpnpState.MAPPED:
-                return
+                return True
             res = mapping.reservation
             try:
                 self.igd().deleteportmapping(res.port, res.protocol.value.upper())  # type: ignore[attr-defined]
+                return True
             except Exception as exc:  # noqa: BLE001 - the lease expires on its own anyway
                 log.warning("removing UPnP mapping for port %s failed: %s", res.port, exc)
+                return False
 
     def renew_due(self, now: float | None = None) -> list[str]:
         """Re-add every mapping past half its lease; returns the names renewed."""
@@ -164,9 +179,18 @@ class UpnpMapper:
             self.map(res)
         return [r.name for r in due]
 
-    def lookup(self, port: int, protocol: Protocol) -> tuple[str, int, str, bool, int] | None:
-        """The router's own view of a mapping: (internal host, internal port, description, enabled, lease)."""
-        return self.igd().getspecificportmapping(port, protocol.value.upper())  # type: ignore[attr-defined]
+    def rebind(self, lan_address: str) -> None:
+        """The node's LAN address changed: drop our mappings (they point at the old address), re-add them."""
+        reservations = [m.reservation for m in self.mappings.values()]
+        held = {name for name, m in self.mappings.items() if m.state is UpnpState.MAPPED}
+        previous = self.lan_address
+        for name in list(self.mappings):
+            if not self.unmap(name) and name in held:
+                self._stale[name] = previous
+        self.lan_address = lan_address
+        self._upnp = None  # miniupnpc keeps the old address as its multicast interface and lanaddr
+        for res in reservations:
+            self.map(res)
 
     def close(self) -> None:
         for name in list(self.mappings):

@@ -97,8 +97,10 @@ class NodeOut(BaseModel):
     version: int
 
     @classmethod
-    def of(cls, n: Node) -> NodeOut:
-        return cls(id=n.id, name=n.name, region=n.region.name, region_id=n.region_id, minion_id=n.minion_id,
+    def of(cls, n: Node | Any) -> NodeOut:
+        """From a Node or a list_page row (same attribute names)."""
+        # model_construct: the store's typed columns need no re-validation (pages of 500 stay cheap)
+        return cls.model_construct(id=n.id, name=n.name, region=n.region_name, region_id=n.region_id, minion_id=n.minion_id,
                    service=n.service, hostname=n.hostname, upnp=n.upnp, mining=n.mining, state=n.state,
                    reason=n.reason, online=is_online(n.last_heartbeat_at), last_heartbeat_at=n.last_heartbeat_at,
                    inventory=n.inventory, requirements=n.requirements, created_at=n.created_at,

@@ -189,7 +189,7 @@ def run_finalize(request: FinalizeRequest, target: Target,
         pid_file.unlink(missing_ok=True)
     seconds = time.monotonic() - started
     artifact_dir = Path(runner.config.artifact_dir)
-    changed = sum((runner.stats or {}).get("changed", {}).values()) if runner.stats else 0
+    changed = sum((runner.stats or {}).get("changed", {}).values())
     ok = runner.status == "successful" and runner.rc == 0
     if ok:
         return FinalizeResult(True, runner.status, None, None, changed, runner.rc, seconds, artifact_dir)

@@ -5,8 +5,6 @@ the unique indexes and version columns of the store are then the final word."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TypeVar
 
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session
@@ -14,7 +12,6 @@ from sqlalchemy.orm.exc import StaleDataError
 
 from provisioner.errors import Conflict, Unavailable
 
-T = TypeVar("T")
 
 
 def flush(session: Session, what: str) -> None:

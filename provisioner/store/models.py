@@ -136,6 +136,11 @@ class Node(Base):
     region: Mapped[Region] = relationship(back_populates="nodes", lazy="joined")
     __mapper_args__ = {"version_id_col": version}
 
+    @property
+    def region_name(self) -> str:
+        """Same attribute as on the rows of services.nodes.list_page, so one serialiser fits both."""
+        return self.region.name
+
 
 class AuditEvent(Base):
     """One line of history: who moved which resource from what to what, when and why."""

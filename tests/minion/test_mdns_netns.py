@@ -65,8 +65,9 @@ def test_move_between_nodes_reaches_resolvers(mdns_lan: MdnsLan, tmp_path: Path)
         [status] = b.apply(JUPYTER)
         assert status["state"] == "published", status  # A's goodbye is not mistaken for a rival
         # The name moved: both an avahi cache and a zeroconf resolver answer with B's address only.
-        assert avahi.resolve_until("jupyter.local", mdns_lan.addr_b, within=2) == mdns_lan.addr_b
-        lines = resolve(mdns_lan.peer, mdns_lan.addr_peer, "jupyter", until=mdns_lan.addr_b, timeout=2)
+        # (How fast, < 2 s, is measured in bench/bench_reservations.py; here only the answer counts.)
+        assert avahi.resolve_until("jupyter.local", mdns_lan.addr_b, within=5) == mdns_lan.addr_b
+        lines = resolve(mdns_lan.peer, mdns_lan.addr_peer, "jupyter", until=mdns_lan.addr_b, timeout=5)
         assert lines[-1]["addresses"] == [mdns_lan.addr_b]
     finally:
         a.close()
@@ -124,3 +125,30 @@ def test_address_change_reannounces(mdns_lan: MdnsLan) -> None:
         assert lines[-1]["addresses"] == ["10.77.0.50"]
     finally:
         agent.close()
+
+
+def test_lab_teardown_leaves_nothing_behind() -> None:
+    """The namespaces (and their veths, bridge and processes) these tests rely on are all removed."""
+    import subprocess
+    import sys
+
+    import pytest
+
+    from provisioner.lab.netns import Lab, Netns, NetnsError, list_namespaces
+
+    with pytest.raises(ValueError, match="rigbase-"):
+        Netns("not-ours")
+    with Lab("t-teardown") as lab:
+        lan = lab.lan("10.99.0.0/24")
+        ns = lab.netns("x")
+        lan.attach(ns, 5)
+        sleeper = ns.popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        names = [n.name for n in lab.namespaces]
+        assert set(names) <= set(list_namespaces())
+        with pytest.raises(NetnsError, match="ZeroDivisionError"):
+            ns.call(lambda: 1 / 0)
+        assert ns.call(lambda: open("/proc/net/dev").read().count("lan0")) == 1  # really inside
+    assert sleeper.wait(5) is not None  # killed with its namespace
+    assert not set(names) & set(list_namespaces())
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True).stdout
+    assert "lan0" not in links and " p0" not in links  # no veth end leaked to the host

@@ -163,3 +163,29 @@ def test_shutdown_removes_mappings(upnp_lan: UpnpLan) -> None:
     agent.close()
     assert _router_mapping(upnp_lan.node_a, upnp_lan.addr_a, gw.root_desc_url, 8080) is None
     assert _router_mapping(upnp_lan.node_a, upnp_lan.addr_a, gw.root_desc_url, 15353, "UDP") is None
+
+
+def test_address_change_retries_until_the_old_lease_ends(upnp_lan: UpnpLan) -> None:
+    """DHCP renumbering: the old address is gone before the agent hears of it, so (secure mode) nobody
+    may delete the old mapping; the router answers 718 for the new address until the old lease ends.
+    That is our own leftover, not another host's: reported as a transient error and retried."""
+    gw = upnp_lan.router
+    node = upnp_lan.node_a
+    agent = AgentProcess(node, upnp_lan.addr_a, "--upnp", "--igd-url", gw.root_desc_url, "--lease", "3")
+    try:
+        assert agent.apply(WEB)[0]["state"] == "mapped"
+        node.run(["sysctl", "-qw", "net.ipv4.conf.lan0.promote_secondaries=1"])
+        node.add_address("lan0", "10.78.0.50/24")
+        node.ip("addr", "del", f"{upnp_lan.addr_a}/24", "dev", "lan0")
+        node.add_route("default", via=gw.lan_ip)  # the default route went with the old primary address
+        [status] = agent.request(op="set_address", address="10.78.0.50")["statuses"]
+        assert (status["state"], status["upnp"]) == ("error", "error"), status
+        assert f"previous address {upnp_lan.addr_a}" in status["reason"]
+        deadline = time.monotonic() + 10
+        while (status := agent.apply(WEB)[0])["state"] != "mapped" and time.monotonic() < deadline:
+            time.sleep(0.5)  # each heartbeat retries; miniupnpd drops the old mapping when its lease ends
+        assert status["state"] == "mapped", status
+        host, *_ = _router_mapping(node, "10.78.0.50", gw.root_desc_url, 8080)
+        assert host == "10.78.0.50"
+    finally:
+        agent.close()

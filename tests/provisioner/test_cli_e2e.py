@@ -3,6 +3,7 @@ exit codes and one-line errors; `provision serve` refusing bad databases."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import stat
@@ -156,3 +157,21 @@ def test_node_add_wait_follows_the_node_until_it_is_ready(api_server: ControlPla
 
     r = api_server.provision("node", "add", "gpu-2", "--region", "lab-1", "--minion-id", MID[1], "--wait", "--timeout", "1")
     assert r.returncode == 1 and "is still new after 1 s" in r.stderr
+
+
+def test_admin_token_is_stored_hashed_and_kept_across_restarts(tmp_path: Path) -> None:
+    from tests.fixtures.control_plane import start_control_plane
+
+    home = tmp_path / "home"
+    with start_control_plane(home) as first:
+        _ok(first, "provider", "enable", "physical")
+    with start_control_plane(home) as second:  # another free port
+        config = json.loads((home / "client.json").read_text())
+        assert config == {"url": second.url, "token": first.token} and first.url != second.url
+        assert json.loads(_ok(second, "provider", "list", "--json"))[0]["kind"] == "physical"
+    engine = make_engine(f"sqlite:///{home / 'rigbase.db'}")
+    with engine.connect() as conn:
+        stored = conn.execute(text("SELECT name, role, token_sha256 FROM api_tokens")).all()
+    engine.dispose()
+    assert stored == [("admin", "admin", hashlib.sha256(first.token.encode()).hexdigest())]
+    assert first.token.encode() not in b"".join(p.read_bytes() for p in home.glob("rigbase.db*"))

@@ -250,3 +250,19 @@ def test_rootfs_clones_are_private_and_removed_cleanly(base_root: Path, home: Pa
         rootfs.remove_root(base_root)
     assert base_root.exists()
     rootfs.remove_root(b)
+
+
+def test_an_unreachable_real_node_fails_with_the_first_task_that_connects(home: Path, tmp_path: Path) -> None:
+    # a real node over SSH whose sshd is down: a closed port on loopback
+    key = tmp_path / "id_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    events: list[FinalizeEvent] = []
+    result = finalize.run_finalize(compute(), finalize.SshTarget("127.0.0.1", key, port=port), events.append)
+    assert not result.ok
+    # the preflight checks run on the control plane; the first task on the node can't connect
+    assert result.failed_task == "Create the rigbase configuration directory"
+    assert [e.status for e in events if e.task == result.failed_task][-1] is TaskStatus.UNREACHABLE
+    assert "Connection refused" in result.message

@@ -16,7 +16,7 @@ from provisioner.services import nodes, providers, regions
 from provisioner.states import NODE_TRANSITIONS, NodeState
 from provisioner.store.engine import make_engine
 from provisioner.store.migrate import upgrade
-from provisioner.store.models import Base
+from provisioner.store.schema import metadata
 from tests.fixtures.postgres import Store
 
 ACTOR = "operator:test"
@@ -47,7 +47,7 @@ def _walk_to_active(session: Session, name: str) -> None:
 def test_migrations_match_models(store: Store) -> None:
     """The Alembic revisions build exactly the schema the models describe, on both backends."""
     with store.engine.connect() as conn:  # type: ignore[attr-defined]
-        diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
+        diff = compare_metadata(MigrationContext.configure(conn), metadata)
     assert diff == []
 
 
@@ -162,7 +162,7 @@ def test_storage_rules_replace_and_forced_region_removal(seeded: Store) -> None:
     with seeded.sessions() as s:  # type: ignore[attr-defined]
         assert [r.name for r in regions.list_all(s)] == ["lab-1"]
         rows, _ = nodes.list_page(s, include_removed=True)
-        assert {n.name: n.state for n in rows if n.region.name == "central-1"} == {
+        assert {n.name: n.state for n in rows if n.region_name == "central-1"} == {
             "nas": "removed", "gpu-a": "removed", "gpu-b": "removed"}
         # the name is free again after removal
         regions.create(s, "central-1", provider="physical", actor=ACTOR)

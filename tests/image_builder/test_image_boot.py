@@ -1,0 +1,132 @@
+"""The image end to end: two builds from one cache are byte-identical; the USB image boots in QEMU (TCG,
+OVMF, swtpm) beside a blank NVMe drive, installs after 'yes', reboots into the installed OS and shows the
+banner with the minion_id of that swtpm's EK; PCR 11, PCR 12 and the PCR 4 event-log replay equal the
+signed manifest. Negative: a flipped root byte is refused by verity; a modified UKI changes PCR 11.
+
+One QEMU at a time (shared 2-core hosts)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from image_builder import manifest, measure, pe, rootfs, vm
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+GiB = 2**30
+
+
+def _pcrs(console: str) -> dict[int, str]:
+    return {int(p): v.lower() for p, v in re.findall(r"RIGBASE-PCR(\d+)=([0-9A-Fa-f]{64})", console)}
+
+
+def _copy_sparse(src: Path, dst: Path) -> Path:
+    subprocess.run(["cp", "--sparse=always", str(src), str(dst)], check=True)
+    return dst
+
+
+def test_two_builds_from_one_cache_are_byte_identical_and_signed(built_image) -> None:
+    a, b = built_image.out, built_image.again
+    for name in ("rigbase-usb.img", "rigbase.efi", "manifest.json", "manifest.json.sig"):
+        assert (a / name).read_bytes() == (b / name).read_bytes(), f"{name} differs between two builds"
+    doc = manifest.verify((a / "manifest.json").read_bytes(), (a / "manifest.json.sig").read_bytes(),
+                          built_image.key_pub.read_bytes())
+    assert doc["verity"]["root_hash"] in doc["kernel"]["cmdline"]
+    assert [p["phase"] for p in doc["pcr11"]] == list(measure.PHASES)
+    assert "join_token" not in json.dumps(doc)  # the bundle's secret stays off the manifest
+    assert any(p["name"] == "linux-image-amd64" for p in doc["packages"])
+    uki = (a / "rigbase.efi").read_bytes()
+    assert doc["pe_hashes"]["uki"] == pe.authenticode_sha256(uki)
+    # The second build reused the debootstrap stage: seconds, not minutes.
+    assert built_image.timings["base"] < 5
+
+
+def test_nvidia_package_set_resolves(built_image) -> None:
+    base = rootfs.base_tree(built_image.cache, rootfs.inputs_for(False))
+    plan = rootfs.simulate_install(base, rootfs.NVIDIA_PACKAGES, rootfs.apt_mirror())
+    installs = [l.split()[1] for l in plan.splitlines() if l.startswith("Inst ")]
+    assert "nvidia-driver" in installs and "nvidia-kernel-dkms" in installs
+
+
+def test_usb_boot_installs_to_nvme_and_node_shows_banner_and_manifest_pcrs(built_image, lab_tpm, tmp_path: Path) -> None:
+    doc = built_image.manifest
+    image = built_image.out / "rigbase-usb.img"
+    nvme = vm.blank_disk(tmp_path / "nvme0.img", 2 * GiB)
+    expected_id = vm.minion_id_from_ek_cert(lab_tpm.ek_certificate.read_bytes())
+    with vm.Machine(tmp_path / "vm", image, [nvme], lab_tpm.state_dir) as m:
+        m.wait_for(r"Type 'yes' to ERASE", 420)
+        m.send("yes\n")
+        mark = len(m.output)
+        m.wait_for(r"installed; rebooting", 300, mark)
+        m.wait_for(r"RIGBASE-EVENTLOG=\S+", 420, mark)
+        after = m.text(mark)
+    # The banner after the reboot: the installed OS, and the minion_id of this TPM's EK.
+    assert re.search(r"MINION_ID=([0-9a-f]{32})", after).group(1) == expected_id
+    assert "Boot source: nvme" in after
+    pcrs = _pcrs(after)
+    assert pcrs[11] == {p["phase"]: p["sha256"] for p in doc["pcr11"]}["sysinit:ready"]
+    assert pcrs[12] == doc["pcr12"]["sha256"]
+    events = measure.parse_event_log(base64.b64decode(re.search(r"RIGBASE-EVENTLOG=(\S+)", after).group(1)))
+    check = measure.check_pcr4(events, pcrs[4], doc["pe_hashes"])
+    assert check.ok, check.reason
+    assert check.loaded_images == doc["pcr4"]["boot_path"] and pcrs[4] == doc["pcr4"]["sha256"]
+    assert measure.replay(events, 11) == {p["phase"]: p["sha256"] for p in doc["pcr11"]}[""]
+    # The installed OS on NVMe is a verbatim copy of the USB drive's verity-protected root.
+    parts = json.loads(subprocess.run(["sfdisk", "--json", str(nvme)], capture_output=True, text=True,
+                                      check=True).stdout)["partitiontable"]["partitions"]
+    by_name = {p["name"]: p for p in parts}
+    usb_root = doc["image"]["partitions"]["rigbase-usb-root"]
+    with image.open("rb") as u, nvme.open("rb") as n:
+        u.seek(usb_root["offset"])
+        n.seek(by_name["rigbase-os-root"]["start"] * 512)
+        assert u.read(8 * 2**20) == n.read(8 * 2**20)
+    # Without the USB drive the node stops at a clear message (the NVMe ESP's only entry).
+    with vm.Machine(tmp_path / "vm-nousb", None, [nvme], lab_tpm.state_dir) as m:
+        m.wait_for(r"USB boot drive is missing", 180)
+
+
+def test_flipped_root_byte_is_refused_by_verity(built_image, lab_tpm, tmp_path: Path) -> None:
+    image = _copy_sparse(built_image.out / "rigbase-usb.img", tmp_path / "flipped.img")
+    root = built_image.manifest["image"]["partitions"]["rigbase-usb-root"]
+    with image.open("r+b") as fh:
+        fh.seek(root["offset"] + 1024 + 0x78)  # inside the ext4 superblock (volume name)
+        byte = fh.read(1)
+        fh.seek(-1, os.SEEK_CUR)
+        fh.write(bytes([byte[0] ^ 0x01]))
+    with vm.Machine(tmp_path / "vm", image, [], lab_tpm.state_dir) as m:
+        m.wait_for(r"rigbase: verity refused the root filesystem", 300)
+        assert "MINION_ID=" not in m.text()
+
+
+def test_modified_uki_changes_pcr11_and_no_writes_nothing(built_image, lab_tpm, tmp_path: Path) -> None:
+    doc = built_image.manifest
+    image = _copy_sparse(built_image.out / "rigbase-usb.img", tmp_path / "modified.img")
+    uki = bytearray((built_image.out / "rigbase.efi").read_bytes())
+    osrel = pe.section(bytes(uki), ".osrel")
+    at = bytes(uki).index(osrel) + osrel.index(b"rigbase node")
+    uki[at:at + 12] = b"RIGBASE NODE"  # same length: only the measured .osrel content changes
+    (tmp_path / "rigbase.efi").write_bytes(bytes(uki))
+    esp = doc["image"]["partitions"]["rigbase-esp"]["offset"]
+    subprocess.run(["mcopy", "-o", "-i", f"{image}@@{esp}", str(tmp_path / "rigbase.efi"), "::/EFI/Linux/rigbase.efi"],
+                   check=True, env={**os.environ, "MTOOLS_SKIP_CHECK": "1"})
+    sections = {n: pe.section(bytes(uki), n) for n in (".linux", ".osrel", ".cmdline", ".initrd")}
+    nvme = vm.blank_disk(tmp_path / "nvme0.img", 2 * GiB)
+    with vm.Machine(tmp_path / "vm", image, [nvme], lab_tpm.state_dir) as m:
+        m.wait_for(r"Type 'yes' to ERASE", 420)
+        m.send("no\n")
+        m.wait_for(r"aborted; nothing was written", 60)
+        m.wait_for(r"RIGBASE-EVENTLOG=\S+", 300)
+        pcrs = _pcrs(m.text())
+    expected = {p["phase"]: p["sha256"] for p in doc["pcr11"]}["sysinit:ready"]
+    assert pcrs[11] != expected
+    assert pcrs[11] == measure.pcr11_python(sections, "sysinit:ready")
+    with nvme.open("rb") as fh:
+        assert fh.read(4 * 2**20) == b"\0" * (4 * 2**20)  # 'no' wrote nothing, not even a partition table
