@@ -8,6 +8,7 @@ UPnP with SSDP discovery instead of the cached root description URL.
 from __future__ import annotations
 
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -141,6 +142,7 @@ def bench_move(lab: Lab, lan: object, node_a: Netns, addr_a: str, peer: Netns, p
         a.close()
         b.close()
         avahi.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
     return moves, avahi_moves
 
 
