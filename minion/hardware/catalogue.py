@@ -8,6 +8,7 @@ fatal: GPUs are still counted, just without name, VRAM and form factor, and the 
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -17,6 +18,8 @@ from minion.hardware.model import FormFactor, GpuClass
 CATALOGUE_ENV = "RIGBASE_GPU_CATALOGUE"
 _CANDIDATES = (
     Path(__file__).resolve().parents[2] / "regions" / "gpus.yaml",
+    # a wheel install ships regions/*.yaml as data files under <prefix>/share/rigbase (pyproject.toml)
+    Path(sys.prefix) / "share" / "rigbase" / "gpus.yaml",
     Path("/usr/share/rigbase/gpus.yaml"),
 )
 

@@ -1,9 +1,10 @@
 """Reconcile the node's reservations to the desired set from the heartbeat; report what is actually true.
 
-Integration is one call per heartbeat:
+Integration is one call at start-up, `register_heartbeat_handler(agent)` (minion/desired.py then
+calls it for the "reservations" key of every heartbeat response), which does:
 
-    statuses = agent.apply([Reservation.from_dict(d) for d in response["reservations"]])
-    next_heartbeat["reservations"] = [s.to_dict() for s in statuses]
+    statuses = agent.apply([Reservation.from_dict(d) for d in desired["reservations"]])
+    actual["reservations"] = [s.to_dict() for s in statuses]
 
 `apply` is idempotent: an unchanged reservation is left alone (no re-probe, no re-announce), so calling it
 every heartbeat costs nothing. Answers that are facts (mDNS conflict, UPnP 718/606) are kept until the
@@ -16,6 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 from pathlib import Path
+from typing import Any
 
 from minion.reservations.mdns import PROBE_WINDOW_S, MdnsPublisher
 from minion.reservations.model import ActualState, MdnsState, Reservation, ReservationStatus, UpnpState
@@ -144,3 +146,24 @@ class ReservationAgent:
             for name in list(self.desired):
                 self._withdraw(name)
             self.mdns.close()
+
+
+def register_heartbeat_handler(agent: ReservationAgent) -> None:
+    """Hook the agent into the heartbeat (minion/desired.py): desired["reservations"] → actual["reservations"].
+
+    An entry the node cannot parse is reported as `error` with the reason; the others still apply, so
+    one bad reservation never blocks the rest.
+    """
+    from minion.desired import handles
+
+    @handles("reservations")
+    def _apply(value: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+        valid: list[Reservation] = []
+        rejected: list[dict[str, Any]] = []
+        for item in value or []:
+            try:
+                valid.append(Reservation.from_dict(item))
+            except (KeyError, TypeError, ValueError) as exc:
+                rejected.append({"name": item.get("name") if isinstance(item, dict) else None,
+                                 "state": ActualState.ERROR.value, "reason": f"invalid reservation: {exc}"})
+        return [s.to_dict() for s in agent.apply(valid)] + rejected

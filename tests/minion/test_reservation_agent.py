@@ -15,7 +15,7 @@ from minion.reservations.model import (
     ReservationStatus,
     UpnpState,
 )
-from provisioner.lab.netns import Lab
+from provisioner.lab.netns import Lab, Netns
 from tests.fixtures.netns import AgentProcess, MdnsLan
 
 
@@ -82,10 +82,15 @@ def _reconcile(address: str) -> dict:
         agent.close()
 
 
-def test_apply_reconciles_to_the_desired_set(lab: Lab) -> None:
-    lan = lab.lan("10.79.0.0/24")
+@pytest.fixture
+def lan_node(lab: Lab) -> tuple[Netns, str]:
+    """One node namespace on a LAN of its own; the agent runs in-process there via Netns.call."""
     node = lab.netns("node")
-    address = lan.attach(node, 10)
+    return node, lab.lan("10.79.0.0/24").attach(node, 10)
+
+
+def test_apply_reconciles_to_the_desired_set(lan_node: tuple[Netns, str]) -> None:
+    node, address = lan_node
     result = node.call(_reconcile, address)
     assert result["first"] == ["published", "published"]
     assert result["second"] == ["b"] and result["names_after_second"] == ["b"]
@@ -101,3 +106,23 @@ def test_serve_rejects_bad_requests_with_a_reason(mdns_lan: MdnsLan) -> None:
         assert agent.status() == []  # nothing half-applied
     finally:
         agent.close()
+
+
+def _through_heartbeat(address: str) -> list:
+    from minion import desired
+    from minion.reservations.agent import ReservationAgent, register_heartbeat_handler
+
+    agent = ReservationAgent(address, upnp=False)
+    register_heartbeat_handler(agent)
+    try:
+        return desired.apply({"reservations": [{"name": "nb", "hostname": "jupyter", "port": 8888},
+                                               {"name": "bad", "hostname": "NOT OK", "port": 8889}]})["reservations"]
+    finally:
+        agent.close()
+
+
+def test_heartbeat_handler_applies_and_reports(lan_node: tuple[Netns, str]) -> None:
+    node, address = lan_node
+    ok, bad = node.call(_through_heartbeat, address)
+    assert (ok["name"], ok["state"], ok["address"]) == ("nb", "published", address)
+    assert (bad["name"], bad["state"]) == ("bad", "error") and "DNS label" in bad["reason"]

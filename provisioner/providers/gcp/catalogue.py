@@ -7,6 +7,7 @@ time."""
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -61,9 +62,13 @@ class Catalogue:
 
 
 def regions_dir() -> Path:
-    """regions/ at the repository root; RIGBASE_REGIONS_DIR overrides it for packaged installs."""
+    """RIGBASE_REGIONS_DIR, else regions/ at the repository root (source checkouts, editable installs),
+    else <prefix>/share/rigbase where a wheel install puts regions/*.yaml (pyproject.toml data-files)."""
     env = os.environ.get("RIGBASE_REGIONS_DIR")
-    return Path(env) if env else Path(__file__).resolve().parents[3] / "regions"
+    if env:
+        return Path(env)
+    source = Path(__file__).resolve().parents[3] / "regions"
+    return source if source.is_dir() else Path(sys.prefix) / "share" / "rigbase"
 
 
 @lru_cache(maxsize=4)
