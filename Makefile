@@ -2,6 +2,8 @@
 # they need first (scripts/install-deps.sh is idempotent: apt for real components, pip into .venv).
 PY := .venv/bin/python
 export TSS2_LOG := all+none
+# one debootstrap'd lab root for the finalize and lab tests, kept between runs (keyed by its inputs)
+export RIGBASE_TEST_ROOTFS_CACHE ?= $(CURDIR)/.cache/rootfs
 
 .PHONY: deps test demo bench clean
 

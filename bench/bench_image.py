@@ -22,10 +22,6 @@ TARGET_COMPRESSED_MB = 300
 MB = 1e6
 
 
-def _home() -> Path:
-    return Path(os.environ.get("RIGBASE_HOME", Path.home() / ".local/share/rigbase"))
-
-
 def _zstd_size(path: Path) -> int:
     proc = subprocess.run(f"zstd -q -3 -T2 -c {path} | wc -c", shell=True, capture_output=True, text=True, check=True)
     return int(proc.stdout.strip())
@@ -35,7 +31,7 @@ def main() -> None:
     repo = Path(__file__).resolve().parents[1]
     with tempfile.TemporaryDirectory(prefix="rigbase-bench-image-") as tmp:
         t = Path(tmp)
-        cache = t / "cache" if os.environ.get("RIGBASE_BENCH_COLD") == "1" else _home() / "cache" / "image-builder"
+        cache = t / "cache" if os.environ.get("RIGBASE_BENCH_COLD") == "1" else manifest.default_cache_dir()
         priv, pub = manifest.keygen(t / "k.pem")
         bundle = t / "bundle.json"
         bundle.write_text(json.dumps({"version": 1, "control_plane_url": "http://cp.bench:8470", "ca_certificate": None,
@@ -73,7 +69,7 @@ def main() -> None:
             t0 = time.monotonic()
             m.wait_for(r"Linux version", 300)
             kernel_s = time.monotonic() - t0
-            m.wait_for(r"MINION_ID=[0-9a-f]{32}", 600)
+            m.wait_for(r"(?:MINION_ID=|minion_id +)[0-9a-f]{32}", 600)
             banner_s = time.monotonic() - t0
         print(f"TCG power-on → kernel:                    {kernel_s:7.1f} s")
         print(f"TCG power-on → banner (USB boot):         {banner_s:7.1f} s   kernel+userspace {banner_s - kernel_s:.1f} s")

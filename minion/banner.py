@@ -140,8 +140,10 @@ def next_step(minion_id: str | None, enrollment: Enrollment, report: Requirement
 
 def render(*, minion_id: str | None, tpm_problem: str | None, enrollment: Enrollment,
            addresses: list[tuple[str, str]], report: RequirementReport,
-           inventory: Inventory | None = None, version: str | None = None) -> str:
-    """The banner text: at most 25 lines of at most 80 ASCII characters."""
+           inventory: Inventory | None = None, version: str | None = None,
+           join_status: dict[str, Any] | None = None) -> str:
+    """The banner text: at most 25 lines of at most 80 ASCII characters. `join_status` is what
+    `minion run` last saw (minion/join/state.py): joining, pending, refused (with the reason), …"""
     version = version or _version()
     title = f"{PRODUCT} {version}"
     host = inventory.hostname if inventory else ""
@@ -159,6 +161,9 @@ def render(*, minion_id: str | None, tpm_problem: str | None, enrollment: Enroll
                                       f"from {enrollment.path}"))
     else:
         lines.append(_field("region", f"unknown: {enrollment.problem}"))
+    if join_status and join_status.get("state"):
+        message = join_status.get("message")
+        lines.append(_field("join", f"{join_status['state']}: {message}" if message else str(join_status["state"])))
     lines.extend(_addresses(addresses))
     if inventory is not None:
         lines.append(_hardware(inventory))
@@ -207,8 +212,12 @@ def banner_command(
     report = check(inventory, storage_mode or enrollment.storage_mode,
                    public_jobs or enrollment.public_jobs)
     minion_id, problem = read_minion_id(tcti)
+    from minion.join.state import DEFAULT_STATE_DIR, StateDir
+
+    join_status = StateDir(DEFAULT_STATE_DIR).status() if DEFAULT_STATE_DIR.is_dir() else None
     print(render(minion_id=minion_id, tpm_problem=problem, enrollment=enrollment,
-                 addresses=local_addresses(host_root), report=report, inventory=inventory), end="")
+                 addresses=local_addresses(host_root), report=report, inventory=inventory,
+                 join_status=join_status), end="")
 
 
 def register(app: typer.Typer) -> None:

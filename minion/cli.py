@@ -16,6 +16,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "minion.hardware.commands",  # minion inventory, minion check
     "minion.tpm.commands",  # minion id
     "minion.banner",  # minion banner
+    "minion.join.commands",  # minion join, minion run
 )
 
 app = typer.Typer(help="rigbase minion: the agent on each GPU node.", no_args_is_help=True,

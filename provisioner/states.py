@@ -56,7 +56,8 @@ class StorageMode(StrEnum):
 
 
 PROVIDER_TRANSITIONS: dict[ProviderState, frozenset[ProviderState]] = {
-    ProviderState.NEW: frozenset({ProviderState.ENABLED, ProviderState.ERRORED, ProviderState.REMOVED}),
+    # NEW → REMOVING: removed while its bootstrap runs; the teardown deletes whatever was made already
+    ProviderState.NEW: frozenset({ProviderState.ENABLED, ProviderState.ERRORED, ProviderState.REMOVING, ProviderState.REMOVED}),
     ProviderState.ENABLED: frozenset({ProviderState.REMOVING, ProviderState.REMOVED, ProviderState.ERRORED}),
     ProviderState.ERRORED: frozenset({ProviderState.NEW, ProviderState.REMOVING, ProviderState.REMOVED}),
     ProviderState.REMOVING: frozenset({ProviderState.REMOVED, ProviderState.ERRORED}),

@@ -95,11 +95,11 @@ def _copy_pinned(src: Path, dst: Path) -> Path:
     return dst
 
 
-def stage_tree(base: Path, work: Path, whl: Path, epoch: int) -> Path:
+def stage_tree(base: Path, work: Path, whl: Path, deps: Path, epoch: int) -> Path:
     stage = work / "stage"
     staging.link_tree(base, stage)
-    site = stage / "usr/lib/python3/dist-packages"
-    wheel.unpack_node_packages(whl, site)
+    wheel.unpack_node_packages(whl, stage / "usr/lib/python3/dist-packages")
+    wheel.unpack_dependencies(deps, stage / wheel.NODE_SITE)
     for rel, (text, mode) in node_files.files(VERSION).items():
         staging.put(stage, rel, text, mode)
     for rel, target in node_files.enable_links().items():
@@ -128,7 +128,8 @@ def build(cfg: BuildConfig, log: Callable[[str], None] = print) -> dict[str, Any
     try:
         base = t.run("base", lambda: rootfs.base_tree(cfg.cache, inputs, log), log)
         whl = t.run("wheel", lambda: wheel.build_wheel(cfg.repo, work / "wheel", epoch), log)
-        stage = t.run("stage", lambda: stage_tree(base, work, whl, epoch), log)
+        deps = t.run("deps", lambda: wheel.dependency_wheelhouse(cfg.cache, log), log)
+        stage = t.run("stage", lambda: stage_tree(base, work, whl, deps, epoch), log)
         root_img = t.run("rootfs", lambda: ext4.make(stage, work / "root.ext4", IDS["root_fs_uuid"], "rigbase-root", epoch), log)
         ver = t.run("verity", lambda: verity.format_hash(root_img, work / "root.verity"), log)
         initrd = t.run("initramfs", lambda: initramfs.build(base, work / "initrd.cpio", epoch), log)
@@ -155,7 +156,7 @@ def build(cfg: BuildConfig, log: Callable[[str], None] = print) -> dict[str, Any
                            disk.mib(ver.hash_path.stat().st_size)),
         ))
         image = t.run("disk", lambda: disk.write_image(layout, out / IMAGE_NAME), log)
-        doc = t.run("measure", lambda: _manifest(cfg, inputs, base, stage, whl, bundle_raw, bundle, parts, uki_path,
+        doc = t.run("measure", lambda: _manifest(cfg, inputs, base, stage, whl, deps, bundle_raw, bundle, parts, uki_path,
                                                    image, layout, ver, kver, cmdline, epoch), log)
         raw = manifest.canonical(doc)
         (out / MANIFEST_NAME).write_bytes(raw)
@@ -175,7 +176,7 @@ def build(cfg: BuildConfig, log: Callable[[str], None] = print) -> dict[str, Any
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _manifest(cfg: BuildConfig, inputs: rootfs.RootfsInputs, base: Path, stage: Path, whl: Path, bundle_raw: bytes,
+def _manifest(cfg: BuildConfig, inputs: rootfs.RootfsInputs, base: Path, stage: Path, whl: Path, deps: Path, bundle_raw: bytes,
               bundle: dict[str, Any], parts: uki.UkiParts, uki_path: Path, image: Path, layout: disk.Layout,
               ver: verity.Verity, kver: str, cmdline: str, epoch: int) -> dict[str, Any]:
     sections = {".linux": parts.kernel, ".osrel": parts.osrel, ".cmdline": parts.cmdline, ".initrd": parts.initrd}
@@ -212,6 +213,8 @@ def _manifest(cfg: BuildConfig, inputs: rootfs.RootfsInputs, base: Path, stage: 
                    "components": list(inputs.components), "with_nvidia": inputs.with_nvidia,
                    "rootfs_key": inputs.key(), "source_date_epoch": epoch,
                    "wheel": {"file": whl.name, "sha256": sha256_file(whl)},
+                   "python_requirements": wheel.pinned_requirements(),
+                   "python_wheels": {p.name: sha256_file(p) for p in sorted(deps.glob("*.whl"))},
                    "source_sha256": wheel.source_digest(cfg.repo),
                    "systemd_stub_sha256": sha256_file(uki.STUB), "systemd_boot_sha256": sha256_file(uki.SYSTEMD_BOOT)},
     }

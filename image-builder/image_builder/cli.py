@@ -33,12 +33,6 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _default_cache() -> Path:
-    import os
-    home = Path(os.environ.get("RIGBASE_HOME", Path.home() / ".local/share/rigbase"))
-    return home / "cache" / "image-builder"
-
-
 def _repo() -> Path:
     """The rigbase checkout whose wheel goes on the image (this package lives in REPO/image-builder/)."""
     return Path(__file__).resolve().parents[2]
@@ -60,7 +54,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"ok: {args.manifest} signed by {doc['builder']['key_sha256'][:16]}…, image sha256 {doc['image']['sha256']}")
         elif args.command == "resolve-nvidia":
             from image_builder import rootfs
-            cache = args.cache or _default_cache()
+            cache = args.cache or manifest.default_cache_dir()
             base = rootfs.base_tree(cache, rootfs.inputs_for(False), print)
             plan = rootfs.simulate_install(base, rootfs.NVIDIA_PACKAGES, rootfs.apt_mirror())
             print("\n".join(l for l in plan.splitlines() if l.startswith("Inst ")))
@@ -68,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
             from image_builder import build
             from image_builder.plan import BuildConfig
             repo = _repo()
-            cfg = BuildConfig(bundle=args.bundle, output=args.output, cache=args.cache or _default_cache(),
+            cfg = BuildConfig(bundle=args.bundle, output=args.output, cache=args.cache or manifest.default_cache_dir(),
                               key=args.key or manifest.default_key_path(), with_nvidia=args.with_nvidia,
                               source_date_epoch=build.default_epoch(repo), repo=repo, mirror=args.mirror)
             if args.plan:

@@ -3,8 +3,8 @@
 Booted from the USB drive with no matching rigbase OS on the NVMe drives, it asks on every console to type
 'yes' (anything else aborts and writes nothing), lays out the NVMe drives, copies the verity-protected root
 and its hash tree from the USB drive, and reboots. The UKI and the region bundle stay on the USB drive, so
-the node keeps booting from it; the NVMe drives get a small ESP whose only entry tells the operator to plug
-the USB drive back in.
+the node keeps booting from it; the NVMe drives get a small ESP whose only boot application prints that the
+USB drive is missing.
 """
 
 from __future__ import annotations

@@ -20,8 +20,16 @@ class ManifestError(Exception):
 
 
 def default_key_path() -> Path:
-    home = Path(os.environ.get("RIGBASE_HOME", Path.home() / ".local/share/rigbase"))
-    return home / "image-builder" / "signing-key.pem"
+    from provisioner.config import rigbase_home
+
+    return rigbase_home() / "image-builder" / "signing-key.pem"
+
+
+def default_cache_dir() -> Path:
+    """Shared by the CLI, the image tests and the benchmark: the debootstrap stage is keyed by inputs."""
+    from provisioner.config import rigbase_home
+
+    return rigbase_home() / "cache" / "image-builder"
 
 
 def keygen(private_path: Path, force: bool = False) -> tuple[Path, Path]:

@@ -62,10 +62,12 @@ MINION_UNIT = f"""[Unit]
 Description=rigbase minion: attested join, heartbeats and desired state
 After=network-online.target rigbase-banner.service
 Wants=network-online.target
+# The node credential lives on the NVMe state partition: no join from a USB boot that has not installed.
+RequiresMountsFor=/var/lib/rigbase {ESP_MOUNT}
 ConditionPathExists={ESP_MOUNT}/{BUNDLE_ON_ESP}
 
 [Service]
-ExecStart=/usr/local/bin/minion join --bundle {ESP_MOUNT}/{BUNDLE_ON_ESP}
+ExecStart=/usr/local/bin/minion run --bundle {ESP_MOUNT}/{BUNDLE_ON_ESP}
 Restart=on-failure
 RestartSec=30s
 
@@ -75,12 +77,14 @@ WantedBy=multi-user.target
 
 WAIT_TPM = """for i in $(seq 300); do [ -e /dev/tpmrm0 ] && break; sleep 0.1; done"""
 
-#: Until `minion banner` exists (hardware work), show `minion id`; until that exists, derive minion_id the
-#: same way from the EK certificate (SHA-256 of the EK's DER SubjectPublicKeyInfo, first 32 hex).
+#: `minion banner` (hardware work) when it runs; if the minion cannot start at all, a placeholder with
+#: `minion id`, or failing that the same derivation from the EK certificate (SHA-256 of the EK's DER
+#: SubjectPublicKeyInfo, first 32 hex) with tpm2-tools and openssl, so the operator always gets the id.
 BANNER_SCRIPT = f"""#!/bin/sh
 {WAIT_TPM}
 export TSS2_LOG=all+none
-if minion banner 2>/dev/null; then exit 0; fi
+if minion banner 2>/run/rigbase-banner.err; then exit 0; fi
+echo "(minion banner failed: $(tail -n1 /run/rigbase-banner.err))"
 ID=$(minion id 2>/dev/null)
 if [ -z "$ID" ]; then
   ID=$(tpm2_nvread -C o 0x01c00002 2>/dev/null | openssl x509 -inform DER -pubkey -noout 2>/dev/null \\
@@ -89,7 +93,6 @@ fi
 echo
 echo "==================== rigbase node ===================="
 echo "MINION_ID=$ID"
-echo "Boot source: $(cat /etc/rigbase/boot-source 2>/dev/null)"
 echo "Add this node: provision node add --minion-id $ID"
 echo "======================================================"
 """
@@ -98,6 +101,7 @@ MEASUREMENTS_SCRIPT = f"""#!/bin/sh
 # One line each, so a console reader (or the boot test) can compare them with the image manifest.
 {WAIT_TPM}
 mountpoint -q /sys/kernel/security || mount -t securityfs securityfs /sys/kernel/security
+echo "RIGBASE-BOOT-SOURCE=$(cat /etc/rigbase/boot-source 2>/dev/null)" > /dev/ttyS0
 for p in 4 11 12; do echo "RIGBASE-PCR$p=$(cat /sys/class/tpm/tpm0/pcr-sha256/$p 2>/dev/null)" > /dev/ttyS0; done
 echo "RIGBASE-EVENTLOG=$(base64 -w0 /sys/kernel/security/tpm0/binary_bios_measurements 2>/dev/null)" > /dev/ttyS0
 """
@@ -109,6 +113,7 @@ PARTLABEL={OS_STATE} /var/lib/rigbase ext4 defaults,nofail,x-systemd.device-time
 
 MINION_LAUNCHER = """#!/usr/bin/python3
 import sys
+sys.path.insert(0, "/usr/lib/rigbase/python")  # the minion's pinned dependencies win over Debian's
 from minion.cli import main
 sys.exit(main())
 """

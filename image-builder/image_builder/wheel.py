@@ -16,8 +16,16 @@ from pathlib import Path
 
 from image_builder.errors import BuildError
 
-#: Packages of the distribution that a node runs; the control plane (provisioner) stays off the image.
-NODE_PACKAGES = ("minion/", "image_builder/")
+#: Packages of the distribution that a node runs; of the control plane only the shared error types.
+NODE_PACKAGES = ("minion/", "image_builder/", "provisioner/__init__.py", "provisioner/errors.py")
+
+#: The minion's third-party imports, pinned to the versions this build host's venv runs its tests with
+#: (Debian's python3-pydantic 1.10 / python3-tpm2-pytss 1.2 are too old for the minion).
+NODE_REQUIREMENTS = ("typer", "rich", "PyYAML", "pydantic", "pyudev", "zeroconf", "miniupnpc", "httpx",
+                     "tpm2-pytss", "nvidia-ml-py", "cryptography")
+
+#: Where the dependency wheels go on the node; /usr/local/bin/minion puts it first on sys.path.
+NODE_SITE = "usr/lib/rigbase/python"
 
 
 def source_files(repo: Path) -> list[str]:
@@ -65,4 +73,60 @@ def unpack_node_packages(wheel: Path, site_packages: Path) -> list[str]:
             dest.parent.mkdir(parents=True, exist_ok=True)
             dest.write_bytes(zf.read(info))
             names.append(n)
+    return names
+
+
+def pinned_requirements() -> list[str]:
+    from importlib.metadata import version
+
+    return [f"{name}=={version(name)}" for name in NODE_REQUIREMENTS]
+
+
+def dependency_wheelhouse(cache: Path, log=print) -> Path:
+    """Wheels of the minion's dependencies (and theirs), cached by the pinned set: downloaded from PyPI
+    once, tpm2-pytss compiled once against this bookworm host's libtss2 (the node runs the same one)."""
+    reqs = pinned_requirements()
+    key = hashlib.sha256(("\n".join(reqs) + f"\n{sys.version_info[:2]}").encode()).hexdigest()[:24]
+    house = cache / "wheelhouse" / key
+    if (house / "done").exists():
+        return house
+    house.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f"{key}.", dir=house.parent))
+    try:
+        log(f"pip wheel {len(reqs)} node dependencies ...")
+        proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--only-binary=:all:", "--no-binary=tpm2-pytss",
+                               "-w", str(work), *reqs], capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise BuildError(f"pip wheel of the node's dependencies failed: {proc.stderr.strip()[-300:]}; "
+                             "check that PyPI is reachable and libtss2-dev is installed.")
+        (work / "done").write_text("\n".join(reqs) + "\n")
+        shutil.rmtree(house, ignore_errors=True)
+        work.rename(house)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    return house
+
+
+def unpack_dependencies(house: Path, site: Path) -> list[str]:
+    """Unzip every wheel into one directory (a wheel is a zip; .data/purelib and platlib go to the top).
+    Sorted, so the tree is the same for the same wheelhouse."""
+    names: list[str] = []
+    for whl in sorted(house.glob("*.whl")):
+        with zipfile.ZipFile(whl) as zf:
+            for info in sorted(zf.infolist(), key=lambda i: i.filename):
+                n = info.filename
+                if info.is_dir():
+                    continue
+                parts = n.split("/")
+                if parts[0].endswith(".data"):
+                    if len(parts) < 3 or parts[1] not in ("purelib", "platlib"):
+                        continue  # scripts and headers: the node does not need them
+                    n = "/".join(parts[2:])
+                dest = site / n
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                dest.write_bytes(zf.read(info))
+                if (info.external_attr >> 16) & 0o111:
+                    dest.chmod(0o755)
+                names.append(n)
     return names

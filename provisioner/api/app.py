@@ -6,12 +6,17 @@ in OPEN_ROUTERS (routes that authenticate differently, e.g. minions with node cr
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 from fastapi import Depends, FastAPI
 from sqlalchemy import Engine
 
 from provisioner.api import errors
 from provisioner.api.deps import require_operator
-from provisioner.api.routes import nodes, providers, regions
+from provisioner.api.routes import enrollment, join, nodes, providers, regions
+from provisioner.api.routes import datastores, reservations
+from provisioner.api.routes import gcp
 from provisioner.config import database_url as default_database_url
 from provisioner.store.engine import make_engine, make_sessionmaker
 from provisioner.store.migrate import upgrade
@@ -20,11 +25,30 @@ OPERATOR_ROUTERS = [
     providers.router,
     regions.router,
     nodes.router,
+    reservations.router,
+    datastores.router,
+    gcp.router,
+    enrollment.router,
 ]
-OPEN_ROUTERS: list = []  # e.g. join.router (node-credential auth of its own)
+OPEN_ROUTERS: list = [join.router]  # join token / node credential auth of their own
 
 
-def create_app(database_url: str | None = None, *, engine: Engine | None = None, migrate: bool = True) -> FastAPI:
+@asynccontextmanager
+async def _reconciler_lifespan(app: FastAPI) -> AsyncIterator[None]:
+    from provisioner.reconcilers.loop import ReconcilerLoop
+
+    loop = ReconcilerLoop(app.state.sessions)
+    loop.start()
+    try:
+        yield
+    finally:
+        loop.stop()
+
+
+def create_app(database_url: str | None = None, *, engine: Engine | None = None, migrate: bool = True,
+               reconcilers: bool = False) -> FastAPI:
+    """`reconcilers=True` (what `provision serve` passes) runs the reconciler loop for the app's lifetime;
+    unit tests leave it off and step the world with `ReconcilerLoop(sessions).run_once()`."""
     url = database_url or default_database_url()
     engine = engine or make_engine(url)
     if migrate:
@@ -34,6 +58,7 @@ def create_app(database_url: str | None = None, *, engine: Engine | None = None,
         version="1",
         description="Providers, regions and nodes of a rigbase fleet. Every /v1/ route needs "
                     "`Authorization: Bearer <token>`; /openapi.json and /healthz do not.",
+        lifespan=_reconciler_lifespan if reconcilers else None,
     )
     app.state.engine = engine
     app.state.sessions = make_sessionmaker(engine)

@@ -35,6 +35,14 @@ class RefusalCode(str, Enum):
     pcr_digest_mismatch = "attestation_pcr_digest_mismatch"
     pcr_manifest_mismatch = "attestation_pcr_manifest_mismatch"
     pcr_changed = "attestation_pcr_changed"
+    # enrollment checks around the protocol (provisioner/services/join.py)
+    join_token_invalid = "join_token_invalid"
+    join_token_revoked = "join_token_revoked"
+    join_token_expired = "join_token_expired"
+    duplicate_minion_id = "attestation_duplicate_minion_id"
+    wrong_region = "join_wrong_region"
+    pinned_ek_mismatch = "attestation_pinned_ek_mismatch"
+    requirements_failed = "join_requirements_failed"
 
 
 # The operator-facing sentence per code: what happened and what to do next. `{detail}` is filled from
@@ -84,6 +92,34 @@ MESSAGES: dict[RefusalCode, str] = {
     RefusalCode.pcr_changed: (
         "PCR values changed since they were recorded ({detail}); the node's boot chain changed, "
         "inspect it and re-record with the operator's approval."
+    ),
+    RefusalCode.join_token_invalid: (
+        "The join token is not one this control plane issued for any region; write a new bundle with "
+        "`provision region bundle REGION -o FILE`."
+    ),
+    RefusalCode.join_token_revoked: (
+        "The join token was revoked ({detail}); issue a new one with `provision region join-token REGION` "
+        "or a new bundle."
+    ),
+    RefusalCode.join_token_expired: (
+        "The join token expired ({detail}); issue a new one with `provision region join-token REGION` "
+        "or a new bundle."
+    ),
+    RefusalCode.duplicate_minion_id: (
+        "This minion_id was already attested with a different EK ({detail}); two TPMs claim one identity, "
+        "investigate both machines before removing the node."
+    ),
+    RefusalCode.wrong_region: (
+        "This minion belongs to a node of another region ({detail}); boot it with that region's bundle "
+        "or remove the node and add it to this region."
+    ),
+    RefusalCode.pinned_ek_mismatch: (
+        "The EK differs from the one pinned for this node ({detail}); the provider reported another TPM, "
+        "replace the node if its hardware changed."
+    ),
+    RefusalCode.requirements_failed: (
+        "The node fails its hardware requirements ({detail}); fix them (`minion check` explains each) and "
+        "reboot the node."
     ),
 }
 

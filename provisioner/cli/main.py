@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import typer
 
-from provisioner.cli import nodes, providers, regions, serve
+from provisioner.cli import gcp, lab, nodes, providers, regions, serve
+from provisioner.cli import datastores, reservations
+from provisioner.cli import enrollment
 
 app = typer.Typer(help="rigbase control plane: providers, regions and nodes of your GPU fleet.",
                   no_args_is_help=True, add_completion=False, rich_markup_mode=None,
@@ -14,4 +16,9 @@ app = typer.Typer(help="rigbase control plane: providers, regions and nodes of y
 app.command("serve")(serve.serve)
 app.add_typer(providers.app, name="provider")
 app.add_typer(regions.app, name="region")
+regions.app.command("quota")(gcp.quota)
 app.add_typer(nodes.app, name="node")
+app.add_typer(lab.app, name="lab")
+app.add_typer(reservations.app, name="reservation")
+app.add_typer(datastores.app, name="datastore")
+app.add_typer(enrollment.tpm_ca, name="tpm-ca")  # also adds region join-token|bundle|update, node pending|retry

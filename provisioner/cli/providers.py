@@ -16,11 +16,18 @@ COLUMNS = [("id", "ID"), ("kind", "KIND"), ("payment_mode", "PAYMENT"), ("state"
 
 @app.command("enable")
 def enable(
-    kind: Annotated[str, typer.Argument(help="Provider kind: physical (gcp has its own options).")],
+    kind: Annotated[str, typer.Argument(help="Provider kind: physical or gcp.")],
     payment_mode: Annotated[str | None, typer.Option("--payment-mode", help="How usage is paid (physical: credits).")] = None,
+    credentials: Annotated[str | None, typer.Option("--credentials", help="gcp: service-account JSON key file, or - for stdin.")] = None,
+    prefix: Annotated[str | None, typer.Option("--prefix", help="gcp: name prefix of everything rigbase creates (default rigbase).")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="gcp: check the key and permissions, list what would be created, create nothing.")] = False,
     json_out: Json = False,
 ) -> None:
     """Enable a provider; prints its id."""
+    if kind == "gcp":
+        from provisioner.cli import gcp
+
+        return gcp.enable(credentials, prefix, payment_mode, dry_run, json_out)
     render.created(Client.from_env().post("/v1/providers", {"kind": kind, "payment_mode": payment_mode}), as_json=json_out)
 
 

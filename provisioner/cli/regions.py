@@ -8,7 +8,7 @@ import typer
 
 from provisioner.cli import render
 from provisioner.cli.client import Client
-from provisioner.cli.common import Json, Yes, confirm, group
+from provisioner.cli.common import Json, Timeout, Wait, Yes, confirm, group
 from provisioner.states import StorageMode
 
 app = group("Regions: groups of nodes of one provider, named by a DNS label.")
@@ -23,9 +23,17 @@ def create(
     provider: Annotated[str, typer.Option("--provider", "-p", help="Provider kind, e.g. physical.")],
     storage_mode: Annotated[StorageMode, typer.Option("--storage-mode", help="local: SATA drives in each node; central: one storage node.")] = StorageMode.LOCAL,
     public_jobs: Annotated[bool, typer.Option("--public-jobs/--no-public-jobs", help="Sell spare capacity to public jobs.")] = True,
+    storage_class: Annotated[str | None, typer.Option("--storage-class", help="gcp: storage node size: small, medium, large, xlarge.")] = None,
+    gcp_region: Annotated[str | None, typer.Option("--gcp-region", help="gcp: the GCP region (default: NAME).")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="gcp: check quota and show what would be created; create nothing.")] = False,
+    wait: Wait = False, timeout: Timeout = 1800,
     json_out: Json = False,
 ) -> None:
     """Create a region; prints its id."""
+    if provider == "gcp":
+        from provisioner.cli import gcp
+
+        return gcp.create_region(name, gcp_region, storage_class, public_jobs, dry_run, wait, timeout, json_out)
     body = {"name": name, "provider": provider, "storage_mode": storage_mode.value, "public_jobs": public_jobs}
     render.created(Client.from_env().post("/v1/regions", body), as_json=json_out)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Annotated
 
@@ -20,6 +21,7 @@ def serve(
     host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="TCP port.", min=1, max=65535)] = DEFAULT_PORT,
     database: Annotated[str | None, typer.Option("--database", help="Database URL (default: RIGBASE_DATABASE_URL or SQLite under RIGBASE_HOME).")] = None,
+    fds: Annotated[list[int] | None, typer.Option("--fd", help="Also serve on this inherited listening socket (socket activation; `provision lab up` passes one bound inside the lab's LAN namespace).")] = None,
 ) -> None:
     """Run the control plane. The first start creates an admin token and writes the client config."""
     import uvicorn  # heavy imports only for this command, so `provision --help` stays instant
@@ -33,7 +35,7 @@ def serve(
 
     url = database or database_url()
     try:
-        app = create_app(url)
+        app = create_app(url, reconcilers=os.environ.get("RIGBASE_RECONCILERS", "1") != "0")
         with session_scope(make_sessionmaker(app.state.engine)) as session:
             token = tokens.bootstrap_admin(session)
             saved = read_client_config()
@@ -49,4 +51,13 @@ def serve(
         print(f"note: an admin token exists but {client_config_path()} does not hold it: "
               "set RIGBASE_URL and RIGBASE_TOKEN", file=sys.stderr)
     print(f"rigbase control plane on {client_url} (OpenAPI: {client_url}/openapi.json)", file=sys.stderr, flush=True)
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    if not fds:
+        uvicorn.run(app, host=host, port=port, log_level="warning")
+        return
+    # A listening socket keeps the network namespace it was created in, so one process can answer on
+    # the host's loopback and, through an inherited socket, on a LAN that exists only in a namespace.
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sockets = [socket.create_server((host, port), family=family), *(socket.socket(fileno=fd) for fd in fds)]
+    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=sockets)

@@ -362,8 +362,9 @@ def add_upnp_router(
         )
     )
     log = open(state_dir / "miniupnpd.log", "w")  # noqa: SIM115 - owned by the daemon for its lifetime
+    # its own session: the lab's router outlives the `provision lab up` that started it (and its terminal)
     proc = router.popen(["miniupnpd", "-f", str(conf), "-d", "-P", str(state_dir / "miniupnpd.pid")],
-                        stdout=log, stderr=subprocess.STDOUT)
+                        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     gw = UpnpRouter(router, wan, lan_ip, "192.0.2.1", "192.0.2.2", reported_ip, http_port, state_dir, proc)
     _wait_for_tcp(router, lan_ip, http_port, proc, state_dir / "miniupnpd.log")
     return gw

@@ -36,7 +36,11 @@ class Reconciler:
 REGISTRY: dict[str, Reconciler] = {}
 
 # modules whose import registers reconcilers; one line each
-RECONCILER_MODULES: list[str] = []
+RECONCILER_MODULES: list[str] = [
+    "provisioner.reconcilers.gcp",
+    "provisioner.reconcilers.node_finalize",  # provisioning → finalize playbook → maintenance | errored
+    "provisioner.reconcilers.region_health",  # regions new/healthy/offline from heartbeats
+]
 
 
 def register(name: str, period_s: float) -> Callable[[Reconcile], Reconcile]:
@@ -54,6 +58,14 @@ def kick(name: str) -> None:
     rec = REGISTRY.get(name)
     if rec is not None:
         rec.wake.set()
+
+
+def kick_after_commit(session: Session, name: str) -> None:
+    """Wake a reconciler once `session` commits: woken earlier, it would look at the store before the
+    change that concerns it is visible and go back to sleep for a whole period."""
+    from sqlalchemy import event
+
+    event.listen(session, "after_commit", lambda _s: kick(name), once=True)
 
 
 class ReconcilerLoop:

@@ -1,5 +1,5 @@
 """The one routine behind every resource's `transition()`: check the table, set the state (and the
-reason, kept only for `errored`), write the audit line, flush so a lost race surfaces here."""
+reason, kept for `errored` and `offline`), write the audit line, flush so a lost race surfaces here."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ def apply(session: Session, row: Any, to: StrEnum, *, kind: str, name: str,
     if current is not None:
         check(kind, name, table, current, to)
     row.state = to.value
-    row.reason = reason if to.value == "errored" else None
+    # errored says why it failed; offline says why it went away (e.g. a GCP storage node was preempted)
+    row.reason = reason if to.value in ("errored", "offline") else None
     audit.record(session, kind=kind, resource_id=row.id, name=name, actor=actor,
                  from_state=current.value if current else None, to_state=to.value, reason=reason)
     flush(session, f"{kind} '{name}'")

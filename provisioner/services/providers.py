@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import event, select
 from sqlalchemy.orm import Session
 
 from provisioner.errors import Conflict, InvalidInput, NotFound
-from provisioner.providers.base import REGISTRY, provider_for
+from provisioner.providers.base import REGISTRY, ProviderConfig, provider_for
+from provisioner.reconcilers.loop import kick
 from provisioner.secrets import seal
 from provisioner.services import lifecycle
 from provisioner.states import PROVIDER_TRANSITIONS, ProviderState, RegionState
@@ -64,5 +65,12 @@ def remove(session: Session, ref: str, *, actor: str) -> Provider:
     if live:
         raise Conflict(f"provider '{provider.kind}' still has regions ({', '.join(sorted(live))}): remove them first",
                        code="provider_in_use")
+    impl = provider_for(provider.kind)
+    if impl.plan_enable(ProviderConfig(provider.payment_mode, dict(provider.public_config or {}))):
+        # it made things in the operator's account: its reconciler deletes exactly those, then → removed
+        if provider.state != ProviderState.REMOVING:
+            transition(session, provider, ProviderState.REMOVING, actor=actor, reason="removal requested by operator")
+        event.listen(session, "after_commit", lambda _s: kick(f"{provider.kind}-provider"), once=True)
+        return provider
     transition(session, provider, ProviderState.REMOVED, actor=actor, reason="removed by operator")
     return provider

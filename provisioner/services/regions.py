@@ -6,11 +6,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import event, select
 from sqlalchemy.orm import Session
 
 from provisioner.errors import Conflict, InvalidInput, NotFound
 from provisioner.providers.base import provider_for
+from provisioner.reconcilers.loop import kick
 from provisioner.services import lifecycle, names
 from provisioner.services import providers as provider_service
 from provisioner.states import REGION_TRANSITIONS, NodeState, ProviderState, RegionState, StorageMode
@@ -79,7 +80,11 @@ def remove(session: Session, ref: str, *, force: bool = False, provider: str | N
     from provisioner.services import nodes as node_service  # nodes imports regions
 
     region = get(session, ref, provider)
-    nodes = live_nodes(session, region)
+    # what the provider made for the region (the GCP storage node's VM, whose node row carries the
+    # VM's name) goes with it, deleted by the provider's reconciler; other nodes need --force
+    made = {a.name for a in provider_for(region.provider.kind).plan_region(region.name, region.settings or {})
+            if a.kind == "instance"}
+    nodes = [n for n in live_nodes(session, region) if n.name not in made]
     if nodes and not force:
         shown = ", ".join(n.name for n in nodes[:5]) + (" …" if len(nodes) > 5 else "")
         raise Conflict(f"region '{region.name}' still has {len(nodes)} node(s) ({shown}): remove them or pass --force",
@@ -89,6 +94,10 @@ def remove(session: Session, ref: str, *, force: bool = False, provider: str | N
     for node in nodes:
         node_service.transition(session, node, NodeState.REMOVED, actor=actor,
                                 reason=f"region '{region.name}' removed with --force")
+    if made:
+        # its reconciler deletes what it made, then → removed (woken once this removal is committed)
+        event.listen(session, "after_commit", lambda _s: kick(f"{region.provider.kind}-regions"), once=True)
+        return region
     # physical regions own nothing outside the store, so removal completes at once
     transition(session, region, RegionState.REMOVED, actor=actor)
     return region

@@ -1,5 +1,72 @@
-"""Store models: GCP provider bootstrap and storage-node records."""
+"""Store models: GCP provider bootstrap progress and the storage node record of each GCP region.
+
+The storage node itself is an ordinary `nodes` row (service storage): it joins, heartbeats and moves
+through the node lifecycle like any node. What only GCP needs lives here: which VM the reconciler made
+for it (name, zone), how far creation got (status, for crash-safe resumption and `--wait` progress),
+whether Compute reports the VM running (from the event consumer), and the region's join token for the
+VM's enrollment bundle (sealed: the same bundle must go out if an insert is retried after a crash)."""
 
 from __future__ import annotations
 
-from provisioner.store.models import Base  # noqa: F401
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import JSON, Boolean, ForeignKey, Integer, String, Text
+from sqlalchemy.orm import Mapped, mapped_column
+
+from provisioner.store.models import Base, UTCDateTime, utcnow
+
+
+class VmStatus(StrEnum):
+    """How far the storage node's VM got; the reconciler moves along this, never backwards."""
+
+    PENDING = "pending"  # recorded by `region create`, no insert sent yet
+    CREATING = "creating"  # insert sent (requestId derived from our ids); resumable
+    CREATED = "created"  # the VM exists in `zone`; its EK is not pinned yet
+    READY = "ready"  # EK pinned on the node: the VM may join with attestation
+    DELETING = "deleting"  # region removal: delete sent
+    DELETED = "deleted"  # the VM and its disks are gone
+    FAILED = "failed"  # every zone refused; `error` says why
+
+
+VM_TRANSITIONS: dict[VmStatus, frozenset[VmStatus]] = {
+    VmStatus.PENDING: frozenset({VmStatus.CREATING, VmStatus.DELETING, VmStatus.FAILED}),
+    VmStatus.CREATING: frozenset({VmStatus.CREATED, VmStatus.DELETING, VmStatus.FAILED}),
+    VmStatus.CREATED: frozenset({VmStatus.READY, VmStatus.DELETING}),
+    VmStatus.READY: frozenset({VmStatus.DELETING}),
+    VmStatus.FAILED: frozenset({VmStatus.DELETING}),
+    VmStatus.DELETING: frozenset({VmStatus.DELETED}),
+    VmStatus.DELETED: frozenset(),
+}
+
+
+class GcpStorageNode(Base):
+    __tablename__ = "gcp_storage_nodes"
+
+    region_id: Mapped[str] = mapped_column(ForeignKey("regions.id"), primary_key=True)
+    node_id: Mapped[str] = mapped_column(ForeignKey("nodes.id"), index=True)
+    instance_name: Mapped[str] = mapped_column(String(63))
+    gcp_region: Mapped[str] = mapped_column(String(63))
+    zone: Mapped[str | None] = mapped_column(String(63))
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    running: Mapped[bool] = mapped_column(Boolean, default=False)  # Compute says RUNNING (events update it)
+    progress: Mapped[str | None] = mapped_column(Text)  # last progress line, shown by `--wait`
+    error: Mapped[str | None] = mapped_column(Text)
+    sealed_join_token: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+    version: Mapped[int] = mapped_column(Integer, nullable=False)
+    __mapper_args__ = {"version_id_col": version}
+
+
+class GcpBootstrap(Base):
+    """Progress of a GCP provider's project bootstrap / teardown (the resources are found by name,
+    so this is for the operator, not for resumption)."""
+
+    __tablename__ = "gcp_bootstraps"
+
+    provider_id: Mapped[str] = mapped_column(ForeignKey("providers.id"), primary_key=True)
+    progress: Mapped[str | None] = mapped_column(Text)
+    created: Mapped[list[Any]] = mapped_column(JSON, default=list)  # "kind name" of what we created
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)

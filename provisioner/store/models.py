@@ -12,7 +12,7 @@ import secrets
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, DateTime, ForeignKey, Index, Integer, String, Text, text
+from sqlalchemy import JSON, Boolean, DateTime, ForeignKey, Index, Integer, LargeBinary, String, Text, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
@@ -129,6 +129,11 @@ class Node(Base):
     inventory: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     requirements: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # requirement verdict
     last_heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # join (revision 0002): an EK pinned by the provider (GCP storage nodes: the vTPM's EK, which has no
+    # vendor certificate) — when set, only this EK may join as this node; and the chroot root of a lab
+    # node (finalize runs through community.general.chroot instead of SSH).
+    pinned_ek_public: Mapped[bytes | None] = mapped_column(LargeBinary)
+    lab_root: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
     version: Mapped[int] = mapped_column(Integer, nullable=False)

@@ -38,8 +38,7 @@ class Built:
 def _cache_dir() -> Path:
     if os.environ.get("RIGBASE_IMAGE_TEST_CACHE"):
         return Path(os.environ["RIGBASE_IMAGE_TEST_CACHE"])
-    home = Path(os.environ.get("RIGBASE_HOME", Path.home() / ".local/share/rigbase"))
-    return home / "cache" / "image-builder"
+    return manifest.default_cache_dir()
 
 
 @pytest.fixture(scope="session")

@@ -80,10 +80,16 @@ class GcpProvider(Provider):
 
     @staticmethod
     def context(config: ProviderConfig, endpoints: Endpoints | None = None) -> GcpContext:
-        """Clients for the project in `config` (secret = the unsealed key bytes)."""
+        """Clients for the project in `config` (secret = the unsealed key bytes). Without explicit
+        endpoints, the test-only $RIGBASE_GCP_ENDPOINTS override applies (local fakes, anonymous)."""
         if config.secret is None:
             raise InvalidInput("the GCP provider has no stored key: enable it again with --credentials")
-        return GcpContext.from_key(credentials.parse_key(config.secret), endpoints)
+        key = credentials.parse_key(config.secret)
+        if endpoints is None:
+            override = Endpoints.from_env()
+            if override is not None:
+                return GcpContext.anonymous(key.project_id, override)
+        return GcpContext.from_key(key, endpoints)
 
     @staticmethod
     def storage_node_spec(

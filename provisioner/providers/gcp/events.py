@@ -114,6 +114,11 @@ class EventConsumer:
             self._subscription, callback=self._callback, flow_control=FlowControl(max_messages=100)
         )
 
+    @property
+    def running(self) -> bool:
+        """False once the stream ended (cancelled, or the subscription vanished): the supervisor restarts it."""
+        return self._future is not None and not self._future.done()
+
     def stop(self, timeout: float = 5.0) -> None:
         if self._future is not None:
             self._future.cancel()

@@ -69,6 +69,10 @@ class FakeCompute:
     instances: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     firewalls: dict[str, dict[str, Any]] = field(default_factory=dict)
     calls: Counter = field(default_factory=Counter)
+    # called with the route's name after the request was handled, before the answer leaves: a test can
+    # kill the control plane here ("Compute did it, the caller never heard back")
+    on_call: Any = None
+    ek_pems: dict[tuple[str, str], str] = field(default_factory=dict)  # each VM's own vTPM EK
     call_log: list[tuple[float, str]] = field(default_factory=list)
     _ops: dict[str, _Op] = field(default_factory=dict)
     _by_request_id: dict[str, str] = field(default_factory=dict)
@@ -127,6 +131,15 @@ class FakeCompute:
             return sum(1 for (_z, n) in self.instances if name is None or n == name)
 
 
+def new_ek_pem() -> str:
+    """A fresh RSA-2048 public key in PEM, as getShieldedInstanceIdentity returns a vTPM's EK."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048).public_key()
+    return key.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+
+
 def _error(code: int, reason: str, message: str) -> tuple[int, dict[str, Any]]:
     return code, {"error": {"code": code, "message": message, "errors": [{"domain": "global", "reason": reason, "message": message}]}}
 
@@ -155,6 +168,7 @@ def instance_insert(fake: FakeCompute, q: dict, body: dict, p: str, zone: str) -
             status="RUNNING", selfLink=target, kind="compute#instance",
         )
         fake.instances[(zone, name)] = inst
+        fake.ek_pems[(zone, name)] = new_ek_pem()
 
     op = fake._new_op(zone, "insert", target, materialise, error)
     if rid:
@@ -182,8 +196,8 @@ def shielded_identity(fake: FakeCompute, q: dict, body: dict, p: str, zone: str,
         return _error(404, "notFound", f"The resource 'projects/{p}/zones/{zone}/instances/{name}' was not found")
     return 200, {
         "kind": "compute#shieldedInstanceIdentity",
-        "encryptionKey": {"ekPub": EK_PEM},
-        "signingKey": {"ekPub": EK_PEM},
+        "encryptionKey": {"ekPub": fake.ek_pems.get((zone, name), EK_PEM)},
+        "signingKey": {"ekPub": fake.ek_pems.get((zone, name), EK_PEM)},
     }
 
 def op_get(fake: FakeCompute, q: dict, body: dict, p: str, op: str, zone: str | None = None) -> Any:
@@ -278,16 +292,20 @@ class _Handler(BaseHTTPRequestHandler):
         fake = self.server.fake
         if fake.latency_s:
             time.sleep(fake.latency_s)
+        route = None
         for m, pattern, fn in ROUTES:
             match = pattern.match(url.path)
             if m == method and match:
+                route = fn.__name__
                 with fake.lock:
-                    fake.calls[fn.__name__] += 1
-                    fake.call_log.append((time.monotonic(), fn.__name__))
+                    fake.calls[route] += 1
+                    fake.call_log.append((time.monotonic(), route))
                     status, payload = fn(fake, query, body, **match.groupdict())
                 break
         else:
             status, payload = _error(404, "notFound", f"no route for {method} {url.path}")
+        if fake.on_call is not None and route is not None:
+            fake.on_call(route)
         data = json.dumps(payload).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
@@ -308,6 +326,13 @@ class _Handler(BaseHTTPRequestHandler):
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     fake: FakeCompute
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        import sys
+
+        if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            return  # a client killed mid-request (the crash tests do it on purpose)
+        super().handle_error(request, client_address)
 
 
 class FakeComputeServer:

@@ -1,0 +1,120 @@
+"""`minion join` (one attempt, or --wait) and `minion run` (the agent: join, then heartbeat forever)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from minion.hardware.commands import InventoryFile
+
+Bundle = Annotated[Optional[Path], typer.Option("--bundle", dir_okay=False, envvar="RIGBASE_BUNDLE",
+                                                help="The region enrollment bundle (provision region bundle).")]
+Url = Annotated[Optional[str], typer.Option("--control-plane", help="Control plane URL (instead of --bundle).")]
+Token = Annotated[Optional[str], typer.Option("--join-token", envvar="RIGBASE_JOIN_TOKEN", help="Region join token (with --control-plane).")]
+Tcti = Annotated[Optional[str], typer.Option("--tcti", envvar="RIGBASE_TCTI", help="tpm2-tss TCTI string, e.g. swtpm:path=/run/tpm.sock.")]
+StateOpt = Annotated[Optional[Path], typer.Option("--state-dir", file_okay=False, help="Where the node credential and AK live (default /var/lib/rigbase/minion).")]
+
+
+def _fail(message: str, code: int = 1) -> typer.Exit:
+    print(f"error: {message}", file=sys.stderr)
+    return typer.Exit(code)
+
+
+def _enrollment(bundle: Path | None, url: str | None, token: str | None, config: Path | None = None) -> Any:
+    from minion.join.client import Enrollment, EnrollmentError
+
+    if bundle is not None:
+        try:
+            return Enrollment.from_bundle(bundle)
+        except EnrollmentError as exc:
+            raise _fail(str(exc), 2) from None
+    if url is None and config is not None:
+        url = _config(config).get("control_plane_url")
+    if not url:
+        raise _fail("no control plane: pass --bundle FILE, or --control-plane URL with --join-token", 2)
+    return Enrollment(url, token, _config(config).get("region") if config else None)
+
+
+def _config(path: Path) -> dict[str, Any]:
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError:
+        return {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise _fail(f"cannot read {path} ({exc}); re-run the finalize playbook or pass --bundle", 2) from None
+    return data if isinstance(data, dict) else {}
+
+
+def join_command(bundle: Bundle = None, control_plane: Url = None, join_token: Token = None, tcti: Tcti = None,
+                 state_dir: StateOpt = None, inventory_file: InventoryFile = None,
+                 json_output: Annotated[bool, typer.Option("--json", help="Print the outcome as JSON.")] = False) -> None:
+    """Join the region once: attest with the TPM; prints joined, pending or the refusal."""
+    os.environ.setdefault("TSS2_LOG", "all+none")
+    from minion.join.client import ConnectionProblem, ControlPlane, attempt_join
+    from minion.join.run import collect_report, load_ak
+    from minion.join.state import DEFAULT_STATE_DIR, StateDir
+    from minion.tpm.errors import TpmError
+    from minion.tpm.session import TpmSession
+
+    enrollment = _enrollment(bundle, control_plane, join_token)
+    if not enrollment.join_token:
+        raise _fail("no join token: pass --bundle FILE or --join-token TOKEN", 2)
+    state = StateDir(state_dir or DEFAULT_STATE_DIR)
+    inventory, report = collect_report(inventory_file, enrollment.storage_mode, enrollment.public_jobs)
+    cp = ControlPlane(enrollment)
+    try:
+        with TpmSession(tcti) as session:
+            outcome = attempt_join(cp, session, load_ak(session, state), inventory=inventory, requirements=report)
+    except (ConnectionProblem, TpmError) as exc:
+        raise _fail(str(exc)) from None
+    finally:
+        cp.close()
+    if outcome.state == "joined":
+        state.save_node({**outcome.node, "control_plane_url": enrollment.control_plane_url, "region": enrollment.region})
+    state.save_status(outcome.state, outcome.message, code=outcome.code)
+    if json_output:
+        shown = {k: v for k, v in outcome.node.items() if k != "node_credential"}
+        print(json.dumps({"state": outcome.state, "message": outcome.message, "code": outcome.code, "node": shown}))
+    else:
+        print(f"{outcome.state}: {outcome.message}")
+    if outcome.state in ("refused", "errored"):
+        raise typer.Exit(1)
+
+
+def run_command(bundle: Bundle = None, control_plane: Url = None, join_token: Token = None, tcti: Tcti = None,
+                state_dir: StateOpt = None, inventory_file: InventoryFile = None,
+                heartbeat_interval: Annotated[Optional[float], typer.Option("--heartbeat-interval", min=0.05, help="Seconds between heartbeats (default: the control plane's, 30).")] = None,
+                config: Annotated[Optional[Path], typer.Option("--config", dir_okay=False, help="minion.yaml written by the finalize playbook.")] = None,
+                max_backoff: Annotated[float, typer.Option("--max-backoff", min=0.1, help="Longest wait between join attempts (s).")] = 15.0) -> None:
+    """Run the agent: check requirements, join (retrying while pending), then heartbeat until SIGTERM."""
+    os.environ.setdefault("TSS2_LOG", "all+none")
+    from minion.join.run import Runner, RunContext, collect_report, install_signal_handlers
+    from minion.join.state import DEFAULT_STATE_DIR, StateDir
+
+    enrollment = _enrollment(bundle, control_plane, join_token, config)
+    if heartbeat_interval is None and config is not None and _config(config).get("heartbeat_seconds"):
+        heartbeat_interval = float(_config(config)["heartbeat_seconds"])
+    state = StateDir(state_dir or DEFAULT_STATE_DIR)
+    if not enrollment.join_token and state.node() is None:
+        raise _fail(f"no node credential in {state.path} and no join token: pass --bundle FILE", 2)
+    inventory, report = collect_report(inventory_file, enrollment.storage_mode, enrollment.public_jobs)
+    failing = [r.get("rule") for r in report.get("rules", []) if not r.get("ok", True)]
+    if failing:
+        print(f"requirements: FAIL {', '.join(map(str, failing))} (the join will be refused; `minion check` explains)", flush=True)
+    stop = threading.Event()
+    install_signal_handlers(stop)
+    runner = Runner(RunContext(enrollment, state, tcti, inventory), report, heartbeat_interval, max_backoff, stop)
+    runner.run()
+
+
+def register(app: typer.Typer) -> None:
+    app.command("join")(join_command)
+    app.command("run")(run_command)

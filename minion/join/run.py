@@ -1,0 +1,210 @@
+"""`minion run`: the node agent's main loop (the contract `provision lab` and the finalize playbook's
+systemd unit rely on).
+
+1. Check the hardware requirements (this machine, or `--inventory FILE`) — the report travels with the
+   join so the operator sees the verdict in `provision node pending`.
+2. Join: retried with backoff while the control plane is unreachable, the minion is pending (no node
+   added yet), refused, or its node is errored; every change of state is printed as one line.
+3. Keep the node credential and the AK in the state dir (0600), then heartbeat forever: report actual
+   state, apply the desired state through minion/desired.py handlers, answer quote nonces (continuous
+   attestation). A node sent back to `new` (operator retry) or a rejected credential means join again.
+4. SIGTERM/SIGINT: stop, run the shutdown hooks (handlers clean up, e.g. mDNS goodbyes), exit 0.
+"""
+
+from __future__ import annotations
+
+import base64
+import importlib
+import os
+import signal
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from minion import desired
+from minion.join.client import ConnectionProblem, ControlPlane, Enrollment, attempt_join
+from minion.join.state import StateDir
+
+# Modules whose `setup(context: RunContext)` is called once before the first heartbeat (e.g. to start
+# the reservations agent and register its desired-state handler and shutdown hook). One line each.
+RUN_HOOKS: list[str] = []
+
+
+@dataclass
+class RunContext:
+    enrollment: Enrollment
+    state: StateDir
+    tcti: str | None
+    inventory: dict[str, Any]
+    node: dict[str, Any] = field(default_factory=dict)
+
+
+@desired.handles("maintenance")
+def _maintenance(value: Any) -> bool:
+    """Nothing to stop yet on the node itself (jobs come later); acknowledge the mode."""
+    return bool(value)
+
+
+class Printer:
+    """One line per change of state (not per attempt), so a lab log stays readable."""
+
+    def __init__(self, state: StateDir, out: Callable[[str], None] | None = None) -> None:
+        self.state = state
+        self.last: tuple[str, str | None] | None = None
+        self.out = out or (lambda line: print(line, flush=True))
+
+    def __call__(self, state: str, message: str | None = None, **extra: Any) -> None:
+        if self.last is None or state != self.last[0] or (message and message != self.last[1]):
+            self.last = (state, message or (self.last[1] if self.last and state == self.last[0] else None))
+            self.out(f"{state}: {message}" if message else state)
+            self.state.save_status(state, message, **extra)
+
+
+def load_ak(session: Any, state: StateDir) -> Any:
+    from minion.join.state import read_json, write_private
+    from minion.tpm.session import AttestationKey
+
+    saved = read_json(state.ak_file)
+    if saved:
+        try:
+            return AttestationKey.from_dict(saved)
+        except (KeyError, ValueError):
+            pass
+    ak = session.create_ak()
+    write_private(state.ak_file, ak.to_dict())
+    return ak
+
+
+def _quote(tcti: str | None, ak: Any, nonce_b64: str) -> dict[str, Any]:
+    from minion.join.attest import quote_payload
+    from minion.tpm.session import TpmSession
+
+    with TpmSession(tcti) as session:
+        return quote_payload(session, ak, base64.b64decode(nonce_b64))
+
+
+@dataclass
+class Runner:
+    ctx: RunContext
+    requirements: dict[str, Any]
+    heartbeat_s: float | None = None
+    max_backoff_s: float = 15.0
+    stop: threading.Event = field(default_factory=threading.Event)
+    say: Printer | None = None
+
+    def __post_init__(self) -> None:
+        self.say = self.say or Printer(self.ctx.state)
+        self.cp = ControlPlane(self.ctx.enrollment)
+
+    # -- join ----------------------------------------------------------------------------------------
+    def join(self) -> dict[str, Any] | None:
+        from minion.tpm.session import TpmSession
+
+        backoff = 0.5
+        self.say("joining", f"{self.ctx.enrollment.control_plane_url} region {self.ctx.enrollment.region}")
+        while not self.stop.is_set():
+            try:
+                with TpmSession(self.ctx.tcti) as session:
+                    ak = load_ak(session, self.ctx.state)
+                    outcome = attempt_join(self.cp, session, ak, inventory=self.ctx.inventory,
+                                           requirements=self.requirements)
+            except ConnectionProblem as exc:
+                self.say("unreachable", str(exc))
+            else:
+                if outcome.state == "joined":
+                    node = {**outcome.node, "control_plane_url": self.ctx.enrollment.control_plane_url,
+                            "region": self.ctx.enrollment.region}
+                    self.ctx.state.save_node(node)
+                    self.say(node.get("state", "joined"), outcome.message, node_id=node.get("node_id"))
+                    return node
+                self.say(outcome.state, outcome.message, code=outcome.code)
+            self.stop.wait(backoff)
+            backoff = min(backoff * 2, self.max_backoff_s)
+        return None
+
+    # -- heartbeat -----------------------------------------------------------------------------------
+    def heartbeats(self, node: dict[str, Any]) -> None:
+        """Until stopped, or until the node must join again (return)."""
+        from minion.join.state import read_json
+
+        interval = self.heartbeat_s or float(node.get("heartbeat_interval_s") or 30)
+        actual: dict[str, Any] = {}
+        nonce: str | None = None
+        while not self.stop.is_set():
+            body: dict[str, Any] = {"version": 1, "actual": actual}
+            if nonce:
+                ak = read_json(self.ctx.state.ak_file)
+                from minion.tpm.session import AttestationKey
+
+                body["quote"] = _quote(self.ctx.tcti, AttestationKey.from_dict(ak or {}), nonce)
+            try:
+                response = self.cp.post(f"/v1/nodes/{node['node_id']}/heartbeat", body, token=node["node_credential"])
+            except ConnectionProblem as exc:
+                self.say("unreachable", str(exc))
+                self.stop.wait(min(interval, self.max_backoff_s))
+                continue
+            if response.status_code in (401, 404):
+                self.ctx.state.forget_node()
+                self.say("rejoining", response.json().get("message") if response.content else None)
+                return
+            if response.status_code != 200:
+                self.say("heartbeat-refused", response.text[:200])
+                self.stop.wait(interval)
+                continue
+            answer = response.json()
+            state = answer.get("state")
+            self.say(state, answer.get("reason"), node_id=node["node_id"])
+            if state == "new":  # retried by the operator: attest again
+                self.ctx.state.forget_node()
+                return
+            actual = desired.apply(answer.get("desired") or {})
+            nonce = answer.get("quote_nonce")
+            self.stop.wait(0 if nonce else interval)
+
+    def run(self) -> None:
+        for module in RUN_HOOKS:
+            importlib.import_module(module).setup(self.ctx)
+        try:
+            while not self.stop.is_set():
+                node = self.ctx.state.node() or self.join()
+                if node is None:
+                    break
+                self.ctx.node = node
+                self.heartbeats(node)
+        finally:
+            errors = desired.shutdown()
+            for error in errors:
+                print(f"warning: shutdown hook failed: {error}", file=sys.stderr)
+            self.cp.close()
+            self.say("stopped")
+
+
+def install_signal_handlers(stop: threading.Event) -> None:
+    def handler(signum: int, _frame: Any) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+def collect_report(inventory_file: Path | None, storage_mode: str | None, public_jobs: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(inventory, requirement report) as JSON; a machine whose inventory cannot be read still joins
+    with an empty report (the control plane then shows the verdict as unknown)."""
+    try:
+        from minion.hardware.commands import load_or_collect
+        from minion.hardware.requirements import check
+
+        inventory = load_or_collect(inventory_file, None)
+        report = check(inventory, storage_mode, public_jobs)
+        return inventory.to_json(), report.to_json()
+    except SystemExit:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the join must still happen; the operator sees "unknown"
+        print(f"warning: no hardware inventory ({type(exc).__name__}: {exc}); joining without it", file=sys.stderr)
+        return {}, {}
+
+
+def tcti_default(tcti: str | None) -> str | None:
+    return tcti or os.environ.get("RIGBASE_TCTI")

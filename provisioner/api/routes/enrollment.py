@@ -1,0 +1,137 @@
+"""Operator routes of enrollment: join tokens and bundles per region, the region's EK setting,
+trusted TPM vendor CAs, pending minions, and retrying an errored node."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from fastapi import APIRouter
+from pydantic import BaseModel
+
+from provisioner.api.deps import Db, Operator
+from provisioner.api.schemas import NodeOut, Page, RegionOut
+from provisioner.services import join as join_service
+from provisioner.services import join_tokens, tpm_cas
+from provisioner.services import regions as region_service
+from provisioner.store.join_models import JoinToken, TpmVendorCa
+
+router = APIRouter(tags=["enrollment"])
+
+
+class TokenIn(BaseModel):
+    ttl: str = join_tokens.DEFAULT_TTL
+
+
+class TokenOut(BaseModel):
+    id: str
+    region: str
+    expires_at: datetime | None
+    revoked_at: datetime | None
+    created_at: datetime
+    state: str
+    token: str | None = None  # only in the answer that created it
+
+    @classmethod
+    def of(cls, row: JoinToken, region: str, token: str | None = None) -> TokenOut:
+        state = "revoked" if row.revoked_at else "issued"
+        return cls(id=row.id, region=region, expires_at=row.expires_at, revoked_at=row.revoked_at,
+                   created_at=row.created_at, state=state, token=token)
+
+
+class BundleIn(BaseModel):
+    control_plane_url: str
+    ca_certificate: str | None = None
+    ttl: str = join_tokens.DEFAULT_TTL
+
+
+class RegionAttestationIn(BaseModel):
+    allow_ek_without_cert: bool
+
+
+class CaIn(BaseModel):
+    pem: str
+
+
+class CaOut(BaseModel):
+    id: str
+    subject: str
+    sha256: str
+    not_after: datetime
+    created_at: datetime
+    state: str = "trusted"
+
+    @classmethod
+    def of(cls, row: TpmVendorCa) -> CaOut:
+        return cls(id=row.id, subject=row.subject, sha256=row.sha256, not_after=row.not_after, created_at=row.created_at)
+
+
+class RetryIn(BaseModel):
+    accept_pcrs: bool = False
+
+
+@router.post("/v1/regions/{ref}/join-tokens", status_code=201)
+def issue_token(ref: str, body: TokenIn, session: Db, actor: Operator) -> TokenOut:
+    row, token = join_tokens.issue(session, ref, ttl=body.ttl, actor=actor)
+    return TokenOut.of(row, region_service.get(session, ref).name, token)
+
+
+@router.get("/v1/regions/{ref}/join-tokens")
+def list_tokens(ref: str, session: Db) -> Page[TokenOut]:
+    name = region_service.get(session, ref).name
+    return Page(items=[TokenOut.of(r, name) for r in join_tokens.list_for(session, ref)])
+
+
+@router.delete("/v1/regions/{ref}/join-tokens")
+def revoke_tokens(ref: str, session: Db, actor: Operator) -> dict[str, Any]:
+    return {"revoked": join_tokens.revoke(session, ref, actor=actor)}
+
+
+@router.post("/v1/regions/{ref}/bundle", status_code=201)
+def bundle(ref: str, body: BundleIn, session: Db, actor: Operator) -> dict[str, Any]:
+    """A fresh join token wrapped in the region's enrollment bundle (docs/enrollment-bundle.md)."""
+    region = region_service.get(session, ref)
+    row, token = join_tokens.issue(session, ref, ttl=body.ttl, actor=actor)
+    return {"version": 1, "control_plane_url": body.control_plane_url, "ca_certificate": body.ca_certificate,
+            "region": region.name, "region_id": region.id, "provider": region.provider.kind, "join_token": token,
+            "expires_at": row.expires_at.isoformat().replace("+00:00", "Z") if row.expires_at else None,
+            "storage_mode": region.storage_mode, "public_jobs": region.public_jobs}
+
+
+@router.post("/v1/regions/{ref}/attestation")
+def region_attestation(ref: str, body: RegionAttestationIn, session: Db, actor: Operator) -> RegionOut:
+    return RegionOut.of(join_service.set_region_attestation(session, ref, allow_ek_without_cert=body.allow_ek_without_cert,
+                                                            actor=actor))
+
+
+@router.post("/v1/tpm-cas", status_code=201)
+def add_ca(body: CaIn, session: Db, actor: Operator) -> Page[CaOut]:
+    return Page(items=[CaOut.of(r) for r in tpm_cas.add(session, body.pem.encode(), actor=actor)])
+
+
+@router.get("/v1/tpm-cas")
+def list_cas(session: Db) -> Page[CaOut]:
+    return Page(items=[CaOut.of(r) for r in tpm_cas.list_all(session)])
+
+
+@router.delete("/v1/tpm-cas/{ref}")
+def remove_ca(ref: str, session: Db, actor: Operator) -> CaOut:
+    out = CaOut.of(tpm_cas.remove(session, ref, actor=actor))
+    out.state = "removed"
+    return out
+
+
+@router.get("/v1/pending-minions")
+def pending(session: Db, region: str | None = None) -> Page[dict[str, Any]]:
+    return Page(items=join_service.pending(session, region))
+
+
+@router.post("/v1/nodes/{ref}/retry")
+def retry(ref: str, body: RetryIn, session: Db, actor: Operator, region: str | None = None) -> NodeOut:
+    return NodeOut.of(join_service.retry(session, ref, region=region, accept_pcrs=body.accept_pcrs, actor=actor))
+
+
+@router.get("/v1/join-refusals")
+def refusals(session: Db, minion_id: str | None = None, limit: int = 50) -> Page[dict[str, Any]]:
+    """The audit trail of refused joins and failed continuous attestation, newest first."""
+    return Page(items=join_service.refusals(session, minion_id=minion_id, limit=min(max(limit, 1), 500)))

@@ -1,0 +1,38 @@
+"""Minion routes (no operator token): POST /v1/join and its proof authenticate with the region join
+token; heartbeats with the node credential issued at a successful join (never the join token)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Body, Request, Response
+
+from provisioner.api.deps import Db, _bearer
+from provisioner.attestation.wire import JoinChallenge
+from provisioner.services import heartbeat as heartbeat_service
+from provisioner.services import join as service
+
+router = APIRouter(tags=["join"])
+
+
+@router.post("/v1/join", status_code=201, response_model=JoinChallenge)
+def join(session: Db, body: Any = Body(...)) -> Response:
+    """Step 1 (docs/join-protocol.md): JoinRequest → JoinChallenge, or 403 with the refusal."""
+    challenge = service.begin(session, body)
+    return Response(challenge.model_dump_json(), status_code=201, media_type="application/json")
+
+
+@router.post("/v1/join/{join_id}/proof")
+def proof(join_id: str, request: Request, response: Response, session: Db, body: Any = Body(...)) -> dict[str, Any]:
+    """Step 2: ProofRequest (with `Authorization: Bearer <join token>`) → the node credential (200),
+    or `pending` (202) while no operator has added this minion_id."""
+    result = service.finish(session, join_id, _bearer(request), body)
+    if result.state == "pending":
+        response.status_code = 202
+    return result.to_json()
+
+
+@router.post("/v1/nodes/{node_id}/heartbeat")
+def heartbeat(node_id: str, body: heartbeat_service.HeartbeatIn, request: Request, session: Db) -> dict[str, Any]:
+    """Actual state in, desired state (and, every K beats, a quote nonce) out."""
+    return heartbeat_service.beat(session, node_id, _bearer(request), body)

@@ -1,0 +1,66 @@
+"""`provision datastore …`: add, list, show, remove."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from provisioner.cli import render
+from provisioner.cli.client import Client
+from provisioner.cli.common import EXIT_USAGE, Json, Yes, confirm, fail, group
+from provisioner.regional_states import DatastoreType
+
+app = group("Datastores: NFS or SMB shares of a region; jobs get paths below the root, never above.")
+COLUMNS = [("id", "ID"), ("name", "NAME"), ("region", "REGION"), ("type", "TYPE"), ("address", "ADDRESS"),
+           ("root", "ROOT"), ("username", "USER"), ("state", "STATE")]
+RegionOpt = Annotated[str | None, typer.Option("--region", "-r", help="Region (needed only when a name is used in several regions).")]
+
+
+def _read_password(path: Path) -> str:
+    """The first line of the file (a trailing newline is not part of the password)."""
+    try:
+        return path.read_text().rstrip("\r\n")
+    except (OSError, UnicodeDecodeError) as exc:
+        fail(f"cannot read password file {path} ({exc.__class__.__name__}): give a readable text file",
+             exit_code=EXIT_USAGE)
+
+
+@app.command("add")
+def add(
+    name: Annotated[str, typer.Argument(help="DNS label, unique in its region.")],
+    region: Annotated[str, typer.Option("--region", "-r", help="Region of the datastore.")],
+    type_: Annotated[DatastoreType, typer.Option("--type", help="nfs or smb.")],
+    address: Annotated[str, typer.Option("--address", help="Server host name or IP address.")],
+    root: Annotated[str, typer.Option("--root", help="Absolute path on the server (SMB: /share[/dir]).")],
+    username: Annotated[str | None, typer.Option("--username", help="SMB user (required for smb, refused for nfs).")] = None,
+    password_file: Annotated[Path | None, typer.Option("--password-file", help="File holding the SMB password (never on the command line).")] = None,
+    json_out: Json = False,
+) -> None:
+    """Add a datastore; prints its id. The password is stored encrypted and never shown again."""
+    body = {"name": name, "region": region, "type": type_.value, "address": address, "root": root,
+            "username": username, "password": _read_password(password_file) if password_file else None}
+    render.created(Client.from_env().post("/v1/datastores", body), as_json=json_out)
+
+
+@app.command("list")
+def list_(region: Annotated[str | None, typer.Option("--region", "-r", help="Only this region's datastores.")] = None,
+          json_out: Json = False) -> None:
+    """List datastores."""
+    rows = Client.from_env().get("/v1/datastores", region=region)["items"]
+    render.table(rows, COLUMNS, as_json=json_out,
+                 empty="no datastore yet: `provision datastore add NAME --region R --type nfs --address H --root /P`")
+
+
+@app.command("show")
+def show(name: str, region: RegionOpt = None, json_out: Json = False) -> None:
+    """Show one datastore (the password is never shown; `has_password` says whether one is stored)."""
+    render.detail(Client.from_env().get(f"/v1/datastores/{name}", region=region), as_json=json_out)
+
+
+@app.command("remove")
+def remove(name: str, region: RegionOpt = None, yes: Yes = False, json_out: Json = False) -> None:
+    """Remove a datastore (kept as `removed` in the audit trail)."""
+    confirm(f"remove datastore '{name}'?", yes)
+    render.detail(Client.from_env().delete(f"/v1/datastores/{name}", region=region), as_json=json_out)

@@ -1,0 +1,85 @@
+"""`provision reservation …`: add, list, show, remove, assign, unassign, history."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from provisioner.cli import render
+from provisioner.cli.client import Client
+from provisioner.cli.common import Json, Yes, confirm, group
+from provisioner.regional_states import Protocol
+
+app = group("Reservations: a HOST.local name and a port, published over mDNS (and UPnP) by a node of the region.")
+COLUMNS = [("id", "ID"), ("name", "NAME"), ("region", "REGION"), ("fqdn", "HOST"), ("port", "PORT"),
+           ("protocol", "PROTO"), ("node", "NODE"), ("state", "STATE"), ("external_address", "EXTERNAL"),
+           ("reason", "REASON")]
+HISTORY_COLUMNS = [("at", "WHEN"), ("actor", "WHO"), ("from_state", "FROM"), ("to_state", "TO"), ("reason", "WHY")]
+SHOW_FIELDS = ["id", "name", "region", "fqdn", "port", "protocol", "node", "state", "desired", "actual"]
+RegionOpt = Annotated[str | None, typer.Option("--region", "-r", help="Region (needed only when a name is used in several regions).")]
+
+
+def _row(r: dict) -> dict:
+    """Table row: the actual address and reason next to the summary state."""
+    return {**r, "external_address": r["actual"]["external_address"], "reason": r["actual"]["reason"]}
+
+
+@app.command("add")
+def add(
+    name: Annotated[str, typer.Argument(help="DNS label, unique in its region.")],
+    region: Annotated[str, typer.Option("--region", "-r", help="Region of the reservation.")],
+    hostname: Annotated[str, typer.Option("--hostname", help="DNS label published as HOSTNAME.local; unique in the region.")],
+    port: Annotated[int, typer.Option("--port", help="1024-65535; unique in the region.")],
+    protocol: Annotated[Protocol, typer.Option("--protocol", help="tcp or udp.")] = Protocol.TCP,
+    json_out: Json = False,
+) -> None:
+    """Add a reservation (unassigned); prints its id."""
+    body = {"name": name, "region": region, "hostname": hostname, "port": port, "protocol": protocol.value}
+    render.created(Client.from_env().post("/v1/reservations", body), as_json=json_out)
+
+
+@app.command("list")
+def list_(region: Annotated[str | None, typer.Option("--region", "-r", help="Only this region's reservations.")] = None,
+          json_out: Json = False) -> None:
+    """List reservations with their node and state (the node's report once it has one)."""
+    rows = Client.from_env().get("/v1/reservations", region=region)["items"]
+    render.table(rows if json_out else [_row(r) for r in rows], COLUMNS, as_json=json_out,
+                 empty="no reservation yet: `provision reservation add NAME --region R --hostname H --port P`")
+
+
+@app.command("show")
+def show(name: str, region: RegionOpt = None, json_out: Json = False) -> None:
+    """Show one reservation: `desired` (operator) and `actual` (node report) side by side."""
+    render.detail(Client.from_env().get(f"/v1/reservations/{name}", region=region), as_json=json_out,
+                  fields=None if json_out else SHOW_FIELDS)
+
+
+@app.command("remove")
+def remove(name: str, region: RegionOpt = None, yes: Yes = False, json_out: Json = False) -> None:
+    """Remove a reservation (its node withdraws the name on its next heartbeat)."""
+    confirm(f"remove reservation '{name}'?", yes)
+    render.detail(Client.from_env().delete(f"/v1/reservations/{name}", region=region), as_json=json_out,
+                  fields=None if json_out else ["id", "name", "state"])
+
+
+@app.command("assign")
+def assign(name: str, node: Annotated[str, typer.Option("--node", "-n", help="A compute node of the reservation's region.")],
+           region: RegionOpt = None, json_out: Json = False) -> None:
+    """Assign (or move) a reservation to a compute node; the node publishes it on its next heartbeat."""
+    body = Client.from_env().post(f"/v1/reservations/{name}/assign", {"node": node}, region=region)
+    render.detail(body, as_json=json_out, fields=None if json_out else ["id", "name", "node", "state"])
+
+
+@app.command("unassign")
+def unassign(name: str, region: RegionOpt = None, json_out: Json = False) -> None:
+    """Unassign a reservation; its node sends mDNS goodbyes and removes the UPnP mapping."""
+    body = Client.from_env().post(f"/v1/reservations/{name}/unassign", {}, region=region)
+    render.detail(body, as_json=json_out, fields=None if json_out else ["id", "name", "node", "state"])
+
+
+@app.command("history")
+def history(name: str, region: RegionOpt = None, json_out: Json = False) -> None:
+    """Every change: operator decisions and the states the node reported."""
+    rows = Client.from_env().get(f"/v1/reservations/{name}/history", region=region)["items"]
+    render.table(rows, HISTORY_COLUMNS, as_json=json_out)

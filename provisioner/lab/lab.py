@@ -1,0 +1,522 @@
+"""`provision lab up | status | down`: a whole region on one machine.
+
+`up` converges towards the plan in topology.py; every step first looks at what exists (namespace,
+process, control-plane object) and only makes what is missing, so running it twice changes nothing and
+a run cut short is finished by the next one. `down` removes every namespace, process and file the lab
+made, using the state file and, for leftovers of a crash, the fixed names and this home's lab paths.
+
+Where the control plane listens, and why: `provision serve` runs in the host's network namespace on a
+free loopback port (so plain `provision …` commands with the same RIGBASE_HOME reach it through the
+client config it writes), and also accepts connections on a socket the lab creates *inside* the
+`rigbase-lab-cp` namespace at 10.77.0.2:8470 and hands it over with `--fd`. A socket keeps the
+namespace it was created in, so minions reach the control plane over the lab LAN while the host gets
+no new interface, no route and no forwarder: nothing the lab does touches the host's interfaces.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from provisioner.config import rigbase_home
+from provisioner.errors import Conflict, InvalidInput, RigbaseError, Unavailable
+from provisioner.lab import hardware, netns, rootfs
+from provisioner.lab.state import LabState, NodeState, Proc, lab_dir, state_path
+from provisioner.lab.swtpm import Swtpm, VendorCA, create_vendor_ca, provision_swtpm
+from provisioner.lab.topology import (
+    CP_PORT, HARDWARE_PROFILE, HEARTBEAT_SECONDS, JOIN_RETRY_SECONDS, LAN_CIDR, NAME_PATTERN, NETNS_PREFIX, PROVIDER, REGION,
+    LabPlan, NodePlan, Role, address, netns_name,
+)
+
+Progress = Callable[[str], None]
+BIN = Path(sys.executable).parent  # provision, minion and python of this installation
+TOOLS = {"ip": "iproute2", "swtpm": "swtpm", "swtpm_setup": "swtpm-tools", "umockdev-run": "umockdev",
+         "debootstrap": "debootstrap"}
+UPNP_TOOLS = {"miniupnpd": "miniupnpd", "nft": "nftables"}
+KEEP_IN_HOME = {"cache"}  # the debootstrap'd base root: what makes a warm `lab up` fast
+READY_STATES = {"maintenance", "active"}
+FAILED_STATES = {"errored", "removed"}
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+# -- preflight -------------------------------------------------------------------------------------------
+
+def _preflight(plan: LabPlan, home: Path, state: LabState | None) -> None:
+    """Refuse before anything is made: wrong user, missing tools, a home that holds something else."""
+    if os.geteuid() != 0:
+        raise Unavailable("provision lab up needs root to create network namespaces: run it with sudo")
+    tools = TOOLS | (UPNP_TOOLS if plan.upnp else {})
+    missing = sorted({pkg for tool, pkg in tools.items() if shutil.which(tool) is None})
+    if missing:
+        raise Unavailable(f"missing packages {', '.join(missing)}: run scripts/install-deps.sh")
+    if state is None and (home / "client.json").exists():
+        raise Conflict(f"{home} already belongs to a control plane (client.json): start the lab in its own "
+                       "home, e.g. RIGBASE_HOME=/var/tmp/rigbase-lab provision lab up")
+    if state is not None:
+        have = len(state.nodes)
+        if plan.nodes < have:
+            raise Conflict(f"the lab has {have} nodes and cannot shrink to {plan.nodes}: "
+                           f"run `provision lab down --yes` first, or `provision lab up --nodes {have}`")
+        if state.upnp and not plan.upnp:
+            raise Conflict("the lab is up with a UPnP router: pass --upnp again, or `provision lab down --yes` first")
+    recorded = set(state.namespaces) if state else set()
+    foreign = sorted(n for n in netns.list_namespaces(NETNS_PREFIX) if NAME_PATTERN.match(n) and n not in recorded)
+    if foreign:
+        raise Conflict(f"namespace {foreign[0]} exists but is not this lab's ({home}): another lab is up or "
+                       "one crashed; run `provision lab down --yes` with its RIGBASE_HOME (or this one, to "
+                       "clean up leftovers)")
+
+
+# -- network ---------------------------------------------------------------------------------------------
+
+class _FixedNames(netns.Lab):
+    """netns.Lab hands out random names; the lab's namespaces have fixed, documented ones."""
+
+    def __init__(self, state: LabState) -> None:
+        super().__init__("lab")
+        self.state = state
+
+    def netns(self, role: str) -> netns.Netns:
+        return _create_netns(self.state, netns_name(Role(role)))
+
+
+def _create_netns(state: LabState, name: str) -> netns.Netns:
+    ns = netns.Netns(name)
+    state.namespaces.append(name)  # recorded before it exists: a crash right now is still cleaned up
+    state.save()
+    return ns.create()
+
+
+def _ensure_network(plan: LabPlan, state: LabState, progress: Progress) -> netns.VirtualLan:
+    recorded = [n for n in state.namespaces if n in plan.namespaces() or NAME_PATTERN.match(n)]
+    if any(not netns.Netns(n).exists() for n in recorded) or (
+            netns_name(Role.LAN) in state.namespaces and len(state.lan_members) < len(recorded) - 1):
+        # after a reboot (/run/netns is a tmpfs) or a crash mid-attach: rebuild the whole LAN
+        progress("rebuilding the lab network (some namespaces were missing)")
+        _delete_namespaces(state)
+        for node in state.nodes.values():
+            node.minion = None
+        state.miniupnpd = None
+    lan_ns = netns.Netns(netns_name(Role.LAN))
+    if lan_ns.name not in state.namespaces:
+        _create_netns(state, lan_ns.name)
+        lan_ns.ip("link", "add", "br0", "type", "bridge")
+        lan_ns.ip("link", "set", "br0", "type", "bridge", "mcast_snooping", "0")  # a plain switch
+        lan_ns.ip("link", "set", "br0", "up")
+    lan = netns.VirtualLan(lan_ns, LAN_CIDR, members=dict(state.lan_members))
+    members: list[tuple[str, int]] = [(netns_name(Role.CP), 2), (netns_name(Role.CLIENT), 3)]
+    members += [(p.netns, int(p.address.rsplit(".", 1)[1])) for p in plan.node_plans()]
+    made = []
+    for name, host in members:
+        if name in state.lan_members:
+            continue
+        ns = _create_netns(state, name) if name not in state.namespaces else netns.Netns(name)
+        lan.attach(ns, host)
+        state.lan_members = dict(lan.members)
+        state.save()
+        made.append(name)
+    if plan.upnp and netns_name(Role.ROUTER) not in state.lan_members:
+        router = netns.add_upnp_router(_FixedNames(state), lan, lab_dir() / "router")
+        state.lan_members = dict(lan.members)
+        state.miniupnpd = Proc.of("miniupnpd", router.process.pid) if router.process else None
+        state.save()
+        for name in [netns_name(Role.CLIENT)] + [p.netns for p in plan.node_plans()]:
+            netns.Netns(name).add_route("default", via=router.lan_ip)
+        made += [netns_name(Role.ROUTER), netns_name(Role.WAN)]
+    elif plan.upnp:
+        for name in made:  # nodes added to a lab that already has its router
+            netns.Netns(name).add_route("default", via=address(Role.ROUTER))
+    if made:
+        progress(f"network: {', '.join(made)} on {LAN_CIDR} (bridge in {lan_ns.name})")
+    return lan
+
+
+def _delete_namespaces(state: LabState | None) -> list[str]:
+    names = set(state.namespaces if state else [])
+    names |= {n for n in netns.list_namespaces(NETNS_PREFIX) if NAME_PATTERN.match(n)}
+    for name in sorted(names, key=lambda n: n == netns_name(Role.LAN)):  # the bridge last
+        netns.Netns(name).delete()
+    if state:
+        state.namespaces, state.lan_members = [], {}
+    return sorted(names)
+
+
+def _listen_in(ns_name: str, host: str, port: int) -> socket.socket:
+    """A listening TCP socket created inside namespace `ns_name` (setns moves only this helper thread)."""
+    box: dict[str, Any] = {}
+
+    def make() -> None:
+        try:
+            netns._setns(netns.NETNS_DIR / ns_name)
+            box["sock"] = socket.create_server((host, port))
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            box["error"] = exc
+
+    t = threading.Thread(target=make)
+    t.start()
+    t.join()
+    if "error" in box:
+        raise Unavailable(f"cannot listen on {host}:{port} in {ns_name} ({box['error']}): run `provision lab down --yes` and retry")
+    return box["sock"]
+
+
+# -- control plane ---------------------------------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _healthy(url: str) -> bool:
+    import httpx
+
+    try:
+        return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def _ensure_control_plane(state: LabState, progress: Progress) -> None:
+    if state.serve and state.serve.alive() and state.host_url and _healthy(state.host_url):
+        return
+    if state.serve:
+        state.serve.stop()
+    lan_sock = _listen_in(netns_name(Role.CP), address(Role.CP), CP_PORT)
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("RIGBASE_URL", "RIGBASE_TOKEN", "RIGBASE_DATABASE_URL")}
+    # RIGBASE_PUBLIC_URL: the URL finalize writes into each node's minion.yaml (the LAN one, not loopback)
+    env |= {"RIGBASE_HOME": state.home, "TSS2_LOG": "all+none", "RIGBASE_PUBLIC_URL": f"http://{address(Role.CP)}:{CP_PORT}"}
+    log = open(lab_dir() / "serve.log", "ab")  # noqa: SIM115 - handed to the server process
+    try:
+        proc = subprocess.Popen(
+            [str(BIN / "provision"), "serve", "--host", "127.0.0.1", "--port", str(port),
+             "--database", f"sqlite:///{lab_dir() / 'rigbase.db'}", "--fd", str(lan_sock.fileno())],
+            pass_fds=[lan_sock.fileno()], env=env, stdin=subprocess.DEVNULL, stdout=log,
+            stderr=subprocess.STDOUT, start_new_session=True)
+    finally:
+        lan_sock.close()
+        log.close()
+    state.serve = Proc.of("serve", proc.pid)
+    state.host_url, state.lan_url = f"http://127.0.0.1:{port}", f"http://{address(Role.CP)}:{CP_PORT}"
+    state.save()
+    deadline = time.monotonic() + 60
+    while not _healthy(state.host_url):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            tail = (lab_dir() / "serve.log").read_text(errors="replace").strip().splitlines()[-3:]
+            raise Unavailable(f"the lab's control plane did not start ({' / '.join(tail)}): see {lab_dir() / 'serve.log'}")
+        time.sleep(0.1)
+    progress(f"control plane: {state.host_url} for you, {state.lan_url} on the lab LAN (SQLite {lab_dir() / 'rigbase.db'})")
+
+
+def provision_cli(state: LabState, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run the plain `provision` CLI against the lab's control plane, as an operator would."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RIGBASE_URL", "RIGBASE_TOKEN", "RIGBASE_DATABASE_URL")}
+    proc = subprocess.run([str(BIN / "provision"), *args], env=env | {"RIGBASE_HOME": state.home},
+                          capture_output=True, text=True, timeout=120)
+    if check and proc.returncode != 0:
+        raise RigbaseError(f"`provision {' '.join(args)}` failed: {proc.stderr.strip() or proc.stdout.strip()}")
+    return proc
+
+
+def _client(state: LabState) -> Any:
+    from provisioner.cli.client import Client, read_client_config
+
+    token = read_client_config(Path(state.home) / "client.json").get("token")
+    return Client(state.host_url or "", token, timeout=10)
+
+
+def _ensure_region(state: LabState, ca: VendorCA, progress: Progress) -> Path:
+    """Trust the lab's TPM vendor CA, enable the physical provider, create region `lab`; the bundle."""
+    client = _client(state)
+    if not any(p["kind"] == PROVIDER for p in client.get("/v1/providers")["items"]):
+        provision_cli(state, "provider", "enable", PROVIDER)
+    if not any(r["name"] == REGION for r in client.get("/v1/regions")["items"]):
+        # No public jobs: their rules (RAM vs VRAM, cores per GPU) read /proc, which for a simulated node
+        # is this machine's, not the profile's; every rule that applies reads the umockdev sysfs.
+        provision_cli(state, "region", "create", REGION, "--provider", PROVIDER, "--storage-mode", "local",
+                      "--no-public-jobs")
+        progress(f"region: {REGION} (provider {PROVIDER}, storage mode local, no public jobs)")
+    marker = lab_dir() / "tpm-ca" / ".trusted"
+    if not marker.exists():
+        for pem in (ca.root_certificate, ca.intermediate_certificate):
+            provision_cli(state, "tpm-ca", "add", str(pem))
+        marker.touch()
+        progress(f"TPM vendor CA trusted: {ca.root_certificate}")
+    bundle = lab_dir() / "bundle.json"
+    if not bundle.exists():
+        provision_cli(state, "region", "bundle", REGION, "-o", str(bundle), "--control-plane-url", state.lan_url or "")
+        progress(f"enrollment bundle: {bundle}")
+    return bundle
+
+
+# -- nodes -----------------------------------------------------------------------------------------------
+
+def _node_dir(name: str, home: Path | None = None) -> Path:
+    return lab_dir(home) / "nodes" / name
+
+
+def _prepare_node(plan: NodePlan, node: NodeState, ca: VendorCA) -> Swtpm:
+    """Its own swtpm (EK certificate from the lab's vendor CA), started; its minion_id; its hardware."""
+    from minion.tpm.identity import minion_id
+
+    tpm = provision_swtpm(_node_dir(plan.name) / "swtpm", ca)
+    tpm.start()
+    if node.minion_id is None:
+        node.minion_id = minion_id(tpm.tcti)
+    hardware.write_testbed(hardware.load_profile(HARDWARE_PROFILE), _node_dir(plan.name) / "hardware")
+    return tpm
+
+
+def _start_minion(node: NodeState, tpm: Swtpm, bundle: Path) -> None:
+    d = _node_dir(node.name)
+    record = d / "hardware" / f"{HARDWARE_PROFILE}.umockdev"
+    argv = ["umockdev-run", "-d", str(record), "--", str(BIN / "minion"), "run", "--bundle", str(bundle),
+            "--tcti", tpm.tcti, "--state-dir", str(d / "minion"), "--heartbeat-interval", str(HEARTBEAT_SECONDS),
+            "--max-backoff", str(JOIN_RETRY_SECONDS)]
+    (d / "minion").mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RIGBASE_")} | {"TSS2_LOG": "all+none"}
+    with open(d / "minion.log", "ab") as log:
+        proc = netns.Netns(node.netns).popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                             stderr=subprocess.STDOUT, start_new_session=True)
+    node.minion = Proc.of("minion", proc.pid)  # `ip netns exec` execs umockdev-run, which forwards SIGTERM
+    node.started_at = time.time()
+
+
+def _ensure_nodes(plan: LabPlan, state: LabState, ca: VendorCA, bundle: Path, progress: Progress) -> None:
+    for p in plan.node_plans():
+        state.nodes.setdefault(p.name, NodeState(p.k, p.name, p.netns, p.address))
+    todo = [(p, state.nodes[p.name]) for p in plan.node_plans()]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:  # swtpm_setup ~1 s each
+        tpms = list(pool.map(lambda pn: _prepare_node(pn[0], pn[1], ca), todo))
+    started = []
+    for (p, node), tpm in zip(todo, tpms):
+        if node.minion and node.minion.alive():
+            continue
+        _start_minion(node, tpm, bundle)
+        started.append(f"{node.name} {node.minion_id} in {node.netns} ({node.address})")
+    state.save()
+    for line in started:
+        progress(f"minion started: {line}")
+
+
+def _check_minions(state: LabState, nodes: list[NodeState]) -> None:
+    """A minion that exited will never join: say so at once, with the end of its log."""
+    for node in nodes:
+        if node.minion and not node.minion.alive():
+            log = _node_dir(node.name) / "minion.log"
+            tail = log.read_text(errors="replace").strip().splitlines()[-2:] if log.exists() else []
+            raise Unavailable(f"the minion of {node.name} exited ({' / '.join(tail) or 'no output'}): see {log}, "
+                              "then run `provision lab up` again")
+
+
+def _show_pending(state: LabState, todo: list[NodeState], progress: Progress, timeout: float) -> None:
+    """Wait until every new minion shows up as pending, then show the operator's view of them."""
+    want = {n.minion_id for n in todo}
+    client = _client(state)
+    deadline = time.monotonic() + timeout
+    while True:
+        seen = {r.get("minion_id") for r in client.get("/v1/pending-minions", region=REGION)["items"]}
+        if want <= seen:
+            break
+        _check_minions(state, todo)
+        if time.monotonic() > deadline:
+            logs = ", ".join(str(_node_dir(n.name) / "minion.log") for n in todo if n.minion_id not in seen)
+            raise Unavailable(f"minions {', '.join(sorted(want - seen))} did not show up as pending within "
+                              f"{timeout:.0f} s: see {logs}")
+        time.sleep(0.25)
+    table = provision_cli(state, "node", "pending", "--region", REGION).stdout.rstrip()
+    progress("pending minions (what `provision node pending` shows):\n" + table)
+
+
+def _add_nodes(state: LabState, progress: Progress) -> list[NodeState]:
+    """Adopt each minion by its minion_id, as `provision node add` does, and in the same transaction give
+    the node its lab root so finalize runs through a chroot into it.
+
+    Written through the service layer into the lab's own SQLite store rather than over the API: a root
+    path the control plane will chroot into and run a playbook in, as root, is no field for an API
+    token to set; only the process that made the root on this machine may name it."""
+    from provisioner.services import nodes as node_service
+    from provisioner.store.engine import make_engine, make_sessionmaker, session_scope
+
+    existing = {n["name"] for n in _client(state).pages("/v1/nodes", region=REGION)}
+    engine = make_engine(f"sqlite:///{lab_dir() / 'rigbase.db'}")
+    added = []
+    try:
+        for node in sorted(state.nodes.values(), key=lambda n: n.k):
+            if node.name in existing:
+                continue
+            with session_scope(make_sessionmaker(engine)) as session:
+                row = node_service.add(session, node.name, region=REGION, minion_id=node.minion_id or "",
+                                       hostname=f"{node.name}.{REGION}.rigbase.test", upnp=state.upnp,
+                                       actor="operator:lab")
+                row.lab_root = node.root
+                node_id = row.id
+            node.added_at = time.time()
+            state.save()
+            added.append(node)
+            progress(f"added {node.name} ({node_id}) by minion_id {node.minion_id}, root {node.root}")
+    finally:
+        engine.dispose()
+    return added
+
+
+def _wait_ready(state: LabState, progress: Progress, timeout: float) -> None:
+    client = _client(state)
+    shown: dict[str, str] = {}
+    started = time.monotonic()
+    while True:
+        nodes = {n["name"]: n for n in client.pages("/v1/nodes", region=REGION)}
+        for name, node in sorted(nodes.items()):
+            if shown.get(name) != node["state"]:
+                shown[name] = node["state"]
+                progress(f"{name}: {node['state']}" + (f" ({node['reason']})" if node.get("reason") else ""))
+            lab_node = state.nodes.get(name)
+            if lab_node and node["state"] in READY_STATES and lab_node.ready_at is None:
+                lab_node.ready_at = time.time()
+                state.save()
+            if node["state"] in FAILED_STATES:
+                raise RigbaseError(f"{name} is {node['state']}: {node.get('reason') or '-'}; see "
+                                   f"`provision node history {name}` and {_node_dir(name) / 'minion.log'}")
+        waiting = [n for n in state.nodes if nodes.get(n, {}).get("state") not in READY_STATES]
+        if not waiting:
+            return
+        _check_minions(state, [state.nodes[n] for n in waiting])
+        if time.monotonic() - started > timeout:
+            raise Unavailable(f"{', '.join(waiting)} did not reach maintenance within {timeout:.0f} s: "
+                              "see `provision lab status` and the minion logs under " + str(lab_dir() / "nodes"))
+        time.sleep(0.5)
+
+
+# -- up / status / down ----------------------------------------------------------------------------------
+
+def up(plan: LabPlan, *, progress: Progress = _quiet, timeout: float = 600) -> LabState:
+    home = rigbase_home()
+    state = LabState.load(home)
+    _preflight(plan, home, state)
+    if state is None:
+        state = LabState(home=str(home), upnp=plan.upnp,
+                         home_entries_before=sorted(e for e in os.listdir(home)))
+    state.upnp = plan.upnp
+    lab_dir().mkdir(parents=True, exist_ok=True, mode=0o700)
+    state.save()
+    started = time.monotonic()
+    step = lambda msg: progress(f"[{time.monotonic() - started:6.1f} s] {msg}")  # noqa: E731
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        # debootstrap (~40 s cold, cached afterwards) runs while the network, TPMs and minions come up
+        base = pool.submit(rootfs.ensure_base, log=lab_dir() / "debootstrap.log")
+        _ensure_network(plan, state, step)
+        ca = create_vendor_ca(lab_dir() / "tpm-ca")
+        _ensure_control_plane(state, step)
+        bundle = _ensure_region(state, ca, step)
+        _ensure_nodes(plan, state, ca, bundle, step)
+        new = [n for n in state.nodes.values() if n.added_at is None]
+        if new:
+            _show_pending(state, new, step, timeout)
+            if not base.done():
+                step("waiting for the cached Debian root (debootstrap, first run only)")
+            base_root = base.result()
+            for node in new:
+                if node.root is None:
+                    node.root = str(rootfs.clone(base_root, rootfs.node_root(node.name))
+                                    if not rootfs.node_root(node.name).exists() else rootfs.node_root(node.name))
+            state.save()
+            _add_nodes(state, step)
+    _wait_ready(state, step, timeout)
+    step("all nodes in maintenance")
+    return state
+
+
+def _stray_processes(home: Path) -> list[int]:
+    """Processes whose command line names this lab's directory: what a crashed `lab up` left running."""
+    needle = str(lab_dir(home))
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(needle.encode() in a for a in argv):
+            found.append(int(entry.name))
+    return found
+
+
+def status(home: Path | None = None) -> dict[str, Any]:
+    home = home or rigbase_home()
+    state = LabState.load(home)
+    present = [n for n in netns.list_namespaces(NETNS_PREFIX) if NAME_PATTERN.match(n)]
+    if state is None:
+        return {"up": False, "home": str(home), "namespaces": present, "processes": [], "nodes": []}
+    procs = [{"kind": p.kind, "pid": p.pid, "alive": p.alive(), "node": None} for p in (state.serve, state.miniupnpd) if p]
+    for node in state.nodes.values():
+        tpm = Swtpm(_node_dir(node.name, home) / "swtpm")
+        procs.append({"kind": "swtpm", "pid": tpm.pid(), "alive": tpm.pid() is not None, "node": node.name})
+        if node.minion:
+            procs.append({"kind": "minion", "pid": node.minion.pid, "alive": node.minion.alive(), "node": node.name})
+    nodes: list[dict[str, Any]] = []
+    reachable = bool(state.host_url and _healthy(state.host_url))
+    if reachable:
+        nodes = list(_client(state).pages("/v1/nodes", region=REGION))
+    for row in nodes:
+        lab = state.nodes.get(row["name"])
+        if lab:
+            row |= {"netns": lab.netns, "address": lab.address, "lab_root": lab.root,
+                    "join_seconds": round(lab.ready_at - lab.added_at, 1) if lab.ready_at and lab.added_at else None}
+    return {"up": True, "home": str(home), "upnp": state.upnp, "host_url": state.host_url, "lan_url": state.lan_url,
+            "control_plane_reachable": reachable,
+            "namespaces": [{"name": n, "exists": netns.Netns(n).exists(), "address": state.lan_members.get(n)}
+                           for n in state.namespaces],
+            "processes": procs, "nodes": nodes}
+
+
+def down(*, progress: Progress = _quiet, home: Path | None = None) -> dict[str, Any]:
+    """Remove everything the lab made. Safe to run on a half-built or crashed lab, and twice."""
+    home = home or rigbase_home()
+    state = LabState.load(home)
+    removed: dict[str, Any] = {"namespaces": [], "processes": [], "files": []}
+    minions = [n.minion for n in (state.nodes.values() if state else []) if n.minion]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:  # goodbyes need up to a second each
+        list(pool.map(lambda p: p.stop(), minions))
+    removed["processes"] += [f"minion {p.pid}" for p in minions]
+    if state and state.miniupnpd:
+        state.miniupnpd.stop()
+        removed["processes"].append(f"miniupnpd {state.miniupnpd.pid}")
+    removed["namespaces"] = _delete_namespaces(state)
+    for tpm_dir in sorted((lab_dir(home) / "nodes").glob("*/swtpm")):
+        Swtpm(tpm_dir).stop()
+        removed["processes"].append(f"swtpm {tpm_dir.parent.name}")
+    if state and state.serve:
+        state.serve.stop()
+        removed["processes"].append(f"serve {state.serve.pid}")
+    for pid in _stray_processes(home):  # a crash between starting a process and recording it
+        Proc.of("stray", pid).stop()
+        removed["processes"].append(f"stray {pid}")
+    for root in sorted((lab_dir(home) / "roots").glob("*")):
+        rootfs.remove_root(root, require_marker=False)
+    before = set(state.home_entries_before) if state else set(os.listdir(home)) - {"lab"}
+    for entry in sorted(set(os.listdir(home)) - before - KEEP_IN_HOME):
+        path = home / entry
+        shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+        removed["files"].append(str(path))
+    left_ns = [n for n in netns.list_namespaces(NETNS_PREFIX) if NAME_PATTERN.match(n)]
+    left_procs = _stray_processes(home) + [p.pid for p in (state.processes() if state else []) if p.alive()]
+    if left_ns or left_procs or state_path(home).exists():
+        raise Unavailable(f"lab down left namespaces {left_ns or '-'} and processes {left_procs or '-'}: "
+                          "run `provision lab down --yes` again")
+    progress(f"removed {len(removed['namespaces'])} namespaces, {len(removed['processes'])} processes, "
+             f"{len(removed['files'])} entries of {home} (kept: the rootfs cache)")
+    return removed

@@ -1,0 +1,124 @@
+"""The lab's state file ($RIGBASE_HOME/lab/state.json) and the processes it records.
+
+`lab up` writes the file before it creates anything and again after every step, so a `lab up` killed
+half-way leaves a record `lab down` can follow. Processes are recorded with their start time (field 22
+of /proc/PID/stat): a pid reused by an unrelated process after a reboot or a crash is never signalled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from provisioner.config import rigbase_home
+
+STATE_VERSION = 1
+
+
+def lab_dir(home: Path | None = None) -> Path:
+    return (home or rigbase_home()) / "lab"
+
+
+def state_path(home: Path | None = None) -> Path:
+    return lab_dir(home) / "state.json"
+
+
+def _start_time(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()  # the command name may hold spaces and parentheses
+    if fields[0] == "Z":
+        return None
+    return int(fields[19])
+
+
+@dataclass
+class Proc:
+    """A process the lab started: `kind` (serve, swtpm, minion, miniupnpd), pid and its start time."""
+
+    kind: str
+    pid: int
+    start_time: int | None = None
+
+    @classmethod
+    def of(cls, kind: str, pid: int) -> Proc:
+        return cls(kind, pid, _start_time(pid))
+
+    def alive(self) -> bool:
+        now = _start_time(self.pid)
+        return now is not None and (self.start_time is None or now == self.start_time)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """SIGTERM (a minion says goodbye on its way out), SIGKILL after `timeout`."""
+        for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 2.0)):
+            if not self.alive():
+                return
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                return
+            deadline = time.monotonic() + wait
+            while self.alive() and time.monotonic() < deadline:
+                time.sleep(0.02)
+
+
+@dataclass
+class NodeState:
+    k: int
+    name: str
+    netns: str
+    address: str
+    minion_id: str | None = None
+    root: str | None = None
+    minion: Proc | None = None
+    started_at: float | None = None  # when its minion started (epoch seconds)
+    added_at: float | None = None  # when the lab added it by minion_id
+    ready_at: float | None = None  # when it reached maintenance
+
+
+@dataclass
+class LabState:
+    home: str
+    upnp: bool = False
+    namespaces: list[str] = field(default_factory=list)
+    lan_members: dict[str, str] = field(default_factory=dict)  # namespace -> LAN address
+    host_url: str | None = None  # the control plane on the host's loopback (what `provision …` uses)
+    lan_url: str | None = None  # the control plane on the lab LAN (what minions use)
+    serve: Proc | None = None
+    miniupnpd: Proc | None = None
+    # what $RIGBASE_HOME held before the first `lab up`; `lab down` removes every other entry (the
+    # control plane's client config, its secret key, Ansible artifacts) except the rootfs cache
+    home_entries_before: list[str] = field(default_factory=list)
+    nodes: dict[str, NodeState] = field(default_factory=dict)
+    version: int = STATE_VERSION
+
+    def processes(self) -> list[Proc]:
+        procs = [p for p in (self.serve, self.miniupnpd) if p]
+        return procs + [n.minion for n in self.nodes.values() if n.minion]
+
+    def save(self) -> None:
+        path = state_path(Path(self.home))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=2, sort_keys=True))
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, home: Path) -> LabState | None:
+        try:
+            data: dict[str, Any] = json.loads(state_path(home).read_text())
+        except FileNotFoundError:
+            return None
+        except ValueError:
+            return None  # a torn write: `lab down` still cleans by name
+        proc = lambda d: Proc(**d) if d else None  # noqa: E731
+        nodes = {name: NodeState(**(n | {"minion": proc(n.get("minion"))})) for name, n in data.pop("nodes", {}).items()}
+        return cls(**(data | {"serve": proc(data.get("serve")), "miniupnpd": proc(data.get("miniupnpd")),
+                              "nodes": nodes}))

@@ -1,0 +1,118 @@
+"""Reconciler: nodes in `provisioning` get their finalize playbook (provisioner/reconcilers/finalize.py).
+
+Each pass picks every node in provisioning and runs its playbook; ok → maintenance, a failed task →
+errored with that task's name and Ansible's message. Task events go into the node's history as they
+happen. Nothing is remembered between passes, so a control plane restarted mid-playbook finds the node
+still in provisioning and runs the (idempotent) playbook again; run_finalize stops a leftover
+ansible-playbook of the killed process first.
+
+Lab nodes (Node.lab_root set by the lab) are finalized through a chroot into that root; real nodes over
+SSH with the control plane's key ($RIGBASE_SSH_KEY, default $RIGBASE_HOME/ssh/id_ed25519).
+`RIGBASE_FINALIZE=skip` moves nodes straight to maintenance with a history line saying so — for the join
+benchmark and join-only tests, where the playbook is measured separately."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from provisioner.config import rigbase_home
+from provisioner.errors import Conflict, RigbaseError
+from provisioner.reconcilers.finalize import ChrootTarget, FinalizeEvent, FinalizeRequest, SshTarget, Target, TaskStatus, run_finalize
+from provisioner.reconcilers.loop import register
+from provisioner.services import audit
+from provisioner.services import nodes as node_service
+from provisioner.states import NodeState
+from provisioner.store.engine import session_scope
+from provisioner.store.models import Node
+
+log = logging.getLogger("rigbase.reconcilers.finalize")
+ACTOR = "reconciler:finalize"
+# Task events worth a history line (a "started" line per task would double the history for nothing).
+RECORDED = {TaskStatus.OK, TaskStatus.CHANGED, TaskStatus.FAILED, TaskStatus.UNREACHABLE}
+
+
+def control_plane_url() -> str:
+    if os.environ.get("RIGBASE_PUBLIC_URL"):
+        return os.environ["RIGBASE_PUBLIC_URL"]
+    try:
+        return json.loads((rigbase_home() / "client.json").read_text())["url"]
+    except (OSError, ValueError, KeyError):
+        return "http://127.0.0.1:8470"
+
+
+def target_for(node: Node) -> Target:
+    if node.lab_root:
+        return ChrootTarget(Path(node.lab_root))
+    key = Path(os.environ.get("RIGBASE_SSH_KEY") or rigbase_home() / "ssh" / "id_ed25519")
+    return SshTarget(host=node.hostname or node.name, key_file=key)
+
+
+def request_for(node: Node) -> FinalizeRequest:
+    inventory = node.inventory or {}
+    return FinalizeRequest(node_name=node.name, hostname=node.hostname or node.name, service=node.service,
+                           region=node.region.name, control_plane_url=control_plane_url(),
+                           nvme_drives=inventory.get("drives") or [],
+                           nfs_clients=(node.region.settings or {}).get("nfs_clients") or [])
+
+
+def _finish(sessions: sessionmaker[Session], node_id: str, to: NodeState, reason: str) -> None:
+    with session_scope(sessions) as session:
+        node = session.get(Node, node_id)
+        if node is not None and node.state == NodeState.PROVISIONING:
+            node_service.transition(session, node, to, actor=ACTOR, reason=reason)
+
+
+def finalize_node(sessions: sessionmaker[Session], node_id: str) -> None:
+    with session_scope(sessions) as session:
+        node = session.get(Node, node_id)
+        if node is None or node.state != NodeState.PROVISIONING:
+            return
+        name = node.name
+        if os.environ.get("RIGBASE_FINALIZE") == "skip":
+            node_service.transition(session, node, NodeState.MAINTENANCE, actor=ACTOR,
+                                    reason="finalize playbook skipped (RIGBASE_FINALIZE=skip)")
+            return
+        try:
+            request, target = request_for(node), target_for(node)
+        except RigbaseError as exc:
+            node_service.transition(session, node, NodeState.ERRORED, actor=ACTOR, reason=f"finalize: {exc.message}")
+            return
+
+    def on_event(event: FinalizeEvent) -> None:
+        if event.status not in RECORDED:
+            return
+        with session_scope(sessions) as s:
+            audit.record(s, kind=node_service.KIND, resource_id=node_id, name=name, actor=ACTOR,
+                         from_state=NodeState.PROVISIONING.value, to_state=NodeState.PROVISIONING.value,
+                         reason=f"task {event.task!r}: {event.status.value}" + (f": {event.message}" if event.message else ""))
+
+    try:
+        result = run_finalize(request, target, on_event)
+    except Conflict:
+        return  # another process is running this node's playbook; its result lands there
+    except RigbaseError as exc:
+        _finish(sessions, node_id, NodeState.ERRORED, f"finalize: {exc.message}")
+        return
+    if result.ok:
+        _finish(sessions, node_id, NodeState.MAINTENANCE,
+                f"finalized in {result.seconds:.1f} s ({result.changed} task(s) changed)")
+    else:
+        _finish(sessions, node_id, NodeState.ERRORED,
+                f"finalize failed at task {result.failed_task!r}: {result.message or result.status}")
+
+
+@register("finalize", period_s=10.0)
+def reconcile(sessions: sessionmaker[Session]) -> None:
+    with session_scope(sessions) as session:
+        ids = list(session.scalars(select(Node.id).where(Node.state == NodeState.PROVISIONING).order_by(Node.updated_at)))
+    for node_id in ids:
+        try:
+            finalize_node(sessions, node_id)
+        except Exception:  # noqa: BLE001 - one node's failure must not starve the others
+            log.exception("finalize of node %s failed; retrying next pass", node_id)

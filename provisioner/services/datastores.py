@@ -1,0 +1,75 @@
+"""Datastores: an NFS or SMB share of a region, with a root that jobs can never climb above.
+
+The root and the credential rules are checked with the node's own code (minion/datastores: the
+`Datastore` dataclass and `normalize_root`), so the control plane accepts exactly what a node can
+mount. The SMB password is sealed at rest (provisioner.secrets) and never returned by the API."""
+
+from __future__ import annotations
+
+import ipaddress
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from minion.datastores.mounts import Datastore as NodeDatastore
+from minion.datastores.paths import normalize_root
+from provisioner.errors import Conflict, InvalidInput
+from provisioner.regional_states import DATASTORE_TRANSITIONS, DatastoreState, DatastoreType
+from provisioner.secrets import seal
+from provisioner.services import lifecycle, names
+from provisioner.services import regional_lookup
+from provisioner.services import regions as region_service
+from provisioner.store.models import new_id
+from provisioner.store.regional_models import Datastore
+
+KIND = "datastore"
+
+
+def transition(session: Session, ds: Datastore, to: DatastoreState, *, actor: str, reason: str | None = None) -> None:
+    lifecycle.apply(session, ds, to, kind=KIND, name=ds.name, table=DATASTORE_TRANSITIONS, actor=actor, reason=reason)
+
+
+def _check_address(address: str) -> str:
+    try:
+        return str(ipaddress.ip_address(address))
+    except ValueError:
+        return names.hostname(address)
+
+
+def add(session: Session, name: str, *, region: str, type: str, address: str, root: str,
+        username: str | None = None, password: str | None = None, actor: str) -> Datastore:
+    names.dns_label("datastore", name)
+    try:
+        kind = DatastoreType(type)
+    except ValueError:
+        raise InvalidInput(f"datastore type '{type}' is not known: use nfs or smb", code="invalid_type") from None
+    _check_address(address)
+    # the node's rules, verbatim: root absolute without '..', SMB needs credentials, NFS refuses them
+    NodeDatastore(name, kind.value, address, root, username or None, password)
+    reg = region_service.get(session, region)
+    if session.scalar(select(Datastore.id).where(Datastore.region_id == reg.id, Datastore.name == name,
+                                                 Datastore.state != DatastoreState.REMOVED)):
+        raise Conflict(f"datastore '{name}' already exists in region '{reg.name}': choose another name",
+                       code="duplicate_name")
+    ds = Datastore(id=new_id("ds"), name=name, region=reg, type=kind.value, address=address,
+                   root=str(normalize_root(root)), username=username or None,
+                   sealed_password=seal(password.encode()) if password is not None else None)
+    session.add(ds)
+    transition(session, ds, DatastoreState.ACTIVE, actor=actor,
+               reason=f"added by operator: {kind.value} {address}:{ds.root}")
+    return ds
+
+
+def list_all(session: Session, region: str | None = None) -> list[Datastore]:
+    return regional_lookup.list_live(session, Datastore, region)
+
+
+def get(session: Session, ref: str, region: str | None = None) -> Datastore:
+    """By id, or by name (unique per region; `region` disambiguates)."""
+    return regional_lookup.get_live(session, Datastore, KIND, ref, region)
+
+
+def remove(session: Session, ref: str, *, region: str | None = None, actor: str) -> Datastore:
+    ds = get(session, ref, region)
+    transition(session, ds, DatastoreState.REMOVED, actor=actor, reason="removed by operator")
+    return ds

@@ -1,0 +1,90 @@
+"""Region join tokens: issue (shown once, stored as SHA-256), revoke, and resolve a presented token to
+its region. A token is 256-bit random, so a plain hash is the right tool (no slow KDF needed)."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+from datetime import datetime, timedelta, timezone
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from provisioner.attestation.refusals import Refusal, RefusalCode, refuse
+from provisioner.errors import InvalidInput
+from provisioner.services import audit
+from provisioner.services import regions as region_service
+from provisioner.store.join_models import JoinToken
+from provisioner.store.models import Region
+
+TOKEN_PREFIX = "rbj_"  # rigbase join token; recognisable in logs and secret scanners
+DEFAULT_TTL = "7d"
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_TTL = re.compile(r"^(\d+)([smhdw])$")
+
+
+def digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def parse_ttl(text: str) -> timedelta | None:
+    """'30m', '24h', '7d', '2w', '3600s'; 'never' for a token that does not expire."""
+    if text == "never":
+        return None
+    m = _TTL.match(text.strip())
+    if not m or int(m.group(1)) == 0:
+        raise InvalidInput(f"TTL '{text}' is not valid: use a number with s, m, h, d or w (e.g. 24h, 7d) or 'never'")
+    return timedelta(seconds=int(m.group(1)) * _UNITS[m.group(2)])
+
+
+def issue(session: Session, region: str, *, ttl: str = DEFAULT_TTL, actor: str) -> tuple[JoinToken, str]:
+    """A new token for `region`; returns the row and the token (the only time it is visible)."""
+    lifetime = parse_ttl(ttl)
+    reg = region_service.get(session, region)
+    token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    now = datetime.now(timezone.utc)
+    row = JoinToken(region_id=reg.id, token_sha256=digest(token), created_by=actor, created_at=now,
+                    expires_at=now + lifetime if lifetime else None)
+    session.add(row)
+    session.flush()
+    audit.record(session, kind="join_token", resource_id=row.id, name=reg.name, actor=actor, from_state=None,
+                 to_state="issued", reason=f"expires {row.expires_at.isoformat() if row.expires_at else 'never'}")
+    return row, token
+
+
+def revoke(session: Session, region: str, *, actor: str) -> int:
+    """Revoke every live token of `region`; minions holding one are refused from now on."""
+    reg = region_service.get(session, region)
+    now = datetime.now(timezone.utc)
+    ids = list(session.scalars(select(JoinToken.id).where(JoinToken.region_id == reg.id, JoinToken.revoked_at.is_(None))))
+    if ids:
+        session.execute(update(JoinToken).where(JoinToken.id.in_(ids)).values(revoked_at=now))
+    for token_id in ids:
+        audit.record(session, kind="join_token", resource_id=token_id, name=reg.name, actor=actor,
+                     from_state="issued", to_state="revoked", reason="revoked by operator")
+    session.flush()
+    return len(ids)
+
+
+def list_for(session: Session, region: str) -> list[JoinToken]:
+    reg = region_service.get(session, region)
+    return list(session.scalars(select(JoinToken).where(JoinToken.region_id == reg.id).order_by(JoinToken.created_at)))
+
+
+def resolve(session: Session, token: str, now: datetime | None = None) -> tuple[JoinToken, Region] | Refusal:
+    """The token's row and region, or the refusal a minion gets for it."""
+    row = session.scalar(select(JoinToken).where(JoinToken.token_sha256 == digest(token)))
+    if row is None:
+        return refuse(RefusalCode.join_token_invalid)
+    if row.revoked_at is not None:
+        return refuse(RefusalCode.join_token_revoked, f"token {row.id} revoked at {row.revoked_at.isoformat()}",
+                      token_id=row.id)
+    now = now or datetime.now(timezone.utc)
+    if row.expires_at is not None and now > row.expires_at:
+        return refuse(RefusalCode.join_token_expired, f"token {row.id} expired at {row.expires_at.isoformat()}",
+                      token_id=row.id)
+    region = session.get(Region, row.region_id)
+    if region is None or region.state in ("removing", "removed"):
+        return refuse(RefusalCode.join_token_revoked, "its region was removed", token_id=row.id)
+    return row, region

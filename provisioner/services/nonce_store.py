@@ -1,0 +1,38 @@
+"""The database-backed NonceStore (provisioner/attestation/nonces.py): several API processes share the
+store, so "spent" must be decided by the database. `consume` is one conditional UPDATE
+(`used = false → true`): on PostgreSQL the second of two racing transactions waits on the row lock and
+then matches nothing; SQLite serialises writers. Whoever updated the row spent the nonce."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import delete, select, update
+from sqlalchemy.orm import Session
+
+from provisioner.attestation.nonces import NonceRecord
+from provisioner.store.join_models import AttestationNonce
+
+
+class DbNonceStore:
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def put(self, record: NonceRecord) -> None:
+        self.session.add(AttestationNonce(nonce=record.nonce.hex(), subject=record.subject, issued_at=record.issued_at,
+                                          expires_at=record.expires_at, used=record.used))
+        self.session.flush()
+
+    def consume(self, nonce: bytes) -> NonceRecord | None:
+        key = nonce.hex()
+        spent = self.session.execute(
+            update(AttestationNonce).where(AttestationNonce.nonce == key, AttestationNonce.used.is_(False))
+            .values(used=True).execution_options(synchronize_session=False))
+        row = self.session.execute(select(AttestationNonce.subject, AttestationNonce.issued_at,
+                                          AttestationNonce.expires_at).where(AttestationNonce.nonce == key)).first()
+        if row is None:
+            return None
+        return NonceRecord(nonce, row.subject, row.issued_at, row.expires_at, used=spent.rowcount == 0)
+
+    def purge(self, before: datetime) -> int:
+        return self.session.execute(delete(AttestationNonce).where(AttestationNonce.expires_at < before)).rowcount

@@ -1,0 +1,392 @@
+"""The attested join end to end over HTTP: a real `provision serve` (SQLite; PostgreSQL for the two-process
+nonce test), real swtpms with EK certificates from a private vendor CA, the minion's own message builders,
+and the real `provision` CLI for the operator's side. One test per refusal, each checking the HTTP answer,
+the operator's message and the audit entry."""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+import sqlite3
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from minion.join.attest import Challenge, join_request, proof_payload, quote_payload
+from minion.tpm.session import TpmSession
+from provisioner.lab.swtpm import Swtpm, VendorCA
+from tests.fixtures.control_plane import ControlPlane, start_control_plane
+from tests.fixtures.swtpm import _started_copy
+
+PASSING = {"ok": True, "rules": [{"rule": "tpm", "ok": True}]}
+
+
+@pytest.fixture(scope="module")
+def cp(tmp_path_factory: pytest.TempPathFactory, tpm_vendor_ca: VendorCA) -> Iterator[ControlPlane]:
+    """One control plane for the module; finalize is skipped (test_finalize covers the playbooks) and a
+    fresh quote is asked for every 2nd heartbeat."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RIGBASE_FINALIZE", "skip")
+        mp.setenv("RIGBASE_QUOTE_EVERY", "2")
+        with start_control_plane(tmp_path_factory.mktemp("join-cp") / "home") as server:
+            ca_file = tmp_path_factory.mktemp("ca") / "vendor.pem"
+            ca_file.write_bytes(b"".join(tpm_vendor_ca.certificate_pems()))
+            for args in (["provider", "enable", "physical"], ["region", "create", "lab", "--provider", "physical"],
+                         ["region", "create", "other", "--provider", "physical"], ["tpm-ca", "add", str(ca_file)]):
+                out = server.provision(*args)
+                assert out.returncode == 0, out.stderr
+            yield server
+
+
+def cli(cp: ControlPlane, *args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
+    out = cp.provision(*args)
+    if ok:
+        assert out.returncode == 0, out.stderr
+    return out
+
+
+def api(cp: ControlPlane, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    """The operator API directly, where the CLI is not what a test is about (each CLI run costs ~0.7 s)."""
+    with cp.client() as client:
+        response = client.request(method, path, json=body)
+    assert response.is_success, response.text
+    return response.json()
+
+
+def token(cp: ControlPlane, region: str = "lab", ttl: str = "1h") -> str:
+    return api(cp, "POST", f"/v1/regions/{region}/join-tokens", {"ttl": ttl})["token"]
+
+
+def add_node(cp: ControlPlane, name: str, minion_id: str, region: str = "lab") -> None:
+    api(cp, "POST", "/v1/nodes", {"name": name, "region": region, "minion_id": minion_id})
+
+
+class Minion:
+    """A minion with its own swtpm talking to the control plane with the real message builders."""
+
+    def __init__(self, tpm: Swtpm, url: str) -> None:
+        self.tpm = tpm
+        self.session = TpmSession(tpm.tcti)
+        self.session.open()
+        self.ak = self.session.create_ak()
+        self.minion_id = self.session.endorsement_key().minion_id
+        self.http = httpx.Client(base_url=url, timeout=30)
+
+    def close(self) -> None:
+        self.session.close()
+        self.http.close()
+
+    def begin(self, join_token: str, requirements: dict[str, Any] = PASSING, **changes: Any) -> httpx.Response:
+        body = json.loads(json.dumps(join_request(self.session, self.ak, join_token=join_token,
+                                                  inventory={"gpus": []}, requirements=requirements)))
+        body.update(changes)
+        return self.http.post("/v1/join", json=body)
+
+    def proof_body(self, challenge: dict[str, Any]) -> dict[str, Any]:
+        return proof_payload(self.session, self.ak, Challenge.from_json(challenge))
+
+    def prove(self, challenge: dict[str, Any], join_token: str, body: dict[str, Any] | None = None) -> httpx.Response:
+        return self.http.post(f"/v1/join/{challenge['join_id']}/proof", json=body or self.proof_body(challenge),
+                              headers={"Authorization": f"Bearer {join_token}"})
+
+    def join(self, join_token: str) -> httpx.Response:
+        first = self.begin(join_token)
+        assert first.status_code == 201, first.text
+        return self.prove(first.json(), join_token)
+
+    def beat(self, node: dict[str, Any], quote_nonce: str | None = None, credential: str | None = None) -> httpx.Response:
+        body: dict[str, Any] = {"actual": {"maintenance": True}}
+        if quote_nonce:
+            body["quote"] = quote_payload(self.session, self.ak, base64.b64decode(quote_nonce))
+        return self.http.post(f"/v1/nodes/{node['node_id']}/heartbeat", json=body,
+                              headers={"Authorization": f"Bearer {credential or node['node_credential']}"})
+
+
+_EK_SERIAL = itertools.count(100)  # the module shares one control plane: every minion needs its own EK
+
+
+@pytest.fixture
+def minion(cp: ControlPlane, tmp_path: Path, tpm_vendor_ca: VendorCA,
+           _golden_swtpm: Callable[[VendorCA, int], Swtpm]) -> Iterator[Callable[..., Minion]]:
+    made: list[Minion] = []
+
+    def make(ca: VendorCA | None = None) -> Minion:
+        tpm = _started_copy(_golden_swtpm(ca or tpm_vendor_ca, next(_EK_SERIAL)), tmp_path / f"swtpm-{len(made)}")
+        m = Minion(tpm, cp.url)
+        made.append(m)
+        return m
+
+    yield make
+    for m in made:
+        m.close()
+        m.tpm.remove()
+
+
+def audit_rows(cp: ControlPlane, minion_id: str) -> list[str]:
+    db = sqlite3.connect(cp.database_url.removeprefix("sqlite:///"))
+    try:
+        return [r[0] for r in db.execute("SELECT reason FROM audit_events WHERE resource_kind='join' AND resource_id=?"
+                                         " ORDER BY id", (minion_id,))]
+    finally:
+        db.close()
+
+
+def sql(cp: ControlPlane, statement: str, *params: Any) -> None:
+    db = sqlite3.connect(cp.database_url.removeprefix("sqlite:///"))
+    with db:
+        db.execute(statement, params)
+    db.close()
+
+
+def assert_refused(cp: ControlPlane, response: httpx.Response, minion_id: str, code: str, words: str) -> None:
+    assert response.status_code in (401, 403, 422), response.text
+    body = response.json()
+    assert body["code"] == code, body
+    assert words in body["message"]
+    reasons = audit_rows(cp, minion_id)
+    assert reasons and code in reasons[-1], reasons
+    shown = api(cp, "GET", f"/v1/join-refusals?minion_id={minion_id}")["items"]
+    assert code in shown[0]["reason"]
+
+
+def node_state(cp: ControlPlane, name: str) -> dict[str, Any]:
+    return api(cp, "GET", f"/v1/nodes/{name}")
+
+
+def wait_state(cp: ControlPlane, name: str, state: str, timeout: float = 20) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        node = node_state(cp, name)
+        if node["state"] == state or time.monotonic() > deadline:
+            assert node["state"] == state, node
+            return node
+        time.sleep(0.2)
+
+
+# ---------------------------------------------------------------- the happy path
+
+
+def test_pending_adopt_heartbeat_continuous_attestation_retry(cp: ControlPlane, minion: Callable[..., Minion]) -> None:
+    m = minion()
+    jt = token(cp)
+    # No node yet: attested, then pending, listed for the operator.
+    first = m.join(jt)
+    assert first.status_code == 202 and first.json()["state"] == "pending", first.text
+    pending = json.loads(cli(cp, "node", "pending", "--region", "lab", "--json").stdout)
+    mine = next(p for p in pending if p["minion_id"] == m.minion_id)
+    assert mine["attested"] is True and mine["requirements"] == "pass"
+    # The operator adopts it; the minion's next attempt moves it on.
+    cli(cp, "node", "add", "gpu-1", "--region", "lab", "--minion-id", m.minion_id)
+    joined = m.join(jt)
+    assert joined.status_code == 200, joined.text
+    node = joined.json()
+    assert node["state"] == "provisioning" and node["node_credential"].startswith("rbn_")
+    assert m.minion_id not in cli(cp, "node", "pending").stdout
+    wait_state(cp, "gpu-1", "maintenance")
+    history = cli(cp, "node", "history", "gpu-1").stdout
+    for step in ("enrolling", "provisioning", "maintenance", "attested"):
+        assert step in history
+    # The join token is not a node credential.
+    assert m.beat(node, credential=jt).status_code == 401
+    # Heartbeats: desired state out; every 2nd beat asks for a fresh quote, which verifies.
+    beat1 = m.beat(node).json()
+    assert beat1["desired"]["maintenance"] is True and beat1["quote_nonce"] is None
+    beat2 = m.beat(node).json()
+    assert beat2["quote_nonce"]
+    beat3 = m.beat(node, beat2["quote_nonce"]).json()
+    assert beat3["state"] == "maintenance", beat3
+    assert node_state(cp, "gpu-1")["online"] is True
+    # The region reports healthy once a node heartbeats.
+    deadline = time.monotonic() + 10
+    while api(cp, "GET", "/v1/regions/lab")["state"] != "healthy":
+        assert time.monotonic() < deadline, "region never became healthy"
+        time.sleep(0.2)
+    # A changed PCR: the next fresh quote moves the node to errored with the reason.
+    m.session.extend_pcr(14, b"a different shim")
+    nonce = beat3["quote_nonce"] or m.beat(node).json()["quote_nonce"]
+    after = m.beat(node, nonce).json()
+    assert after["state"] == "errored" and "PCR 14" in after["reason"], after
+    assert "attestation_pcr_changed" in audit_rows(cp, m.minion_id)[-1]
+    # A join while errored says how to get out; retry (accepting the new PCRs) lets it join again.
+    stuck = m.begin(jt)
+    assert stuck.status_code == 409 and "provision node retry gpu-1" in stuck.json()["message"]
+    cli(cp, "node", "retry", "gpu-1", "--accept-pcrs")
+    assert m.beat(node).status_code == 401  # the old credential died with the retry
+    again = m.join(jt)
+    assert again.status_code == 200 and again.json()["state"] == "provisioning", again.text
+    wait_state(cp, "gpu-1", "maintenance")
+
+
+# ---------------------------------------------------------------- refusals
+
+
+def test_refused_ek_from_untrusted_ca(cp: ControlPlane, minion: Callable[..., Minion], untrusted_vendor_ca: VendorCA) -> None:
+    m = minion(untrusted_vendor_ca)
+    assert_refused(cp, m.begin(token(cp)), m.minion_id, "attestation_ek_untrusted_ca", "provision tpm-ca add")
+
+
+def test_refused_ek_not_matching_minion_id(cp: ControlPlane, minion: Callable[..., Minion]) -> None:
+    m = minion()
+    claimed = "0" * 32
+    assert_refused(cp, m.begin(token(cp), minion_id=claimed), claimed, "attestation_minion_id_mismatch", "does not match the EK")
+
+
+def test_refused_wrong_activated_secret(cp: ControlPlane, minion: Callable[..., Minion]) -> None:
+    m = minion()
+    jt = token(cp)
+    add_node(cp, "secret-1", m.minion_id, "lab")
+    challenge = m.begin(jt).json()
+    body = m.proof_body(challenge)
+    body["activated_secret"] = base64.b64encode(b"\x00" * 32).decode()
+    assert_refused(cp, m.prove(challenge, jt, body), m.minion_id, "attestation_wrong_secret", "could not recover")
+    assert "attestation_wrong_secret" in str(api(cp, "GET", "/v1/nodes/secret-1/history"))
+    assert node_state(cp, "secret-1")["state"] == "enrolling"  # anyone knowing the EK could cause this
+
+
+def test_refused_quote_with_one_byte_changed(cp: ControlPlane, minion: Callable[..., Minion]) -> None:
+    m = minion()
+    jt = token(cp)
+    add_node(cp, "quote-1", m.minion_id, "lab")
+    challenge = m.begin(jt).json()
+    body = m.proof_body(challenge)
+    attest = bytearray(base64.b64decode(body["quote"]["attest"]))
+    attest[-3] ^= 0x01
+    body["quote"]["attest"] = base64.b64encode(bytes(attest)).decode()
+    assert_refused(cp, m.prove(challenge, jt, body), m.minion_id, "attestation_quote_signature_invalid", "altered")
+    node = node_state(cp, "quote-1")
+    assert node["state"] == "errored" and "altered" in node["reason"]
+
+
+def test_refused_replayed_nonce(cp: ControlPlane, minion: Callable[..., Minion]) -> None:
+    m = minion()
+    jt = token(cp)
+    challenge = m.begin(jt).json()
+    body = m.proof_body(challenge)
+    assert m.prove(challenge, jt, body).status_code == 202
+    assert_refused(cp, m.prove(challenge, jt, body), m.minion_id, "attestation_nonce_replayed", "already used")
+
+
+def test_refused_expired_nonce(cp: ControlPlane, minion: Callable[..., Minion]) -> None:
+    m = minion()
+    jt = token(cp)
+    challenge = m.begin(jt).json()
+    body = m.proof_body(challenge)
+    # 61 s later, without sleeping: move the stored expiry into the past.
+    nonce = base64.b64decode(challenge["nonce"]).hex()
+    sql(cp, "UPDATE attestation_nonces SET expires_at = '2020-01-01 00:00:00.000000' WHERE nonce = ?", nonce)
+    assert_refused(cp, m.prove(challenge, jt, body), m.minion_id, "attestation_nonce_expired", "expired")
+
+
+def test_refused_wrong_pcrs(cp: ControlPlane, minion: Callable[..., Minion]) -> None:
+    m = minion()
+    jt = token(cp)
+    add_node(cp, "pcr-1", m.minion_id, "lab")
+    assert m.join(jt).status_code == 200  # records the baseline
+    m.session.extend_pcr(7, b"secure boot turned off")
+    challenge = m.begin(jt).json()
+    assert_refused(cp, m.prove(challenge, jt), m.minion_id, "attestation_pcr_changed", "PCR 7")
+    assert node_state(cp, "pcr-1")["state"] == "errored"
+
+
+def test_refused_revoked_and_expired_join_tokens(cp: ControlPlane, minion: Callable[..., Minion]) -> None:
+    m = minion()
+    revoked = token(cp, "other")
+    assert api(cp, "DELETE", "/v1/regions/other/join-tokens")["revoked"] >= 1
+    assert_refused(cp, m.begin(revoked), m.minion_id, "join_token_revoked", "provision region join-token")
+    short = token(cp, ttl="1s")
+    time.sleep(1.2)
+    assert_refused(cp, m.begin(short), m.minion_id, "join_token_expired", "expired")
+    assert_refused(cp, m.begin("rbj_made-up"), m.minion_id, "join_token_invalid", "provision region bundle")
+
+
+def test_refused_duplicate_minion_id_from_a_different_ek(cp: ControlPlane, minion: Callable[..., Minion]) -> None:
+    m = minion()
+    jt = token(cp)
+    assert m.join(jt).status_code == 202
+    # A minion_id is 128 bits of the EK's hash, so a real collision cannot be made: record that this
+    # minion_id was first seen with another EK, which is what a collision (or a forged claim) looks like.
+    sql(cp, "UPDATE pending_minions SET ek_sha256 = ? WHERE minion_id = ?", "ab" * 32, m.minion_id)
+    assert_refused(cp, m.begin(jt), m.minion_id, "attestation_duplicate_minion_id", "two TPMs")
+
+
+def test_refused_right_node_in_the_wrong_region(cp: ControlPlane, minion: Callable[..., Minion]) -> None:
+    m = minion()
+    add_node(cp, "elsewhere-1", m.minion_id, "other")
+    assert_refused(cp, m.begin(token(cp, "lab")), m.minion_id, "join_wrong_region", "region 'other'")
+
+
+def test_failed_requirements_block_the_join_with_reasons(cp: ControlPlane, minion: Callable[..., Minion]) -> None:
+    m = minion()
+    failing = {"ok": False, "rules": [{"rule": "nvme_capacity", "ok": False}, {"rule": "tpm", "ok": True}]}
+    assert_refused(cp, m.begin(token(cp), requirements=failing), m.minion_id, "join_requirements_failed", "nvme_capacity")
+    pending = api(cp, "GET", "/v1/pending-minions")["items"]
+    assert next(p for p in pending if p["minion_id"] == m.minion_id)["requirements"] == "fail: nvme_capacity"
+
+
+def test_operator_commands_refuse_bad_input(cp: ControlPlane, tmp_path: Path) -> None:
+    bad = cli(cp, "region", "join-token", "lab", "--ttl", "soon", ok=False)
+    assert bad.returncode == 2 and "TTL 'soon'" in bad.stderr
+    not_ca = tmp_path / "x.pem"
+    not_ca.write_text("hello")
+    assert cli(cp, "tpm-ca", "add", str(not_ca), ok=False).returncode == 2
+    assert cli(cp, "node", "retry", "nope", ok=False).returncode == 1
+    out = tmp_path / "bundle.json"
+    cli(cp, "region", "bundle", "lab", "-o", str(out))
+    bundle = json.loads(out.read_text())
+    assert bundle["region"] == "lab" and bundle["join_token"].startswith("rbj_") and bundle["control_plane_url"] == cp.url
+    assert out.stat().st_mode & 0o777 == 0o600
+    cas = json.loads(cli(cp, "tpm-ca", "list", "--json").stdout)
+    assert len(cas) == 2  # root and intermediate of the vendor CA
+    shown = json.loads(cli(cp, "region", "update", "other", "--allow-ek-without-cert", "--json").stdout)
+    assert shown["settings"]["allow_ek_without_certificate"] is True
+
+
+def test_pinned_ek_joins_without_certificate_only_with_that_ek(cp: ControlPlane, minion: Callable[..., Minion]) -> None:
+    pinned, impostor = minion(), minion()
+    ek = pinned.session.endorsement_key()
+    add_node(cp, "gcp-store", pinned.minion_id)
+    sql(cp, "UPDATE nodes SET pinned_ek_public = ? WHERE name = 'gcp-store'", ek.spki_der)
+    jt = token(cp)
+    first = pinned.begin(jt, ek_certificate=None)  # a vTPM without a vendor certificate
+    assert first.status_code == 201, first.text
+    assert pinned.prove(first.json(), jt).status_code == 200
+    # Another TPM claiming that node is refused (it reports the node's minion_id, so the pin decides).
+    forged = impostor.begin(jt, ek_certificate=None, minion_id=pinned.minion_id)
+    assert forged.status_code == 403 and forged.json()["code"] == "attestation_pinned_ek_mismatch"
+
+
+# ---------------------------------------------------------------- two API processes, one nonce
+
+
+def test_a_nonce_is_single_use_across_two_api_processes(
+    postgres_cluster: Any, tmp_path: Path, tpm_vendor_ca: VendorCA, make_swtpm: Callable[..., Swtpm],
+) -> None:
+    url = postgres_cluster.create_database()
+    with start_control_plane(tmp_path / "a", url) as a, start_control_plane(tmp_path / "b", url, token=None) as b:
+        ca_file = tmp_path / "vendor.pem"
+        ca_file.write_bytes(b"".join(tpm_vendor_ca.certificate_pems()))
+        for args in (["provider", "enable", "physical"], ["region", "create", "pg", "--provider", "physical"],
+                     ["tpm-ca", "add", str(ca_file)]):
+            cli(a, *args)
+        jt = token(a, "pg")
+        m = Minion(make_swtpm(), a.url)
+        try:
+            challenge = m.begin(jt).json()
+            body = m.proof_body(challenge)
+            path = f"/v1/join/{challenge['join_id']}/proof"
+            headers = {"Authorization": f"Bearer {jt}"}
+            with ThreadPoolExecutor(2) as pool:
+                answers = list(pool.map(lambda server: httpx.post(server.url + path, json=body, headers=headers, timeout=30),
+                                        [a, b]))
+        finally:
+            m.close()
+    codes = sorted(r.status_code for r in answers)
+    assert codes == [202, 403], [r.text for r in answers]
+    assert next(r for r in answers if r.status_code == 403).json()["code"] == "attestation_nonce_replayed"

@@ -1,0 +1,216 @@
+"""The local lab for real: `provision lab up` builds network namespaces, swtpms with EK certificates,
+umockdev hardware, a control plane and minions that join over the lab LAN; `provision lab down` must
+leave no namespace, process or file behind.
+
+The debootstrap'd base root is shared with tests/provisioner/test_finalize.py through
+RIGBASE_TEST_ROOTFS_CACHE (`make test` sets it; otherwise it is built once per session here).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from provisioner.lab import hardware, netns, rootfs
+from provisioner.lab.state import LabState, NodeState, Proc
+from provisioner.lab.topology import NAME_PATTERN, NETNS_PREFIX, LabPlan, Role, address, netns_name
+
+PROVISION = Path(sys.executable).parent / "provision"
+MINION = Path(sys.executable).parent / "minion"
+
+
+def lab_namespaces() -> list[str]:
+    return [n for n in netns.list_namespaces(NETNS_PREFIX) if NAME_PATTERN.match(n)]
+
+
+def processes_naming(path: Path) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if str(path).encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                pass
+    return found
+
+
+def provision(home: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("RIGBASE_URL", "RIGBASE_TOKEN", "RIGBASE_DATABASE_URL")}
+    return subprocess.run([str(PROVISION), *args], env=env | {"RIGBASE_HOME": str(home)}, capture_output=True,
+                          text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+@pytest.fixture(scope="session")
+def rootfs_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    cache = Path(os.environ.get("RIGBASE_TEST_ROOTFS_CACHE") or tmp_path_factory.mktemp("rootfs-cache"))
+    rootfs.ensure_base(cache=cache)
+    return cache
+
+
+@pytest.fixture
+def lab_home(tmp_path: Path, rootfs_cache: Path) -> Path:
+    """A fresh RIGBASE_HOME whose rootfs cache is the session's; refuses to run beside another lab."""
+    if lab_namespaces():
+        pytest.fail(f"a lab is already up on this machine ({', '.join(lab_namespaces())}): "
+                    "run `provision lab down --yes` with its RIGBASE_HOME first")
+    home = tmp_path / "home"
+    (home / "cache").mkdir(parents=True)
+    (home / "cache" / "rootfs").symlink_to(rootfs_cache)
+    yield home
+    if (home / "lab").exists() or lab_namespaces():  # a failed test must not leave a lab running
+        provision(home, "lab", "down", "--yes")
+
+
+# -- the plan, the state file and the hardware profile (no lab needed) -----------------------------------
+
+def test_plan_names_and_addresses_are_fixed_and_only_the_labs_names_match() -> None:
+    plan = LabPlan(nodes=3, upnp=True)
+    assert plan.namespaces() == ["rigbase-lab-lan", "rigbase-lab-cp", "rigbase-lab-client", "rigbase-lab-router",
+                                 "rigbase-lab-wan", "rigbase-lab-node1", "rigbase-lab-node2", "rigbase-lab-node3"]
+    assert [(p.name, p.address) for p in plan.node_plans()] == [
+        ("node-1", "10.77.0.11"), ("node-2", "10.77.0.12"), ("node-3", "10.77.0.13")]
+    assert address(Role.CP) == "10.77.0.2" and plan.cp_lan_url == "http://10.77.0.2:8470"
+    assert all(NAME_PATTERN.match(n) for n in plan.namespaces())
+    # namespaces of tests (netns.Lab: rigbase-<tag>-<role>-<random>) are never the lab's to delete
+    for other in ("rigbase-lab-lan-1a2b3c", "rigbase-t-node-ffffff", "rigbase-lab-nodex", "lab-node1"):
+        assert not NAME_PATTERN.match(other)
+    for bad in (0, -1, 17):
+        with pytest.raises(ValueError, match="out of range"):
+            LabPlan(nodes=bad)
+
+
+def test_state_survives_a_round_trip_and_never_trusts_a_reused_pid(tmp_path: Path) -> None:
+    me = Proc.of("serve", os.getpid())
+    state = LabState(home=str(tmp_path), serve=me, namespaces=[netns_name(Role.LAN)],
+                     nodes={"node-1": NodeState(1, "node-1", "rigbase-lab-node1", "10.77.0.11", minion_id="ab" * 16)})
+    state.save()
+    again = LabState.load(tmp_path)
+    assert again == state and again.serve.alive()
+    # the same pid with another start time is another process: never signalled, never reported alive
+    assert not Proc("serve", os.getpid(), (me.start_time or 0) + 1).alive()
+
+
+def test_the_lab_hardware_profile_passes_the_local_storage_rules_under_umockdev(tmp_path: Path) -> None:
+    record, host = hardware.write_testbed(hardware.load_profile("lab-gpu-node"), tmp_path)
+    result = subprocess.run(["umockdev-run", "-d", str(record), "--", str(MINION), "check", "--storage-mode",
+                             "local", "--public-jobs", "--host-root", str(host), "--json"],
+                            capture_output=True, text=True, timeout=60)
+    verdict = json.loads(result.stdout)
+    assert result.returncode == 0 and verdict["ok"], verdict
+    assert {r["rule"] for r in verdict["rules"]} >= {"sata-drives", "nvme-count", "tpm2", "gpu-single-model"}
+    assert len(verdict["inventory"]["gpus"]) == 2
+
+
+# -- refusals: one line, the right exit code, nothing left behind ------------------------------------------
+
+@pytest.mark.parametrize("nodes", ["0", "17", "two"])
+def test_bad_node_counts_are_refused_before_anything_is_made(tmp_path: Path, nodes: str) -> None:
+    home = tmp_path / "home"
+    result = provision(home, "lab", "up", "--nodes", nodes)
+    assert result.returncode == 2, result
+    assert result.stderr.strip().count("\n") == 0 or "Usage" in result.stderr
+    assert not (home / "lab").exists() and not (home / "client.json").exists()
+
+
+def test_a_home_that_belongs_to_another_control_plane_is_refused(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "client.json").write_text('{"url": "http://127.0.0.1:8470", "token": "x"}')
+    result = provision(home, "lab", "up")
+    assert result.returncode == 1
+    assert result.stderr.startswith("error: ") and "own home" in result.stderr
+    assert sorted(os.listdir(home)) == ["client.json"]
+
+
+def test_down_needs_yes_without_a_terminal(tmp_path: Path) -> None:
+    result = provision(tmp_path / "home", "lab", "down")
+    assert result.returncode == 2 and "--yes" in result.stderr
+
+
+def test_down_cleans_leftovers_of_a_crashed_up_and_up_refuses_them(lab_home: Path) -> None:
+    """A `lab up` killed before it wrote its state: a namespace and a process still inside it."""
+    stray = netns.Netns(netns_name(Role.CLIENT)).create()
+    (lab_home / "lab").mkdir()
+    sleeper = stray.popen(["sleep", "300"], start_new_session=True)
+    try:
+        refused = provision(lab_home, "lab", "up")
+        assert refused.returncode == 1 and "rigbase-lab-client" in refused.stderr and "lab down" in refused.stderr
+        down = provision(lab_home, "lab", "down", "--yes")
+        assert down.returncode == 0, down.stderr
+        assert lab_namespaces() == []
+        assert sleeper.wait(5) is not None  # killed with its namespace
+        assert sorted(os.listdir(lab_home)) == ["cache"]
+    finally:
+        if sleeper.poll() is None:
+            sleeper.kill()
+        stray.delete()
+
+
+# -- the real lab --------------------------------------------------------------------------------------------
+
+def _status(home: Path) -> dict[str, Any]:
+    result = provision(home, "lab", "status", "--json")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_two_nodes_join_reach_maintenance_and_down_leaves_nothing(lab_home: Path) -> None:
+    up = provision(lab_home, "lab", "up", "--nodes", "2", "--json", timeout=600)
+    assert up.returncode == 0, up.stderr[-3000:]
+    report = json.loads(up.stdout)
+    assert [(n["name"], n["state"], n["online"]) for n in report["nodes"]] == [
+        ("node-1", "maintenance", True), ("node-2", "maintenance", True)]
+    # the operator saw them pending (attested, requirements pass) before they were adopted
+    assert "pending minions" in up.stderr and up.stderr.count(" pass ") >= 2
+    assert {ns["name"] for ns in report["namespaces"]} == set(LabPlan(nodes=2).namespaces())
+    assert all(p["alive"] for p in report["processes"]), report["processes"]
+    assert sorted(p["kind"] for p in report["processes"]) == ["minion", "minion", "serve", "swtpm", "swtpm"]
+
+    # every minion_id is its swtpm's EK, each node was finalized into its own lab root over the chroot
+    for node in report["nodes"]:
+        root = Path(node["lab_root"])
+        assert (root / "etc/rigbase/minion.yaml").read_text().count("10.77.0.2:8470") == 1
+        assert (root / "etc/hostname").read_text().strip() == node["name"]
+        history = json.loads(provision(lab_home, "node", "history", node["name"], "--json").stdout)
+        assert [h["to_state"] for h in history if h["from_state"] != h["to_state"]] == [
+            "new", "enrolling", "provisioning", "maintenance"]
+
+    # plain `provision …` in the same home talks to the lab; the client namespace reaches it over the LAN
+    listed = json.loads(provision(lab_home, "node", "list", "--json").stdout)
+    assert {n["name"] for n in listed} == {"node-1", "node-2"}
+    probe = netns.Netns(netns_name(Role.CLIENT)).run(
+        [sys.executable, "-c", "import httpx; print(httpx.get('http://10.77.0.2:8470/healthz').status_code)"])
+    assert probe.stdout.strip() == "200"
+
+    # a second `lab up` changes nothing: same nodes, same processes
+    again = provision(lab_home, "lab", "up", "--nodes", "2", "--json", timeout=120)
+    assert again.returncode == 0, again.stderr
+    second = json.loads(again.stdout)
+    assert [n["id"] for n in second["nodes"]] == [n["id"] for n in report["nodes"]]
+    assert second["processes"] == report["processes"]
+    shrink = provision(lab_home, "lab", "up", "--nodes", "1")
+    assert shrink.returncode == 1 and "cannot shrink" in shrink.stderr
+
+    # the walkthrough's activation
+    assert provision(lab_home, "node", "maintenance", "node-1", "off").returncode == 0
+    assert _status(lab_home)["nodes"][0]["state"] == "active"
+
+    pids = [p["pid"] for p in report["processes"]]
+    down = provision(lab_home, "lab", "down", "--yes", timeout=120)
+    assert down.returncode == 0, down.stderr
+    assert lab_namespaces() == []
+    assert processes_naming(lab_home / "lab") == []
+    deadline = time.monotonic() + 5
+    while any(Proc.of("x", pid).alive() for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(Proc.of("x", pid).alive() for pid in pids)
+    assert sorted(os.listdir(lab_home)) == ["cache"]  # only the rootfs cache stays
+    assert _status(lab_home)["up"] is False
