@@ -1,81 +1,59 @@
 #!/usr/bin/env bash
-# `make demo`: a control plane on the embedded SQLite store in a throw-away RIGBASE_HOME, walked
-# through provider → region → nodes added by minion_id, a refused bad input, maintenance and history.
-# Every command is printed before it runs. The join issue turns this into the full local lab
-# (real minions with software TPMs instead of the simulated join step below).
+# `make demo`: the local lab walkthrough of docs/lab.md. A control plane, a region `lab` and two
+# simulated nodes (network namespaces, each with its own swtpm, umockdev hardware and minion) come up;
+# the nodes show up pending, are adopted by minion_id, attest and are finalized into maintenance; one is
+# activated; a reservation assigned to it resolves from the operator's laptop namespace; the lab is torn
+# down and nothing is left. Every command is printed before it runs. Needs root (network namespaces).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=.venv/bin/python
-PROVISION=.venv/bin/provision
+PROVISION=$PWD/.venv/bin/provision
+PY=$PWD/.venv/bin/python
+export TSS2_LOG=all+none
 
-export RIGBASE_HOME
-RIGBASE_HOME=$(mktemp -d -t rigbase-demo-XXXXXX)
-unset RIGBASE_DATABASE_URL RIGBASE_URL RIGBASE_TOKEN
-PORT=$($PY -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+# A home of its own (the lab refuses one that holds another control plane). It survives the demo
+# with only the cached Debian root in it, so a second `make demo` skips debootstrap.
+export RIGBASE_HOME=${RIGBASE_DEMO_HOME:-$PWD/.cache/demo-home}
+unset RIGBASE_URL RIGBASE_TOKEN RIGBASE_DATABASE_URL
+mkdir -p "$RIGBASE_HOME/cache" .cache/rootfs
+# the Debian root is cached where `make test` keeps it for the finalize and lab tests: built once for all
+[[ -e $RIGBASE_HOME/cache/rootfs ]] || ln -s "$PWD/.cache/rootfs" "$RIGBASE_HOME/cache/rootfs"
 
-server=""
-cleanup() {
-  if [[ -n $server ]]; then kill "$server" 2>/dev/null || true; wait "$server" 2>/dev/null || true; fi
-  rm -rf "$RIGBASE_HOME"
-}
-trap cleanup EXIT
+if [[ $(id -u) -ne 0 ]]; then
+  echo "demo: the lab creates network namespaces; run it as root (sudo make demo)" >&2
+  exit 1
+fi
 
-step() { printf '\n\033[1m$ provision %s\033[0m\n' "$*"; "$PROVISION" "$@"; }
-refused() {
-  printf '\n\033[1m$ provision %s\033[0m   # expected to be refused\n' "$*"
-  local rc=0
-  "$PROVISION" "$@" || rc=$?
-  if ((rc == 0)); then echo "demo: this should have been refused" >&2; exit 1; fi
-  echo "(exit $rc: refused, nothing changed)"
-}
+teardown() { "$PROVISION" lab down --yes >/dev/null 2>&1 || true; }
+trap teardown EXIT
 
-printf '\033[1m$ provision serve --port %s\033[0m   # RIGBASE_HOME=%s\n' "$PORT" "$RIGBASE_HOME"
-"$PROVISION" serve --port "$PORT" > "$RIGBASE_HOME/server.log" 2>&1 &
-server=$!
-$PY - "$PORT" <<'PYEOF'
-import sys, time, httpx
-for _ in range(300):
-    try:
-        if httpx.get(f"http://127.0.0.1:{sys.argv[1]}/healthz", timeout=1).status_code == 200:
-            sys.exit(0)
-    except httpx.TransportError:
-        time.sleep(0.1)
-sys.exit("demo: the control plane did not start")
-PYEOF
-cat "$RIGBASE_HOME/server.log"
+provision() { printf '\n\033[1m$ provision %s\033[0m\n' "$*"; "$PROVISION" "$@"; }
 
-step provider enable physical
-step provider list
-step region create lab-1 --provider physical
-step region create studio --provider physical --storage-mode central --no-public-jobs
-step region list
-step node add gpu-1 --region lab-1 --minion-id 3f9a1c0e5b7d2468ace0135792468bdf
-step node add gpu-2 --region lab-1 --minion-id 0b1c2d3e4f5a6b7c8d9e0f1a2b3c4d5e --no-upnp
-step node add nas-1 --region lab-1 --minion-id 9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b --service storage
-refused node add gpu-3 --region lab-1 --minion-id 3f9a1c0e5b7d2468ace0135792468bdf
-refused node add GPU_3 --region lab-1 --minion-id 1111111111111111aaaaaaaaaaaaaaaa
-refused node add gpu-9 --region studio --minion-id 2222222222222222bbbbbbbbbbbbbbbb
-refused node maintenance gpu-1 off
-step node list
+printf '\033[1m# RIGBASE_HOME=%s\033[0m\n' "$RIGBASE_HOME"
+provision lab up --nodes 2
+provision node list --region lab
+provision node pending --region lab
+provision node history node-1
+provision node maintenance node-1 off
 
-# Until the join issue lands, the minion's side (enrolling → provisioning → maintenance) is
-# simulated here through the same service function the join routes will call.
-printf '\n# simulating gpu-1 joining (the join issue replaces this with a real minion)\n'
-$PY - <<'PYEOF'
-from provisioner.config import database_url
-from provisioner.services import nodes
-from provisioner.states import NodeState
-from provisioner.store.engine import make_engine, make_sessionmaker
+if "$PROVISION" reservation --help >/dev/null 2>&1; then
+  provision reservation add jupyter --region lab --hostname jupyter --port 8888
+  provision reservation assign jupyter --node node-1
+  printf '\n\033[1m$ ip netns exec rigbase-lab-client python -m minion.reservations resolve jupyter --lan-address 10.77.0.3 --until 10.77.0.11\033[0m\n'
+  printf '# the operator'"'"'s laptop (rigbase-lab-client) asks the LAN for jupyter.local over mDNS\n'
+  ip netns exec rigbase-lab-client "$PY" -m minion.reservations resolve jupyter --lan-address 10.77.0.3 --until 10.77.0.11
+  # the minion reports what it did in its next heartbeat (every 2 s in the lab)
+  for _ in $(seq 20); do
+    "$PROVISION" reservation show jupyter --json | grep -q '"state": "pending"' || break
+    sleep 0.5
+  done
+  provision reservation show jupyter
+else
+  printf '\n# (reservations are not in this build: skipping the mDNS step)\n'
+fi
 
-with make_sessionmaker(make_engine(database_url())).begin() as s:
-    node = nodes.get(s, "gpu-1")
-    for state in (NodeState.ENROLLING, NodeState.PROVISIONING, NodeState.MAINTENANCE):
-        nodes.transition(s, node, state, actor="minion:3f9a1c0e5b7d2468ace0135792468bdf", reason="simulated join")
-    nodes.record_report(s, node, inventory={"gpus": 2, "gpu_model": "RTX 4090"}, requirements={"verdict": "pass"})
-PYEOF
-step node maintenance gpu-1 off
-step node maintenance gpu-1 on
-step node history gpu-1
-step node show gpu-1 --json
-step node list --region lab-1
-printf '\ndemo done: stopping the control plane\n'
+provision lab status
+provision lab down --yes
+trap - EXIT
+printf '\n# left behind: %s lab namespaces; %s holds: %s\n' "$(ip netns list | grep -c '^rigbase-lab-' || true)" \
+  "$RIGBASE_HOME" "$(ls -A "$RIGBASE_HOME" | tr '\n' ' ')"
+printf '\ndemo done\n'

@@ -164,6 +164,9 @@ class Runner:
             self.stop.wait(0 if nonce else interval)
 
     def run(self) -> None:
+        from minion.reservations import heartbeat as reservations  # light: zeroconf loads on first use
+
+        reservations.configure(igd_cache=self.ctx.state.path / "igd-cache.json")
         for module in RUN_HOOKS:
             importlib.import_module(module).setup(self.ctx)
         try:

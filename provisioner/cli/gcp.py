@@ -41,12 +41,14 @@ def _plan_table(plan: list[dict[str, Any]], as_json: bool) -> None:
     render.table(plan, [("verb", "ACTION"), ("kind", "KIND"), ("name", "NAME"), ("detail", "DETAIL")], as_json=as_json)
 
 
-def enable(credentials: str | None, prefix: str | None, payment_mode: str | None, dry_run: bool, json_out: bool) -> None:
+def enable(credentials: str | None, prefix: str | None, payment_mode: str | None, dry_run: bool, json_out: bool,
+           wait: bool = False, timeout: float = 600) -> None:
     if not credentials:
         fail("gcp needs --credentials FILE (a service-account JSON key) or --credentials - to read it from stdin",
              exit_code=EXIT_USAGE)
     body = {"credentials": read_credentials(credentials), "prefix": prefix, "payment_mode": payment_mode, "dry_run": dry_run}
-    result = Client.from_env().post("/v1/gcp/enable", body)
+    client = Client.from_env()
+    result = client.post("/v1/gcp/enable", body)
     if json_out:
         render.print_json(result)
         return
@@ -57,8 +59,30 @@ def enable(credentials: str | None, prefix: str | None, payment_mode: str | None
         _say("dry run: nothing created; enabling would create:")
         _plan_table(result["plan"], as_json=False)
         return
-    _say(f"bootstrapping the project ({len(result['plan'])} resources); `provision provider show gcp` shows progress")
+    _say(f"bootstrapping the project ({len(result['plan'])} resources)")
+    if wait:
+        _poll(client, "/v1/gcp/provider", lambda st: (st["provider"]["state"], st["progress"]),
+              done={"enabled"}, failed={"errored", "removing", "removed"}, timeout=timeout)
     print(result["provider"]["id"])
+
+
+def _poll(client: Client, path: str, read: Any, *, done: set[str], failed: set[str], timeout: float,
+          interval: float = 1.0) -> dict[str, Any]:
+    """Poll `path` until read(answer)'s state is in done (or failed), printing each new progress line."""
+    started, last = time.monotonic(), None
+    while True:
+        answer = client.get(path)
+        state, progress = read(answer)
+        if (state, progress) != last:
+            _say(f"[{time.monotonic() - started:4.0f} s] {state}: {progress}")
+            last = (state, progress)
+        if state in done:
+            return answer
+        if state in failed:
+            fail(f"{path.rsplit('/', 1)[-1]} is {state}: {progress or 'see its reason with `show`'}")
+        if time.monotonic() - started > timeout:
+            fail(f"still {state} after {timeout:.0f} s: check later with `show`")
+        time.sleep(interval)
 
 
 def quota(
@@ -140,24 +164,14 @@ def create_region(name: str, gcp_region: str | None, storage_class: str | None, 
     render.created(region, as_json=json_out)
 
 
-def wait_ready(client: Client, region_id: str, timeout: float, interval: float = 1.0) -> dict[str, Any]:
-    """Poll the storage VM until it is ready to join, printing each new progress line."""
-    started, last = time.monotonic(), None
-    while True:
-        status = client.get(f"/v1/gcp/regions/{region_id}")
-        vm = status["vm"] or {}
-        line = f"[{time.monotonic() - started:4.0f} s] {vm.get('status')}: {vm.get('progress')}"
-        if line.split("] ", 1)[1] != last:
-            _say(line)
-            last = line.split("] ", 1)[1]
-        if vm.get("status") in VM_DONE:
-            _say(f"region {status['region']['name']} is {status['region']['state']}; it turns healthy when "
-                 f"{status['node']['name']} has joined and is active")
-            return status
-        if vm.get("status") in VM_FAILED or status["region"]["state"] == "errored":
-            fail(f"storage node of {status['region']['name']} is {vm.get('status')}: "
-                 f"{vm.get('error') or status['region'].get('reason') or 'see `provision region show`'}")
-        if time.monotonic() - started > timeout:
-            fail(f"storage node is still {vm.get('status')} after {timeout:.0f} s: check later with "
-                 f"`provision region show {status['region']['name']}`")
-        time.sleep(interval)
+def wait_ready(client: Client, region_id: str, timeout: float) -> dict[str, Any]:
+    """Poll the storage VM until it is ready to join (the region is healthy once the node is active)."""
+    def read(st: dict[str, Any]) -> tuple[str, str]:
+        vm = st["vm"] or {}
+        failed = st["region"]["state"] == "errored" and "failed"
+        return failed or vm.get("status", "?"), vm.get("error") or vm.get("progress") or ""
+
+    status = _poll(client, f"/v1/gcp/regions/{region_id}", read, done=VM_DONE, failed=VM_FAILED, timeout=timeout)
+    _say(f"region {status['region']['name']} is {status['region']['state']}; it turns healthy when "
+         f"{status['node']['name']} has joined and is active")
+    return status

@@ -8,7 +8,7 @@ import typer
 
 from provisioner.cli import render
 from provisioner.cli.client import Client
-from provisioner.cli.common import Json, Yes, confirm, group
+from provisioner.cli.common import Json, Timeout, Wait, Yes, confirm, group
 
 app = group("Providers: where nodes come from (physical servers, GCP).")
 COLUMNS = [("id", "ID"), ("kind", "KIND"), ("payment_mode", "PAYMENT"), ("state", "STATE"), ("reason", "REASON")]
@@ -21,13 +21,14 @@ def enable(
     credentials: Annotated[str | None, typer.Option("--credentials", help="gcp: service-account JSON key file, or - for stdin.")] = None,
     prefix: Annotated[str | None, typer.Option("--prefix", help="gcp: name prefix of everything rigbase creates (default rigbase).")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="gcp: check the key and permissions, list what would be created, create nothing.")] = False,
+    wait: Wait = False, timeout: Timeout = 600,
     json_out: Json = False,
 ) -> None:
     """Enable a provider; prints its id."""
     if kind == "gcp":
         from provisioner.cli import gcp
 
-        return gcp.enable(credentials, prefix, payment_mode, dry_run, json_out)
+        return gcp.enable(credentials, prefix, payment_mode, dry_run, json_out, wait, timeout)
     render.created(Client.from_env().post("/v1/providers", {"kind": kind, "payment_mode": payment_mode}), as_json=json_out)
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from provisioner.config import rigbase_home
-from provisioner.errors import Conflict, InvalidInput, RigbaseError, Unavailable
+from provisioner.errors import Conflict, RigbaseError, Unavailable
 from provisioner.lab import hardware, netns, rootfs
 from provisioner.lab.state import LabState, NodeState, Proc, lab_dir, state_path
 from provisioner.lab.swtpm import Swtpm, VendorCA, create_vendor_ca, provision_swtpm
@@ -471,6 +471,8 @@ def status(home: Path | None = None) -> dict[str, Any]:
     reachable = bool(state.host_url and _healthy(state.host_url))
     if reachable:
         nodes = list(_client(state).pages("/v1/nodes", region=REGION))
+    order = {name: node.k for name, node in state.nodes.items()}
+    nodes.sort(key=lambda row: (order.get(row["name"], len(order) + 1), row["name"]))
     for row in nodes:
         lab = state.nodes.get(row["name"])
         if lab:

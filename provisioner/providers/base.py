@@ -39,6 +39,9 @@ class Provider(ABC):
     kind: ClassVar[str]
     title: ClassVar[str]
     payment_modes: ClassVar[tuple[str, ...]] = ("credits",)
+    # True when the provider's reconciler decides its regions' health (GCP: from its storage node and the
+    # VM events); the heartbeat-based region-health reconciler then leaves those regions alone
+    owns_region_health: ClassVar[bool] = False
 
     @abstractmethod
     def validate_config(self, raw: Mapping[str, Any]) -> ProviderConfig:

@@ -10,6 +10,7 @@ from datetime import datetime, timezone
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from provisioner.providers.base import provider_for
 from provisioner.reconcilers.loop import register
 from provisioner.services import join as join_service
 from provisioner.services import regions as region_service
@@ -26,6 +27,8 @@ def refresh(session: Session, now: datetime | None = None) -> None:
     regions = list(session.scalars(select(Region).where(
         Region.state.in_([RegionState.NEW, RegionState.HEALTHY, RegionState.OFFLINE]))))
     for region in regions:
+        if provider_for(region.provider.kind).owns_region_health:
+            continue  # e.g. GCP: services/gcp.py's health step (storage node + VM events) decides
         online = session.scalar(select(func.count()).select_from(Node).where(
             Node.region_id == region.id, Node.state != NodeState.REMOVED, Node.last_heartbeat_at >= cutoff))
         if online and region.state != RegionState.HEALTHY:

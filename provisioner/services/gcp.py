@@ -21,6 +21,7 @@ import json
 import logging
 import os
 from collections.abc import Callable, Mapping
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
@@ -35,7 +36,7 @@ from provisioner.secrets import seal, unseal
 from provisioner.services import nodes as node_service
 from provisioner.services import providers as provider_service
 from provisioner.services import regions as region_service
-from provisioner.states import NodeState, ProviderState, RegionState, Service, StorageMode
+from provisioner.states import ONLINE_WINDOW, NodeState, ProviderState, RegionState, Service, StorageMode, is_online
 from provisioner.store.engine import session_scope
 from provisioner.store.gcp_models import VM_TRANSITIONS, GcpBootstrap, GcpStorageNode, VmStatus
 from provisioner.store.models import Node, Provider, Region, new_id
@@ -89,7 +90,7 @@ def enable(session: Session, raw: Mapping[str, Any], *, dry_run: bool, actor: st
         "client_email": email,
         "prefix": config.public["prefix"],
         "permissions": {"checked": report.checked, "missing_roles": list(report.missing_roles), "message": report.message(email)},
-        "plan": [a.__dict__ for a in impl.plan_enable(config)],
+        "plan": [asdict(a) for a in impl.plan_enable(config)],
         "provider": None,
     }
     if dry_run:
@@ -98,6 +99,13 @@ def enable(session: Session, raw: Mapping[str, Any], *, dry_run: bool, actor: st
     session.add(GcpBootstrap(provider_id=provider.id, progress="waiting for the bootstrap reconciler", created=[]))
     out["provider"] = provider
     return out
+
+
+def bootstrap_status(session: Session) -> dict[str, Any]:
+    """The provider and its bootstrap/teardown progress: what `provider enable gcp --wait` shows."""
+    prov = provider_service.get(session, KIND)
+    row = session.get(GcpBootstrap, prov.id)
+    return {"provider": prov, "progress": row.progress if row else None, "created": list(row.created) if row else []}
 
 
 def bootstrap_step(sessions: sessionmaker[Session]) -> None:
@@ -191,7 +199,7 @@ def create_region(session: Session, name: str, *, gcp_region: str | None, storag
     out: dict[str, Any] = {
         "dry_run": dry_run,
         "quota": rq.to_json(),
-        "plan": [a.__dict__ for a in impl.plan_region(name, {**settings, "prefix": prefix})],
+        "plan": [asdict(a) for a in impl.plan_region(name, {**settings, "prefix": prefix})],
         "region": None,
         "node": None,
     }
@@ -384,17 +392,31 @@ def _pin_ek(sessions: sessionmaker[Session], region_id: str, ctx: GcpContext) ->
         _set_status(rec, VmStatus.READY, f"ready: {rec.instance_name} in {rec.zone} waits to join as minion {node.minion_id}")
 
 
+def unhealthy_because(running: bool, node: Node) -> str | None:
+    """Why a GCP region cannot serve now, or None: it needs its storage node's VM running (Compute's
+    events), the node active (joined and attested) and reporting (heartbeats within the online window)."""
+    if not running:
+        return f"storage node {node.name}: its VM is not running"
+    if node.state != NodeState.ACTIVE:
+        return f"storage node {node.name} is {node.state}"
+    if not is_online(node.last_heartbeat_at):
+        return f"storage node {node.name} has not reported for {ONLINE_WINDOW.total_seconds():.0f} s"
+    return None
+
+
 def _health(sessions: sessionmaker[Session], region_id: str) -> None:
-    """Healthy when the storage node is active and its VM runs; offline while Compute says it is stopped."""
+    """new/offline → healthy when nothing is wrong; healthy → offline with the reason otherwise. (A VM
+    stop is reported at once by the event consumer; this pass also catches silent failures.)"""
     with session_scope(sessions) as s:
         rec = s.get(GcpStorageNode, region_id)
         region, node = s.get(Region, region_id), s.get(Node, rec.node_id)
         state = RegionState(region.state)
-        if state in (RegionState.REMOVING, RegionState.REMOVED):
-            return
-        if rec.running and node.state == NodeState.ACTIVE and state != RegionState.HEALTHY:
+        why = unhealthy_because(rec.running, node)
+        if why is None and state in (RegionState.NEW, RegionState.OFFLINE):
             region_service.transition(s, region, RegionState.HEALTHY, actor=ACTOR,
-                                      reason=f"storage node {node.name} is active")
+                                      reason=f"storage node {node.name} is active and reporting")
+        elif why is not None and state == RegionState.HEALTHY:
+            region_service.transition(s, region, RegionState.OFFLINE, actor=ACTOR, reason=why)
 
 
 def _delete_vm(sessions: sessionmaker[Session], region_id: str, ctx: GcpContext, spec: vm.StorageNodeSpec) -> None:

@@ -28,7 +28,7 @@ from provisioner.attestation.refusals import Refusal, RefusalCode, refuse
 from provisioner.attestation.tpm_structures import MalformedStructure, parse_public
 from provisioner.attestation.verifier import Attested, JoinVerifier, RegionTrust
 from provisioner.attestation.wire import JoinChallenge, JoinRequest, PendingJoin, ProofRequest
-from provisioner.errors import Conflict, NotFound, RigbaseError, Unauthorized
+from provisioner.errors import Conflict, NotFound, Unauthorized
 from provisioner.reconcilers.loop import kick_after_commit
 from provisioner.services import audit, join_tokens, tpm_cas
 from provisioner.services import nodes as node_service
@@ -422,5 +422,3 @@ def node_for_credential(session: Session, node_id: str, credential: str | None) 
         raise NotFound("this node was removed: ask the operator to add it again, then join", code="node_not_found")
     return node, att
 
-
-__all__ = ["begin", "finish", "pending", "retry", "pcr_policy_for", "RigbaseError"]

@@ -50,6 +50,11 @@ def enable(body: GcpEnableIn, session: Db, actor: Operator, background: Backgrou
     return _out(result)
 
 
+@router.get("/provider")
+def bootstrap_status(session: Db) -> dict[str, Any]:
+    return _out(service.bootstrap_status(session))
+
+
 @router.get("/quota/{gcp_region}")
 def region_quota(gcp_region: str, session: Db) -> dict[str, Any]:
     return service.region_quota(session, gcp_region).to_json()

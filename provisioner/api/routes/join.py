@@ -3,9 +3,13 @@ token; heartbeats with the node credential issued at a successful join (never th
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from fastapi import APIRouter, Body, Request, Response
+from sqlalchemy.orm import Session
 
 from provisioner.api.deps import Db, _bearer
 from provisioner.attestation.wire import JoinChallenge
@@ -13,12 +17,29 @@ from provisioner.services import heartbeat as heartbeat_service
 from provisioner.services import join as service
 
 router = APIRouter(tags=["join"])
+_SQLITE_WRITER = threading.Lock()
+
+
+@contextmanager
+def _one_writer(session: Session) -> Iterator[None]:
+    """On SQLite, run a minion request's whole unit of work (commit included) under one process lock.
+    SQLite allows one writer anyway, but a WAL read transaction that later wants to write fails at
+    once with "database is locked" when another writer committed in between (its busy timeout does not
+    apply), which a burst of joins triggers. Serialising costs no throughput there; PostgreSQL needs
+    none of this (row locks, and the nonce's conditional UPDATE)."""
+    if session.get_bind().dialect.name != "sqlite":
+        yield
+        return
+    with _SQLITE_WRITER:
+        yield
+        session.commit()
 
 
 @router.post("/v1/join", status_code=201, response_model=JoinChallenge)
 def join(session: Db, body: Any = Body(...)) -> Response:
     """Step 1 (docs/join-protocol.md): JoinRequest → JoinChallenge, or 403 with the refusal."""
-    challenge = service.begin(session, body)
+    with _one_writer(session):
+        challenge = service.begin(session, body)
     return Response(challenge.model_dump_json(), status_code=201, media_type="application/json")
 
 
@@ -26,7 +47,8 @@ def join(session: Db, body: Any = Body(...)) -> Response:
 def proof(join_id: str, request: Request, response: Response, session: Db, body: Any = Body(...)) -> dict[str, Any]:
     """Step 2: ProofRequest (with `Authorization: Bearer <join token>`) → the node credential (200),
     or `pending` (202) while no operator has added this minion_id."""
-    result = service.finish(session, join_id, _bearer(request), body)
+    with _one_writer(session):
+        result = service.finish(session, join_id, _bearer(request), body)
     if result.state == "pending":
         response.status_code = 202
     return result.to_json()
@@ -35,4 +57,5 @@ def proof(join_id: str, request: Request, response: Response, session: Db, body:
 @router.post("/v1/nodes/{node_id}/heartbeat")
 def heartbeat(node_id: str, body: heartbeat_service.HeartbeatIn, request: Request, session: Db) -> dict[str, Any]:
     """Actual state in, desired state (and, every K beats, a quote nonce) out."""
-    return heartbeat_service.beat(session, node_id, _bearer(request), body)
+    with _one_writer(session):
+        return heartbeat_service.beat(session, node_id, _bearer(request), body)

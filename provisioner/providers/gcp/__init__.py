@@ -25,6 +25,8 @@ class GcpProvider(Provider):
     # cloudbender.txt: "Currently, only On-Demand instances are supported"; the payment mode is how the
     # operator pays rigbase's fees, same choices as physical
     payment_modes: ClassVar[tuple[str, ...]] = ("credits",)
+    # a GCP region serves only while its storage node runs and reports: services/gcp.py decides its health
+    owns_region_health: ClassVar[bool] = True
 
     # --- validation (no network) -----------------------------------------------------------------
     def validate_config(self, raw: Mapping[str, Any]) -> ProviderConfig:

@@ -42,26 +42,6 @@ class RegionQuota:
     def to_json(self) -> dict[str, Any]:
         return {"region": self.region, "gpus": [g.to_json() for g in self.gpus]}
 
-    def table(self) -> list[dict[str, Any]]:
-        """Rows for the CLI's table (the CLI renders them with Rich)."""
-        return [
-            {
-                "GPU": g.gpu,
-                "limit": _num(g.gpu_limit),
-                "usage": _num(g.gpu_usage),
-                "free": _num(g.gpu_free),
-                f"CPUs free ({g.cpu_metric}) ÷ {g.cpus_per_gpu}": f"{_num(g.cpus_free)} → {g.jobs_by_cpus:g}",
-                "local SSD GB ÷ 375": f"{_num(g.local_ssd_free_gb)} → {g.jobs_by_local_ssd:g}",
-                "runnable jobs": g.runnable_jobs,
-                "limited by": g.limited_by.value,
-            }
-            for g in self.gpus
-        ]
-
-
-def _num(x: float) -> str:
-    return f"{x:g}"
-
 
 def quotas_from_region_json(doc: Mapping[str, Any]) -> dict[str, Quota]:
     """Quotas from a Region resource in its REST/gcloud JSON form (camelCase, numbers may be floats)."""

@@ -28,7 +28,6 @@ from tests.fixtures.gcp import PROJECT, make_sa_key
 from tests.provisioner.gcp.fake_compute import quota
 from tests.provisioner.gcp.test_events import log_entry
 
-ZONES = ("us-central1-a", "us-central1-b", "us-central1-c")
 US_CENTRAL1 = [quota("CPUS", 72), quota("A2_CPUS", 24), quota("LOCAL_SSD_TOTAL_GB", 6000),
                quota("NVIDIA_V100_GPUS", 8, 1), quota("NVIDIA_A100_GPUS", 4)]
 # GPUs granted, but no CPU and no local SSD quota: cloudbender.txt's "0 jobs" case for every type
@@ -131,8 +130,9 @@ def test_operator_walkthrough(gcp_world: dict[str, Any], key_file: Path, tmp_pat
         assert dump_store(cp.database_url) == before
         assert not fake.firewalls and not gcp_world["logging"].sinks
 
-        provider_id = enable(cp, key_file, prefix)
-        assert provider_id.startswith("prv_")
+        r = ok(cp, "provider", "enable", "gcp", "--credentials", str(key_file), "--prefix", prefix, "--wait")
+        provider_id = r.stdout.strip()
+        assert provider_id.startswith("prv_") and "enabled: bootstrap complete (5 created)" in r.stderr
         assert names.firewall in fake.firewalls and names.sink in gcp_world["logging"].sinks
         shown = ok(cp, "provider", "show", "gcp", "--json").stdout
         assert json.loads(shown)["state"] == "enabled"
@@ -188,7 +188,8 @@ def test_operator_walkthrough(gcp_world: dict[str, Any], key_file: Path, tmp_pat
             ek = serialization.load_pem_public_key(fake.ek_pems[("us-central1-b", inst_name)].encode())
             assert row.pinned_ek_public == ek.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
 
-        # the join protocol activates the node (storage nodes become active by themselves) → region healthy
+        # the join protocol activates the node (storage nodes become active by themselves) and its minion
+        # heartbeats (both stand-ins here: no VM boots) → region healthy
         from provisioner.services import nodes as node_service
         from provisioner.states import NodeState
 
@@ -196,6 +197,8 @@ def test_operator_walkthrough(gcp_world: dict[str, Any], key_file: Path, tmp_pat
             row = s.scalar(select(Node).where(Node.name == inst_name))
             for to in (NodeState.ENROLLING, NodeState.PROVISIONING, NodeState.MAINTENANCE, NodeState.ACTIVE):
                 node_service.transition(s, row, to, actor="test:join")
+        with session_scope(sessions) as s:
+            node_service.record_report(s, s.scalar(select(Node).where(Node.name == inst_name)))
         until("region healthy", lambda: show(cp, "region", "us-central1")["state"] == "healthy")
 
         # a preemption seen through Cloud Logging → sink → Pub/Sub → the server's streaming pull

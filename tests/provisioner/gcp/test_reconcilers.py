@@ -1,0 +1,134 @@
+"""The gcp services and reconcilers in-process (real store on SQLite, real clients against the Compute
+fake, one reconciler pass at a time): the failure paths that the end-to-end walkthrough does not reach."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy.orm import Session, sessionmaker
+
+from provisioner.errors import RuleViolation
+from provisioner.providers.gcp import catalogue
+from provisioner.providers.gcp.events import NodeEvent, NodeEventKind
+from provisioner.reconcilers.loop import ReconcilerLoop
+from provisioner.services import gcp
+from provisioner.services import providers as provider_service
+from provisioner.states import ProviderState
+from provisioner.store.engine import make_engine, make_sessionmaker, session_scope
+from provisioner.store.gcp_models import GcpStorageNode
+from provisioner.store.migrate import upgrade
+from provisioner.store.models import Node, Provider, Region
+from tests.fixtures.gcp import make_sa_key
+from tests.provisioner.gcp.fake_compute import quota
+
+ZONES = catalogue.load().region("us-central1").zones
+
+
+@pytest.fixture()
+def store(tmp_path: Path, fake_compute: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[sessionmaker[Session]]:
+    """A migrated store with an enabled gcp provider (bootstrap is test_bootstrap's business)."""
+    monkeypatch.setenv("RIGBASE_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("RIGBASE_GCP_ENDPOINTS", json.dumps({"compute": fake_compute.url, "resource_manager": fake_compute.url}))
+    fake_compute.fake.region_quotas["us-central1"] = [quota("CPUS", 64), quota("LOCAL_SSD_TOTAL_GB", 3000), quota("NVIDIA_T4_GPUS", 2)]
+    url = f"sqlite:///{tmp_path / 'rigbase.db'}"
+    engine = make_engine(url)
+    upgrade(url, engine)
+    sessions = make_sessionmaker(engine)
+    with session_scope(sessions) as s:
+        prov = provider_service.enable(s, "gcp", {"credentials": json.dumps(make_sa_key())}, actor="test")
+        provider_service.transition(s, prov, ProviderState.ENABLED, actor="test")
+    yield sessions
+    engine.dispose()
+
+
+def regions_pass(sessions: sessionmaker[Session]) -> None:
+    ReconcilerLoop(sessions, only=["gcp-regions"]).run_once()
+
+
+def create(sessions: sessionmaker[Session]) -> str:
+    with session_scope(sessions) as s:
+        out = gcp.create_region(s, "us-central1", gcp_region=None, storage_class="small", public_jobs=True,
+                                dry_run=False, actor="test")
+        return out["region"].id
+
+
+def states(sessions: sessionmaker[Session], region_id: str) -> tuple[str, str, str, str | None]:
+    with session_scope(sessions) as s:
+        rec = s.get(GcpStorageNode, region_id)
+        return s.get(Region, region_id).state, s.get(Node, rec.node_id).state, rec.status, s.get(Region, region_id).reason
+
+
+def test_every_zone_refusing_errors_node_and_region_with_the_reasons(store: sessionmaker[Session], fake_compute: Any) -> None:
+    for zone in ZONES:
+        fake_compute.fake.zone_errors[zone] = "QUOTA_EXCEEDED"
+    region_id = create(store)
+    regions_pass(store)
+    region, node, status, reason = states(store, region_id)
+    assert (region, node, status) == ("errored", "errored", "failed")
+    assert reason and all(f"{z}: QUOTA_EXCEEDED" in reason for z in ZONES)
+    assert fake_compute.fake.instance_count() == 0
+    # removing the errored region deletes nothing that is not ours and completes
+    with session_scope(store) as s:
+        from provisioner.services import regions as region_service
+
+        region_service.remove(s, "us-central1", actor="test")
+    regions_pass(store)
+    assert states(store, region_id)[:3] == ("removed", "removed", "deleted")
+
+
+def test_vm_deleted_behind_our_back_errors_node_and_region(store: sessionmaker[Session], fake_compute: Any) -> None:
+    region_id = create(store)
+    regions_pass(store)
+    assert states(store, region_id)[2] == "ready"
+    with session_scope(store) as s:
+        name = s.get(GcpStorageNode, region_id).instance_name
+    gcp.apply_event(store, NodeEvent(NodeEventKind.DELETED, "deleted", name, ZONES[0], "v1.compute.instances.delete", "t"))
+    region, node, _status, reason = states(store, region_id)
+    assert (region, node) == ("errored", "errored") and "deleted outside rigbase" in (reason or "")
+    # an event about an instance that is not ours changes nothing
+    gcp.apply_event(store, NodeEvent(NodeEventKind.OFFLINE, "stopped", "rigbase-other", ZONES[0], "v1.compute.instances.stop", "t"))
+    assert states(store, region_id)[0] == "errored"
+
+
+def test_zero_capacity_and_disabled_provider_are_refused_without_writes(store: sessionmaker[Session], fake_compute: Any) -> None:
+    fake_compute.fake.region_quotas["us-central1"] = [quota("CPUS", 64), quota("NVIDIA_T4_GPUS", 2)]  # no local SSD
+    with session_scope(store) as s, pytest.raises(RuleViolation, match="T4: local_ssd"):
+        gcp.create_region(s, "us-central1", gcp_region=None, storage_class="small", public_jobs=True, dry_run=False, actor="t")
+    with session_scope(store) as s:
+        assert s.query(Region).count() == 0 and s.query(Node).count() == 0
+        s.query(Provider).one().state = "errored"
+    with session_scope(store) as s, pytest.raises(Exception, match="not enabled"):
+        gcp.create_region(s, "us-central1", gcp_region=None, storage_class="small", public_jobs=True, dry_run=True, actor="t")
+
+
+def test_region_health_needs_the_storage_node_active_and_reporting(store: sessionmaker[Session]) -> None:
+    from datetime import datetime, timedelta, timezone
+
+    from provisioner.services import nodes as node_service
+    from provisioner.states import NodeState
+
+    region_id = create(store)
+    regions_pass(store)
+    with session_scope(store) as s:
+        node = s.get(Node, s.get(GcpStorageNode, region_id).node_id)
+        for to in (NodeState.ENROLLING, NodeState.PROVISIONING, NodeState.MAINTENANCE, NodeState.ACTIVE):
+            node_service.transition(s, node, to, actor="test:join")
+    regions_pass(store)
+    assert states(store, region_id)[0] == "new"  # active, but its minion never reported
+    with session_scope(store) as s:
+        node_service.record_report(s, s.get(Node, s.get(GcpStorageNode, region_id).node_id))
+    regions_pass(store)
+    assert states(store, region_id)[0] == "healthy"
+    # the heartbeat-based region-health reconciler leaves GCP regions to the gcp one (no flapping)
+    ReconcilerLoop(store, only=["region-health"]).run_once()
+    assert states(store, region_id)[0] == "healthy"
+    with session_scope(store) as s:
+        node_service.record_report(s, s.get(Node, s.get(GcpStorageNode, region_id).node_id),
+                                   at=datetime.now(timezone.utc) - timedelta(minutes=5))
+    regions_pass(store)
+    region, _node, _status, reason = states(store, region_id)
+    assert region == "offline" and reason and "has not reported for 90 s" in reason
