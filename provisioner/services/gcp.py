@@ -305,13 +305,19 @@ def _reconcile_one(sessions: sessionmaker[Session], region_id: str) -> None:
         node = s.get(Node, rec.node_id)
         status = VmStatus(rec.status)
         leaving = region.state in (RegionState.REMOVING, RegionState.REMOVED) or node.state == NodeState.REMOVED
-        ctx, spec = context_of(region.provider), _spec(s, region, rec)
-        if leaving and status != VmStatus.DELETING:
-            _set_status(rec, VmStatus.DELETING, f"deleting {rec.instance_name}")
-            status = VmStatus.DELETING
-        elif status == VmStatus.PENDING:
-            _set_status(rec, VmStatus.CREATING, f"creating {rec.instance_name}")
-            status = VmStatus.CREATING
+        steady = not leaving and status in (VmStatus.READY, VmStatus.FAILED)  # store-only work, no client
+        if not steady:
+            if leaving and status != VmStatus.DELETING:
+                _set_status(rec, VmStatus.DELETING, f"deleting {rec.instance_name}")
+                status = VmStatus.DELETING
+            elif status == VmStatus.PENDING:
+                _set_status(rec, VmStatus.CREATING, f"creating {rec.instance_name}")
+                status = VmStatus.CREATING
+            ctx, spec = context_of(region.provider), _spec(s, region, rec)
+    if steady:
+        if status == VmStatus.READY:
+            _health(sessions, region_id)
+        return  # FAILED waits for the operator to remove the region
     if status == VmStatus.DELETING:
         _delete_vm(sessions, region_id, ctx, spec)
     elif status == VmStatus.CREATING:
@@ -319,8 +325,6 @@ def _reconcile_one(sessions: sessionmaker[Session], region_id: str) -> None:
         _pin_ek(sessions, region_id, ctx)
     elif status == VmStatus.CREATED:
         _pin_ek(sessions, region_id, ctx)
-    elif status == VmStatus.READY:
-        _health(sessions, region_id)
 
 
 def _save_progress(sessions: sessionmaker[Session], region_id: str) -> Callable[[str], None]:

@@ -1,5 +1,57 @@
-"""Store models: trusted image-builder keys and registered image manifests."""
+"""Store models: trusted image-builder keys and registered image manifests.
+
+A manifest row keeps the exact signed bytes and the signature, so the trust decision can be re-checked
+later (`provision image show` prints the signer; an auditor can re-run `image-builder verify`). The
+expected PCR values are copied into columns because the join verifier reads them on every join and
+every continuous attestation — parsing the manifest there would be wasted work."""
 
 from __future__ import annotations
 
-from provisioner.store.models import Base  # noqa: F401
+from datetime import datetime
+
+from sqlalchemy import Boolean, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import Mapped, mapped_column, relationship
+
+from provisioner.store.models import Base, Region, UTCDateTime, new_id, utcnow
+
+
+class ImageKey(Base):
+    """An image builder's Ed25519 public key the operator trusts (`provision image trust-key`)."""
+
+    __tablename__ = "image_keys"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=lambda: new_id("ikey"))
+    name: Mapped[str] = mapped_column(String(128))
+    # sha256 of the raw 32-byte key: what the manifest's builder.key_sha256 names
+    fingerprint: Mapped[str] = mapped_column(String(64), unique=True)
+    public_key: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    created_by: Mapped[str] = mapped_column(String(128))
+
+
+class ImageManifest(Base):
+    """A signed image manifest registered for one region. Several per region are a rollout: a node
+    matching any of them passes."""
+
+    __tablename__ = "image_manifests"
+    __table_args__ = (UniqueConstraint("region_id", "manifest_sha256", name="uq_image_manifests_region_sha"),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=lambda: new_id("img"))
+    region_id: Mapped[str] = mapped_column(ForeignKey("regions.id"), index=True)
+    key_id: Mapped[str] = mapped_column(ForeignKey("image_keys.id"), index=True)
+    manifest_sha256: Mapped[str] = mapped_column(String(64))
+    manifest: Mapped[str] = mapped_column(Text)  # the exact signed bytes (canonical JSON is ASCII)
+    signature: Mapped[str] = mapped_column(Text)  # base64, as the .sig file holds it
+    image_sha256: Mapped[str] = mapped_column(String(64))
+    uki_sha256: Mapped[str] = mapped_column(String(64))
+    verity_root_hash: Mapped[str] = mapped_column(String(128))
+    pcr11: Mapped[str] = mapped_column(String(64))  # phase sysinit:ready, what a running node reports
+    pcr12: Mapped[str] = mapped_column(String(64))
+    pcr4: Mapped[str | None] = mapped_column(String(64))  # the manifest's direct-USB-boot value, if it has one
+    pin_pcr4: Mapped[bool] = mapped_column(Boolean, default=False)  # operator opted in to a fixed boot path
+    packages: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    created_by: Mapped[str] = mapped_column(String(128))
+
+    region: Mapped[Region] = relationship(lazy="joined")
+    key: Mapped[ImageKey] = relationship(lazy="joined")

@@ -1,0 +1,323 @@
+"""Image-builder manifests on the control plane (`provision image trust-key|register|list|show|remove`)
+and what the join verifier expects from them.
+
+Trust: the operator trusts a builder's Ed25519 public key; a manifest is accepted only when its detached
+signature verifies with one of the trusted keys (image_builder.manifest.verify — the same code the builder
+and `image-builder verify` use, so the two sides cannot disagree about the signed bytes).
+
+What a joining node must show (docs/image-builder.md, "Registering images with the control plane"):
+PCR 11 as predicted for the phase a running node reports (`sysinit:ready`) and PCR 12 (the command line).
+PCR 4 depends on the firmware's boot path (other boot options tried first, a shim…) and the join protocol
+carries no event log to replay, so it is compared only where the operator pins it for a fixed boot path
+(`--pin-pcr4`). Several manifests in one region are a rollout: a node matching any of them passes."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from provisioner.attestation.pcr_policy import ManifestPolicy, PcrPolicy, PcrPolicyMode, PcrVerdict
+from provisioner.errors import Conflict, InvalidInput, NotFound, RuleViolation
+from provisioner.services import audit
+from provisioner.services import regions as region_service
+from provisioner.store.image_models import ImageKey, ImageManifest
+from provisioner.store.models import Region
+
+KEY_KIND = "image_key"
+KIND = "image"
+RUNNING_PHASE = "sysinit:ready"  # the PCR 11 phase a node reports once its minion runs
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+# ---------------------------------------------------------------- trusted builder keys
+
+
+def trust_key(session: Session, public_key: bytes, *, name: str | None, actor: str) -> ImageKey:
+    """Trust an image builder's public key (PEM SPKI, raw 32 bytes or base64). Trusting a key twice
+    returns the existing row: the fingerprint is the identity."""
+    from image_builder.manifest import ManifestError, public_key_fingerprint
+
+    try:
+        fingerprint = public_key_fingerprint(public_key)
+    except (ManifestError, ValueError, TypeError) as exc:
+        message = str(exc) if isinstance(exc, ManifestError) else "the file holds no Ed25519 public key"
+        raise InvalidInput(f"{message.rstrip('.')}: pass the builder.pub (or signing-key.pub) that "
+                           "`image-builder keygen` wrote") from None
+    row = session.scalar(select(ImageKey).where(ImageKey.fingerprint == fingerprint))
+    if row is not None:
+        return row
+    # kept as given (PEM) or as base64 (raw bytes): both are forms image_builder.manifest.verify reads
+    stored = public_key.decode() if b"-----BEGIN" in public_key else base64.b64encode(public_key.strip()).decode()
+    row = ImageKey(name=(name or f"builder-{fingerprint[:12]}")[:128], fingerprint=fingerprint, public_key=stored,
+                   created_by=actor[:128])
+    session.add(row)
+    session.flush()
+    audit.record(session, kind=KEY_KIND, resource_id=row.id, name=row.name, actor=actor, from_state=None,
+                 to_state="trusted", reason=f"sha256 {fingerprint}")
+    return row
+
+
+def list_keys(session: Session) -> list[ImageKey]:
+    return list(session.scalars(select(ImageKey).order_by(ImageKey.created_at, ImageKey.id)))
+
+
+def get_key(session: Session, ref: str) -> ImageKey:
+    """By id, name, or a fingerprint prefix of at least 8 characters."""
+    rows = [k for k in list_keys(session)
+            if ref in (k.id, k.name) or (len(ref) >= 8 and k.fingerprint.startswith(ref.lower()))]
+    if len(rows) != 1:
+        raise NotFound(f"no single trusted image key matches '{ref}': see `provision image list-keys`",
+                       code="image_key_not_found")
+    return rows[0]
+
+
+def untrust_key(session: Session, ref: str, *, force: bool = False, actor: str) -> tuple[ImageKey, list[ImageManifest]]:
+    """Stop trusting a key. Its manifests would otherwise stay trusted without a trusted signer, so they
+    are removed with it — only with `force`, because that changes what nodes of those regions must show."""
+    key = get_key(session, ref)
+    signed = list(session.scalars(select(ImageManifest).where(ImageManifest.key_id == key.id)))
+    if signed and not force:
+        raise RuleViolation(f"key '{key.name}' signed {len(signed)} registered manifest(s): remove them with "
+                            f"`provision image remove ID` or pass --force to remove them with the key",
+                            code="image_key_in_use")
+    for manifest in signed:
+        _delete_manifest(session, manifest, actor=actor, reason=f"its signing key '{key.name}' was untrusted")
+    audit.record(session, kind=KEY_KIND, resource_id=key.id, name=key.name, actor=actor, from_state="trusted",
+                 to_state="removed", reason="untrusted by operator")
+    session.delete(key)
+    session.flush()
+    return key, signed
+
+
+# ---------------------------------------------------------------- manifests
+
+
+@dataclass(frozen=True)
+class _Expected:
+    """What a verified manifest tells the verifier, checked for shape before anything is stored."""
+
+    pcr11: str
+    pcr12: str
+    pcr4: str | None
+    image_sha256: str
+    uki_sha256: str
+    verity_root_hash: str
+    packages: int
+
+
+def _hex(doc: dict[str, Any], *path: str) -> str:
+    value: Any = doc
+    for part in path:
+        value = value.get(part) if isinstance(value, dict) else None
+    if not isinstance(value, str) or not _HEX64.match(value):
+        raise InvalidInput(f"the manifest has no valid {'.'.join(path)} (64 lowercase hex characters): rebuild "
+                           "the image with the current image-builder", code="manifest_incomplete")
+    return value
+
+
+def _expected(doc: dict[str, Any]) -> _Expected:
+    phases = {e.get("phase"): e.get("sha256") for e in doc.get("pcr11") or [] if isinstance(e, dict)}
+    pcr4 = (doc.get("pcr4") or {}).get("sha256") if isinstance(doc.get("pcr4"), dict) else None
+    root = (doc.get("verity") or {}).get("root_hash") if isinstance(doc.get("verity"), dict) else None
+    if not isinstance(root, str) or not re.fullmatch(r"[0-9a-f]{64,128}", root):
+        raise InvalidInput("the manifest has no verity.root_hash: rebuild the image with the current image-builder",
+                           code="manifest_incomplete")
+    return _Expected(pcr11=_hex({"pcr11": phases}, "pcr11", RUNNING_PHASE), pcr12=_hex(doc, "pcr12", "sha256"),
+                     pcr4=pcr4 if isinstance(pcr4, str) and _HEX64.match(pcr4) else None,
+                     image_sha256=_hex(doc, "image", "sha256"), uki_sha256=_hex(doc, "uki", "sha256"),
+                     verity_root_hash=root, packages=len(doc.get("packages") or []))
+
+
+def _verified(session: Session, manifest: bytes, signature: bytes) -> tuple[dict[str, Any], ImageKey]:
+    """The parsed manifest and the trusted key whose signature checks out, or a one-line refusal."""
+    from image_builder.manifest import ManifestError, verify
+
+    if not signature.strip():
+        raise InvalidInput("the manifest is unsigned (empty signature): pass the manifest.json.sig the builder "
+                           "wrote", code="manifest_unsigned")
+    keys = list_keys(session)
+    if not keys:
+        raise RuleViolation("no image builder key is trusted yet: run `provision image trust-key builder.pub` "
+                            "first", code="image_key_untrusted")
+    named = _claimed_signer(manifest)
+    last: ManifestError | None = None
+    for key in sorted(keys, key=lambda k: k.fingerprint != named):  # the key the manifest names first
+        try:
+            return verify(manifest, signature, key.public_key.encode()), key
+        except ManifestError as exc:
+            last = exc
+    if named and any(k.fingerprint == named for k in keys):
+        raise RuleViolation(f"{str(last).rstrip('.')}: rebuild the image or register the untouched "
+                            "manifest.json with its .sig", code="manifest_signature_invalid")
+    raise RuleViolation(f"the manifest is not signed by a trusted image builder key (it names "
+                        f"{(named or 'no key')[:16]}…): trust the builder's key with `provision image trust-key "
+                        f"builder.pub` if you trust that builder", code="image_key_untrusted")
+
+
+def _claimed_signer(manifest: bytes) -> str | None:
+    """builder.key_sha256 as the (not yet verified) manifest states it: only used to pick the key to try
+    first and to word the refusal, never to decide trust."""
+    try:
+        value = json.loads(manifest).get("builder", {}).get("key_sha256")
+    except (ValueError, AttributeError):
+        return None
+    return value if isinstance(value, str) else None
+
+
+def _region_for(session: Session, doc: dict[str, Any], region_ref: str | None) -> Region:
+    """The region named in the manifest (its bundle), or the one given; both must agree."""
+    named = doc.get("region") if isinstance(doc.get("region"), dict) else {}
+    in_manifest: Region | None = None
+    for ref in (named.get("region_id"), named.get("name")):
+        if isinstance(ref, str) and ref:
+            try:
+                in_manifest = region_service.get(session, ref)
+                break
+            except (NotFound, InvalidInput):
+                continue
+    if region_ref is None:
+        if in_manifest is None:
+            where = f"region '{named.get('name')}'" if named.get("name") else "no region"
+            raise InvalidInput(f"the manifest names {where} this control plane knows: pass --region REGION",
+                               code="manifest_region_unknown")
+        return in_manifest
+    given = region_service.get(session, region_ref)
+    if in_manifest is not None and in_manifest.id != given.id:
+        raise InvalidInput(f"the image was built for region '{in_manifest.name}', not '{given.name}': its nodes "
+                           f"join with '{in_manifest.name}''s bundle; drop --region or rebuild the image",
+                           code="manifest_region_mismatch")
+    return given
+
+
+def register(session: Session, manifest: bytes, signature: bytes, *, region: str | None = None,
+             pin_pcr4: bool = False, actor: str) -> ImageManifest:
+    """Verify, check shape, bind to a region, store. Every check runs before the first write, so a
+    refused manifest leaves nothing behind."""
+    doc, key = _verified(session, manifest, signature)
+    expected = _expected(doc)
+    if pin_pcr4 and expected.pcr4 is None:
+        raise InvalidInput("--pin-pcr4 needs a manifest with pcr4.sha256: rebuild with the current image-builder "
+                           "or register without --pin-pcr4", code="manifest_incomplete")
+    target = _region_for(session, doc, region)
+    sha = hashlib.sha256(manifest).hexdigest()
+    existing = session.scalar(select(ImageManifest).where(ImageManifest.region_id == target.id,
+                                                          ImageManifest.manifest_sha256 == sha))
+    if existing is not None:
+        raise Conflict(f"this manifest is already registered for region '{target.name}' as {existing.id}: "
+                       "nothing to do", code="manifest_exists")
+    try:
+        text = manifest.decode("ascii")
+    except UnicodeDecodeError:  # canonical JSON is ASCII; keep other bytes exact all the same
+        text = "base64:" + base64.b64encode(manifest).decode()
+    row = ImageManifest(region_id=target.id, key_id=key.id, manifest_sha256=sha, manifest=text,
+                        signature=base64.b64encode(_raw_signature(signature)).decode(),
+                        image_sha256=expected.image_sha256, uki_sha256=expected.uki_sha256,
+                        verity_root_hash=expected.verity_root_hash, pcr11=expected.pcr11, pcr12=expected.pcr12,
+                        pcr4=expected.pcr4, pin_pcr4=pin_pcr4, packages=expected.packages, created_by=actor[:128])
+    session.add(row)
+    session.flush()
+    pcrs = "PCR 4, 11, 12" if pin_pcr4 else "PCR 11, 12"
+    audit.record(session, kind=KIND, resource_id=row.id, name=f"{target.name}:{sha[:12]}", actor=actor,
+                 from_state=None, to_state="registered",
+                 reason=f"manifest sha256 {sha} signed by '{key.name}' ({key.fingerprint[:16]}); joins check {pcrs}")
+    return row
+
+
+def _raw_signature(signature: bytes) -> bytes:
+    return signature if len(signature) == 64 else base64.b64decode(signature.strip())
+
+
+def list_manifests(session: Session, region: str | None = None) -> list[ImageManifest]:
+    stmt = select(ImageManifest).order_by(ImageManifest.created_at, ImageManifest.id)
+    if region:
+        stmt = stmt.where(ImageManifest.region_id == region_service.get(session, region).id)
+    return list(session.scalars(stmt))
+
+
+def get_manifest(session: Session, ref: str) -> ImageManifest:
+    """By id or a manifest SHA-256 prefix of at least 8 characters (unique across regions)."""
+    rows = [m for m in list_manifests(session)
+            if m.id == ref or (len(ref) >= 8 and m.manifest_sha256.startswith(ref.lower()))]
+    if len(rows) != 1:
+        raise NotFound(f"no single registered image matches '{ref}': see `provision image list`",
+                       code="image_not_found")
+    return rows[0]
+
+
+def manifest_document(row: ImageManifest) -> dict[str, Any]:
+    raw = base64.b64decode(row.manifest[7:]) if row.manifest.startswith("base64:") else row.manifest.encode()
+    return json.loads(raw)
+
+
+def remove(session: Session, ref: str, *, actor: str) -> ImageManifest:
+    row = get_manifest(session, ref)
+    _delete_manifest(session, row, actor=actor, reason="removed by operator")
+    session.flush()
+    return row
+
+
+def _delete_manifest(session: Session, row: ImageManifest, *, actor: str, reason: str) -> None:
+    audit.record(session, kind=KIND, resource_id=row.id, name=f"{row.region.name}:{row.manifest_sha256[:12]}",
+                 actor=actor, from_state="registered", to_state="removed", reason=reason)
+    session.delete(row)
+
+
+# ---------------------------------------------------------------- what the join verifier expects
+
+
+def expected_pcrs(row: ImageManifest) -> dict[int, bytes]:
+    expected = {11: bytes.fromhex(row.pcr11), 12: bytes.fromhex(row.pcr12)}
+    if row.pin_pcr4 and row.pcr4:
+        expected[4] = bytes.fromhex(row.pcr4)
+    return expected
+
+
+def manifest_pcr_sets(session: Session, region: Region) -> list[dict[int, bytes]]:
+    """One expectation per registered manifest of the region, oldest first (distinct ones only)."""
+    rows = session.scalars(select(ImageManifest).where(ImageManifest.region_id == region.id)
+                           .order_by(ImageManifest.created_at, ImageManifest.id))
+    sets: list[dict[int, bytes]] = []
+    for row in rows:
+        expected = expected_pcrs(row)
+        if expected not in sets:
+            sets.append(expected)
+    return sets
+
+
+def manifest_pcrs_for(session: Session, region: Region) -> dict[int, bytes] | None:
+    """The join contract's single-manifest view: the newest registered manifest's expected PCRs, or None
+    (record mode). A rollout (several manifests) is served by `manifest_policy_for`, which
+    provisioner/services/join.py asks first."""
+    sets = manifest_pcr_sets(session, region)
+    return sets[-1] if sets else None
+
+
+@dataclass(frozen=True)
+class AnyManifestPolicy:
+    """A rollout: the node passes when its PCRs match any registered manifest. A refusal names the PCRs
+    that differ from the closest manifest (fewest differing PCRs), which is the one the node most
+    likely meant to boot."""
+
+    alternatives: tuple[ManifestPolicy, ...]
+    mode: PcrPolicyMode = PcrPolicyMode.manifest
+
+    def check(self, pcrs: Mapping[int, bytes]) -> PcrVerdict:
+        verdicts = [policy.check(pcrs) for policy in self.alternatives]
+        return next((v for v in verdicts if v.ok), None) or min(verdicts, key=lambda v: len(v.differing))
+
+
+def manifest_policy_for(session: Session, region: Region) -> PcrPolicy | None:
+    """The region's manifest policy (None: no manifest registered, the verifier uses record mode)."""
+    sets = manifest_pcr_sets(session, region)
+    if not sets:
+        return None
+    if len(sets) == 1:
+        return ManifestPolicy(sets[0])
+    return AnyManifestPolicy(tuple(ManifestPolicy(s) for s in sets))
