@@ -17,6 +17,7 @@ from provisioner.api.deps import require_operator
 from provisioner.api.routes import enrollment, join, nodes, providers, regions
 from provisioner.api.routes import datastores, reservations
 from provisioner.api.routes import gcp
+from provisioner.api.routes import images
 from provisioner.config import database_url as default_database_url
 from provisioner.store.engine import make_engine, make_sessionmaker
 from provisioner.store.migrate import upgrade
@@ -29,6 +30,7 @@ OPERATOR_ROUTERS = [
     datastores.router,
     gcp.router,
     enrollment.router,
+    images.router,
 ]
 OPEN_ROUTERS: list = [join.router]  # join token / node credential auth of their own
 

@@ -54,7 +54,12 @@ def trust_key(session: Session, public_key: bytes, *, name: str | None, actor: s
     if row is not None:
         return row
     # kept as given (PEM) or as base64 (raw bytes): both are forms image_builder.manifest.verify reads
-    stored = public_key.decode() if b"-----BEGIN" in public_key else base64.b64encode(public_key.strip()).decode()
+    if b"-----BEGIN" in public_key:
+        stored = public_key.decode()
+    elif len(public_key) == 32:
+        stored = base64.b64encode(public_key).decode()
+    else:
+        stored = public_key.decode().strip()
     row = ImageKey(name=(name or f"builder-{fingerprint[:12]}")[:128], fingerprint=fingerprint, public_key=stored,
                    created_by=actor[:128])
     session.add(row)
@@ -140,7 +145,7 @@ def _verified(session: Session, manifest: bytes, signature: bytes) -> tuple[dict
     from image_builder.manifest import ManifestError, verify
 
     if not signature.strip():
-        raise InvalidInput("the manifest is unsigned (empty signature): pass the manifest.json.sig the builder "
+        raise RuleViolation("the manifest is unsigned (empty signature): pass the manifest.json.sig the builder "
                            "wrote", code="manifest_unsigned")
     keys = list_keys(session)
     if not keys:

@@ -81,6 +81,11 @@ def pcr_policy_for(session: Session, region: Region, recorded: Mapping[str, str]
         images = importlib.import_module("provisioner.services.images")
     except ImportError:
         images = None
+    # A rollout (several manifests, any one passes) needs a policy, not one mapping: ask for it first.
+    policy_lookup = getattr(images, "manifest_policy_for", None)
+    manifest_policy = policy_lookup(session, region) if policy_lookup else None
+    if manifest_policy is not None:
+        return manifest_policy
     lookup = getattr(images, "manifest_pcrs_for", None)
     expected = lookup(session, region) if lookup else None
     if expected:

@@ -1,0 +1,211 @@
+"""Image manifests on the control plane, service level, on SQLite AND PostgreSQL (`store` is
+parametrized): trusting builder keys, registering signed manifests, refusals that leave no partial
+state, and the PCR policy a region with manifests gives the join verifier. Manifests are signed with
+keys from the image builder's own `keygen`/`sign`/`canonical` (image_builder.manifest)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from image_builder.manifest import SCHEMA, canonical, keygen, load_private_key, public_key_fingerprint, sign
+from sqlalchemy.orm import Session
+
+from provisioner.attestation.refusals import RefusalCode
+from provisioner.errors import Conflict, InvalidInput, NotFound, RigbaseError, RuleViolation
+from provisioner.services import images, providers, regions
+from provisioner.services.join import pcr_policy_for
+from tests.fixtures.postgres import Store
+
+ACTOR = "operator:test"
+ZERO = "00" * 32
+
+
+class Builder:
+    """An image builder's signing key, made by `image_builder.manifest.keygen`."""
+
+    def __init__(self, directory: Path) -> None:
+        self.private_path, self.public_path = keygen(directory / "signing-key.pem")
+        self.key = load_private_key(self.private_path)
+        self.public = self.public_path.read_bytes()
+        self.fingerprint = public_key_fingerprint(self.public)
+
+    def manifest(self, *, region: str | None = "lab", pcr11: str = ZERO, pcr12: str = ZERO, pcr4: str | None = None,
+                 image: str = "1" * 64) -> dict[str, Any]:
+        """A manifest of the documented schema (docs/image-builder.md) predicting the given PCR values."""
+        return {
+            "schema": SCHEMA, "builder": {"version": "1", "key_sha256": self.fingerprint},
+            "image": {"file": "rigbase-usb.img", "sha256": image, "size": 1 << 30, "partitions": {}},
+            "uki": {"file": "rigbase.efi", "sha256": "2" * 64, "size": 50 << 20},
+            "kernel": {"version": "6.1.0-test", "cmdline": "rigbase.roothash=" + "3" * 64},
+            "verity": {"root_hash": "3" * 64, "salt": "4" * 64, "data_blocks": 1000},
+            "pe_hashes": {"systemd-boot": "5" * 64, "uki": "6" * 64, "kernel": "7" * 64},
+            "pcr4": {"boot_path": ["systemd-boot", "uki", "kernel"], "sha256": pcr4 or "8" * 64},
+            "pcr11": [{"phase": "", "sha256": "9" * 64}, {"phase": "sysinit", "sha256": "a" * 64},
+                      {"phase": "sysinit:ready", "sha256": pcr11}],
+            "pcr12": {"sha256": pcr12},
+            "region": ({"name": region, "region_id": None, "provider": "physical", "control_plane_url": "http://cp",
+                        "bundle_sha256": "b" * 64} if region else None),
+            "packages": [{"name": "systemd", "version": "252"}], "inputs": {"suite": "bookworm"},
+        }
+
+    def signed(self, doc: dict[str, Any]) -> tuple[bytes, bytes]:
+        data = canonical(doc)
+        return data, sign(data, self.key)
+
+    def write(self, directory: Path, doc: dict[str, Any]) -> Path:
+        """DIR/manifest.json + DIR/manifest.json.sig, as `image-builder build` leaves them."""
+        directory.mkdir(parents=True, exist_ok=True)
+        data, sig = self.signed(doc)
+        (directory / "manifest.json").write_bytes(data)
+        (directory / "manifest.json.sig").write_bytes(sig)
+        return directory / "manifest.json"
+
+
+@pytest.fixture
+def builder(tmp_path: Path) -> Builder:
+    return Builder(tmp_path / "builder")
+
+
+@pytest.fixture
+def other_builder(tmp_path: Path) -> Builder:
+    return Builder(tmp_path / "other-builder")
+
+
+@pytest.fixture
+def seeded(store: Store) -> Store:
+    with store.sessions.begin() as s:  # type: ignore[attr-defined]
+        providers.enable(s, "physical", {}, actor=ACTOR)
+        regions.create(s, "lab", provider="physical", actor=ACTOR)
+        regions.create(s, "other", provider="physical", actor=ACTOR)
+    return store
+
+
+def _session(store: Store) -> Session:
+    return store.sessions.begin()  # type: ignore[attr-defined, no-any-return]
+
+
+def test_trust_key_and_register(seeded: Store, builder: Builder) -> None:
+    with _session(seeded) as s:
+        key = images.trust_key(s, builder.public, name="ci-builder", actor=ACTOR)
+        assert key.fingerprint == builder.fingerprint and key.id.startswith("ikey_")
+        # the fingerprint is the identity: trusting the same key again (as raw bytes) changes nothing
+        raw = serialization.load_pem_public_key(builder.public).public_bytes_raw()  # type: ignore[union-attr]
+        assert images.trust_key(s, raw, name="again", actor=ACTOR).id == key.id
+        assert images.trust_key(s, base64.b64encode(raw), name="again", actor=ACTOR).id == key.id
+        assert [k.name for k in images.list_keys(s)] == ["ci-builder"]
+    data, sig = builder.signed(builder.manifest(pcr11="c" * 64, pcr12="d" * 64))
+    with _session(seeded) as s:
+        row = images.register(s, data, sig, actor=ACTOR)
+        assert row.region.name == "lab" and row.manifest_sha256 == hashlib.sha256(data).hexdigest()
+        assert (row.pcr11, row.pcr12, row.verity_root_hash) == ("c" * 64, "d" * 64, "3" * 64)
+        assert images.manifest_document(row)["pcr12"]["sha256"] == "d" * 64
+        lab = regions.get(s, "lab")
+        # PCR 11 (sysinit:ready) and PCR 12 only: PCR 4 depends on the firmware boot path
+        assert images.manifest_pcrs_for(s, lab) == {11: bytes.fromhex("c" * 64), 12: bytes.fromhex("d" * 64)}
+        assert images.manifest_pcrs_for(s, regions.get(s, "other")) is None
+        assert [m.id for m in images.list_manifests(s, "lab")] == [row.id]
+        assert images.get_manifest(s, row.manifest_sha256[:10]).id == row.id
+    with _session(seeded) as s, pytest.raises(Conflict):
+        images.register(s, data, sig, actor=ACTOR)  # the same manifest twice in one region
+
+
+@pytest.mark.parametrize("case", ["unsigned", "tampered", "untrusted", "garbage_signature", "region_mismatch",
+                                  "no_region", "incomplete", "no_key_trusted"])
+def test_refused_manifests_leave_no_state(seeded: Store, builder: Builder, other_builder: Builder, case: str) -> None:
+    if case != "no_key_trusted":
+        with _session(seeded) as s:
+            images.trust_key(s, builder.public, name="ci-builder", actor=ACTOR)
+    doc = builder.manifest()
+    data, sig = builder.signed(doc)
+    region: str | None = None
+    expected: type[RigbaseError] = RuleViolation
+    if case == "unsigned":
+        sig = b""
+    elif case == "tampered":  # one predicted PCR changed after signing
+        data = data.replace(ZERO.encode(), ("f" * 64).encode(), 1)
+    elif case == "untrusted":
+        data, sig = other_builder.signed(other_builder.manifest())
+    elif case == "garbage_signature":
+        sig = b"not base64!\n"
+    elif case == "region_mismatch":
+        region, expected = "other", InvalidInput
+    elif case == "no_region":
+        data, sig = builder.signed(builder.manifest(region=None))
+        expected = InvalidInput
+    elif case == "incomplete":
+        del doc["pcr12"]
+        data, sig = builder.signed(doc)
+        expected = InvalidInput
+    before = seeded.snapshot()
+    with _session(seeded) as s, pytest.raises(expected) as err:
+        images.register(s, data, sig, region=region, actor=ACTOR)
+    assert "\n" not in err.value.message and err.value.message.strip()
+    assert seeded.snapshot() == before
+
+
+def test_register_with_region_option_and_unknown_region(seeded: Store, builder: Builder) -> None:
+    with _session(seeded) as s:
+        images.trust_key(s, builder.public, name=None, actor=ACTOR)
+    data, sig = builder.signed(builder.manifest(region="elsewhere"))
+    before = seeded.snapshot()
+    with _session(seeded) as s, pytest.raises(InvalidInput, match="pass --region"):
+        images.register(s, data, sig, actor=ACTOR)
+    with _session(seeded) as s, pytest.raises(NotFound):
+        images.register(s, data, sig, region="nowhere", actor=ACTOR)
+    assert seeded.snapshot() == before
+    with _session(seeded) as s:
+        assert images.register(s, data, sig, region="other", actor=ACTOR).region.name == "other"
+
+
+def test_bad_public_keys_refused(seeded: Store, builder: Builder) -> None:
+    before = seeded.snapshot()
+    for bad in (b"", b"hello", builder.private_path.read_bytes()):
+        with _session(seeded) as s, pytest.raises(InvalidInput):
+            images.trust_key(s, bad, name=None, actor=ACTOR)
+    assert seeded.snapshot() == before
+
+
+def test_rollout_policy_and_pinned_pcr4(seeded: Store, builder: Builder) -> None:
+    a, b, c = (bytes([n]) * 32 for n in (1, 2, 3))
+    with _session(seeded) as s:
+        images.trust_key(s, builder.public, name=None, actor=ACTOR)
+        lab = regions.get(s, "lab")
+        assert pcr_policy_for(s, lab).mode.value == "record"  # nothing registered yet
+        images.register(s, *builder.signed(builder.manifest(pcr11=a.hex(), pcr12=ZERO)), actor=ACTOR)
+        images.register(s, *builder.signed(builder.manifest(pcr11=b.hex(), pcr12=ZERO, image="e" * 64)), actor=ACTOR)
+        policy = pcr_policy_for(s, lab)
+        assert policy.mode.value == "manifest"
+        zero = bytes(32)
+        assert policy.check({11: a, 12: zero, 4: c}).ok and policy.check({11: b, 12: zero}).ok
+        refused = policy.check({11: c, 12: zero})
+        assert refused.refusal is not None and refused.refusal.code == RefusalCode.pcr_manifest_mismatch
+        assert refused.differing == (11,)
+        assert policy.check({11: a, 12: c}).differing == (12,)  # the closest manifest is named
+        # --pin-pcr4: the manifest's fixed boot-path value is compared too
+        pinned = images.register(s, *builder.signed(builder.manifest(region="other", pcr4=c.hex())),
+                                 pin_pcr4=True, actor=ACTOR)
+        other = regions.get(s, "other")
+        assert images.manifest_pcrs_for(s, other) == {4: c, 11: zero, 12: zero}
+        assert pcr_policy_for(s, other).check({4: a, 11: zero, 12: zero}).differing == (4,)
+        images.remove(s, pinned.id, actor=ACTOR)
+        assert pcr_policy_for(s, other).mode.value == "record"
+
+
+def test_untrust_key_with_manifests(seeded: Store, builder: Builder) -> None:
+    with _session(seeded) as s:
+        key = images.trust_key(s, builder.public, name="ci-builder", actor=ACTOR)
+        images.register(s, *builder.signed(builder.manifest()), actor=ACTOR)
+    before = seeded.snapshot()
+    with _session(seeded) as s, pytest.raises(RuleViolation, match="--force"):
+        images.untrust_key(s, "ci-builder", actor=ACTOR)
+    assert seeded.snapshot() == before
+    with _session(seeded) as s:
+        removed_key, removed = images.untrust_key(s, key.fingerprint[:12], force=True, actor=ACTOR)
+        assert removed_key.id == key.id and len(removed) == 1
+        assert images.list_keys(s) == [] and images.list_manifests(s) == []
+        assert pcr_policy_for(s, regions.get(s, "lab")).mode.value == "record"
