@@ -11,7 +11,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from minion.hardware.commands import InventoryFile
+from minion.hardware.commands import HostRoot, InventoryFile
 
 Bundle = Annotated[Optional[Path], typer.Option("--bundle", dir_okay=False, envvar="RIGBASE_BUNDLE",
                                                 help="The region enrollment bundle (provision region bundle).")]
@@ -54,7 +54,7 @@ def _config(path: Path) -> dict[str, Any]:
 
 
 def join_command(bundle: Bundle = None, control_plane: Url = None, join_token: Token = None, tcti: Tcti = None,
-                 state_dir: StateOpt = None, inventory_file: InventoryFile = None,
+                 state_dir: StateOpt = None, inventory_file: InventoryFile = None, host_root: HostRoot = None,
                  json_output: Annotated[bool, typer.Option("--json", help="Print the outcome as JSON.")] = False) -> None:
     """Join the region once: attest with the TPM; prints joined, pending or the refusal."""
     os.environ.setdefault("TSS2_LOG", "all+none")
@@ -68,7 +68,7 @@ def join_command(bundle: Bundle = None, control_plane: Url = None, join_token: T
     if not enrollment.join_token:
         raise _fail("no join token: pass --bundle FILE or --join-token TOKEN", 2)
     state = StateDir(state_dir or DEFAULT_STATE_DIR)
-    inventory, report = collect_report(inventory_file, enrollment.storage_mode, enrollment.public_jobs)
+    inventory, report = collect_report(inventory_file, enrollment.storage_mode, enrollment.public_jobs, host_root)
     cp = ControlPlane(enrollment)
     try:
         with TpmSession(tcti) as session:
@@ -90,7 +90,7 @@ def join_command(bundle: Bundle = None, control_plane: Url = None, join_token: T
 
 
 def run_command(bundle: Bundle = None, control_plane: Url = None, join_token: Token = None, tcti: Tcti = None,
-                state_dir: StateOpt = None, inventory_file: InventoryFile = None,
+                state_dir: StateOpt = None, inventory_file: InventoryFile = None, host_root: HostRoot = None,
                 heartbeat_interval: Annotated[Optional[float], typer.Option("--heartbeat-interval", min=0.05, help="Seconds between heartbeats (default: the control plane's, 30).")] = None,
                 config: Annotated[Optional[Path], typer.Option("--config", dir_okay=False, help="minion.yaml written by the finalize playbook.")] = None,
                 max_backoff: Annotated[float, typer.Option("--max-backoff", min=0.1, help="Longest wait between join attempts (s).")] = 15.0) -> None:
@@ -105,7 +105,7 @@ def run_command(bundle: Bundle = None, control_plane: Url = None, join_token: To
     state = StateDir(state_dir or DEFAULT_STATE_DIR)
     if not enrollment.join_token and state.node() is None:
         raise _fail(f"no node credential in {state.path} and no join token: pass --bundle FILE", 2)
-    inventory, report = collect_report(inventory_file, enrollment.storage_mode, enrollment.public_jobs)
+    inventory, report = collect_report(inventory_file, enrollment.storage_mode, enrollment.public_jobs, host_root)
     failing = [r.get("rule") for r in report.get("rules", []) if not r.get("ok", True)]
     if failing:
         print(f"requirements: FAIL {', '.join(map(str, failing))} (the join will be refused; `minion check` explains)", flush=True)

@@ -192,18 +192,27 @@ def install_signal_handlers(stop: threading.Event) -> None:
     signal.signal(signal.SIGINT, handler)
 
 
-def collect_report(inventory_file: Path | None, storage_mode: str | None, public_jobs: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+def collect_report(inventory_file: Path | None, storage_mode: str | None, public_jobs: bool,
+                   host_root: Path | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """(inventory, requirement report) as JSON; a machine whose inventory cannot be read still joins
-    with an empty report (the control plane then shows the verdict as unknown)."""
+    with an empty report (the control plane then shows the verdict as unknown). `host_root` is where
+    /proc is read (`--host-root`, as for `minion check`): a simulated node's RAM and cores."""
+    import typer
+
     try:
         from minion.hardware.commands import load_or_collect
         from minion.hardware.requirements import check
 
-        inventory = load_or_collect(inventory_file, None)
+        inventory = load_or_collect(inventory_file, host_root)
         report = check(inventory, storage_mode, public_jobs)
         return inventory.to_json(), report.to_json()
     except SystemExit:
         raise
+    except typer.Exit:
+        if inventory_file is not None or host_root is not None:
+            raise  # the operator's --inventory / --host-root is unusable: load_or_collect said why (exit 2)
+        print("warning: this machine's /proc cannot be read; joining without a hardware inventory", file=sys.stderr)
+        return {}, {}
     except Exception as exc:  # noqa: BLE001 - the join must still happen; the operator sees "unknown"
         print(f"warning: no hardware inventory ({type(exc).__name__}: {exc}); joining without it", file=sys.stderr)
         return {}, {}

@@ -5,6 +5,7 @@ is a module with `app = group("…")` plus one `add_typer` line in provisioner/c
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from typing import IO, Annotated, Any, NoReturn
 
 import typer
@@ -16,7 +17,7 @@ Json = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON 
 Yes = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
 Wait = Annotated[bool, typer.Option("--wait", help="Wait, showing progress, until the state change completes.")]
 Timeout = Annotated[float, typer.Option("--timeout", help="Seconds --wait waits before giving up.", min=1)]
-RegionOpt = Annotated[str | None, typer.Option("--region", "-r", help="Region of the node (needed only when a name is used in several regions).")]
+RegionOpt = Annotated[str | None, typer.Option("--region", "-r", help="Region (needed only when a name is used in several regions).")]
 
 
 # Typer vendors click in recent releases: take ClickException from Typer's own class tree, so
@@ -52,3 +53,21 @@ def confirm(question: str, yes: bool) -> None:
         fail(f"{question} needs confirmation: pass --yes", exit_code=EXIT_USAGE)
     if not typer.confirm(question, default=False, err=True):
         fail("nothing changed: answer y or pass --yes")
+
+
+def show_one(path: str, *, as_json: bool, fields: Sequence[str] | None = None, **params: Any) -> None:
+    """`show NAME`: GET one resource and print it (every field, or `fields` in that order)."""
+    from provisioner.cli import render
+    from provisioner.cli.client import Client
+
+    render.detail(Client.from_env().get(path, **params), as_json=as_json, fields=fields)
+
+
+def remove_one(question: str, path: str, *, yes: bool, as_json: bool, fields: Sequence[str] | None = None,
+               **params: Any) -> None:
+    """`remove NAME`: confirm, DELETE, print what the server answered (the row, now `removed`)."""
+    from provisioner.cli import render
+    from provisioner.cli.client import Client
+
+    confirm(question, yes)
+    render.detail(Client.from_env().delete(path, **params), as_json=as_json, fields=fields)

@@ -9,13 +9,12 @@ import typer
 
 from provisioner.cli import render
 from provisioner.cli.client import Client
-from provisioner.cli.common import EXIT_USAGE, Json, Yes, confirm, fail, group
+from provisioner.cli.common import EXIT_USAGE, Json, RegionOpt, Yes, fail, group, remove_one, show_one
 from provisioner.regional_states import DatastoreType
 
 app = group("Datastores: NFS or SMB shares of a region; jobs get paths below the root, never above.")
 COLUMNS = [("id", "ID"), ("name", "NAME"), ("region", "REGION"), ("type", "TYPE"), ("address", "ADDRESS"),
            ("root", "ROOT"), ("username", "USER"), ("state", "STATE")]
-RegionOpt = Annotated[str | None, typer.Option("--region", "-r", help="Region (needed only when a name is used in several regions).")]
 
 
 def _read_password(path: Path) -> str:
@@ -56,11 +55,10 @@ def list_(region: Annotated[str | None, typer.Option("--region", "-r", help="Onl
 @app.command("show")
 def show(name: str, region: RegionOpt = None, json_out: Json = False) -> None:
     """Show one datastore (the password is never shown; `has_password` says whether one is stored)."""
-    render.detail(Client.from_env().get(f"/v1/datastores/{name}", region=region), as_json=json_out)
+    show_one(f"/v1/datastores/{name}", as_json=json_out, region=region)
 
 
 @app.command("remove")
 def remove(name: str, region: RegionOpt = None, yes: Yes = False, json_out: Json = False) -> None:
     """Remove a datastore (kept as `removed` in the audit trail)."""
-    confirm(f"remove datastore '{name}'?", yes)
-    render.detail(Client.from_env().delete(f"/v1/datastores/{name}", region=region), as_json=json_out)
+    remove_one(f"remove datastore '{name}'?", f"/v1/datastores/{name}", yes=yes, as_json=json_out, region=region)

@@ -6,7 +6,6 @@ Human output: facts and progress on stderr, the new id alone on stdout (`ID=$(pr
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -15,6 +14,7 @@ import typer
 from provisioner.cli import render
 from provisioner.cli.client import Client
 from provisioner.cli.common import EXIT_USAGE, CliError, Json, fail
+from provisioner.cli.wait import poll
 from provisioner.errors import RigbaseError
 
 # storage VM statuses (store/gcp_models.VmStatus) at which `region create --wait` stops
@@ -66,23 +66,18 @@ def enable(credentials: str | None, prefix: str | None, payment_mode: str | None
     print(result["provider"]["id"])
 
 
-def _poll(client: Client, path: str, read: Any, *, done: set[str], failed: set[str], timeout: float,
-          interval: float = 1.0) -> dict[str, Any]:
-    """Poll `path` until read(answer)'s state is in done (or failed), printing each new progress line."""
-    started, last = time.monotonic(), None
-    while True:
-        answer = client.get(path)
-        state, progress = read(answer)
-        if (state, progress) != last:
-            _say(f"[{time.monotonic() - started:4.0f} s] {state}: {progress}")
-            last = (state, progress)
-        if state in done:
-            return answer
-        if state in failed:
-            fail(f"{path.rsplit('/', 1)[-1]} is {state}: {progress or 'see its reason with `show`'}")
-        if time.monotonic() - started > timeout:
-            fail(f"still {state} after {timeout:.0f} s: check later with `show`")
-        time.sleep(interval)
+def _poll(client: Client, path: str, read: Any, *, done: set[str], failed: set[str], timeout: float) -> dict[str, Any]:
+    """Poll `path` until read(answer)'s state is in done (or failed), printing each new progress line
+    (one line per change rather than a status spinner: `--wait` on a VM takes minutes and ends up in logs)."""
+    last: list[tuple[str, str | None]] = []
+
+    def say_changes(_name: str, state: str, progress: str | None, elapsed: float) -> None:
+        if not last or last[-1] != (state, progress):
+            _say(f"[{elapsed:4.0f} s] {state}: {progress}")
+            last.append((state, progress))
+
+    return poll(client, path, lambda answer: (path.rsplit("/", 1)[-1], *read(answer)), done=done, failed=failed,
+                timeout=timeout, show=say_changes)
 
 
 def quota(

@@ -9,7 +9,7 @@ import typer
 
 from provisioner.cli import render
 from provisioner.cli.client import Client
-from provisioner.cli.common import Json, RegionOpt, Timeout, Wait, Yes, confirm, group
+from provisioner.cli.common import Json, RegionOpt, Timeout, Wait, Yes, confirm, group, remove_one, show_one
 from provisioner.cli.wait import wait_for_state
 from provisioner.states import NodeState, Service
 
@@ -67,14 +67,13 @@ def list_(
 @app.command("show")
 def show(name: str, region: RegionOpt = None, json_out: Json = False) -> None:
     """Show one node (by name or id)."""
-    render.detail(Client.from_env().get(f"/v1/nodes/{name}", region=region), as_json=json_out)
+    show_one(f"/v1/nodes/{name}", as_json=json_out, region=region)
 
 
 @app.command("remove")
 def remove(name: str, region: RegionOpt = None, yes: Yes = False, json_out: Json = False) -> None:
-    """Remove a node (kept as `removed` in the history)."""
-    confirm(f"remove node '{name}'?", yes)
-    render.detail(Client.from_env().delete(f"/v1/nodes/{name}", region=region), as_json=json_out)
+    """Remove a node (kept as `removed` in the history); the reservations it served become unassigned."""
+    remove_one(f"remove node '{name}'?", f"/v1/nodes/{name}", yes=yes, as_json=json_out, region=region)
 
 
 @app.command("replace")

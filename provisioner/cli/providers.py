@@ -8,7 +8,7 @@ import typer
 
 from provisioner.cli import render
 from provisioner.cli.client import Client
-from provisioner.cli.common import Json, Timeout, Wait, Yes, confirm, group
+from provisioner.cli.common import Json, Timeout, Wait, Yes, group, remove_one, show_one
 
 app = group("Providers: where nodes come from (physical servers, GCP).")
 COLUMNS = [("id", "ID"), ("kind", "KIND"), ("payment_mode", "PAYMENT"), ("state", "STATE"), ("reason", "REASON")]
@@ -42,11 +42,10 @@ def list_(json_out: Json = False) -> None:
 @app.command("show")
 def show(kind: str, json_out: Json = False) -> None:
     """Show one provider (by kind or id)."""
-    render.detail(Client.from_env().get(f"/v1/providers/{kind}"), as_json=json_out)
+    show_one(f"/v1/providers/{kind}", as_json=json_out)
 
 
 @app.command("remove")
 def remove(kind: str, yes: Yes = False, json_out: Json = False) -> None:
     """Remove a provider that has no regions left."""
-    confirm(f"remove provider '{kind}'?", yes)
-    render.detail(Client.from_env().delete(f"/v1/providers/{kind}"), as_json=json_out)
+    remove_one(f"remove provider '{kind}'?", f"/v1/providers/{kind}", yes=yes, as_json=json_out)

@@ -8,7 +8,7 @@ import typer
 
 from provisioner.cli import render
 from provisioner.cli.client import Client
-from provisioner.cli.common import Json, Timeout, Wait, Yes, confirm, group
+from provisioner.cli.common import Json, Timeout, Wait, Yes, group, remove_one, show_one
 from provisioner.states import StorageMode
 
 app = group("Regions: groups of nodes of one provider, named by a DNS label.")
@@ -48,15 +48,15 @@ def list_(provider: ProviderOpt = None, json_out: Json = False) -> None:
 @app.command("show")
 def show(name: str, provider: ProviderOpt = None, json_out: Json = False) -> None:
     """Show one region (by name or id)."""
-    render.detail(Client.from_env().get(f"/v1/regions/{name}", provider=provider), as_json=json_out)
+    show_one(f"/v1/regions/{name}", as_json=json_out, provider=provider)
 
 
 @app.command("remove")
 def remove(
     name: str, provider: ProviderOpt = None,
-    force: Annotated[bool, typer.Option("--force", help="Also remove the region's nodes.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Also remove the region's nodes, reservations and datastores.")] = False,
     yes: Yes = False, json_out: Json = False,
 ) -> None:
-    """Remove a region (refused while it has nodes, unless --force)."""
-    confirm(f"remove region '{name}'{' and all its nodes' if force else ''}?", yes)
-    render.detail(Client.from_env().delete(f"/v1/regions/{name}", force=force, provider=provider), as_json=json_out)
+    """Remove a region (refused while it has nodes, reservations or datastores, unless --force)."""
+    remove_one(f"remove region '{name}'{' with all its nodes, reservations and datastores' if force else ''}?",
+               f"/v1/regions/{name}", yes=yes, as_json=json_out, force=force, provider=provider)

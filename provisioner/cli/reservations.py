@@ -8,7 +8,7 @@ import typer
 
 from provisioner.cli import render
 from provisioner.cli.client import Client
-from provisioner.cli.common import Json, Yes, confirm, group
+from provisioner.cli.common import Json, RegionOpt, Yes, group, remove_one, show_one
 from provisioner.regional_states import Protocol
 
 app = group("Reservations: a HOST.local name and a port, published over mDNS (and UPnP) by a node of the region.")
@@ -17,7 +17,6 @@ COLUMNS = [("id", "ID"), ("name", "NAME"), ("region", "REGION"), ("fqdn", "HOST"
            ("reason", "REASON")]
 HISTORY_COLUMNS = [("at", "WHEN"), ("actor", "WHO"), ("from_state", "FROM"), ("to_state", "TO"), ("reason", "WHY")]
 SHOW_FIELDS = ["id", "name", "region", "fqdn", "port", "protocol", "node", "state", "desired", "actual"]
-RegionOpt = Annotated[str | None, typer.Option("--region", "-r", help="Region (needed only when a name is used in several regions).")]
 
 
 def _row(r: dict) -> dict:
@@ -51,16 +50,14 @@ def list_(region: Annotated[str | None, typer.Option("--region", "-r", help="Onl
 @app.command("show")
 def show(name: str, region: RegionOpt = None, json_out: Json = False) -> None:
     """Show one reservation: `desired` (operator) and `actual` (node report) side by side."""
-    render.detail(Client.from_env().get(f"/v1/reservations/{name}", region=region), as_json=json_out,
-                  fields=None if json_out else SHOW_FIELDS)
+    show_one(f"/v1/reservations/{name}", as_json=json_out, fields=None if json_out else SHOW_FIELDS, region=region)
 
 
 @app.command("remove")
 def remove(name: str, region: RegionOpt = None, yes: Yes = False, json_out: Json = False) -> None:
     """Remove a reservation (its node withdraws the name on its next heartbeat)."""
-    confirm(f"remove reservation '{name}'?", yes)
-    render.detail(Client.from_env().delete(f"/v1/reservations/{name}", region=region), as_json=json_out,
-                  fields=None if json_out else ["id", "name", "state"])
+    remove_one(f"remove reservation '{name}'?", f"/v1/reservations/{name}", yes=yes, as_json=json_out,
+               fields=None if json_out else ["id", "name", "state"], region=region)
 
 
 @app.command("assign")

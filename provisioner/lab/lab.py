@@ -244,8 +244,8 @@ def _ensure_region(state: LabState, ca: VendorCA, progress: Progress) -> Path:
     if not any(p["kind"] == PROVIDER for p in client.get("/v1/providers")["items"]):
         provision_cli(state, "provider", "enable", PROVIDER)
     if not any(r["name"] == REGION for r in client.get("/v1/regions")["items"]):
-        # No public jobs: their rules (RAM vs VRAM, cores per GPU) read /proc, which for a simulated node
-        # is this machine's, not the profile's; every rule that applies reads the umockdev sysfs.
+        # No public jobs (the lab's region is the smallest rule set). Nodes read the profile's /proc through
+        # `minion run --host-root` (RAM, cores); every other rule reads the umockdev sysfs.
         provision_cli(state, "region", "create", REGION, "--provider", PROVIDER, "--storage-mode", "local",
                       "--no-public-jobs")
         progress(f"region: {REGION} (provider {PROVIDER}, storage mode local, no public jobs)")
@@ -285,7 +285,8 @@ def _start_minion(node: NodeState, tpm: Swtpm, bundle: Path) -> None:
     record = d / "hardware" / f"{HARDWARE_PROFILE}.umockdev"
     argv = ["umockdev-run", "-d", str(record), "--", str(BIN / "minion"), "run", "--bundle", str(bundle),
             "--tcti", tpm.tcti, "--state-dir", str(d / "minion"), "--heartbeat-interval", str(HEARTBEAT_SECONDS),
-            "--max-backoff", str(JOIN_RETRY_SECONDS)]
+            "--max-backoff", str(JOIN_RETRY_SECONDS),
+            "--host-root", str(d / "hardware" / "host")]  # the profile's RAM and cores, not this machine's
     (d / "minion").mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("RIGBASE_")} | {"TSS2_LOG": "all+none"}
     with open(d / "minion.log", "ab") as log:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ipaddress
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from minion.datastores.mounts import Datastore as NodeDatastore
@@ -47,8 +46,7 @@ def add(session: Session, name: str, *, region: str, type: str, address: str, ro
     # the node's rules, verbatim: root absolute without '..', SMB needs credentials, NFS refuses them
     NodeDatastore(name, kind.value, address, root, username or None, password)
     reg = region_service.get(session, region)
-    if session.scalar(select(Datastore.id).where(Datastore.region_id == reg.id, Datastore.name == name,
-                                                 Datastore.state != DatastoreState.REMOVED)):
+    if regional_lookup.holder(session, Datastore, reg.id, name=name) is not None:
         raise Conflict(f"datastore '{name}' already exists in region '{reg.name}': choose another name",
                        code="duplicate_name")
     ds = Datastore(id=new_id("ds"), name=name, region=reg, type=kind.value, address=address,
@@ -69,7 +67,10 @@ def get(session: Session, ref: str, region: str | None = None) -> Datastore:
     return regional_lookup.get_live(session, Datastore, KIND, ref, region)
 
 
-def remove(session: Session, ref: str, *, region: str | None = None, actor: str) -> Datastore:
-    ds = get(session, ref, region)
-    transition(session, ds, DatastoreState.REMOVED, actor=actor, reason="removed by operator")
+def remove_row(session: Session, ds: Datastore, *, actor: str, reason: str = "removed by operator") -> Datastore:
+    transition(session, ds, DatastoreState.REMOVED, actor=actor, reason=reason)
     return ds
+
+
+def remove(session: Session, ref: str, *, region: str | None = None, actor: str) -> Datastore:
+    return remove_row(session, get(session, ref, region), actor=actor)

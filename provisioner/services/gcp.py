@@ -225,25 +225,11 @@ def create_region(session: Session, name: str, *, gcp_region: str | None, storag
 
 
 def enrollment_bundle(session: Session, region: Region, join_token: str) -> dict[str, Any]:
-    """docs/enrollment-bundle.md, the same fields as POST /v1/regions/{ref}/bundle (which builds it inline;
-    replace this with its function once it has one)."""
+    """The storage node's bundle (docs/enrollment-bundle.md): built by the one bundle function, with
+    the URL that VMs in Google Cloud can reach."""
     from provisioner.services import join_tokens
-    from provisioner.store.join_models import JoinToken
 
-    row = session.scalar(select(JoinToken).where(JoinToken.token_sha256 == join_tokens.digest(join_token)))
-    expires = row.expires_at.isoformat().replace("+00:00", "Z") if row is not None and row.expires_at else None
-    return {
-        "version": 1,
-        "control_plane_url": control_plane_url(),
-        "ca_certificate": None,
-        "region": region.name,
-        "region_id": region.id,
-        "provider": KIND,
-        "join_token": join_token,
-        "expires_at": expires,
-        "storage_mode": region.storage_mode,
-        "public_jobs": region.public_jobs,
-    }
+    return join_tokens.bundle(session, region, join_token, control_plane_url=control_plane_url())
 
 
 def control_plane_url() -> str:

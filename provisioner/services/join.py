@@ -15,9 +15,9 @@ import os
 import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Any, Mapping, NoReturn
+from typing import Any, Mapping, NoReturn, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
@@ -37,6 +37,8 @@ from provisioner.services.nonce_store import DbNonceStore
 from provisioner.states import NodeState
 from provisioner.store.join_models import JoinAttempt, NodeAttestation, PendingMinion
 from provisioner.store.models import Node, Region
+
+_Body = TypeVar("_Body", bound=BaseModel)
 
 # Region setting (Region.settings) that lets EKs without a vendor certificate join (operator opt-in).
 ALLOW_EK_WITHOUT_CERT = "allow_ek_without_certificate"
@@ -74,9 +76,10 @@ def _issuer(session: Session) -> NonceIssuer:
 
 
 def pcr_policy_for(session: Session, region: Region, recorded: Mapping[str, str] | None = None) -> PcrPolicy:
-    """Manifest policy when the image engineer's lookup (provisioner/services/images.py,
-    `manifest_pcrs_for(session, region) -> {index: bytes} | None`) knows a registered image for the
-    region; otherwise record mode against the node's recorded baseline (None: record now)."""
+    """Manifest policy when the image module (provisioner/services/images.py) knows a registered image
+    for the region — `manifest_policy_for(session, region)` first (a rollout: any of several manifests),
+    then `manifest_pcrs_for(session, region)` (one mapping); otherwise record mode against the node's
+    recorded baseline (None: record now). docs/join-protocol.md "PCR policy hooks"."""
     try:
         images = importlib.import_module("provisioner.services.images")
     except ImportError:
@@ -127,6 +130,16 @@ def _refused(session: Session, refusal: Refusal, ctx: _Context, *, step: str, er
     raise refusal.as_error()
 
 
+def _parse(session: Session, model: type[_Body], body: Any, ctx: _Context, *, step: str) -> _Body:
+    """The request body as `model`, or the malformed_request refusal (audited) naming the first bad field."""
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        _refused(session, refuse(RefusalCode.malformed_request, f"{'.'.join(map(str, first['loc']))}: {first['msg']}"),
+                 ctx, step=step)
+
+
 # ---------------------------------------------------------------- step 1: POST /v1/join
 
 
@@ -160,12 +173,7 @@ def begin(session: Session, body: Any) -> JoinChallenge:
     ctx = _Context(minion_id=body.get("minion_id") if isinstance(body, dict) and isinstance(body.get("minion_id"), str) else None)
     if ctx.minion_id and len(ctx.minion_id) > 32:
         ctx.minion_id = None
-    try:
-        request = JoinRequest.model_validate(body)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        _refused(session, refuse(RefusalCode.malformed_request, f"{'.'.join(map(str, first['loc']))}: {first['msg']}"),
-                 ctx, step="join")
+    request = _parse(session, JoinRequest, body, ctx, step="join")
     resolved = join_tokens.resolve(session, request.join_token)
     if isinstance(resolved, Refusal):
         _refused(session, resolved, ctx, step="join")
@@ -275,12 +283,7 @@ def finish(session: Session, join_id: str, join_token: str | None, body: Any) ->
     # The attempt is kept (purged after JOIN_ATTEMPT_TTL): its nonce is single use, so a second proof
     # for it is refused as a replay by the nonce check, which is what the operator should read.
     pending = PendingJoin.model_validate_json(attempt.pending)
-    try:
-        proof = ProofRequest.model_validate(body)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        _refused(session, refuse(RefusalCode.malformed_request, f"{'.'.join(map(str, first['loc']))}: {first['msg']}"),
-                 ctx, step="proof")
+    proof = _parse(session, ProofRequest, body, ctx, step="proof")
     node = node_service.by_minion_id(session, pending.minion_id)
     if node is not None and node.region_id != region.id:
         node = None

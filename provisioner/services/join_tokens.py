@@ -7,6 +7,7 @@ import hashlib
 import re
 import secrets
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
@@ -70,6 +71,27 @@ def revoke(session: Session, region: str, *, actor: str) -> int:
 def list_for(session: Session, region: str) -> list[JoinToken]:
     reg = region_service.get(session, region)
     return list(session.scalars(select(JoinToken).where(JoinToken.region_id == reg.id).order_by(JoinToken.created_at)))
+
+
+def bundle(session: Session, region: Region, token: str, *, control_plane_url: str,
+           ca_certificate: str | None = None) -> dict[str, Any]:
+    """The region enrollment bundle wrapping `token` (docs/enrollment-bundle.md, the contract with the
+    image builder and the minion). The one place it is built: `POST /v1/regions/{ref}/bundle` and the
+    GCP storage node's instance metadata both call this, so the two can never drift apart."""
+    row = session.scalar(select(JoinToken).where(JoinToken.token_sha256 == digest(token)))
+    expires = row.expires_at if row is not None else None
+    return {
+        "version": 1,
+        "control_plane_url": control_plane_url,
+        "ca_certificate": ca_certificate,
+        "region": region.name,
+        "region_id": region.id,
+        "provider": region.provider.kind,
+        "join_token": token,
+        "expires_at": expires.isoformat().replace("+00:00", "Z") if expires else None,
+        "storage_mode": region.storage_mode,
+        "public_jobs": region.public_jobs,
+    }
 
 
 def resolve(session: Session, token: str, now: datetime | None = None) -> tuple[JoinToken, Region] | Refusal:

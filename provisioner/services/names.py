@@ -1,10 +1,15 @@
-"""Input rules shared by every resource: DNS-label names and minion_ids."""
+"""Input rules shared by every resource: DNS-label names and minion_ids, and what a reference by
+name or id resolves to."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
-from provisioner.errors import InvalidInput
+from provisioner.errors import InvalidInput, NotFound
+
+T = TypeVar("T")
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 MINION_ID = re.compile(r"^[0-9a-f]{32}$")
@@ -36,3 +41,15 @@ def hostname(value: str) -> str:
     if not HOSTNAME.match(value):
         raise InvalidInput(f"hostname '{value}' is not a valid DNS name: use lowercase labels separated by dots")
     return value
+
+
+def one_named(found: Sequence[T], *, kind: str, ref: str, place: Callable[[T], str], scope: str, option: str) -> T:
+    """The one live row a name-or-id reference picks. A name is unique only within its scope (a node's
+    region, a region's provider), so the same name in several scopes is refused listing them, with the
+    option that disambiguates, instead of guessing."""
+    if not found:
+        raise NotFound(f"{kind} '{ref}' does not exist: see `provision {kind} list`", code=f"{kind}_not_found")
+    if len(found) > 1:
+        where = ", ".join(sorted(place(row) for row in found))
+        raise InvalidInput(f"{kind} name '{ref}' exists in several {scope} ({where}): pass {option}")
+    return found[0]

@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import inspect, select
 from sqlalchemy.orm import Session
 
-from provisioner.errors import Conflict, InvalidInput, NotFound, RuleViolation
+from provisioner.errors import Conflict, InvalidInput, RuleViolation
 from provisioner.services import audit, lifecycle, names
 from provisioner.services import regions as region_service
 from provisioner.services.errors import flush
@@ -47,6 +47,13 @@ def transition(session: Session, node: Node, to: NodeState, *, actor: str, reaso
     the audit trail (who, when, from, to, why); flushed so that a lost race is a Conflict here."""
     lock(session, node)
     lifecycle.apply(session, node, to, kind=KIND, name=node.name, table=NODE_TRANSITIONS, actor=actor, reason=reason)
+    if to == NodeState.REMOVED:
+        # every removal path (operator, replace, forced region removal, a provider deleting its VM)
+        # comes through here: a removed node serves nothing, so its reservations must not stay
+        # assigned to it where no heartbeat will ever pick them up again
+        from provisioner.services import reservations  # reservations imports nodes
+
+        reservations.unassign_from(session, node, actor=actor, reason=f"node '{node.name}' was removed")
     return node
 
 
@@ -148,12 +155,7 @@ def get(session: Session, ref: str, region: str | None = None, *, include_remove
     found = list(session.scalars(stmt.where(Node.state != NodeState.REMOVED)))
     if not found and include_removed:
         found = list(session.scalars(stmt.order_by(Node.created_at.desc()).limit(1)))
-    if not found:
-        raise NotFound(f"node '{ref}' does not exist: see `provision node list`", code="node_not_found")
-    if len(found) > 1:
-        where = ", ".join(sorted(n.region.name for n in found))
-        raise InvalidInput(f"node name '{ref}' exists in several regions ({where}): pass --region")
-    return found[0]
+    return names.one_named(found, kind=KIND, ref=ref, place=lambda n: n.region.name, scope="regions", option="--region")
 
 
 def remove(session: Session, ref: str, *, region: str | None = None, actor: str) -> Node:

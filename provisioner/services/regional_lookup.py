@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from provisioner.errors import InvalidInput, NotFound
+from provisioner.services import names
 from provisioner.services import regions as region_service
 
 M = TypeVar("M")
@@ -29,9 +29,14 @@ def list_live(session: Session, model: type[M], region: str | None = None) -> li
 def get_live(session: Session, model: type[M], kind: str, ref: str, region: str | None = None) -> M:
     found = list(session.scalars(_live(session, model, region).where(
         (model.name == ref) | (model.id == ref))))  # type: ignore[attr-defined]
-    if not found:
-        raise NotFound(f"{kind} '{ref}' does not exist: see `provision {kind} list`", code=f"{kind}_not_found")
-    if len(found) > 1:
-        where = ", ".join(sorted(row.region.name for row in found))  # type: ignore[attr-defined]
-        raise InvalidInput(f"{kind} name '{ref}' exists in several regions ({where}): pass --region")
-    return found[0]
+    return names.one_named(found, kind=kind, ref=ref, place=lambda row: row.region.name,  # type: ignore[attr-defined]
+                           scope="regions", option="--region")
+
+
+def holder(session: Session, model: type[M], region_id: str, **where: Any) -> M | None:
+    """The live row of `model` in the region whose columns equal `where` (who already holds a name,
+    hostname or port that must be unique in the region), or None."""
+    stmt = select(model).where(model.region_id == region_id, model.state != REMOVED)  # type: ignore[attr-defined]
+    for column, value in where.items():
+        stmt = stmt.where(getattr(model, column) == value)
+    return session.scalar(stmt)

@@ -1,5 +1,6 @@
-"""Regions: create (DNS-label name unique per provider), list, show, remove (refused while nodes
-exist unless forced, in which case the nodes are removed first, each with its own history line)."""
+"""Regions: create (DNS-label name unique per provider), list, show, remove (refused while nodes,
+reservations or datastores exist unless forced, in which case they are removed first, each with its
+own history line)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 from sqlalchemy import event, select
 from sqlalchemy.orm import Session
 
-from provisioner.errors import Conflict, InvalidInput, NotFound
+from provisioner.errors import Conflict, InvalidInput
 from provisioner.providers.base import provider_for
 from provisioner.reconcilers.loop import kick
 from provisioner.services import lifecycle, names
@@ -62,13 +63,8 @@ def get(session: Session, ref: str, provider: str | None = None) -> Region:
     stmt = select(Region).where((Region.name == ref) | (Region.id == ref), Region.state != RegionState.REMOVED)
     if provider:
         stmt = stmt.join(Provider).where((Provider.kind == provider) | (Provider.id == provider))
-    found = list(session.scalars(stmt))
-    if not found:
-        raise NotFound(f"region '{ref}' does not exist: see `provision region list`", code="region_not_found")
-    if len(found) > 1:
-        kinds = ", ".join(sorted(r.provider.kind for r in found))
-        raise InvalidInput(f"region '{ref}' exists for several providers ({kinds}): pass --provider")
-    return found[0]
+    return names.one_named(list(session.scalars(stmt)), kind=KIND, ref=ref, place=lambda r: r.provider.kind,
+                           scope="providers", option="--provider")
 
 
 def live_nodes(session: Session, region: Region) -> list[Node]:
@@ -76,8 +72,16 @@ def live_nodes(session: Session, region: Region) -> list[Node]:
                                 .order_by(Node.name)))
 
 
+def _shown(names: list[str]) -> str:
+    return ", ".join(names[:5]) + (" …" if len(names) > 5 else "")
+
+
 def remove(session: Session, ref: str, *, force: bool = False, provider: str | None = None, actor: str) -> Region:
-    from provisioner.services import nodes as node_service  # nodes imports regions
+    """Refused while the region holds nodes, reservations or datastores; with `force` they are all
+    removed with it, in the caller's one transaction, each with its own history line."""
+    from provisioner.services import datastores as datastore_service  # these import regions
+    from provisioner.services import nodes as node_service
+    from provisioner.services import reservations as reservation_service
 
     region = get(session, ref, provider)
     # what the provider made for the region (the GCP storage node's VM, whose node row carries the
@@ -85,15 +89,23 @@ def remove(session: Session, ref: str, *, force: bool = False, provider: str | N
     made = {a.name for a in provider_for(region.provider.kind).plan_region(region.name, region.settings or {})
             if a.kind == "instance"}
     nodes = [n for n in live_nodes(session, region) if n.name not in made]
-    if nodes and not force:
-        shown = ", ".join(n.name for n in nodes[:5]) + (" …" if len(nodes) > 5 else "")
-        raise Conflict(f"region '{region.name}' still has {len(nodes)} node(s) ({shown}): remove them or pass --force",
-                       code="region_in_use")
+    rsvs = reservation_service.list_all(session, region.id)
+    stores = datastore_service.list_all(session, region.id)
+    held = [(len(rows), what, _shown([r.name for r in rows]))
+            for rows, what in ((nodes, "node"), (rsvs, "reservation"), (stores, "datastore")) if rows]
+    if held and not force:
+        listed = "; ".join(f"{n} {what}(s) ({names})" for n, what, names in held)
+        raise Conflict(f"region '{region.name}' still has {listed}: remove them first, or pass --force to "
+                       f"remove them together with the region", code="region_in_use")
     if RegionState(region.state) != RegionState.REMOVING:
         transition(session, region, RegionState.REMOVING, actor=actor, reason="removal requested by operator")
+    why = f"region '{region.name}' removed with --force"
+    for rsv in rsvs:  # before the nodes, so each reservation's history says why it went
+        reservation_service.remove_row(session, rsv, actor=actor, reason=why)
+    for ds in stores:
+        datastore_service.remove_row(session, ds, actor=actor, reason=why)
     for node in nodes:
-        node_service.transition(session, node, NodeState.REMOVED, actor=actor,
-                                reason=f"region '{region.name}' removed with --force")
+        node_service.transition(session, node, NodeState.REMOVED, actor=actor, reason=why)
     if made:
         # its reconciler deletes what it made, then → removed (woken once this removal is committed)
         event.listen(session, "after_commit", lambda _s: kick(f"{region.provider.kind}-regions"), once=True)

@@ -50,13 +50,6 @@ def _check_protocol(protocol: str) -> Protocol:
         raise InvalidInput(f"protocol '{protocol}' is not known: use tcp or udp", code="invalid_protocol") from None
 
 
-def _live(session: Session, region_id: str, **where: Any) -> Reservation | None:
-    stmt = select(Reservation).where(Reservation.region_id == region_id, Reservation.state != ReservationState.REMOVED)
-    for column, value in where.items():
-        stmt = stmt.where(getattr(Reservation, column) == value)
-    return session.scalar(stmt)
-
-
 def add(session: Session, name: str, *, region: str, hostname: str, port: int, protocol: str = "tcp",
         actor: str) -> Reservation:
     names.dns_label("reservation", name)
@@ -67,7 +60,7 @@ def add(session: Session, name: str, *, region: str, hostname: str, port: int, p
     taken = [("name", name, "choose another name"), ("hostname", hostname, "choose another --hostname"),
              ("port", port, "choose another --port")]
     for column, value, fix in taken:
-        holder = _live(session, reg.id, **{column: value})
+        holder = regional_lookup.holder(session, Reservation, reg.id, **{column: value})
         if holder is not None:
             raise Conflict(f"{column} {value} is already used by reservation '{holder.name}' in region "
                            f"'{reg.name}': {fix}", code=f"duplicate_{column}")
@@ -119,22 +112,38 @@ def assign(session: Session, ref: str, *, node: str, region: str | None = None, 
     return rsv
 
 
-def unassign(session: Session, ref: str, *, region: str | None = None, actor: str) -> Reservation:
-    """The node drops it on its next heartbeat (mDNS goodbyes, UPnP mapping removed)."""
-    rsv = get(session, ref, region)
-    previous = rsv.node.name if rsv.node is not None else None
+def _detach(session: Session, rsv: Reservation, to: ReservationState, *, actor: str, reason: str) -> Reservation:
+    """Take the reservation off its node (the node drops it on its next heartbeat: mDNS goodbyes,
+    UPnP mapping removed) and move it to `to`, audited."""
     rsv.node = None
     _clear_actual(rsv, None)
-    transition(session, rsv, ReservationState.UNASSIGNED, actor=actor, reason=f"unassigned from node '{previous}'")
+    transition(session, rsv, to, actor=actor, reason=reason)
     return rsv
+
+
+def unassign_row(session: Session, rsv: Reservation, *, actor: str, reason: str | None = None) -> Reservation:
+    """Unassign a loaded reservation: the operator's `unassign`, and node removal for each reservation
+    the node served (nodes.transition), so both write the same state and history."""
+    previous = rsv.node.name if rsv.node is not None else None
+    return _detach(session, rsv, ReservationState.UNASSIGNED, actor=actor,
+                   reason=reason or f"unassigned from node '{previous}'")
+
+
+def unassign(session: Session, ref: str, *, region: str | None = None, actor: str) -> Reservation:
+    return unassign_row(session, get(session, ref, region), actor=actor)
+
+
+def unassign_from(session: Session, node: Node, *, actor: str, reason: str) -> list[Reservation]:
+    """Unassign every reservation `node` serves (it is going away); each gets its own audit line."""
+    return [unassign_row(session, rsv, actor=actor, reason=reason) for rsv in _assigned_to(session, node)]
+
+
+def remove_row(session: Session, rsv: Reservation, *, actor: str, reason: str = "removed by operator") -> Reservation:
+    return _detach(session, rsv, ReservationState.REMOVED, actor=actor, reason=reason)
 
 
 def remove(session: Session, ref: str, *, region: str | None = None, actor: str) -> Reservation:
-    rsv = get(session, ref, region)
-    rsv.node = None
-    _clear_actual(rsv, None)
-    transition(session, rsv, ReservationState.REMOVED, actor=actor, reason="removed by operator")
-    return rsv
+    return remove_row(session, get(session, ref, region), actor=actor)
 
 
 def history(session: Session, ref: str, region: str | None = None) -> list[Any]:

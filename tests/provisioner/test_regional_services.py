@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
 from minion.reservations.model import ActualState as NodeActualState
@@ -14,6 +14,8 @@ from provisioner.errors import Conflict, InvalidInput, NotFound, RigbaseError, R
 from provisioner.regional_states import ActualState
 from provisioner.secrets import unseal
 from provisioner.services import audit, datastores, desired_state, nodes, providers, regions, reservations
+from provisioner.store.models import Region
+from provisioner.store.regional_models import Datastore, Reservation
 from tests.fixtures.postgres import Store
 
 ACTOR = "operator:test"
@@ -152,3 +154,78 @@ def test_bad_input_is_refused_and_changes_nothing(seeded: Store) -> None:
         assert fragment in err.value.message, (label, err.value.message)
         assert "\n" not in err.value.message, label  # one line (the node-side path rules phrase their own)
         assert seeded.snapshot() == before, label
+
+
+def _last_decision(s: Session, name: str) -> tuple[str | None, str, str | None]:
+    rsv = next(r for r in s.scalars(select(Reservation).where(Reservation.name == name).order_by(Reservation.created_at)))
+    last = audit.history(s, reservations.KIND, [rsv.id])[-1]
+    return last.from_state, last.to_state, last.reason
+
+
+def test_node_removal_unassigns_the_reservations_it_served(seeded: Store) -> None:
+    with seeded.sessions.begin() as s:  # type: ignore[attr-defined]
+        reservations.add(s, "api", region="lab-1", hostname="api", port=9000, actor=ACTOR)
+        reservations.add(s, "db", region="lab-1", hostname="db", port=5432, actor=ACTOR)
+        reservations.assign(s, "nb", node="gpu-1", actor=ACTOR)
+        reservations.assign(s, "api", node="gpu-1", actor=ACTOR)
+        reservations.assign(s, "db", node="gpu-2", actor=ACTOR)
+        desired_state.record_actual(s, nodes.get(s, "gpu-1"), {"reservations": [
+            {"name": "nb", "state": "published", "address": "10.0.0.7"}]})
+    with seeded.sessions.begin() as s:  # type: ignore[attr-defined]
+        nodes.remove(s, "gpu-1", actor=ACTOR)
+    with seeded.sessions() as s:  # type: ignore[attr-defined]
+        for name in ("nb", "api"):
+            rsv = reservations.get(s, name)
+            assert (rsv.state, rsv.node_id, rsv.actual_state, rsv.address) == ("unassigned", None, None, None), name
+            assert _last_decision(s, name) == ("assigned", "unassigned", "node 'gpu-1' was removed")
+        assert (reservations.get(s, "db").state, reservations.get(s, "db").node.name) == ("assigned", "gpu-2")
+        # unassigned, not stuck: the operator can place them again on a live node
+        assert reservations.assign(s, "nb", node="gpu-2", actor=ACTOR).node.name == "gpu-2"
+
+
+def test_node_removal_and_its_unassignments_are_one_transaction(seeded: Store) -> None:
+    with seeded.sessions.begin() as s:  # type: ignore[attr-defined]
+        reservations.assign(s, "nb", node="gpu-1", actor=ACTOR)
+    before = seeded.snapshot()
+    with pytest.raises(RuntimeError), seeded.sessions.begin() as s:  # type: ignore[attr-defined]
+        nodes.remove(s, "gpu-1", actor=ACTOR)
+        assert reservations.get(s, "nb").state == "unassigned"
+        raise RuntimeError("the request failed after the removal")
+    assert seeded.snapshot() == before
+
+
+def test_region_removal_is_refused_while_it_holds_reservations_or_datastores(seeded: Store) -> None:
+    with seeded.sessions.begin() as s:  # type: ignore[attr-defined]
+        regions.create(s, "lab-3", provider="physical", actor=ACTOR)
+        reservations.add(s, "nb", region="lab-3", hostname="jupyter", port=8888, actor=ACTOR)
+        datastores.add(s, "scratch", region="lab-3", type="nfs", address="10.0.0.6", root="/srv", actor=ACTOR)
+    before = seeded.snapshot()
+    for ref in ("lab-3", "lab-1"):
+        with pytest.raises(Conflict) as err, seeded.sessions.begin() as s:  # type: ignore[attr-defined]
+            regions.remove(s, ref, actor=ACTOR)
+        assert "\n" not in err.value.message and "pass --force" in err.value.message
+        assert seeded.snapshot() == before, ref
+    assert err.value.message == ("region 'lab-1' still has 3 node(s) (gpu-1, gpu-2, nas-1); 1 reservation(s) (nb); "
+                                 "1 datastore(s) (share): remove them first, or pass --force to remove them "
+                                 "together with the region")
+    with seeded.sessions.begin() as s:  # type: ignore[attr-defined]
+        reservations.assign(s, "nb", node="gpu-1", region="lab-1", actor=ACTOR)
+    with seeded.sessions.begin() as s:  # type: ignore[attr-defined]
+        regions.remove(s, "lab-3", actor=ACTOR, force=True)
+        regions.remove(s, "lab-1", actor=ACTOR, force=True)
+    with seeded.sessions() as s:  # type: ignore[attr-defined]
+        assert [r.name for r in regions.list_all(s)] == ["lab-2"]
+        assert reservations.list_all(s) == [] and datastores.list_all(s) == []
+        why = "region 'lab-1' removed with --force"
+        rows = {r.name: r for r in s.scalars(select(Reservation).join(Reservation.region).where(Region.name == "lab-1"))}
+        assert (rows["nb"].state, rows["nb"].node_id) == ("removed", None)
+        assert [(e.from_state, e.to_state, e.reason) for e in audit.history(s, reservations.KIND, [rows["nb"].id])][-1] == (
+            "assigned", "removed", why)
+        share = s.scalar(select(Datastore).where(Datastore.name == "share"))
+        assert [(e.to_state, e.reason) for e in audit.history(s, datastores.KIND, [share.id])][-1] == ("removed", why)
+        scratch = s.scalar(select(Datastore).where(Datastore.name == "scratch"))
+        assert (scratch.state, audit.history(s, datastores.KIND, [scratch.id])[-1].reason) == (
+            "removed", "region 'lab-3' removed with --force")
+        # the names are free again
+        regions.create(s, "lab-3", provider="physical", actor=ACTOR)
+        reservations.add(s, "nb", region="lab-3", hostname="jupyter", port=8888, actor=ACTOR)

@@ -216,3 +216,36 @@ def test_unreachable_database_is_one_line() -> None:
         upgrade(url, make_engine(url))
     assert "cannot reach the database at" in err.value.message and "\n" not in err.value.message
     assert "secret" not in err.value.message
+
+
+def _bundle_fields() -> list[str]:
+    """The field column of docs/enrollment-bundle.md's table: the contract the bundle must match."""
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).parents[2] / "docs" / "enrollment-bundle.md").read_text()
+    return re.findall(r"^\| `(\w+)` \|", doc, flags=re.M)
+
+
+def test_one_enrollment_bundle_for_the_route_and_the_gcp_storage_node(
+        seeded: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    from provisioner.services import gcp, join_tokens
+
+    monkeypatch.setenv(gcp.PUBLIC_URL_ENV, "https://cp.example:8470")
+    with seeded.sessions.begin() as s:  # type: ignore[attr-defined]
+        region = regions.get(s, "central-1")
+        row, token = join_tokens.issue(s, "central-1", ttl="2h", actor=ACTOR)
+        bundle = join_tokens.bundle(s, region, token, control_plane_url="https://cp.example:8470",
+                                    ca_certificate="-----BEGIN CERTIFICATE-----")
+        assert list(bundle) == _bundle_fields()
+        assert bundle == {
+            "version": 1, "control_plane_url": "https://cp.example:8470", "ca_certificate": "-----BEGIN CERTIFICATE-----",
+            "region": "central-1", "region_id": region.id, "provider": "physical", "join_token": token,
+            "expires_at": row.expires_at.astimezone(timezone.utc).isoformat().replace("+00:00", "Z"),
+            "storage_mode": "central", "public_jobs": False}
+        assert bundle["expires_at"].endswith("Z")
+        # the GCP storage node's metadata is the same function with the URL VMs reach (no CA: none is set)
+        assert gcp.enrollment_bundle(s, region, token) == {**bundle, "ca_certificate": None}
+        _, forever = join_tokens.issue(s, "lab-1", ttl="never", actor=ACTOR)
+        lab = join_tokens.bundle(s, regions.get(s, "lab-1"), forever, control_plane_url="http://127.0.0.1:8470")
+        assert (lab["expires_at"], lab["storage_mode"], lab["public_jobs"]) == (None, "local", True)

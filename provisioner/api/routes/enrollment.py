@@ -90,12 +90,9 @@ def revoke_tokens(ref: str, session: Db, actor: Operator) -> dict[str, Any]:
 @router.post("/v1/regions/{ref}/bundle", status_code=201)
 def bundle(ref: str, body: BundleIn, session: Db, actor: Operator) -> dict[str, Any]:
     """A fresh join token wrapped in the region's enrollment bundle (docs/enrollment-bundle.md)."""
-    region = region_service.get(session, ref)
-    row, token = join_tokens.issue(session, ref, ttl=body.ttl, actor=actor)
-    return {"version": 1, "control_plane_url": body.control_plane_url, "ca_certificate": body.ca_certificate,
-            "region": region.name, "region_id": region.id, "provider": region.provider.kind, "join_token": token,
-            "expires_at": row.expires_at.isoformat().replace("+00:00", "Z") if row.expires_at else None,
-            "storage_mode": region.storage_mode, "public_jobs": region.public_jobs}
+    _row, token = join_tokens.issue(session, ref, ttl=body.ttl, actor=actor)
+    return join_tokens.bundle(session, region_service.get(session, ref), token,
+                              control_plane_url=body.control_plane_url, ca_certificate=body.ca_certificate)
 
 
 @router.post("/v1/regions/{ref}/attestation")
