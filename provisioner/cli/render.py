@@ -29,6 +29,14 @@ def console() -> Console:
     return Console(width=_WIDTH, soft_wrap=True)
 
 
+def _print_table(t: Table) -> None:
+    """Print without the padding Rich adds after the last column, so output pastes and diffs cleanly."""
+    con = console()
+    with con.capture() as captured:
+        con.print(t)
+    print("\n".join(line.rstrip() for line in captured.get().splitlines()))
+
+
 def print_json(data: Any) -> None:
     print(json.dumps(data, indent=2, sort_keys=True, default=str))
 
@@ -45,7 +53,7 @@ def table(rows: list[dict[str, Any]], columns: Columns, *, as_json: bool, empty:
         t.add_column(header, no_wrap=True, overflow="ignore")
     for row in rows:
         t.add_row(*(_cell(row.get(field)) for field, _ in columns))
-    console().print(t)
+    _print_table(t)
 
 
 def detail(obj: dict[str, Any], *, as_json: bool, fields: Sequence[str] | None = None) -> None:
@@ -58,7 +66,7 @@ def detail(obj: dict[str, Any], *, as_json: bool, fields: Sequence[str] | None =
     t.add_column(no_wrap=True, overflow="ignore")
     for field in fields or list(obj):
         t.add_row(field, _cell(obj.get(field)))
-    console().print(t)
+    _print_table(t)
 
 
 def created(obj: dict[str, Any], *, as_json: bool) -> None:
