@@ -7,10 +7,12 @@ receives every task event for the node's history. It returns a FinalizeResult: o
 failing task's name and Ansible's message, which the caller turns into `errored` with that reason.
 
 Crash safety: the playbooks are idempotent, so re-running converges. What this module adds is that a
-re-run never races a leftover ansible-playbook: ansible-runner starts the playbook in its own session
-(pexpect), so it survives the control plane being killed. We record its pid (with the process start
-time, so a recycled pid is never mistaken for it) and stop it before starting again; a flock makes a
-second concurrent run of the same node a Conflict instead of two plays on one machine.
+re-run never races a leftover ansible-playbook. ansible-runner starts the playbook in its own session
+(pexpect) on a pty; when the control plane is SIGKILLed the pty closes and the play usually dies of
+SIGHUP within ~0.1 s (measured in tests/provisioner/test_finalize_restart.py), but nothing guarantees
+it, so we record its pid (with the process start time, so a recycled pid is never mistaken for it)
+and stop it before starting again; a flock makes a second concurrent run of the same node a Conflict
+instead of two plays on one machine.
 
 Runner artifacts (events, stdout, the command line) stay under $RIGBASE_HOME/ansible/<node>/artifacts,
 the last ARTIFACTS_KEPT runs per node.

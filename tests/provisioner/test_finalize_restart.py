@@ -2,7 +2,9 @@
 node converges (issue 4). The first control plane is a real child process running one reconciler pass
 against the same store; it is SIGKILLed once the node's history shows playbook task events, so its
 ansible-playbook (in its own session) may still be running. A fresh ReconcilerLoop on a new engine — what
-`provision serve` builds after a restart — must stop that leftover, re-run, and finish the node.
+`provision serve` builds after a restart — must find the node still in provisioning, re-run the playbook
+with no leftover racing it, and finish the node. (Stopping a leftover that lives on is
+test_finalize.py's test_a_leftover_playbook_is_stopped_before_a_rerun.)
 
 The lab root is a clone of the cached debootstrap root (RIGBASE_TEST_ROOTFS_CACHE, as in
 tests/provisioner/test_finalize.py)."""
@@ -60,8 +62,7 @@ def _playbooks_of(home: Path) -> list[str]:
 
 
 def test_a_control_plane_killed_mid_playbook_finishes_the_node_after_restart(
-        base_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        caplog: pytest.LogCaptureFixture) -> None:
+        base_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     home = tmp_path / "home"
     monkeypatch.setenv("RIGBASE_HOME", str(home))
     monkeypatch.setenv("RIGBASE_PUBLIC_URL", CP)
@@ -94,17 +95,16 @@ def test_a_control_plane_killed_mid_playbook_finishes_the_node_after_restart(
         before = _history(url, node_id)
         assert not [h for h in before if h.startswith("finalized")], before  # killed mid-play
         pid_file = home / "ansible/n1/playbook.pid"
-        # its ansible-playbook lives on in its own session, recorded for the next run to stop
+        # its ansible-playbook was recorded for the next run to stop; it may still be running (in practice
+        # it dies of SIGHUP ~0.1 s later, when the dead process's pty closes, half applied)
         leftover_pid, leftover_start = pid_file.read_text().split()
-        assert finalize._start_time(int(leftover_pid)) == leftover_start, "the playbook finished before the kill"
 
         # the restarted control plane: new engine, new sessions, a fresh loop
         engine = make_engine(url)
         sessions = make_sessionmaker(engine)
         with session_scope(sessions) as s:
             assert nodes.get(s, node_id).state == NodeState.PROVISIONING  # nothing moved it on
-        with caplog.at_level("WARNING", logger=finalize.__name__):
-            ReconcilerLoop(sessions, only=["finalize"]).run_once()
+        ReconcilerLoop(sessions, only=["finalize"]).run_once()
         with session_scope(sessions) as s:
             node = nodes.get(s, node_id)
             assert node.state == NodeState.MAINTENANCE, (node.state, node.reason)
@@ -114,8 +114,7 @@ def test_a_control_plane_killed_mid_playbook_finishes_the_node_after_restart(
         assert [h for h in after if h.startswith("finalized in ")] == after[-1:], after
         assert [h for h in after if h.startswith("task ")], after  # the playbook really ran again
         assert not [h for h in after if ": failed" in h or ": unreachable" in h], after
-        # the killed run's playbook was stopped before the re-run started, and no ansible-playbook is left for this home
-        assert "stopping leftover ansible-playbook " + leftover_pid in caplog.text
+        # the killed run's playbook is gone, its pid record cleared, and no ansible-playbook is left for this home
         assert finalize._start_time(int(leftover_pid)) != leftover_start
         assert not pid_file.exists()
         assert _playbooks_of(home) == []
