@@ -67,7 +67,7 @@ RequiresMountsFor=/var/lib/rigbase {ESP_MOUNT}
 ConditionPathExists={ESP_MOUNT}/{BUNDLE_ON_ESP}
 
 [Service]
-ExecStart=/usr/local/bin/minion run --bundle {ESP_MOUNT}/{BUNDLE_ON_ESP}
+ExecStart=/usr/local/bin/minion run --bundle {ESP_MOUNT}/{BUNDLE_ON_ESP} --authorized-keys /root/.ssh/authorized_keys
 Restart=on-failure
 RestartSec=30s
 

@@ -19,6 +19,10 @@ Url = Annotated[Optional[str], typer.Option("--control-plane", help="Control pla
 Token = Annotated[Optional[str], typer.Option("--join-token", envvar="RIGBASE_JOIN_TOKEN", help="Region join token (with --control-plane).")]
 Tcti = Annotated[Optional[str], typer.Option("--tcti", envvar="RIGBASE_TCTI", help="tpm2-tss TCTI string, e.g. swtpm:path=/run/tpm.sock.")]
 StateOpt = Annotated[Optional[Path], typer.Option("--state-dir", file_okay=False, help="Where the node credential and AK live (default /var/lib/rigbase/minion).")]
+AuthorizedKeys = Annotated[Optional[Path], typer.Option(
+    "--authorized-keys", dir_okay=False,
+    help="After a successful join, write the control plane's SSH key into this authorized_keys file (the boot "
+         "image passes /root/.ssh/authorized_keys). Without it nothing is written.")]
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:
@@ -55,6 +59,7 @@ def _config(path: Path) -> dict[str, Any]:
 
 def join_command(bundle: Bundle = None, control_plane: Url = None, join_token: Token = None, tcti: Tcti = None,
                  state_dir: StateOpt = None, inventory_file: InventoryFile = None, host_root: HostRoot = None,
+                 authorized_keys: AuthorizedKeys = None,
                  json_output: Annotated[bool, typer.Option("--json", help="Print the outcome as JSON.")] = False) -> None:
     """Join the region once: attest with the TPM; prints joined, pending or the refusal."""
     os.environ.setdefault("TSS2_LOG", "all+none")
@@ -77,20 +82,27 @@ def join_command(bundle: Bundle = None, control_plane: Url = None, join_token: T
         raise _fail(str(exc)) from None
     finally:
         cp.close()
+    problem = None
     if outcome.state == "joined":
+        from minion.join.authorized_keys import install_from_join
+
         state.save_node({**outcome.node, "control_plane_url": enrollment.control_plane_url, "region": enrollment.region})
+        problem = install_from_join(authorized_keys, outcome.node)
     state.save_status(outcome.state, outcome.message, code=outcome.code)
     if json_output:
         shown = {k: v for k, v in outcome.node.items() if k != "node_credential"}
         print(json.dumps({"state": outcome.state, "message": outcome.message, "code": outcome.code, "node": shown}))
     else:
         print(f"{outcome.state}: {outcome.message}")
+    if problem:
+        raise _fail(f"joined, but {problem}")
     if outcome.state in ("refused", "errored"):
         raise typer.Exit(1)
 
 
 def run_command(bundle: Bundle = None, control_plane: Url = None, join_token: Token = None, tcti: Tcti = None,
                 state_dir: StateOpt = None, inventory_file: InventoryFile = None, host_root: HostRoot = None,
+                authorized_keys: AuthorizedKeys = None,
                 heartbeat_interval: Annotated[Optional[float], typer.Option("--heartbeat-interval", min=0.05, help="Seconds between heartbeats (default: the control plane's, 30).")] = None,
                 config: Annotated[Optional[Path], typer.Option("--config", dir_okay=False, help="minion.yaml written by the finalize playbook.")] = None,
                 max_backoff: Annotated[float, typer.Option("--max-backoff", min=0.1, help="Longest wait between join attempts (s).")] = 15.0) -> None:
@@ -111,7 +123,7 @@ def run_command(bundle: Bundle = None, control_plane: Url = None, join_token: To
         print(f"requirements: FAIL {', '.join(map(str, failing))} (the join will be refused; `minion check` explains)", flush=True)
     stop = threading.Event()
     install_signal_handlers(stop)
-    runner = Runner(RunContext(enrollment, state, tcti, inventory), report, heartbeat_interval, max_backoff, stop)
+    runner = Runner(RunContext(enrollment, state, tcti, inventory, authorized_keys=authorized_keys), report, heartbeat_interval, max_backoff, stop)
     runner.run()
 
 

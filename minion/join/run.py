@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from minion import desired
+from minion.join.authorized_keys import install_from_join
 from minion.join.client import ConnectionProblem, ControlPlane, Enrollment, attempt_join
 from minion.join.state import StateDir
 
@@ -39,6 +40,8 @@ class RunContext:
     tcti: str | None
     inventory: dict[str, Any]
     node: dict[str, Any] = field(default_factory=dict)
+    # `--authorized-keys PATH`: where the control plane's SSH key goes after a join (None: nowhere)
+    authorized_keys: Path | None = None
 
 
 @desired.handles("maintenance")
@@ -117,6 +120,9 @@ class Runner:
                     node = {**outcome.node, "control_plane_url": self.ctx.enrollment.control_plane_url,
                             "region": self.ctx.enrollment.region}
                     self.ctx.state.save_node(node)
+                    problem = install_from_join(self.ctx.authorized_keys, node)
+                    if problem:
+                        print(f"warning: {problem}", file=sys.stderr, flush=True)
                     self.say(node.get("state", "joined"), outcome.message, node_id=node.get("node_id"))
                     return node
                 self.say(outcome.state, outcome.message, code=outcome.code)

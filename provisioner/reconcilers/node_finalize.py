@@ -7,7 +7,9 @@ still in provisioning and runs the (idempotent) playbook again; run_finalize sto
 ansible-playbook of the killed process first.
 
 Lab nodes (Node.lab_root set by the lab) are finalized through a chroot into that root; real nodes over
-SSH with the control plane's key ($RIGBASE_SSH_KEY, default $RIGBASE_HOME/ssh/id_ed25519).
+SSH with the control plane's key (provisioner/services/ssh_keys.py: $RIGBASE_SSH_KEY, default
+$RIGBASE_HOME/ssh/id_ed25519) to the operator's hostname, else the address the minion last connected
+from, else the node's name.
 `RIGBASE_FINALIZE=skip` moves nodes straight to maintenance with a history line saying so — for the join
 benchmark and join-only tests, where the playbook is measured separately."""
 
@@ -25,7 +27,7 @@ from provisioner.config import rigbase_home
 from provisioner.errors import Conflict, RigbaseError
 from provisioner.reconcilers.finalize import ChrootTarget, FinalizeEvent, FinalizeRequest, SshTarget, Target, TaskStatus, run_finalize
 from provisioner.reconcilers.loop import register
-from provisioner.services import audit
+from provisioner.services import audit, node_address, ssh_keys
 from provisioner.services import nodes as node_service
 from provisioner.states import NodeState
 from provisioner.store.engine import session_scope
@@ -49,8 +51,7 @@ def control_plane_url() -> str:
 def target_for(node: Node) -> Target:
     if node.lab_root:
         return ChrootTarget(Path(node.lab_root))
-    key = Path(os.environ.get("RIGBASE_SSH_KEY") or rigbase_home() / "ssh" / "id_ed25519")
-    return SshTarget(host=node.hostname or node.name, key_file=key)
+    return SshTarget(host=node.hostname or node_address.observed(node) or node.name, key_file=ssh_keys.private_key_path())
 
 
 def request_for(node: Node) -> FinalizeRequest:

@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 from provisioner.attestation.continuous import issue_quote_nonce, quote_due, verify_fresh_quote
 from provisioner.attestation.refusals import Refusal
 from provisioner.attestation.wire import QuoteMessage
-from provisioner.services import audit, desired_state
+from provisioner.services import audit, desired_state, node_address
 from provisioner.services import join as join_service
 from provisioner.services import nodes as node_service
 from provisioner.reconcilers.loop import kick_after_commit
@@ -38,10 +38,13 @@ def _maintenance(session: Session, node: Any) -> bool:
     return node.state != NodeState.ACTIVE
 
 
-def beat(session: Session, node_id: str, credential: str | None, body: HeartbeatIn) -> dict[str, Any]:
+def beat(session: Session, node_id: str, credential: str | None, body: HeartbeatIn, *,
+         observed_address: str | None = None) -> dict[str, Any]:
+    """`observed_address`: where this beat came from (the finalize playbook's SSH host without a hostname)."""
     node, att = join_service.node_for_credential(session, node_id, credential)
     now = datetime.now(timezone.utc)
     node_service.record_report(session, node, at=now, inventory=body.inventory, requirements=body.requirements)
+    node_address.record(node, observed_address)
     att.heartbeats += 1
     issuer = join_service._issuer(session)
     actor = f"minion:{node.minion_id}"

@@ -30,7 +30,7 @@ from provisioner.attestation.verifier import Attested, JoinVerifier, RegionTrust
 from provisioner.attestation.wire import JoinChallenge, JoinRequest, PendingJoin, ProofRequest
 from provisioner.errors import Conflict, NotFound, Unauthorized
 from provisioner.reconcilers.loop import kick_after_commit
-from provisioner.services import audit, join_tokens, tpm_cas
+from provisioner.services import audit, join_tokens, node_address, ssh_keys, tpm_cas
 from provisioner.services import nodes as node_service
 from provisioner.services import regions as region_service
 from provisioner.services.nonce_store import DbNonceStore
@@ -260,13 +260,15 @@ class JoinResult:
     node_id: str | None = None
     node_name: str | None = None
     node_credential: str | None = None
+    ssh_authorized_key: str | None = None  # the control plane's public key, for the finalize playbook's SSH
 
     def to_json(self) -> dict[str, Any]:
         return {"state": self.state, "message": self.message, "node_id": self.node_id, "node_name": self.node_name,
-                "node_credential": self.node_credential, "heartbeat_interval_s": heartbeat_interval_s()}
+                "node_credential": self.node_credential, "ssh_authorized_key": self.ssh_authorized_key,
+                "heartbeat_interval_s": heartbeat_interval_s()}
 
 
-def finish(session: Session, join_id: str, join_token: str | None, body: Any) -> JoinResult:
+def finish(session: Session, join_id: str, join_token: str | None, body: Any, *, observed_address: str | None = None) -> JoinResult:
     attempt = session.get(JoinAttempt, join_id)
     ctx = _Context()
     if attempt is None:
@@ -311,13 +313,14 @@ def finish(session: Session, join_id: str, join_token: str | None, body: Any) ->
         if node.inventory is None:
             node_service.record_report(session, node, inventory=waiting.inventory, requirements=waiting.requirements)
         session.delete(waiting)
+    node_address.record(node, observed_address)  # before finalize is kicked: its SSH host when no hostname is set
     if node.state == NodeState.NEW:  # added between the two calls
         node_service.transition(session, node, NodeState.ENROLLING, actor=f"minion:{node.minion_id}", reason="join started")
     if node.state == NodeState.ENROLLING:
         node_service.transition(session, node, NodeState.PROVISIONING, actor=f"minion:{node.minion_id}",
                                 reason=f"attested: EK, AK and PCRs verified ({policy.mode.value} policy)")
         kick_after_commit(session, "finalize")
-    return JoinResult(node.state, "attested", node.id, node.name, credential)
+    return JoinResult(node.state, "attested", node.id, node.name, credential, ssh_keys.authorized_key_line())
 
 
 def _record_attestation(session: Session, node: Node, attested: Attested, att: NodeAttestation | None) -> str:

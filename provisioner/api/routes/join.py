@@ -48,7 +48,8 @@ def proof(join_id: str, request: Request, response: Response, session: Db, body:
     """Step 2: ProofRequest (with `Authorization: Bearer <join token>`) → the node credential (200),
     or `pending` (202) while no operator has added this minion_id."""
     with _one_writer(session):
-        result = service.finish(session, join_id, _bearer(request), body)
+        result = service.finish(session, join_id, _bearer(request), body,
+                                observed_address=request.client.host if request.client else None)
     if result.state == "pending":
         response.status_code = 202
     return result.to_json()
@@ -58,4 +59,5 @@ def proof(join_id: str, request: Request, response: Response, session: Db, body:
 def heartbeat(node_id: str, body: heartbeat_service.HeartbeatIn, request: Request, session: Db) -> dict[str, Any]:
     """Actual state in, desired state (and, every K beats, a quote nonce) out."""
     with _one_writer(session):
-        return heartbeat_service.beat(session, node_id, _bearer(request), body)
+        return heartbeat_service.beat(session, node_id, _bearer(request), body,
+                                      observed_address=request.client.host if request.client else None)

@@ -1,0 +1,21 @@
+"""The address a node's minion connects from, as the control plane sees it (the HTTP client host of its
+proof and heartbeats). Kept in the node's report (`inventory.observed_address`, an existing JSON field,
+so no schema change) and used as the SSH host of the finalize playbook when the operator set no hostname.
+Behind a reverse proxy this is the proxy's address: set `--hostname` on such nodes."""
+
+from __future__ import annotations
+
+from provisioner.store.models import Node
+
+KEY = "observed_address"
+
+
+def record(node: Node, address: str | None) -> None:
+    """Remember `address` (a new dict, so SQLAlchemy sees the JSON change; unchanged → no write)."""
+    if address and (node.inventory or {}).get(KEY) != address:
+        node.inventory = {**(node.inventory or {}), KEY: address}
+
+
+def observed(node: Node) -> str | None:
+    value = (node.inventory or {}).get(KEY)
+    return value if isinstance(value, str) and value else None
