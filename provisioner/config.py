@@ -17,14 +17,10 @@ def rigbase_home() -> Path:
 
 
 def database_url() -> str:
-    """RIGBASE_DATABASE_URL when set (postgresql+psycopg://… for PostgreSQL), else SQLite under the home."""
-    url = os.environ.get("RIGBASE_DATABASE_URL")
-    if url:
-        # accept the plain libpq form operators copy from elsewhere
-        if url.startswith("postgresql://") or url.startswith("postgres://"):
-            url = "postgresql+psycopg://" + url.split("://", 1)[1]
-        return url
-    return f"sqlite:///{rigbase_home() / 'rigbase.db'}"
+    """RIGBASE_DATABASE_URL when set, else SQLite under the home. The plain libpq form
+    (postgresql://…) is fine: store.engine.make_engine picks the psycopg driver for every URL,
+    --database included."""
+    return os.environ.get("RIGBASE_DATABASE_URL") or f"sqlite:///{rigbase_home() / 'rigbase.db'}"
 
 
 def client_config_path() -> Path:

@@ -50,6 +50,13 @@ class Service(StrEnum):
     STORAGE = "storage"
 
 
+class Maintenance(StrEnum):
+    """What `node maintenance` asks for; one enum for the CLI's choices and the service's rule."""
+    ON = "on"  # active → maintenance
+    OFF = "off"  # maintenance → active
+    TOGGLE = "toggle"  # whichever of the two the node's current state allows
+
+
 class StorageMode(StrEnum):
     LOCAL = "local"  # each compute node keeps job data on its own SATA drives
     CENTRAL = "central"  # one storage node serves the region over >= 10 GbE

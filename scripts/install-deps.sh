@@ -17,8 +17,9 @@ APT_PACKAGES=(
   # store: PostgreSQL for the second backend's tests
   postgresql
   # image builder and its boot test
-  debootstrap mtools dosfstools e2fsprogs fdisk cryptsetup-bin systemd-boot-efi
-  binutils zstd qemu-system-x86 ovmf python3-venv
+  # (systemd: /lib/systemd/systemd-measure predicts PCR 11; git: the wheel is built from `git ls-files`)
+  debootstrap mtools dosfstools e2fsprogs fdisk cryptsetup-bin systemd systemd-boot-efi
+  binutils zstd qemu-system-x86 ovmf python3-venv git
   # Ansible's chroot connection needs nothing extra; util-linux gives unshare
   util-linux
 )
@@ -33,10 +34,14 @@ if ((${#missing[@]})); then
   # miniupnpd's postinst asks questions and tries to start the daemon on the host: keep it quiet
   echo "miniupnpd miniupnpd/start_daemon boolean false" | debconf-set-selections 2>/dev/null || true
   apt-get update -qq
-  # policy-rc.d keeps package scripts from starting daemons (avahi, miniupnpd) on the host's interfaces
-  printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod +x /usr/sbin/policy-rc.d
+  # policy-rc.d keeps package scripts from starting daemons (avahi, miniupnpd) on the host's interfaces.
+  # Removed by a trap, so a failed install does not leave every later daemon start on this host refused;
+  # one that was already there is left alone.
+  if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+    trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod +x /usr/sbin/policy-rc.d
+  fi
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-  rm -f /usr/sbin/policy-rc.d
 fi
 
 PY=${PYTHON:-python3}

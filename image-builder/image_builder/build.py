@@ -58,8 +58,10 @@ def read_bundle(path: Path) -> tuple[bytes, dict[str, Any]]:
         raise BuildError(f"cannot read the bundle {path}: {exc.strerror}; write one with `provision region bundle REGION -o FILE`.") from exc
     except ValueError as exc:
         raise BuildError(f"{path} is not JSON; write the bundle with `provision region bundle REGION -o FILE`.") from exc
+    if not isinstance(doc, dict):  # e.g. a bare number: `k in doc` below would raise TypeError
+        doc = {}
     missing = [k for k in ("version", "control_plane_url", "region", "region_id", "provider", "join_token") if k not in doc]
-    if not isinstance(doc, dict) or missing or doc.get("version") != 1:
+    if missing or doc.get("version") != 1:
         raise BuildError(f"{path} is not a version-1 enrollment bundle (missing {', '.join(missing) or 'version 1'}); "
                          "write it with `provision region bundle REGION -o FILE`.")
     return raw, doc

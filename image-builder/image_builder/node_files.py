@@ -118,6 +118,21 @@ from minion.cli import main
 sys.exit(main())
 """
 
+# DHCP on every wired interface, so the minion can reach the control plane (outbound only). networkd
+# ships in the image's systemd package; no wait-online unit is enabled, so a node without a link (the
+# QEMU boot test runs with -nic none) boots as fast as before and the minion simply retries its join.
+DHCP_NETWORK = """[Match]
+Name=en* eth*
+
+[Network]
+DHCP=yes
+"""
+
+# debootstrap copies the build host's resolver into the tree; the image must not carry it (it leaks the
+# build host's network and makes the image differ between build hosts). networkd alone does not write
+# resolv.conf, so names in the bundle's control-plane URL do not resolve yet: use an address.
+RESOLV_CONF = "# rigbase: no resolver configured; the enrollment bundle's control-plane URL must be an address\n"
+
 UNITS = {
     "rigbase-installer.service": INSTALLER_UNIT,
     "rigbase-banner.service": BANNER_UNIT,
@@ -142,6 +157,8 @@ def files(version: str) -> dict[str, tuple[str, int]]:
         "/etc/hostname": ("rigbase\n", 0o644),
         "/etc/hosts": ("127.0.0.1 localhost\n127.0.1.1 rigbase\n::1 localhost ip6-localhost ip6-loopback\n", 0o644),
         "/etc/rigbase/image-version": (version + "\n", 0o644),
+        "/etc/systemd/network/80-rigbase-dhcp.network": (DHCP_NETWORK, 0o644),
+        "/etc/resolv.conf": (RESOLV_CONF, 0o644),
     }
     for name, text in UNITS.items():
         out[f"/etc/systemd/system/{name}"] = (text, 0o644)
@@ -150,7 +167,12 @@ def files(version: str) -> dict[str, tuple[str, int]]:
 
 def enable_links() -> dict[str, str]:
     """The symlinks `systemctl enable` would make (made directly: no chroot, no systemctl)."""
-    return {f"/etc/systemd/system/multi-user.target.wants/{n}": f"/etc/systemd/system/{n}" for n in UNITS}
+    links = {f"/etc/systemd/system/multi-user.target.wants/{n}": f"/etc/systemd/system/{n}" for n in UNITS}
+    links["/etc/systemd/system/multi-user.target.wants/systemd-networkd.service"] = \
+        "/usr/lib/systemd/system/systemd-networkd.service"
+    links["/etc/systemd/system/sockets.target.wants/systemd-networkd.socket"] = \
+        "/usr/lib/systemd/system/systemd-networkd.socket"
+    return links
 
 
 #: Directories that must exist on the read-only root (mount points).

@@ -4,7 +4,7 @@ identifiers that make the output reproducible. `image-builder build --plan` prin
 from __future__ import annotations
 
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,7 @@ class Step:
 STEPS: tuple[Step, ...] = (
     Step("base", "debootstrap bookworm minbase + node packages, cached by inputs", ("mirror", "package set"), ("cache/rootfs/KEY/tree",)),
     Step("wheel", "pip wheel --no-deps of this repository", ("source tree",), ("work/rigbase-*.whl",)),
+    Step("deps", "pip wheel of the minion's pinned dependencies, cached by the pinned set", ("host venv versions",), ("cache/wheelhouse/KEY",)),
     Step("stage", "hard-link the base tree, add the minion, units, banner, installer ESP", ("base", "wheel"), ("work/stage",)),
     Step("rootfs", "mkfs.ext4 -d with fixed UUID and hash seed, timestamps pinned", ("stage",), ("work/root.ext4",)),
     Step("verity", "veritysetup format with a fixed salt → root hash", ("rootfs",), ("work/root.verity",)),
@@ -70,7 +71,6 @@ class BuildConfig:
     source_date_epoch: int = 0
     repo: Path = Path(".")
     mirror: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def as_plan(self) -> dict[str, Any]:
         return {"config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()},

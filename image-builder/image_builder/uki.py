@@ -13,9 +13,6 @@ from image_builder.errors import BuildError
 STUB = Path("/usr/lib/systemd/boot/efi/linuxx64.efi.stub")
 SYSTEMD_BOOT = Path("/usr/lib/systemd/boot/efi/systemd-bootx64.efi")
 
-#: Section order as systemd-stub measures them (the order systemd-measure assumes too).
-SECTIONS = (".osrel", ".cmdline", ".initrd", ".linux")
-
 
 @dataclass(frozen=True)
 class UkiParts:

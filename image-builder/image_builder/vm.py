@@ -167,12 +167,10 @@ def blank_disk(path: Path, size: int) -> Path:
 
 
 def minion_id_from_ek_cert(der: bytes) -> str:
-    """What the banner must show: first 32 hex of SHA-256 over the EK's DER SubjectPublicKeyInfo."""
-    import hashlib
-
+    """What the banner must show: the control plane's own derivation (provisioner.attestation.keys) applied
+    to the EK certificate's public key, so the boot test checks that node and verifier agree."""
     from cryptography import x509
-    from cryptography.hazmat.primitives import serialization
 
-    spki = x509.load_der_x509_certificate(der).public_key().public_bytes(
-        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
-    return hashlib.sha256(spki).hexdigest()[:32]
+    from provisioner.attestation.keys import minion_id_for
+
+    return minion_id_for(x509.load_der_x509_certificate(der).public_key())  # type: ignore[arg-type]

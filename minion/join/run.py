@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import base64
 import importlib
-import os
 import signal
 import sys
 import threading
@@ -222,7 +221,3 @@ def collect_report(inventory_file: Path | None, storage_mode: str | None, public
     except Exception as exc:  # noqa: BLE001 - the join must still happen; the operator sees "unknown"
         print(f"warning: no hardware inventory ({type(exc).__name__}: {exc}); joining without it", file=sys.stderr)
         return {}, {}
-
-
-def tcti_default(tcti: str | None) -> str | None:
-    return tcti or os.environ.get("RIGBASE_TCTI")

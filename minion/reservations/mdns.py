@@ -84,12 +84,19 @@ def _stop_announcing(entry: _Entry) -> None:
 def _drop_pending_answers(zc: Zeroconf, info: ServiceInfo) -> None:
     """Drop answers about `info` that zeroconf has queued (it delays multicast answers up to ~1 s,
     RFC 6762 §6/§14). Sent after our goodbye, such an answer would put the name back in every cache;
-    zeroconf's unregister does not purge them, so we do."""
+    zeroconf's unregister does not purge them, so we do.
+
+    This reads zeroconf internals (``out_queue``/``out_delay_queue``, ``AnswerGroup.answers``; as of
+    0.154, see COOKBOOK.md). If a zeroconf upgrade changes them we log and carry on, so the goodbye
+    itself still goes out; test_avahi_resolves_and_goodbye_withdraws shows whether it still works."""
     names = {info.name.lower(), (info.server or "").lower()}
-    for queue in (zc.out_queue, zc.out_delay_queue):
-        for group in queue.queue:
-            for record in [r for r in group.answers if r.name.lower() in names]:
-                del group.answers[record]
+    try:
+        for queue in (zc.out_queue, zc.out_delay_queue):
+            for group in queue.queue:
+                for record in [r for r in group.answers if r.name.lower() in names]:
+                    del group.answers[record]
+    except (AttributeError, TypeError) as exc:
+        log.warning("cannot purge zeroconf's queued answers (internals changed?): %s", exc)
 
 
 class MdnsPublisher:

@@ -8,7 +8,7 @@ from typing import Any, Generic, TypeVar
 from pydantic import BaseModel, Field
 
 from provisioner.states import is_online
-from provisioner.store.models import Node, Provider, Region
+from provisioner.store.models import AuditEvent, Node, Provider, Region
 
 T = TypeVar("T")
 
@@ -127,3 +127,8 @@ class EventOut(BaseModel):
     reason: str | None
     # history lists are stateful-resource lists too: `state` is the state the event moved to
     state: str
+
+    @classmethod
+    def of(cls, e: AuditEvent) -> EventOut:
+        return cls(id=e.id, at=e.at, actor=e.actor, resource_id=e.resource_id, name=e.resource_name,
+                   from_state=e.from_state, to_state=e.to_state, reason=e.reason, state=e.to_state)

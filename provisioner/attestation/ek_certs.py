@@ -56,7 +56,8 @@ def _issued_by(cert: x509.Certificate, issuer: x509.Certificate) -> bool:
     return True
 
 
-def _is_ca(cert: x509.Certificate) -> bool:
+def is_ca(cert: x509.Certificate) -> bool:
+    """Whether `cert` says it is a CA (BasicConstraints ca=true); no extension means no."""
     try:
         return bool(cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca)
     except x509.ExtensionNotFound:
@@ -82,7 +83,7 @@ def verify_chain(leaf: x509.Certificate, store: TrustStore, now: datetime | None
                 _check_validity(anchor, now)
                 return path + [anchor]
         step = next(
-            (c for c in store.intermediates if c not in path and _is_ca(c) and _issued_by(current, c)), None
+            (c for c in store.intermediates if c not in path and is_ca(c) and _issued_by(current, c)), None
         )
         if step is None:
             break

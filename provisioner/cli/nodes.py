@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from enum import StrEnum
 from typing import Annotated
 
 import typer
@@ -11,7 +10,7 @@ from provisioner.cli import render
 from provisioner.cli.client import Client
 from provisioner.cli.common import Json, RegionOpt, Timeout, Wait, Yes, confirm, group, remove_one, show_one
 from provisioner.cli.wait import wait_for_state
-from provisioner.states import NodeState, Service
+from provisioner.states import Maintenance, NodeState, Service
 
 app = group("Nodes: servers added by the minion_id shown on their console.")
 COLUMNS = [("id", "ID"), ("name", "NAME"), ("region", "REGION"), ("service", "SERVICE"), ("minion_id", "MINION ID"),
@@ -21,12 +20,6 @@ HISTORY_COLUMNS = [("at", "WHEN"), ("actor", "WHO"), ("from_state", "FROM"), ("t
 # a freshly added node is ready (or failed) once its minion has joined and playbooks have run
 READY = {NodeState.MAINTENANCE.value, NodeState.ACTIVE.value}
 FAILED = {NodeState.ERRORED.value, NodeState.REMOVED.value}
-
-
-class MaintenanceMode(StrEnum):
-    on = "on"
-    off = "off"
-    toggle = "toggle"
 
 
 def _wait_ready(client: Client, node: dict, timeout: float) -> dict:
@@ -94,7 +87,7 @@ def replace(
 @app.command("maintenance")
 def maintenance(
     name: str,
-    mode: Annotated[MaintenanceMode, typer.Argument(help="on, off, or toggle.")],
+    mode: Annotated[Maintenance, typer.Argument(help="on, off, or toggle.")],
     reason: Annotated[str | None, typer.Option("--reason", help="Why, for the history.")] = None,
     region: RegionOpt = None, json_out: Json = False,
 ) -> None:

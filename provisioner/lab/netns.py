@@ -4,9 +4,11 @@ Why this module exists: mDNS and SSDP are multicast protocols, and the host's ow
 multicast-capable, so anything that announces or discovers must run inside namespaces we create and
 own. Every namespace made here has a name starting with ``rigbase-``; teardown kills the processes
 left inside and deletes the namespace, which also deletes every veth end and bridge inside it, so
-nothing is left behind. ``cleanup_stale()`` removes leftovers of a crashed earlier run.
+nothing is left behind. Leftovers of a crashed run are removed by their owner (``provision lab down``
+knows its fixed names; a test's Lab deletes what it recorded), never by deleting every ``rigbase-*``
+namespace, which would break runs going on in parallel.
 
-Shared by the tests (tests/fixtures/netns.py) and the future ``provision lab`` command.
+Shared by the tests (tests/fixtures/netns.py) and ``provision lab`` (provisioner/lab/lab.py).
 """
 
 from __future__ import annotations
@@ -253,16 +255,6 @@ class Lab:
 def list_namespaces(prefix: str = PREFIX) -> list[str]:
     names = [line.split()[0] for line in _ip("netns", "list").splitlines() if line.strip()]
     return [n for n in names if n.startswith(prefix)]
-
-
-def cleanup_stale(prefix: str = PREFIX) -> list[str]:
-    """Delete every namespace whose name starts with `prefix` (leftovers of a crashed run)."""
-    if not prefix.startswith(PREFIX):
-        raise ValueError(f"refusing to delete namespaces outside {PREFIX}*")
-    removed = list_namespaces(prefix)
-    for name in removed:
-        Netns(name).delete()
-    return removed
 
 
 # -- a UPnP router between a WAN and the LAN (`provision lab up --upnp`, tests) --------------------------

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from provisioner.config import rigbase_home
+from provisioner.reconcilers.finalize import process_start_time
 
 STATE_VERSION = 1
 
@@ -28,17 +29,6 @@ def state_path(home: Path | None = None) -> Path:
     return lab_dir(home) / "state.json"
 
 
-def _start_time(pid: int) -> int | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[1].split()  # the command name may hold spaces and parentheses
-    if fields[0] == "Z":
-        return None
-    return int(fields[19])
-
-
 @dataclass
 class Proc:
     """A process the lab started: `kind` (serve, swtpm, minion, miniupnpd), pid and its start time."""
@@ -49,10 +39,10 @@ class Proc:
 
     @classmethod
     def of(cls, kind: str, pid: int) -> Proc:
-        return cls(kind, pid, _start_time(pid))
+        return cls(kind, pid, process_start_time(pid))
 
     def alive(self) -> bool:
-        now = _start_time(self.pid)
+        now = process_start_time(self.pid)
         return now is not None and (self.start_time is None or now == self.start_time)
 
     def stop(self, timeout: float = 5.0) -> None:

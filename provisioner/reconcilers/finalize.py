@@ -362,18 +362,19 @@ def _node_lock(data_dir: Path, name: str) -> Iterator[None]:
         yield
 
 
-def _start_time(pid: int) -> str | None:
+def process_start_time(pid: int) -> int | None:
     """The process's start time in clock ticks (field 22 of /proc/PID/stat); None once it is gone
-    or a zombie (dead, waiting for a parent to reap it)."""
+    or a zombie (dead, waiting for a parent to reap it). With the pid it names one process for good:
+    a reused pid has another start time. Also used by the lab (provisioner/lab/state.py)."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()  # comm may hold ")"
     except OSError:
         return None
-    return None if fields[0] == "Z" else fields[19]
+    return None if fields[0] == "Z" else int(fields[19])
 
 
 def _record_pid(pid_file: Path, pid: int) -> None:
-    start = _start_time(pid)
+    start = process_start_time(pid)
     if start is not None:
         pid_file.write_text(f"{pid} {start}\n")
 
@@ -381,12 +382,11 @@ def _record_pid(pid_file: Path, pid: int) -> None:
 def _stop_leftover(pid_file: Path) -> None:
     """Stop an ansible-playbook a crashed control plane left running for this node (see module doc)."""
     try:
-        pid_text, start = pid_file.read_text().split()
+        pid, start = (int(f) for f in pid_file.read_text().split())
     except (OSError, ValueError):
         pid_file.unlink(missing_ok=True)
         return
-    pid = int(pid_text)
-    if _start_time(pid) == start:
+    if process_start_time(pid) == start:
         log.warning("stopping leftover ansible-playbook %d from an interrupted finalize", pid)
         for sig in (signal.SIGTERM, signal.SIGKILL):
             try:
@@ -394,9 +394,9 @@ def _stop_leftover(pid_file: Path) -> None:
             except ProcessLookupError:
                 break
             deadline = time.monotonic() + STOP_GRACE_SECONDS
-            while time.monotonic() < deadline and _start_time(pid) == start:
+            while time.monotonic() < deadline and process_start_time(pid) == start:
                 time.sleep(0.1)
-            if _start_time(pid) != start:
+            if process_start_time(pid) != start:
                 break
     pid_file.unlink(missing_ok=True)
 

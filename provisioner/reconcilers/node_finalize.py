@@ -54,12 +54,19 @@ def target_for(node: Node) -> Target:
     return SshTarget(host=node.hostname or node_address.observed(node) or node.name, key_file=ssh_keys.private_key_path())
 
 
+# A storage node exports the region cache to the region's nodes. cloudbender.txt: "All nodes within the
+# same region must be able to communicate with each other using a private (RFC 1918) address", so the
+# RFC 1918 ranges are the export's default clients (they include GCP's default 10.128.0.0/9); an
+# operator narrows them with the region setting `nfs_clients`.
+DEFAULT_NFS_CLIENTS = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16")
+
+
 def request_for(node: Node) -> FinalizeRequest:
     inventory = node.inventory or {}
     return FinalizeRequest(node_name=node.name, hostname=node.hostname or node.name, service=node.service,
                            region=node.region.name, control_plane_url=control_plane_url(),
                            nvme_drives=inventory.get("drives") or [],
-                           nfs_clients=(node.region.settings or {}).get("nfs_clients") or [])
+                           nfs_clients=(node.region.settings or {}).get("nfs_clients") or DEFAULT_NFS_CLIENTS)
 
 
 def _finish(sessions: sessionmaker[Session], node_id: str, to: NodeState, reason: str) -> None:

@@ -296,14 +296,6 @@ def manifest_pcr_sets(session: Session, region: Region) -> list[dict[int, bytes]
     return sets
 
 
-def manifest_pcrs_for(session: Session, region: Region) -> dict[int, bytes] | None:
-    """The join contract's single-manifest view: the newest registered manifest's expected PCRs, or None
-    (record mode). A rollout (several manifests) is served by `manifest_policy_for`, which
-    provisioner/services/join.py asks first."""
-    sets = manifest_pcr_sets(session, region)
-    return sets[-1] if sets else None
-
-
 @dataclass(frozen=True)
 class AnyManifestPolicy:
     """A rollout: the node passes when its PCRs match any registered manifest. A refusal names the PCRs

@@ -9,7 +9,6 @@ of work rolls back on errors — and the nonce a refused proof spent must stay s
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 import os
 import secrets
@@ -21,16 +20,17 @@ from pydantic import BaseModel, ValidationError
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
+from provisioner.attestation.continuous import DEFAULT_EVERY_HEARTBEATS
 from provisioner.attestation.keys import public_key, spki_der
 from provisioner.attestation.nonces import NonceIssuer
-from provisioner.attestation.pcr_policy import ManifestPolicy, PcrPolicy, RecordPolicy
+from provisioner.attestation.pcr_policy import PcrPolicy, RecordPolicy
 from provisioner.attestation.refusals import Refusal, RefusalCode, refuse
 from provisioner.attestation.tpm_structures import MalformedStructure, parse_public
 from provisioner.attestation.verifier import Attested, JoinVerifier, RegionTrust
 from provisioner.attestation.wire import JoinChallenge, JoinRequest, PendingJoin, ProofRequest
 from provisioner.errors import Conflict, NotFound, Unauthorized
 from provisioner.reconcilers.loop import kick_after_commit
-from provisioner.services import audit, join_tokens, node_address, ssh_keys, tpm_cas
+from provisioner.services import audit, images, join_tokens, node_address, ssh_keys, tpm_cas
 from provisioner.services import nodes as node_service
 from provisioner.services import regions as region_service
 from provisioner.services.nonce_store import DbNonceStore
@@ -57,7 +57,7 @@ def heartbeat_interval_s() -> float:
 
 
 def quote_every() -> int:
-    return int(os.environ.get("RIGBASE_QUOTE_EVERY", "10"))
+    return int(os.environ.get("RIGBASE_QUOTE_EVERY", DEFAULT_EVERY_HEARTBEATS))
 
 
 def _now() -> datetime:
@@ -76,23 +76,12 @@ def _issuer(session: Session) -> NonceIssuer:
 
 
 def pcr_policy_for(session: Session, region: Region, recorded: Mapping[str, str] | None = None) -> PcrPolicy:
-    """Manifest policy when the image module (provisioner/services/images.py) knows a registered image
-    for the region — `manifest_policy_for(session, region)` first (a rollout: any of several manifests),
-    then `manifest_pcrs_for(session, region)` (one mapping); otherwise record mode against the node's
+    """The region's manifest policy when an image manifest is registered for it (one manifest, or any of
+    several during a rollout: provisioner/services/images.py); otherwise record mode against the node's
     recorded baseline (None: record now). docs/join-protocol.md "PCR policy hooks"."""
-    try:
-        images = importlib.import_module("provisioner.services.images")
-    except ImportError:
-        images = None
-    # A rollout (several manifests, any one passes) needs a policy, not one mapping: ask for it first.
-    policy_lookup = getattr(images, "manifest_policy_for", None)
-    manifest_policy = policy_lookup(session, region) if policy_lookup else None
+    manifest_policy = images.manifest_policy_for(session, region)
     if manifest_policy is not None:
         return manifest_policy
-    lookup = getattr(images, "manifest_pcrs_for", None)
-    expected = lookup(session, region) if lookup else None
-    if expected:
-        return ManifestPolicy({int(k): v for k, v in expected.items()})
     return RecordPolicy({int(k): bytes.fromhex(v) for k, v in recorded.items()} if recorded else None)
 
 

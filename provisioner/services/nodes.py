@@ -8,7 +8,6 @@ go through `record_report()`; they never touch `state`."""
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import inspect, select
@@ -16,19 +15,14 @@ from sqlalchemy.orm import Session
 
 from provisioner.errors import Conflict, InvalidInput, RuleViolation
 from provisioner.services import audit, lifecycle, names
+from provisioner.services import regional_lookup
 from provisioner.services import regions as region_service
 from provisioner.services.errors import flush
-from provisioner.states import NODE_TRANSITIONS, NodeState, RegionState, Service, StorageMode
+from provisioner.states import NODE_TRANSITIONS, Maintenance, NodeState, RegionState, Service, StorageMode
 from provisioner.store.models import AuditEvent, Node, Region, new_id
 
 KIND = "node"
 MAX_PAGE = 500
-
-
-class Maintenance(StrEnum):
-    ON = "on"
-    OFF = "off"
-    TOGGLE = "toggle"
 
 
 def lock(session: Session, node: Node) -> Node:
@@ -85,8 +79,7 @@ def _refuse_taken_minion_id(session: Session, minion_id: str) -> None:
 
 
 def storage_node(session: Session, region: Region) -> Node | None:
-    return session.scalar(select(Node).where(Node.region_id == region.id, Node.service == Service.STORAGE,
-                                             Node.state != NodeState.REMOVED))
+    return regional_lookup.holder(session, Node, region.id, service=Service.STORAGE)
 
 
 def add(
@@ -104,8 +97,7 @@ def add(
     reg = region_service.get(session, region)
     if reg.state == RegionState.REMOVING:
         raise RuleViolation(f"region '{reg.name}' is being removed: add the node to another region")
-    if session.scalar(select(Node.id).where(Node.region_id == reg.id, Node.name == name,
-                                            Node.state != NodeState.REMOVED)):
+    if regional_lookup.holder(session, Node, reg.id, name=name) is not None:
         raise Conflict(f"node '{name}' already exists in region '{reg.name}': choose another name",
                        code="duplicate_name")
     _refuse_taken_minion_id(session, minion_id)

@@ -1,5 +1,5 @@
-"""Finding regional resources (reservations, datastores): live rows by id or by name, where a name is
-unique per region and `region` disambiguates a name used in several regions."""
+"""Finding regional resources (reservations, datastores; nodes use `holder`): live rows by id or by
+name, where a name is unique per region and `region` disambiguates a name used in several regions."""
 
 from __future__ import annotations
 

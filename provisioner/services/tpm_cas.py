@@ -11,19 +11,12 @@ from cryptography.hazmat.primitives.serialization import Encoding
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from provisioner.attestation.ek_certs import TrustStore
+from provisioner.attestation.ek_certs import TrustStore, is_ca
 from provisioner.errors import InvalidInput, NotFound
 from provisioner.services import audit
 from provisioner.store.join_models import TpmVendorCa
 
 KIND = "tpm_ca"
-
-
-def _is_ca(cert: x509.Certificate) -> bool:
-    try:
-        return bool(cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca)
-    except x509.ExtensionNotFound:
-        return False
 
 
 def add(session: Session, pem: bytes, *, actor: str) -> list[TpmVendorCa]:
@@ -34,7 +27,7 @@ def add(session: Session, pem: bytes, *, actor: str) -> list[TpmVendorCa]:
         raise InvalidInput(f"the file holds no PEM certificate ({exc}): pass the vendor's CA certificate in PEM") from None
     added: list[TpmVendorCa] = []
     for cert in certs:
-        if not _is_ca(cert):
+        if not is_ca(cert):
             raise InvalidInput(f"certificate '{cert.subject.rfc4514_string()}' is not a CA (no basicConstraints CA:TRUE): "
                                "pass the vendor's root or intermediate CA, not an EK certificate")
         der = cert.public_bytes(Encoding.DER)

@@ -17,14 +17,6 @@ from sqlalchemy.orm import Session, sessionmaker
 from provisioner.errors import InvalidInput, Unavailable
 
 
-def redacted(url: str) -> str:
-    """The URL without its password, for messages."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # noqa: BLE001 - a malformed URL is reported by make_engine
-        return url
-
-
 def make_engine(url: str, **kwargs: Any) -> Engine:
     """An engine for `url`; raises InvalidInput for a URL SQLAlchemy cannot parse or drive."""
     try:

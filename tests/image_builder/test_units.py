@@ -19,7 +19,6 @@ import pytest
 from image_builder import cpio, disk, ext4, installer, manifest, measure, pe, uki, verity
 from image_builder.plan import IDS, STEPS, fixed_uuid
 
-PY = [sys.executable, "-m", "image_builder.cli"]
 EPOCH = 1700000000
 
 
@@ -58,13 +57,14 @@ def test_verify_accepts_the_signed_bytes_and_refuses_any_change(tmp_path: Path) 
 def test_cli_usage_errors_exit_2_and_bad_bundle_exits_1_without_output(tmp_path: Path) -> None:
     assert _cli("build").returncode == 2
     bad = tmp_path / "bundle.json"
-    bad.write_text("{not json")
     manifest.keygen(tmp_path / "k.pem")
-    r = _cli("build", "--bundle", str(bad), "--output", str(tmp_path / "out"), "--cache", str(tmp_path / "c"),
-             "--key", str(tmp_path / "k.pem"))
-    assert r.returncode == 1
-    assert "provision region bundle" in r.stderr and r.stderr.count("\n") == 1
-    assert not (tmp_path / "out").exists()
+    for text in ("{not json", "42", '{"version": 1}'):  # not JSON, JSON but not an object, fields missing
+        bad.write_text(text)
+        r = _cli("build", "--bundle", str(bad), "--output", str(tmp_path / "out"), "--cache", str(tmp_path / "c"),
+                 "--key", str(tmp_path / "k.pem"))
+        assert r.returncode == 1, r.stderr
+        assert "provision region bundle" in r.stderr and r.stderr.count("\n") == 1
+        assert not (tmp_path / "out").exists()
 
 
 def test_plan_is_plain_data_with_fixed_identifiers(tmp_path: Path) -> None:
@@ -74,7 +74,10 @@ def test_plan_is_plain_data_with_fixed_identifiers(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     plan = json.loads(r.stdout)
     assert [s["name"] for s in plan["steps"]] == [s.name for s in STEPS]
-    assert plan["ids"] == IDS and fixed_uuid("disk") == IDS["disk_guid"]
+    assert plan["ids"] == IDS
+    # Pinned literally: a changed namespace or name would silently change every image's GPT and root UUIDs.
+    assert fixed_uuid("disk") == "31000628-d994-50eb-884d-7f0e4198c9ee"
+    assert IDS["root_fs_uuid"] == "2e6af87e-35a2-51fb-833f-2a9b2515cb19"
 
 
 # --- filesystems and disk ---------------------------------------------------------------------------
@@ -83,7 +86,7 @@ def _small_tree(root: Path) -> Path:
     for i in range(40):
         d = root / f"dir{i % 5}"
         d.mkdir(parents=True, exist_ok=True)
-        (d / f"file{i}").write_bytes(os.urandom(0) + f"content {i}\n".encode() * (i + 1))
+        (d / f"file{i}").write_bytes(f"content {i}\n".encode() * (i + 1))
     (root / "link").symlink_to("dir0/file0")
     return root
 
@@ -186,8 +189,7 @@ def test_uki_is_reproducible_and_its_pcr11_matches_systemd_measure(tmp_path: Pat
     b, _ = _uki(tmp_path)
     assert b.read_bytes() == first
     assert struct.unpack_from("<I", first, pe.parse(first).pe_offset + 8)[0] == EPOCH
-    data = first
-    sections = {n: pe.section(data, n) for n in (".linux", ".osrel", ".cmdline", ".initrd")}
+    sections = {n: pe.section(first, n) for n in (".linux", ".osrel", ".cmdline", ".initrd")}
     assert sections[".cmdline"] == files[".cmdline"].read_bytes()
     predicted = measure.pcr11(files)
     for phase, value in predicted.items():

@@ -129,7 +129,12 @@ def test_ak_reloads_in_a_new_session_after_serialization(swtpm: Swtpm) -> None:
     stored = json.loads(json.dumps(ak.to_dict()))
     with TpmSession(swtpm.tcti) as session:
         quote = session.quote(AttestationKey.from_dict(stored), b"x" * 32)
-    assert quote.attest and quote.signature
+    # The reloaded key is the same AK: its quote verifies against the public part recorded at creation.
+    from provisioner.attestation.quote import QuoteEvidence, VerifiedQuote, verify_quote
+    from provisioner.attestation.tpm_structures import parse_public
+
+    verified = verify_quote(parse_public(ak.public), QuoteEvidence(quote.attest, quote.signature, quote.pcrs), b"x" * 32)
+    assert isinstance(verified, VerifiedQuote), verified
 
 
 def test_credential_for_another_tpm_is_refused(swtpm: Swtpm, make_swtpm) -> None:

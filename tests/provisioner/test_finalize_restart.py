@@ -97,7 +97,7 @@ def test_a_control_plane_killed_mid_playbook_finishes_the_node_after_restart(
         pid_file = home / "ansible/n1/playbook.pid"
         # its ansible-playbook was recorded for the next run to stop; it may still be running (in practice
         # it dies of SIGHUP ~0.1 s later, when the dead process's pty closes, half applied)
-        leftover_pid, leftover_start = pid_file.read_text().split()
+        leftover_pid, leftover_start = (int(f) for f in pid_file.read_text().split())
 
         # the restarted control plane: new engine, new sessions, a fresh loop
         engine = make_engine(url)
@@ -115,7 +115,7 @@ def test_a_control_plane_killed_mid_playbook_finishes_the_node_after_restart(
         assert [h for h in after if h.startswith("task ")], after  # the playbook really ran again
         assert not [h for h in after if ": failed" in h or ": unreachable" in h], after
         # the killed run's playbook is gone, its pid record cleared, and no ansible-playbook is left for this home
-        assert finalize._start_time(int(leftover_pid)) != leftover_start
+        assert finalize.process_start_time(leftover_pid) != leftover_start
         assert not pid_file.exists()
         assert _playbooks_of(home) == []
         minion = yaml.safe_load((root / "etc/rigbase/minion.yaml").read_text())

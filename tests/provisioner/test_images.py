@@ -106,8 +106,8 @@ def test_trust_key_and_register(seeded: Store, builder: Builder) -> None:
         assert images.manifest_document(row)["pcr12"]["sha256"] == "d" * 64
         lab = regions.get(s, "lab")
         # PCR 11 (sysinit:ready) and PCR 12 only: PCR 4 depends on the firmware boot path
-        assert images.manifest_pcrs_for(s, lab) == {11: bytes.fromhex("c" * 64), 12: bytes.fromhex("d" * 64)}
-        assert images.manifest_pcrs_for(s, regions.get(s, "other")) is None
+        assert images.manifest_pcr_sets(s, lab) == [{11: bytes.fromhex("c" * 64), 12: bytes.fromhex("d" * 64)}]
+        assert images.manifest_pcr_sets(s, regions.get(s, "other")) == []
         assert [m.id for m in images.list_manifests(s, "lab")] == [row.id]
         assert images.get_manifest(s, row.manifest_sha256[:10]).id == row.id
     with _session(seeded) as s, pytest.raises(Conflict):
@@ -190,7 +190,7 @@ def test_rollout_policy_and_pinned_pcr4(seeded: Store, builder: Builder) -> None
         pinned = images.register(s, *builder.signed(builder.manifest(region="other", pcr4=c.hex())),
                                  pin_pcr4=True, actor=ACTOR)
         other = regions.get(s, "other")
-        assert images.manifest_pcrs_for(s, other) == {4: c, 11: zero, 12: zero}
+        assert images.manifest_pcr_sets(s, other) == [{4: c, 11: zero, 12: zero}]
         assert pcr_policy_for(s, other).check({4: a, 11: zero, 12: zero}).differing == (4,)
         images.remove(s, pinned.id, actor=ACTOR)
         assert pcr_policy_for(s, other).mode.value == "record"

@@ -330,12 +330,33 @@ def test_failed_requirements_block_the_join_with_reasons(cp: ControlPlane, minio
     assert next(p for p in pending if p["minion_id"] == m.minion_id)["requirements"] == "fail: nvme_capacity"
 
 
+def _self_signed_leaf() -> bytes:
+    from datetime import datetime, timedelta, timezone
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "not-a-ca")])
+    now = datetime.now(timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now).not_valid_after(now + timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True).sign(key, hashes.SHA256()))
+    return cert.public_bytes(serialization.Encoding.PEM)
+
+
 def test_operator_commands_refuse_bad_input(cp: ControlPlane, tmp_path: Path) -> None:
     bad = cli(cp, "region", "join-token", "lab", "--ttl", "soon", ok=False)
     assert bad.returncode == 2 and "TTL 'soon'" in bad.stderr
     not_ca = tmp_path / "x.pem"
     not_ca.write_text("hello")
     assert cli(cp, "tpm-ca", "add", str(not_ca), ok=False).returncode == 2
+    leaf = tmp_path / "leaf.pem"  # a certificate, but no CA (what an operator adding an EK cert passes)
+    leaf.write_bytes(_self_signed_leaf())
+    refused = cli(cp, "tpm-ca", "add", str(leaf), ok=False)
+    assert refused.returncode == 2 and "is not a CA" in refused.stderr, refused.stderr
     assert cli(cp, "node", "retry", "nope", ok=False).returncode == 1
     out = tmp_path / "bundle.json"
     cli(cp, "region", "bundle", "lab", "-o", str(out))

@@ -64,6 +64,20 @@ def test_a_failed_finalize_errors_the_node_with_the_failing_task(sessions: sessi
     assert any(": failed" in e or "unreachable" in e for e in events), events
 
 
+def test_a_storage_node_exports_its_cache_to_the_region_networks(sessions: sessionmaker[Session]) -> None:
+    """Nothing sets a region's `nfs_clients` unless the operator does, and the storage playbook refuses
+    an empty list: the request must default to the private (RFC 1918) ranges the region's nodes use,
+    and follow the region setting when there is one."""
+    from provisioner.reconcilers.node_finalize import DEFAULT_NFS_CLIENTS, request_for
+
+    with session_scope(sessions) as s:
+        node = nodes.add(s, "store1", region="lab", minion_id="b" * 32, service="storage", actor="test")
+        assert list(request_for(node).nfs_clients) == ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"]
+        assert tuple(request_for(node).nfs_clients) == DEFAULT_NFS_CLIENTS
+        node.region.settings = {**(node.region.settings or {}), "nfs_clients": ["10.77.0.0/24"]}
+        assert list(request_for(node).nfs_clients) == ["10.77.0.0/24"]
+
+
 def test_region_health_follows_heartbeats(sessions: sessionmaker[Session], tmp_path: Path) -> None:
     with session_scope(sessions) as s:
         node = nodes.add(s, "n1", region="lab", minion_id="b" * 32, actor="test")

@@ -56,6 +56,4 @@ def maintenance(ref: str, body: MaintenanceIn, session: Db, actor: Operator, reg
 @router.get("/{ref}/history")
 def history(ref: str, session: Db, region: str | None = None) -> Page[EventOut]:
     _, events = service.history(session, ref, region)
-    return Page(items=[EventOut(id=e.id, at=e.at, actor=e.actor, resource_id=e.resource_id, name=e.resource_name,
-                                from_state=e.from_state, to_state=e.to_state, reason=e.reason, state=e.to_state)
-                       for e in events])
+    return Page(items=[EventOut.of(e) for e in events])

@@ -106,6 +106,4 @@ def unassign(ref: str, session: Db, actor: Operator, region: str | None = None) 
 
 @router.get("/{ref}/history")
 def history(ref: str, session: Db, region: str | None = None) -> Page[EventOut]:
-    return Page(items=[EventOut(id=e.id, at=e.at, actor=e.actor, resource_id=e.resource_id, name=e.resource_name,
-                                from_state=e.from_state, to_state=e.to_state, reason=e.reason, state=e.to_state)
-                       for e in service.history(session, ref, region)])
+    return Page(items=[EventOut.of(e) for e in service.history(session, ref, region)])
