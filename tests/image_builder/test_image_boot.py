@@ -66,7 +66,7 @@ def test_usb_boot_installs_to_nvme_and_node_shows_banner_and_manifest_pcrs(built
         m.send("yes\n")
         mark = len(m.output)
         m.wait_for(r"installed; rebooting", 300, mark)
-        m.wait_for(r"RIGBASE-EVENTLOG=\S+", 420, mark)
+        m.wait_for(r"RIGBASE-EVENTLOG=\S+\r?\n", 420, mark)  # the whole line: a partial one fails base64
         after = m.text(mark)
     # The banner after the reboot: the installed OS, and the minion_id of this TPM's EK.
     shown = re.search(r"(?:MINION_ID=|minion_id +)([0-9a-f]{32})", after)  # placeholder or `minion banner`
@@ -124,7 +124,7 @@ def test_modified_uki_changes_pcr11_and_no_writes_nothing(built_image, lab_tpm, 
         m.wait_for(r"Type 'yes' to ERASE", 420)
         m.send("no\n")
         m.wait_for(r"aborted; nothing was written", 60)
-        m.wait_for(r"RIGBASE-EVENTLOG=\S+", 300)
+        m.wait_for(r"RIGBASE-EVENTLOG=\S+\r?\n", 300)
         pcrs = _pcrs(m.text())
     expected = {p["phase"]: p["sha256"] for p in doc["pcr11"]}["sysinit:ready"]
     assert pcrs[11] != expected
