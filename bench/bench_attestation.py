@@ -44,7 +44,7 @@ def _row(label: str, samples: list[float]) -> str:
 
 
 def main() -> None:
-    from minion.join.attest import Challenge, join_request, proof_payload
+    from minion.join.attest import parse_challenge, join_request, proof_payload
     from minion.tpm.session import TpmSession
     from provisioner.attestation.credential import make_credential
     from provisioner.attestation.ek_certs import TrustStore
@@ -54,7 +54,7 @@ def main() -> None:
     from provisioner.attestation.refusals import Refusal
     from provisioner.attestation.tpm_structures import parse_public
     from provisioner.attestation.verifier import Attested, JoinVerifier, RegionTrust, check_quote
-    from provisioner.attestation.wire import JoinRequest, ProofRequest
+    from contracts.messages import JoinRequest, ProofRequest
     from provisioner.lab.swtpm import create_vendor_ca, provision_swtpm
 
     with tempfile.TemporaryDirectory(prefix="rigbase-bench-attest-") as tmp:
@@ -125,7 +125,7 @@ def main() -> None:
                     assert not isinstance(result, Refusal), result
                     challenge, pending = result
                     proof = ProofRequest.model_validate(
-                        proof_payload(session, node_ak, Challenge.from_json(challenge.model_dump(mode="json"))))
+                        proof_payload(session, node_ak, parse_challenge(challenge.model_dump(mode="json"))))
                     t3 = time.perf_counter()
                     attested = verifier.finish(pending, proof, RecordPolicy())
                     t4 = time.perf_counter()

@@ -1,8 +1,8 @@
 """Attested join benchmarks against a real control plane (`provision serve`, SQLite) and real swtpms.
 
 - Join latency: join start (POST /v1/join) → node in maintenance, the finalize playbook excluded
-  (RIGBASE_FINALIZE=skip; bench/test_finalize measure the playbook), p50/p95 over 20 joins, each by a
-  different swtpm whose node was added beforehand. Target p50 < 1 s (Keylime reports < 2 s).
+  (finalize skipped by an injected fake; bench/test_finalize measure the playbook), p50/p95 over 20
+  joins, each by a different swtpm whose node was added beforehand. Target p50 < 1 s (Keylime reports < 2 s).
 - Join burst: 200 minions, each with its OWN swtpm process and EK, start joining at the same instant
   (one thread each in this process, the minion's own message builders over HTTP); half of them were
   added as nodes (→ maintenance), half were not (→ pending). Target: all settled within 30 s on 2 cores.
@@ -66,12 +66,12 @@ class Minion:
         self.token = token
 
     def join(self) -> int:
-        from minion.join.attest import Challenge, join_request, proof_payload
+        from minion.join.attest import parse_challenge, join_request, proof_payload
 
         body = join_request(self.session, self.ak, join_token=self.token, inventory={}, requirements={"ok": True, "rules": []})
         first = self.http.post("/v1/join", json=body)
         first.raise_for_status()
-        challenge = Challenge.from_json(first.json())
+        challenge = parse_challenge(first.json())
         proof = self.http.post(f"/v1/join/{challenge.join_id}/proof", json=proof_payload(self.session, self.ak, challenge),
                                headers={"Authorization": f"Bearer {self.token}"})
         proof.raise_for_status()
@@ -96,7 +96,7 @@ def _pct(values: list[float], q: float) -> float:
 
 
 def main() -> None:
-    from tests.fixtures.control_plane import start_control_plane
+    from tests.fixtures.control_plane import Fakes, start_control_plane
 
     cache = Path(os.environ.get("RIGBASE_BENCH_CACHE", "/tmp/rigbase-bench-swtpm"))
     t = time.monotonic()
@@ -104,10 +104,9 @@ def main() -> None:
     print(f"join bench: {len(golden)} swtpm states ready ({time.monotonic() - t:.0f} s, cached in {cache}); "
           f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}")
     work = Path(tempfile.mkdtemp(prefix="rigbase-bench-join-"))
-    os.environ["RIGBASE_FINALIZE"] = "skip"
     tpms: list[Any] = []
     try:
-        with start_control_plane(work / "home") as cp, cp.client() as client:
+        with start_control_plane(work / "home", fakes=Fakes(skip_finalize=True)) as cp, cp.client() as client:
             client.post("/v1/providers", json={"kind": "physical"}).raise_for_status()
             client.post("/v1/regions", json={"name": "bench", "provider": "physical"}).raise_for_status()
             client.post("/v1/tpm-cas", json={"pem": b"".join(ca.certificate_pems()).decode()}).raise_for_status()
@@ -183,7 +182,6 @@ def main() -> None:
     finally:
         for tpm in tpms:
             tpm.remove()
-        os.environ.pop("RIGBASE_FINALIZE", None)
         shutil.rmtree(work, ignore_errors=True)
 
 

@@ -149,12 +149,12 @@ def bench_move(lab: Lab, lan: object, node_a: Netns, addr_a: str, peer: Netns, p
 def _map_once(address: str, port: int, igd_url: str | None = None) -> float:
     """Milliseconds for one UPnP mapping by a fresh mapper: with `igd_url` it knows the router's
     description URL (the cached case), without it it discovers the router over SSDP first."""
-    from minion.reservations.model import Reservation
+    from minion.reservations.model import ReservationSpec
     from minion.reservations.upnp import UpnpMapper
 
     mapper = UpnpMapper(address, igd_url=igd_url, lease_s=600)
     started = time.perf_counter()
-    mapping = mapper.map(Reservation("b", "b", port))
+    mapping = mapper.map(ReservationSpec("b", "b", port))
     elapsed = (time.perf_counter() - started) * 1000
     assert mapping.external_address, mapping.reason
     mapper.close()

@@ -1,25 +1,25 @@
 """`minion banner`: what the boot console (tty1, ttyS0) shows after boot.
 
-The operator reads the minion_id off this screen to add the node (seeds/cloudbender.txt, "Physical
-Server Provisioning"), so the banner must always render: a missing TPM, bundle or network becomes a line
+The operator reads the minion_id off this screen to add the node (docs/product-rules.md, "Physical
+server provisioning"), so the banner must always render: a missing TPM, bundle or network becomes a line
 that says so, never a traceback. It fits 80x25, uses ASCII only (the Linux console font and serial
 terminals have no box-drawing guarantees) and marks failures with words, not colour.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from contracts import bundle as contract_bundle
+from contracts.identity import is_minion_id
+from contracts.regional import StorageMode
 from minion.hardware.commands import HostRoot, InventoryFile, PublicJobsFlag, StorageModeOption
-from minion.hardware.requirements import StorageMode
 
 if TYPE_CHECKING:
     from minion.hardware.model import Inventory
@@ -31,14 +31,13 @@ DEFAULT_BUNDLE = Path("/boot/efi/rigbase/bundle.json")
 BUNDLE_ENV = "RIGBASE_BUNDLE"
 TCTI_ENV = "RIGBASE_TCTI"
 TPM_PROBLEM = "TPM missing or unreadable: "
-MINION_ID = re.compile(r"^[0-9a-f]{32}$")
 MAX_ADDRESS_LINES = 2
 MAX_NEXT_STEP_LINES = 3
 LABEL = 11  # width of the left-hand labels ("minion_id  ")
 
 
 @dataclass(frozen=True)
-class Enrollment:
+class BannerEnrollment:
     """What the banner needs from the enrollment bundle (docs/enrollment-bundle.md)."""
 
     path: Path
@@ -49,25 +48,17 @@ class Enrollment:
     problem: str | None = None
 
 
-def read_bundle(path: Path) -> Enrollment:
-    """The bundle's region. `storage_mode` / `public_jobs` are read when present so the banner checks
-    the rules of the region's kind; version-1 bundles do not carry them yet."""
+def read_bundle(path: Path) -> BannerEnrollment:
+    """The bundle's region, provider, storage mode and public jobs (the banner checks the rules of the
+    region's kind). Read with the one bundle reader (contracts/bundle.py); a problem becomes one line."""
+    if not path.exists():
+        return BannerEnrollment(path, problem=f"no enrollment bundle at {path}")
     try:
-        data: Any = json.loads(path.read_text())
-    except FileNotFoundError:
-        return Enrollment(path, problem=f"no enrollment bundle at {path}")
-    except (OSError, ValueError) as exc:
-        return Enrollment(path, problem=f"unreadable bundle {path} ({type(exc).__name__})")
-    if not isinstance(data, dict) or not isinstance(data.get("region"), str):
-        return Enrollment(path, problem=f"bundle {path} has no region")
-    if data.get("version") != 1:
-        return Enrollment(path, problem=f"bundle {path} has unsupported version {data.get('version')!r}")
-    try:
-        mode = StorageMode(data["storage_mode"]) if data.get("storage_mode") else None
-    except ValueError:
-        mode = None
-    return Enrollment(path, region=data["region"], provider=data.get("provider"), storage_mode=mode,
-                      public_jobs=bool(data.get("public_jobs", False)))
+        bundle = contract_bundle.read_bundle(path)
+    except contract_bundle.BundleError as exc:
+        return BannerEnrollment(path, problem=f"unreadable bundle {path} ({exc.reason})")
+    return BannerEnrollment(path, region=bundle.region, provider=bundle.provider,
+                            storage_mode=bundle.storage_mode, public_jobs=bundle.public_jobs)
 
 
 def read_minion_id(tcti: str | None) -> tuple[str | None, str | None]:
@@ -83,7 +74,7 @@ def read_minion_id(tcti: str | None) -> tuple[str | None, str | None]:
     except Exception as exc:  # noqa: BLE001 - any failure means no usable TPM; the banner still renders
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return None, reason
-    if not isinstance(value, str) or not MINION_ID.match(value):
+    if not isinstance(value, str) or not is_minion_id(value):
         return None, f"the TPM identity reader returned {value!r}, not 32 hex digits"
     return value, None
 
@@ -118,7 +109,7 @@ def _hardware(inv: Inventory) -> str:
                               f"cores, {len(inv.nvme_drives)} NVMe {storage(nvme)}, {tpm}")
 
 
-def next_step(minion_id: str | None, enrollment: Enrollment, report: RequirementReport,
+def next_step(minion_id: str | None, enrollment: BannerEnrollment, report: RequirementReport,
               inventory: Inventory | None = None) -> str:
     """The one thing the operator should do now, first blocker first."""
     if minion_id is None:
@@ -138,7 +129,7 @@ def next_step(minion_id: str | None, enrollment: Enrollment, report: Requirement
             "control plane; this machine then joins by itself.")
 
 
-def render(*, minion_id: str | None, tpm_problem: str | None, enrollment: Enrollment,
+def render(*, minion_id: str | None, tpm_problem: str | None, enrollment: BannerEnrollment,
            addresses: list[tuple[str, str]], report: RequirementReport,
            inventory: Inventory | None = None, version: str | None = None,
            join_status: dict[str, Any] | None = None) -> str:
@@ -191,10 +182,10 @@ def _version() -> str:
 
 
 def banner_command(
-    bundle: Annotated[Optional[Path], typer.Option(
+    bundle: Annotated[Path | None, typer.Option(
         "--bundle", dir_okay=False, envvar=BUNDLE_ENV, show_default=str(DEFAULT_BUNDLE),
         help="The region enrollment bundle (docs/enrollment-bundle.md).")] = None,
-    tcti: Annotated[Optional[str], typer.Option(
+    tcti: Annotated[str | None, typer.Option(
         "--tcti", envvar=TCTI_ENV, help="TPM to read the minion_id from (tpm2-tss TCTI string).")] = None,
     storage_mode: StorageModeOption = None,
     public_jobs: PublicJobsFlag = False,

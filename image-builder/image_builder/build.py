@@ -6,17 +6,31 @@ build leaves nothing half-written where an operator would flash it from."""
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from image_builder import disk, ext4, initramfs, manifest, measure, node_files, pe, rootfs, staging, uki, verity, wheel
+from contracts.bundle import BundleError, read_bundle_bytes
+from image_builder import (
+    disk,
+    ext4,
+    initramfs,
+    manifest,
+    measure,
+    node_files,
+    pe,
+    rootfs,
+    staging,
+    uki,
+    verity,
+    wheel,
+)
 from image_builder.errors import BuildError
 from image_builder.plan import CMDLINE, ESP_NAME, IDS, IMAGE_NAME, MANIFEST_NAME, UKI_NAME, BuildConfig
 
@@ -51,20 +65,12 @@ def sha256_file(path: Path) -> str:
 
 
 def read_bundle(path: Path) -> tuple[bytes, dict[str, Any]]:
+    """The bundle's exact bytes (copied onto the ESP, digested into the manifest) and its fields."""
     try:
-        raw = path.read_bytes()
-        doc = json.loads(raw)
-    except OSError as exc:
-        raise BuildError(f"cannot read the bundle {path}: {exc.strerror}; write one with `provision region bundle REGION -o FILE`.") from exc
-    except ValueError as exc:
-        raise BuildError(f"{path} is not JSON; write the bundle with `provision region bundle REGION -o FILE`.") from exc
-    if not isinstance(doc, dict):  # e.g. a bare number: `k in doc` below would raise TypeError
-        doc = {}
-    missing = [k for k in ("version", "control_plane_url", "region", "region_id", "provider", "join_token") if k not in doc]
-    if missing or doc.get("version") != 1:
-        raise BuildError(f"{path} is not a version-1 enrollment bundle (missing {', '.join(missing) or 'version 1'}); "
-                         "write it with `provision region bundle REGION -o FILE`.")
-    return raw, doc
+        raw, bundle = read_bundle_bytes(path)
+    except BundleError as exc:
+        raise BuildError(exc.message, code=exc.code) from None
+    return raw, bundle.model_dump(mode="json")
 
 
 def default_epoch(repo: Path) -> int:

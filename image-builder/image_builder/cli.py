@@ -1,36 +1,31 @@
-"""`image-builder` command line: build, keygen, verify, plan.
+"""`image-builder`: build, keygen, verify, resolve-nvidia (docs/image-builder.md).
 
-Exit codes: 0 ok, 1 refused or failed, 2 usage error (argparse)."""
+Typer + Rich with the conventions of the control plane's `provision`: `--json` on every command puts
+machine output on stdout, exit codes 0 ok / 1 refused or failed / 2 usage, and every error is one line
+on stderr saying what to do next (cli_render.py). Heavy imports stay inside the commands, so `--help`
+is instant."""
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Annotated
 
+import typer
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="image-builder", description="Build rigbase's TPM-measured USB boot media.")
-    sub = p.add_subparsers(dest="command", required=True)
-    b = sub.add_parser("build", help="build the USB image, its UKI and the signed manifest")
-    b.add_argument("--bundle", required=True, type=Path, help="region enrollment bundle (provision region bundle)")
-    b.add_argument("--output", required=True, type=Path, help="directory for the image, UKI and manifest")
-    b.add_argument("--cache", type=Path, default=None, help="cache directory (default $RIGBASE_HOME/cache/image-builder)")
-    b.add_argument("--key", type=Path, default=None, help="Ed25519 signing key (default from `image-builder keygen`)")
-    b.add_argument("--with-nvidia", action="store_true", help="add Debian's non-free NVIDIA driver stack")
-    b.add_argument("--mirror", default=None, help="Debian mirror (default: the one apt uses on this host)")
-    b.add_argument("--plan", action="store_true", help="print the build plan as JSON and stop")
-    b.add_argument("--json", action="store_true", help="print the manifest summary as JSON")
-    k = sub.add_parser("keygen", help="make the builder's Ed25519 signing key")
-    k.add_argument("--key", type=Path, default=None, help="where to write the private key (.pub beside it)")
-    k.add_argument("--force", action="store_true", help="replace an existing key")
-    v = sub.add_parser("verify", help="check a manifest's signature with a builder public key")
-    v.add_argument("manifest", type=Path)
-    v.add_argument("--public-key", required=True, type=Path)
-    r = sub.add_parser("resolve-nvidia", help="check that the NVIDIA package set resolves (apt --simulate)")
-    r.add_argument("--cache", type=Path, default=None)
-    return p
+from image_builder.cli_render import OneLineErrors, detail, fail, print_json, progress
+
+app = typer.Typer(cls=OneLineErrors, help="Build rigbase's TPM-measured USB boot media.",
+                  no_args_is_help=True, add_completion=False, rich_markup_mode=None,
+                  pretty_exceptions_enable=False)
+
+Json = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of a table.")]
+Cache = Annotated[Path | None, typer.Option(
+    "--cache", help="Cache directory (default $RIGBASE_HOME/cache/image-builder).")]
+Key = Annotated[Path | None, typer.Option(
+    "--key", help="Ed25519 signing key (default from `image-builder keygen`).")]
 
 
 def _repo() -> Path:
@@ -38,49 +33,117 @@ def _repo() -> Path:
     return Path(__file__).resolve().parents[2]
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = _parser().parse_args(argv)
-    from image_builder import manifest
+@contextmanager
+def _refusals() -> Iterator[None]:
+    """The builder's own errors already say what to do; a file that cannot be read names its path."""
     from image_builder.errors import BuildError
+    from image_builder.manifest import ManifestError
 
     try:
-        if args.command == "keygen":
-            priv, pub = manifest.keygen(args.key or manifest.default_key_path(), force=args.force)
-            print(f"signing key: {priv}\npublic key:  {pub}  (give it to `provision image trust-key`)")
-        elif args.command == "verify":
-            doc = manifest.verify(args.manifest.read_bytes(),
-                                  args.manifest.with_name(args.manifest.name + manifest.SIGNATURE_SUFFIX).read_bytes(),
-                                  args.public_key.read_bytes())
-            print(f"ok: {args.manifest} signed by {doc['builder']['key_sha256'][:16]}…, image sha256 {doc['image']['sha256']}")
-        elif args.command == "resolve-nvidia":
-            from image_builder import rootfs
-            cache = args.cache or manifest.default_cache_dir()
-            base = rootfs.base_tree(cache, rootfs.inputs_for(False), print)
-            plan = rootfs.simulate_install(base, rootfs.NVIDIA_PACKAGES, rootfs.apt_mirror())
-            print("\n".join(l for l in plan.splitlines() if l.startswith("Inst ")))
-        else:
-            from image_builder import build
-            from image_builder.plan import BuildConfig
-            repo = _repo()
-            cfg = BuildConfig(bundle=args.bundle, output=args.output, cache=args.cache or manifest.default_cache_dir(),
-                              key=args.key or manifest.default_key_path(), with_nvidia=args.with_nvidia,
-                              source_date_epoch=build.default_epoch(repo), repo=repo, mirror=args.mirror)
-            if args.plan:
-                print(json.dumps(cfg.as_plan(), indent=2))
-                return
-            doc = build.build(cfg, log=(lambda m: print(m, file=sys.stderr)))
-            summary = {"output": str(args.output), "image_sha256": doc["image"]["sha256"],
-                       "uki_sha256": doc["uki"]["sha256"], "root_hash": doc["verity"]["root_hash"],
-                       "pcr11": doc["pcr11"][-1]["sha256"], "timings_s": doc["_timings"]}
-            if args.json:
-                print(json.dumps(summary, indent=2))
-            else:
-                print(f"image:    {args.output / doc['image']['file']} (sha256 {doc['image']['sha256']})")
-                print(f"manifest: {args.output / 'manifest.json'} (+ .sig)")
-                print(f"PCR 11 (ready): {summary['pcr11']}")
-    except (BuildError, manifest.ManifestError) as exc:
-        print(f"image-builder: {exc}", file=sys.stderr)
-        sys.exit(1)
+        yield
+    except (BuildError, ManifestError) as exc:
+        fail(str(exc))
     except OSError as exc:
-        print(f"image-builder: {exc.filename or ''}: {exc.strerror}; check the path and try again.", file=sys.stderr)
-        sys.exit(1)
+        fail(f"{exc.filename or 'a file'}: {exc.strerror or exc}; check the path and try again")
+
+
+@app.command("build")
+def build(
+    bundle: Annotated[Path, typer.Option(
+        "--bundle", help="Region enrollment bundle (`provision region bundle`).")],
+    output: Annotated[Path, typer.Option("--output", help="Directory for the image, UKI and manifest.")],
+    cache: Cache = None,
+    key: Key = None,
+    with_nvidia: Annotated[bool, typer.Option(
+        "--with-nvidia", help="Add Debian's non-free NVIDIA driver stack.")] = False,
+    mirror: Annotated[str | None, typer.Option(
+        "--mirror", help="Debian mirror (default: the one apt uses here).")] = None,
+    plan: Annotated[bool, typer.Option("--plan", help="Print the build plan as JSON and stop.")] = False,
+    json_out: Json = False,
+) -> None:
+    """Build the USB image, its UKI and the signed manifest."""
+    from image_builder import build as builder
+    from image_builder import manifest
+    from image_builder.plan import BuildConfig
+
+    repo = _repo()
+    with _refusals():
+        cfg = BuildConfig(bundle=bundle, output=output, cache=cache or manifest.default_cache_dir(),
+                          key=key or manifest.default_key_path(), with_nvidia=with_nvidia,
+                          source_date_epoch=builder.default_epoch(repo), repo=repo, mirror=mirror)
+        if plan:
+            print_json(cfg.as_plan())
+            return
+        with progress("building") as log:
+            doc = builder.build(cfg, log=log)
+    summary = {"output": str(output), "image": str(output / doc["image"]["file"]),
+               "image_sha256": doc["image"]["sha256"], "uki_sha256": doc["uki"]["sha256"],
+               "root_hash": doc["verity"]["root_hash"], "pcr11": doc["pcr11"][-1]["sha256"],
+               "manifest": str(output / "manifest.json"), "timings_s": doc["_timings"]}
+    if json_out:
+        print_json(summary)
+    else:
+        detail(summary, fields=["image", "image_sha256", "manifest", "root_hash", "pcr11"])
+
+
+@app.command("keygen")
+def keygen(
+    key: Annotated[Path | None, typer.Option(
+        "--key", help="Where to write the private key (.pub beside it).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing key.")] = False,
+    json_out: Json = False,
+) -> None:
+    """Make the builder's Ed25519 signing key."""
+    from image_builder import manifest
+
+    with _refusals():
+        private, public = manifest.keygen(key or manifest.default_key_path(), force=force)
+    out = {"private_key": str(private), "public_key": str(public)}
+    if json_out:
+        print_json(out)
+        return
+    detail(out)
+    print("next: give the public key to `provision image trust-key`", file=sys.stderr)
+
+
+@app.command("verify")
+def verify(
+    manifest_file: Annotated[Path, typer.Argument(
+        metavar="MANIFEST", help="manifest.json (its .sig beside it).")],
+    public_key: Annotated[Path, typer.Option("--public-key", help="The builder's public key (builder.pub).")],
+    json_out: Json = False,
+) -> None:
+    """Check a manifest's signature with a builder public key."""
+    from image_builder import manifest
+
+    with _refusals():
+        signature = manifest_file.with_name(manifest_file.name + manifest.SIGNATURE_SUFFIX)
+        doc = manifest.verify(manifest_file.read_bytes(), signature.read_bytes(), public_key.read_bytes())
+    out = {"manifest": str(manifest_file), "verified": True, "schema": doc.get("schema"),
+           "builder_key_sha256": doc.get("builder", {}).get("key_sha256"),
+           "image_sha256": doc.get("image", {}).get("sha256"),
+           "root_hash": doc.get("verity", {}).get("root_hash")}
+    if json_out:
+        print_json(out)
+    else:
+        detail(out)
+
+
+@app.command("resolve-nvidia")
+def resolve_nvidia(cache: Cache = None, json_out: Json = False) -> None:
+    """Check that the NVIDIA package set resolves (apt --simulate against the cached tree)."""
+    from image_builder import manifest, rootfs
+
+    with _refusals(), progress("resolving the NVIDIA package set") as log:
+        base = rootfs.base_tree(cache or manifest.default_cache_dir(), rootfs.inputs_for(False), log)
+        simulated = rootfs.simulate_install(base, rootfs.NVIDIA_PACKAGES, rootfs.apt_mirror())
+    installs = [line.removeprefix("Inst ") for line in simulated.splitlines() if line.startswith("Inst ")]
+    if json_out:
+        print_json({"packages": list(rootfs.NVIDIA_PACKAGES), "installs": installs})
+    else:
+        print("\n".join(f"Inst {line}" for line in installs))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -c 'from image_builder.cli import main; main()'` and older callers: the same app."""
+    app(args=argv, prog_name="image-builder")

@@ -64,7 +64,7 @@ def write_image(layout: Layout, out: Path) -> Path:
     out.unlink(missing_ok=True)
     with out.open("wb") as fh:
         fh.truncate(total)
-    script = [f"label: gpt", f"label-id: {layout.disk_guid}", "unit: sectors", "first-lba: 2048", ""]
+    script = ["label: gpt", f"label-id: {layout.disk_guid}", "unit: sectors", "first-lba: 2048", ""]
     start = first
     for p in layout.partitions:
         script.append(f"start={start // SECTOR}, size={p.size // SECTOR}, type={p.type_guid}, "

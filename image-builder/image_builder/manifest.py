@@ -1,4 +1,5 @@
-"""manifest.json + its detached Ed25519 signature, and the builder's signing key (`image-builder keygen`).
+"""The builder's side of the image manifest: its signing key (`image-builder keygen`) and the signature.
+The schema, `canonical`, `verify` and the key fingerprint are the shared contract (contracts/manifest.py).
 
 The control plane trusts a builder's public key (`provision image trust-key`) and then accepts manifests
 (`provision image register`) only when `verify` passes. Schema: docs/image-builder.md."""
@@ -6,29 +7,36 @@ The control plane trusts a builder's public key (`provision image trust-key`) an
 from __future__ import annotations
 
 import base64
-import json
 import os
 from pathlib import Path
-from typing import Any
 
-SCHEMA = "rigbase.image-manifest/1"
-SIGNATURE_SUFFIX = ".sig"
+from contracts.manifest import (
+    SCHEMA,
+    SIGNATURE_SUFFIX,
+    ManifestError,
+    canonical,
+    public_key_fingerprint,
+    verify,
+)
+
+__all__ = ["SCHEMA", "SIGNATURE_SUFFIX", "ManifestError", "canonical", "default_cache_dir", "default_key_path",
+           "keygen", "load_private_key", "public_key_fingerprint", "sign", "verify"]
 
 
-class ManifestError(Exception):
-    """The manifest or its signature does not check out; str() says what to do."""
+def rigbase_home() -> Path:
+    """$RIGBASE_HOME, else ~/.local/share/rigbase: the same state directory `provision` uses (docs/control-plane.md),
+    created 0700 on first use (it holds the signing key)."""
+    home = Path(os.environ.get("RIGBASE_HOME") or Path.home() / ".local" / "share" / "rigbase")
+    home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return home
 
 
 def default_key_path() -> Path:
-    from provisioner.config import rigbase_home
-
     return rigbase_home() / "image-builder" / "signing-key.pem"
 
 
 def default_cache_dir() -> Path:
     """Shared by the CLI, the image tests and the benchmark: the debootstrap stage is keyed by inputs."""
-    from provisioner.config import rigbase_home
-
     return rigbase_home() / "cache" / "image-builder"
 
 
@@ -63,65 +71,6 @@ def load_private_key(path: Path):
     return key
 
 
-def public_key_fingerprint(public_key: bytes) -> str:
-    """sha256 over the raw 32-byte Ed25519 public key, hex: how the manifest names its signer."""
-    import hashlib
-
-    return hashlib.sha256(_load_public(public_key).public_bytes_raw()).hexdigest()
-
-
-def canonical(manifest: dict[str, Any]) -> bytes:
-    """Sorted keys, two-space indent, trailing newline: stable bytes for the same content."""
-    return (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
-
-
 def sign(manifest_bytes: bytes, private_key) -> bytes:
     """Detached signature file contents: base64 of the 64-byte Ed25519 signature, newline-terminated."""
     return base64.b64encode(private_key.sign(manifest_bytes)) + b"\n"
-
-
-def _load_public(public_key: bytes | str):
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-
-    raw = public_key.encode() if isinstance(public_key, str) else public_key
-    if b"-----BEGIN" in raw:
-        key = serialization.load_pem_public_key(raw)
-    elif len(raw) == 32:
-        key = Ed25519PublicKey.from_public_bytes(raw)
-    else:
-        try:
-            key = Ed25519PublicKey.from_public_bytes(base64.b64decode(raw.strip(), validate=True))
-        except (ValueError, TypeError) as exc:
-            raise ManifestError("the public key is neither PEM, raw 32 bytes nor base64; pass the builder's .pub file.") from exc
-    if not isinstance(key, Ed25519PublicKey):
-        raise ManifestError("the public key is not Ed25519; pass the .pub file `image-builder keygen` wrote.")
-    return key
-
-
-def verify(manifest_bytes: bytes, signature: bytes | str, public_key: bytes | str) -> dict[str, Any]:
-    """Check the detached signature over the exact manifest bytes and return the parsed manifest.
-
-    signature: the .sig file's contents (base64) or the raw 64 bytes; public_key: PEM (SPKI), raw 32 bytes
-    or base64 of them. Raises ManifestError with a reason the operator can act on."""
-    from cryptography.exceptions import InvalidSignature
-
-    key = _load_public(public_key)
-    sig = signature.encode() if isinstance(signature, str) else signature
-    if len(sig) != 64:
-        try:
-            sig = base64.b64decode(sig.strip(), validate=True)
-        except (ValueError, TypeError) as exc:
-            raise ManifestError("the signature is not base64; pass the manifest.json.sig file the builder wrote.") from exc
-    try:
-        key.verify(sig, manifest_bytes)
-    except InvalidSignature as exc:
-        raise ManifestError("the manifest's signature does not verify with this key; the manifest was altered "
-                            "or signed by another builder.") from exc
-    try:
-        doc = json.loads(manifest_bytes)
-    except ValueError as exc:
-        raise ManifestError("the manifest is not JSON; rebuild the image.") from exc
-    if doc.get("schema") != SCHEMA:
-        raise ManifestError(f"unknown manifest schema {doc.get('schema')!r}; expected {SCHEMA}.")
-    return doc

@@ -111,11 +111,12 @@ PARTLABEL=rigbase-esp {ESP_MOUNT} vfat ro,nofail,x-systemd.device-timeout=90s 0 
 PARTLABEL={OS_STATE} /var/lib/rigbase ext4 defaults,nofail,x-systemd.device-timeout=90s 0 2
 """
 
+# The launcher imports the minion by name after the path change (the builder itself never imports it).
 MINION_LAUNCHER = """#!/usr/bin/python3
+import importlib
 import sys
 sys.path.insert(0, "/usr/lib/rigbase/python")  # the minion's pinned dependencies win over Debian's
-from minion.cli import main
-sys.exit(main())
+sys.exit(importlib.import_module("minion.cli").main())
 """
 
 # DHCP on every wired interface, so the minion can reach the control plane (outbound only). networkd

@@ -145,7 +145,7 @@ class Machine:
         if self.tpm:
             self.tpm.stop()
 
-    def __enter__(self) -> "Machine":
+    def __enter__(self) -> Machine:
         self.start()
         return self
 
@@ -167,10 +167,13 @@ def blank_disk(path: Path, size: int) -> Path:
 
 
 def minion_id_from_ek_cert(der: bytes) -> str:
-    """What the banner must show: the control plane's own derivation (provisioner.attestation.keys) applied
-    to the EK certificate's public key, so the boot test checks that node and verifier agree."""
+    """What the banner must show: the shared derivation (contracts/identity.py) applied to the EK
+    certificate's public key, so the boot test checks that the node's TPM-side derivation agrees."""
     from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
 
-    from provisioner.attestation.keys import minion_id_for
+    from contracts.identity import minion_id_from_spki
 
-    return minion_id_for(x509.load_der_x509_certificate(der).public_key())  # type: ignore[arg-type]
+    spki = x509.load_der_x509_certificate(der).public_key().public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return minion_id_from_spki(spki)

@@ -16,8 +16,9 @@ from pathlib import Path
 
 from image_builder.errors import BuildError
 
-#: Packages of the distribution that a node runs; of the control plane only the shared error types.
-NODE_PACKAGES = ("minion/", "image_builder/", "provisioner/__init__.py", "provisioner/errors.py")
+#: Packages of the distribution that a node runs: the minion, the builder's node files, and the contract the
+#: minion shares with the control plane (contracts/); nothing of the control plane.
+NODE_PACKAGES = ("contracts/", "minion/", "image_builder/")
 
 #: The minion's third-party imports, pinned to the versions this build host's venv runs its tests with
 #: (Debian's python3-pydantic 1.10 / python3-tpm2-pytss 1.2 are too old for the minion).

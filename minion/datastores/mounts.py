@@ -14,7 +14,6 @@ soon as the mount call returns.
 
 from __future__ import annotations
 
-import enum
 import os
 import subprocess
 from collections.abc import Iterator
@@ -22,8 +21,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from minion.datastores.paths import normalize_root, open_in_root
-from provisioner.errors import InvalidInput, Unavailable
+from contracts.errors import Unavailable
+from contracts.regional import DatastoreType, check_datastore, normalize_root
+from minion.datastores.paths import open_in_root
 
 # vers=4 lets mount.nfs negotiate the highest 4.x the server offers (4.2 → 4.1 → 4.0); hard + long
 # timeo keep a training job blocked (not corrupted) through a server restart; nosuid/nodev because the
@@ -34,13 +34,8 @@ SMB_OPTIONS = ("vers=3.1.1", "uid=0", "gid=0", "file_mode=0660", "dir_mode=0770"
 CREDENTIALS_DIR = Path("/run/rigbase/credentials")
 
 
-class DatastoreType(str, enum.Enum):
-    NFS = "nfs"
-    SMB = "smb"
-
-
 @dataclass(frozen=True)
-class Datastore:
+class DatastoreMount:
     """A regional datastore as the node receives it (password already unsealed, in memory only)."""
 
     name: str
@@ -52,18 +47,11 @@ class Datastore:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "type", DatastoreType(self.type))
-        normalize_root(self.root)
-        if self.type is DatastoreType.SMB and not (self.username and self.password is not None):
-            raise InvalidInput(f"datastore {self.name}: SMB needs --username and --password-file")
-        if self.type is DatastoreType.NFS and (self.username or self.password):
-            raise InvalidInput(f"datastore {self.name}: NFS takes no credentials; drop --username/--password-file")
-        if any("\n" in (v or "") for v in (self.username, self.password)):
-            raise InvalidInput(f"datastore {self.name}: username and password must be one line each")
-        if self.type is DatastoreType.SMB and normalize_root(self.root) == PurePosixPath("/"):
-            raise InvalidInput(f"datastore {self.name}: an SMB root starts with the share name, e.g. /share or /share/dir")
+        check_datastore(self.name, self.type, self.root, self.username, self.password)
 
     def __repr__(self) -> str:  # never print the password
-        return f"Datastore(name={self.name!r}, type={self.type.value!r}, address={self.address!r}, root={self.root!r})"
+        return (f"DatastoreMount(name={self.name!r}, type={self.type.value!r}, address={self.address!r}, "
+                f"root={self.root!r})")
 
 
 @dataclass(frozen=True)
@@ -85,7 +73,7 @@ class MountSpec:
         return ["mount", "-t", self.fstype, "-o", ",".join(options), self.source, str(self.target)]
 
 
-def root_mount_spec(ds: Datastore, staging: Path) -> MountSpec:
+def root_mount_spec(ds: DatastoreMount, staging: Path) -> MountSpec:
     """The mount of the datastore's root at `staging` (stage 1)."""
     root = normalize_root(ds.root)
     if ds.type is DatastoreType.NFS:
@@ -121,7 +109,8 @@ def is_mountpoint(path: Path) -> bool:
         return any(line.split()[4] == target for line in info)
 
 
-def mount_root(ds: Datastore, staging: Path, credentials_dir: Path = CREDENTIALS_DIR) -> MountSpec:
+def mount_root(ds: DatastoreMount, staging: Path,
+               credentials_dir: Path = CREDENTIALS_DIR) -> MountSpec:
     """Stage 1: mount the datastore root at `staging` unless it already is."""
     spec = root_mount_spec(ds, staging)
     if is_mountpoint(staging):

@@ -1,10 +1,10 @@
 """Job paths inside a datastore: always below the datastore's root, whatever the job asks for.
 
-cloudbender.txt: with root `/dir2`, a job that asks for `/subdir2` gets `/dir2/subdir2`, and nothing
+docs/product-rules.md: with root `/dir2`, a job asking for `/subdir2` gets `/dir2/subdir2`, and nothing
 above the root is reachable. Two levels enforce that:
 
-- `join_under_root(root, requested)` is the string rule (also used by the control plane to validate a
-  job spec): the requested path is always relative to the root (a leading `/` means "the root"), and
+- `join_under_root(root, requested)` is the string rule (contracts/regional.py, shared with the control
+  plane, which validates job specs with it): the requested path is always relative to the root (a leading `/` means "the root"), and
   `..`, NUL and over-long paths are refused with a message that says how to write the path instead.
 - `open_in_root(root_dir, requested)` resolves the path in a real directory tree (the datastore root
   mounted on the node) with chroot semantics, like openat2(RESOLVE_IN_ROOT): a symlink's absolute
@@ -21,35 +21,12 @@ import os
 import stat
 from pathlib import Path, PurePosixPath
 
-from provisioner.errors import InvalidInput, NotFound
+from contracts.errors import InvalidInput, NotFound
+from contracts.regional import join_under_root, normalize_root, requested_parts
 
-MAX_PATH = 4096
+__all__ = ["join_under_root", "normalize_root", "open_in_root", "requested_parts"]
+
 MAX_SYMLINKS = 40  # the kernel's own limit (ELOOP)
-EXAMPLE = "give it from the datastore root, e.g. /subdir2"
-
-
-def requested_parts(requested: str) -> list[str]:
-    """The components of a job's requested path, validated; `/`, `` and `.` all mean the root."""
-    if "\x00" in requested:
-        raise InvalidInput(f"the datastore path contains a NUL byte; {EXAMPLE}")
-    if len(requested.encode()) > MAX_PATH:
-        raise InvalidInput(f"the datastore path is longer than {MAX_PATH} bytes; use a shorter path")
-    parts = [p for p in requested.split("/") if p not in ("", ".")]
-    if ".." in parts:
-        raise InvalidInput(f"the datastore path {requested!r} contains '..'; {EXAMPLE}")
-    return parts
-
-
-def normalize_root(root: str) -> PurePosixPath:
-    """A datastore root as configured: absolute, no NUL, no `..` (`/` exposes the whole share)."""
-    if not root.startswith("/"):
-        raise InvalidInput(f"the datastore root {root!r} must be an absolute path such as /dir2 or /")
-    return PurePosixPath("/", *requested_parts(root))
-
-
-def join_under_root(root: str, requested: str) -> PurePosixPath:
-    """ROOT + requested, as the server sees it: `/dir2` + `/subdir2` → `/dir2/subdir2`."""
-    return normalize_root(root).joinpath(*requested_parts(requested))
 
 
 def open_in_root(root_dir: Path, requested: str) -> tuple[int, PurePosixPath]:

@@ -5,28 +5,28 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from minion.hardware.requirements import StorageMode
+from contracts.regional import StorageMode
 
 if TYPE_CHECKING:
     from minion.hardware.model import Inventory
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
-HostRoot = Annotated[Optional[Path], typer.Option(
+HostRoot = Annotated[Path | None, typer.Option(
     "--host-root", file_okay=False, exists=True,
     help="Read /proc files under this directory (as node-feature-discovery's host paths); sysfs "
          "still comes through udev.")]
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
-StorageModeOption = Annotated[Optional[StorageMode], typer.Option(
+StorageModeOption = Annotated[StorageMode | None, typer.Option(
     "--storage-mode", case_sensitive=False,
     help="The region's storage mode: local needs 3 SATA drives, central a 10 Gb/s NIC.")]
 PublicJobsFlag = Annotated[bool, typer.Option(
     "--public-jobs", help="The region sells spare capacity: memory, lane and core rules apply.")]
-InventoryFile = Annotated[Optional[Path], typer.Option(
+InventoryFile = Annotated[Path | None, typer.Option(
     "--inventory", dir_okay=False, help="Use a saved `minion inventory --json` instead of this machine.")]
 
 
@@ -40,7 +40,7 @@ def load_or_collect(inventory_file: Path | None, host_root: Path | None) -> Inve
     """The saved inventory when one is given, else this machine's. Bad input exits 2, a machine whose
     /proc cannot be read exits 1."""
     from minion.hardware.inventory import collect
-    from minion.hardware.model import Inventory, InvalidInventory
+    from minion.hardware.model import InvalidInventory, Inventory
 
     if inventory_file is not None:
         try:

@@ -21,7 +21,7 @@ SCHEMA_VERSION = 1
 
 
 class GpuClass(str, Enum):
-    """Fee classes of seeds/cloudbender.txt "Usage Fee"."""
+    """Fee classes of docs/product-rules.md "Usage fee"."""
 
     DATACENTER = "datacenter"
     PROFESSIONAL = "professional"

@@ -1,4 +1,4 @@
-"""The hardware requirements of seeds/cloudbender.txt ("Hardware Requirements") as a rule table.
+"""The hardware requirements of docs/product-rules.md ("Hardware requirements") as a rule table.
 
 Each rule is data: an id, when it applies (always, with public jobs, per storage mode) and a measure
 that turns an Inventory into (ok, required, found, detail). `check()` runs the applicable rules in table
@@ -14,13 +14,9 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from contracts.regional import StorageMode
 from minion.hardware.model import FormFactor, Gpu, Inventory
 from minion.hardware.units import TB, gib, link_speed, plural, storage
-
-
-class StorageMode(str, Enum):
-    LOCAL = "local"
-    CENTRAL = "central"
 
 
 class Applies(str, Enum):

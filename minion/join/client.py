@@ -2,23 +2,23 @@
 or URL + token, or the finalized node's /etc/rigbase/minion.yaml), and one join attempt as data.
 
 `attempt_join` runs POST /v1/join → ActivateCredential + Quote in the TPM → POST /v1/join/{id}/proof and
-returns a JoinOutcome: joined (with the node credential), pending (attested, waiting for an operator),
+returns a JoinStatus: joined (with the node credential), pending (attested, waiting for an operator),
 or refused (code + the operator-readable message). It never raises for an answer the control plane
 gives; only the transport can fail (ConnectionProblem), which the caller retries."""
 
 from __future__ import annotations
 
-import json
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import httpx
 
-from minion.join.attest import Challenge, join_request, proof_payload
-
-BUNDLE_VERSION = 1
+from contracts.bundle import BundleError, read_bundle
+from contracts.messages import JoinResult
+from minion.join.attest import join_request, parse_challenge, proof_payload
 
 
 class EnrollmentError(ValueError):
@@ -41,22 +41,17 @@ class Enrollment:
     @classmethod
     def from_bundle(cls, path: Path) -> Enrollment:
         try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            raise EnrollmentError(f"cannot read the enrollment bundle {path} ({exc}); write it with "
-                                  "`provision region bundle REGION -o FILE`") from None
-        if not isinstance(data, dict) or data.get("version") != BUNDLE_VERSION:
-            raise EnrollmentError(f"{path} is not a version-1 enrollment bundle; write a new one with "
-                                  "`provision region bundle REGION -o FILE`")
-        missing = [k for k in ("control_plane_url", "join_token", "region") if not data.get(k)]
-        if missing:
-            raise EnrollmentError(f"the enrollment bundle {path} lacks {', '.join(missing)}; write a new one")
-        return cls(data["control_plane_url"], data["join_token"], data["region"], data.get("ca_certificate"),
-                   data.get("storage_mode"), bool(data.get("public_jobs", False)))
+            bundle = read_bundle(path)
+        except BundleError as exc:
+            raise EnrollmentError(exc.message) from None
+        return cls(bundle.control_plane_url, bundle.join_token, bundle.region, bundle.ca_certificate,
+                   bundle.storage_mode, bundle.public_jobs)
 
 
 @dataclass(frozen=True)
-class JoinOutcome:
+class JoinStatus:
+    """Where one join attempt left this minion, as it records it (status.json) and the banner shows it."""
+
     state: str  # "joined" | "pending" | "refused" | "errored"
     message: str
     code: str | None = None
@@ -107,7 +102,7 @@ def _code(response: httpx.Response) -> str | None:
 
 
 def attempt_join(cp: ControlPlane, session: Any, ak: Any, *, inventory: Mapping[str, Any],
-                 requirements: Mapping[str, Any]) -> JoinOutcome:
+                 requirements: Mapping[str, Any]) -> JoinStatus:
     """One complete join attempt with the TPM session `session` and AK `ak`."""
     token = cp.enrollment.join_token
     if not token:
@@ -116,17 +111,17 @@ def attempt_join(cp: ControlPlane, session: Any, ak: Any, *, inventory: Mapping[
     response = cp.post("/v1/join", body)
     if response.status_code != 201:
         return _refusal(response)
-    challenge = Challenge.from_json(response.json())
+    challenge = parse_challenge(response.json())
     response = cp.post(f"/v1/join/{challenge.join_id}/proof", proof_payload(session, ak, challenge), token=token)
     if response.status_code == 202:
-        return JoinOutcome("pending", response.json().get("message", "waiting for an operator"))
+        return JoinStatus("pending", JoinResult.model_validate_json(response.content).message)
     if response.status_code == 200:
-        node = response.json()
-        return JoinOutcome("joined", f"joined as node '{node.get('node_name')}' ({node.get('state')})", node=node)
+        result = JoinResult.model_validate_json(response.content)
+        return JoinStatus("joined", f"joined as node '{result.node_name}' ({result.state})", node=response.json())
     return _refusal(response)
 
 
-def _refusal(response: httpx.Response) -> JoinOutcome:
+def _refusal(response: httpx.Response) -> JoinStatus:
     code = _code(response)
     state = "errored" if code == "node_errored" else "refused"
-    return JoinOutcome(state, _message(response), code=code)
+    return JoinStatus(state, _message(response), code=code)

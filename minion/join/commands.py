@@ -7,19 +7,19 @@ import os
 import sys
 import threading
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
 from minion.hardware.commands import HostRoot, InventoryFile
 
-Bundle = Annotated[Optional[Path], typer.Option("--bundle", dir_okay=False, envvar="RIGBASE_BUNDLE",
+Bundle = Annotated[Path | None, typer.Option("--bundle", dir_okay=False, envvar="RIGBASE_BUNDLE",
                                                 help="The region enrollment bundle (provision region bundle).")]
-Url = Annotated[Optional[str], typer.Option("--control-plane", help="Control plane URL (instead of --bundle).")]
-Token = Annotated[Optional[str], typer.Option("--join-token", envvar="RIGBASE_JOIN_TOKEN", help="Region join token (with --control-plane).")]
-Tcti = Annotated[Optional[str], typer.Option("--tcti", envvar="RIGBASE_TCTI", help="tpm2-tss TCTI string, e.g. swtpm:path=/run/tpm.sock.")]
-StateOpt = Annotated[Optional[Path], typer.Option("--state-dir", file_okay=False, help="Where the node credential and AK live (default /var/lib/rigbase/minion).")]
-AuthorizedKeys = Annotated[Optional[Path], typer.Option(
+Url = Annotated[str | None, typer.Option("--control-plane", help="Control plane URL (instead of --bundle).")]
+Token = Annotated[str | None, typer.Option("--join-token", envvar="RIGBASE_JOIN_TOKEN", help="Region join token (with --control-plane).")]
+Tcti = Annotated[str | None, typer.Option("--tcti", envvar="RIGBASE_TCTI", help="tpm2-tss TCTI string, e.g. swtpm:path=/run/tpm.sock.")]
+StateOpt = Annotated[Path | None, typer.Option("--state-dir", file_okay=False, help="Where the node credential and AK live (default /var/lib/rigbase/minion).")]
+AuthorizedKeys = Annotated[Path | None, typer.Option(
     "--authorized-keys", dir_okay=False,
     help="After a successful join, write the control plane's SSH key into this authorized_keys file (the boot "
          "image passes /root/.ssh/authorized_keys). Without it nothing is written.")]
@@ -103,12 +103,12 @@ def join_command(bundle: Bundle = None, control_plane: Url = None, join_token: T
 def run_command(bundle: Bundle = None, control_plane: Url = None, join_token: Token = None, tcti: Tcti = None,
                 state_dir: StateOpt = None, inventory_file: InventoryFile = None, host_root: HostRoot = None,
                 authorized_keys: AuthorizedKeys = None,
-                heartbeat_interval: Annotated[Optional[float], typer.Option("--heartbeat-interval", min=0.05, help="Seconds between heartbeats (default: the control plane's, 30).")] = None,
-                config: Annotated[Optional[Path], typer.Option("--config", dir_okay=False, help="minion.yaml written by the finalize playbook.")] = None,
+                heartbeat_interval: Annotated[float | None, typer.Option("--heartbeat-interval", min=0.05, help="Seconds between heartbeats (default: the control plane's, 30).")] = None,
+                config: Annotated[Path | None, typer.Option("--config", dir_okay=False, help="minion.yaml written by the finalize playbook.")] = None,
                 max_backoff: Annotated[float, typer.Option("--max-backoff", min=0.1, help="Longest wait between join attempts (s).")] = 15.0) -> None:
     """Run the agent: check requirements, join (retrying while pending), then heartbeat until SIGTERM."""
     os.environ.setdefault("TSS2_LOG", "all+none")
-    from minion.join.run import Runner, RunContext, collect_report, install_signal_handlers
+    from minion.join.run import RunContext, Runner, collect_report, install_signal_handlers
     from minion.join.state import DEFAULT_STATE_DIR, StateDir
 
     enrollment = _enrollment(bundle, control_plane, join_token, config)

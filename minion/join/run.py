@@ -18,10 +18,14 @@ import importlib
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
+from pydantic import ValidationError
+
+from contracts.messages import HeartbeatRequest, HeartbeatResponse, QuoteMessage
 from minion import desired
 from minion.join.authorized_keys import install_from_join
 from minion.join.client import ConnectionProblem, ControlPlane, Enrollment, attempt_join
@@ -79,12 +83,12 @@ def load_ak(session: Any, state: StateDir) -> Any:
     return ak
 
 
-def _quote(tcti: str | None, ak: Any, nonce_b64: str) -> dict[str, Any]:
-    from minion.join.attest import quote_payload
+def _quote(tcti: str | None, ak: Any, nonce_b64: str) -> QuoteMessage:
+    from minion.join.attest import quote_message
     from minion.tpm.session import TpmSession
 
     with TpmSession(tcti) as session:
-        return quote_payload(session, ak, base64.b64decode(nonce_b64))
+        return quote_message(session.quote(ak, base64.b64decode(nonce_b64)))
 
 
 @dataclass
@@ -94,10 +98,10 @@ class Runner:
     heartbeat_s: float | None = None
     max_backoff_s: float = 15.0
     stop: threading.Event = field(default_factory=threading.Event)
-    say: Printer | None = None
+    printer: Printer | None = None  # default: one line per state change into the state directory
 
     def __post_init__(self) -> None:
-        self.say = self.say or Printer(self.ctx.state)
+        self.say: Printer = self.printer or Printer(self.ctx.state)
         self.cp = ControlPlane(self.ctx.enrollment)
 
     # -- join ----------------------------------------------------------------------------------------
@@ -138,12 +142,13 @@ class Runner:
         actual: dict[str, Any] = {}
         nonce: str | None = None
         while not self.stop.is_set():
-            body: dict[str, Any] = {"version": 1, "actual": actual}
+            quote = None
             if nonce:
                 ak = read_json(self.ctx.state.ak_file)
                 from minion.tpm.session import AttestationKey
 
-                body["quote"] = _quote(self.ctx.tcti, AttestationKey.from_dict(ak or {}), nonce)
+                quote = _quote(self.ctx.tcti, AttestationKey.from_dict(ak or {}), nonce)
+            body = HeartbeatRequest(actual=actual, quote=quote).to_wire()
             try:
                 response = self.cp.post(f"/v1/nodes/{node['node_id']}/heartbeat", body, token=node["node_credential"])
             except ConnectionProblem as exc:
@@ -158,14 +163,18 @@ class Runner:
                 self.say("heartbeat-refused", response.text[:200])
                 self.stop.wait(interval)
                 continue
-            answer = response.json()
-            state = answer.get("state")
-            self.say(state, answer.get("reason"), node_id=node["node_id"])
-            if state == "new":  # retried by the operator: attest again
+            try:
+                answer = HeartbeatResponse.model_validate_json(response.content)
+            except ValidationError as exc:
+                self.say("heartbeat-refused", f"unreadable heartbeat answer: {exc.error_count()} problem(s)")
+                self.stop.wait(interval)
+                continue
+            self.say(answer.state, answer.reason, node_id=node["node_id"])
+            if answer.state == "new":  # retried by the operator: attest again
                 self.ctx.state.forget_node()
                 return
-            actual = desired.apply(answer.get("desired") or {})
-            nonce = answer.get("quote_nonce")
+            actual = desired.apply(answer.desired)
+            nonce = answer.quote_nonce
             self.stop.wait(0 if nonce else interval)
 
     def run(self) -> None:

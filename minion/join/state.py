@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -69,4 +69,4 @@ class StateDir:
 
     def save_status(self, state: str, message: str | None = None, **extra: Any) -> None:
         write_private(self.status_file, {"state": state, "message": message,
-                                         "at": datetime.now(timezone.utc).isoformat(), **extra})
+                                         "at": datetime.now(UTC).isoformat(), **extra})

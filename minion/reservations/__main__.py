@@ -28,7 +28,7 @@ from minion.reservations.upnp import DEFAULT_LEASE_S
 
 def serve(args: argparse.Namespace) -> int:
     from minion.reservations.agent import ReservationAgent
-    from minion.reservations.model import Reservation
+    from minion.reservations.model import ReservationSpec
 
     agent = ReservationAgent(
         args.lan_address,
@@ -48,7 +48,7 @@ def serve(args: argparse.Namespace) -> int:
         started = time.monotonic()
         try:
             if op == "apply":
-                statuses = agent.apply([Reservation.from_dict(d) for d in msg["desired"]])
+                statuses = agent.apply([ReservationSpec.from_dict(d) for d in msg["desired"]])
             elif op == "set_address":
                 statuses = agent.set_address(msg["address"])
             elif op == "renew":

@@ -3,7 +3,7 @@
 Integration is one call at start-up, `register_heartbeat_handler(agent)` (minion/desired.py then
 calls it for the "reservations" key of every heartbeat response), which does:
 
-    statuses = agent.apply([Reservation.from_dict(d) for d in desired["reservations"]])
+    statuses = agent.apply([ReservationSpec.from_dict(d) for d in desired["reservations"]])
     actual["reservations"] = [s.to_dict() for s in statuses]
 
 `apply` is idempotent: an unchanged reservation is left alone (no re-probe, no re-announce), so calling it
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from minion.reservations.mdns import PROBE_WINDOW_S, MdnsPublisher
-from minion.reservations.model import ActualState, MdnsState, Reservation, ReservationStatus, UpnpState
+from minion.reservations.model import MdnsState, ReportedState, ReservationSpec, ReservationStatus, UpnpState
 from minion.reservations.upnp import DEFAULT_LEASE_S, UpnpMapper
 
 log = logging.getLogger(__name__)
@@ -28,16 +28,16 @@ log = logging.getLogger(__name__)
 # UPnP outcomes that are settled until the desired reservation changes (not retried per heartbeat).
 SETTLED_UPNP = {UpnpState.MAPPED, UpnpState.HELD_BY_OTHER_HOST, UpnpState.REFUSED, UpnpState.OFF}
 # Summary state by precedence: the first matching rule wins.
-SUMMARY_RULES: tuple[tuple[str, ActualState], ...] = (
-    ("mdns-error", ActualState.ERROR),
-    ("mdns-conflict", ActualState.CONFLICT),
-    ("upnp-failed", ActualState.ERROR),
-    ("upnp-mapped", ActualState.MAPPED),
-    ("otherwise", ActualState.PUBLISHED),
+SUMMARY_RULES: tuple[tuple[str, ReportedState], ...] = (
+    ("mdns-error", ReportedState.ERROR),
+    ("mdns-conflict", ReportedState.CONFLICT),
+    ("upnp-failed", ReportedState.ERROR),
+    ("upnp-mapped", ReportedState.MAPPED),
+    ("otherwise", ReportedState.PUBLISHED),
 )
 
 
-def summarize(mdns: MdnsState, upnp: UpnpState) -> ActualState:
+def summarize(mdns: MdnsState, upnp: UpnpState) -> ReportedState:
     facts = {
         "mdns-error": mdns is MdnsState.ERROR,
         "mdns-conflict": mdns is MdnsState.CONFLICT,
@@ -63,7 +63,7 @@ class ReservationAgent:
     ) -> None:
         self.mdns = MdnsPublisher(lan_address, probe_window_s=probe_window_s)
         self.upnp = UpnpMapper(lan_address, lease_s=lease_s, igd_url=igd_url, cache_path=igd_cache) if upnp else None
-        self.desired: dict[str, Reservation] = {}
+        self.desired: dict[str, ReservationSpec] = {}
         self._lock = threading.RLock()
         self._renewer: threading.Thread | None = None
         self._stop = threading.Event()
@@ -72,7 +72,7 @@ class ReservationAgent:
     def lan_address(self) -> str:
         return self.mdns.address
 
-    def apply(self, desired: list[Reservation]) -> list[ReservationStatus]:
+    def apply(self, desired: list[ReservationSpec]) -> list[ReservationStatus]:
         """Make the node serve exactly `desired`; return the actual state of each, in `desired` order."""
         with self._lock:
             wanted = {r.name: r for r in desired}
@@ -158,12 +158,12 @@ def register_heartbeat_handler(agent: ReservationAgent) -> None:
 
     @handles("reservations")
     def _apply(value: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
-        valid: list[Reservation] = []
+        valid: list[ReservationSpec] = []
         rejected: list[dict[str, Any]] = []
         for item in value or []:
             try:
-                valid.append(Reservation.from_dict(item))
+                valid.append(ReservationSpec.from_dict(item))
             except (KeyError, TypeError, ValueError) as exc:
                 rejected.append({"name": item.get("name") if isinstance(item, dict) else None,
-                                 "state": ActualState.ERROR.value, "reason": f"invalid reservation: {exc}"})
+                                 "state": ReportedState.ERROR.value, "reason": f"invalid reservation: {exc}"})
         return [s.to_dict() for s in agent.apply(valid)] + rejected

@@ -24,13 +24,15 @@ MDNS_GROUP = ("224.0.0.251", 5353)
 
 
 @dataclass
-class Settings:
+class ReservationAgentSettings:
+    """What the lazily started ReservationAgent is created with; `configure` changes it at run time."""
+
     lan_address: str | None = None
     upnp: bool = False
     igd_cache: Path | None = None
 
 
-SETTINGS = Settings(lan_address=os.environ.get("RIGBASE_LAN_ADDRESS") or None)
+SETTINGS = ReservationAgentSettings(lan_address=os.environ.get("RIGBASE_LAN_ADDRESS") or None)
 _agent: Any = None  # minion.reservations.agent.ReservationAgent once something was assigned
 
 

@@ -37,7 +37,8 @@ from zeroconf import (
 )
 from zeroconf.const import _CLASS_IN, _CLASS_UNIQUE, _DNS_HOST_TTL, _FLAGS_QR_QUERY, _TYPE_A, _TYPE_ANY
 
-from minion.reservations.model import MdnsState, Protocol, Reservation
+from contracts.regional import Protocol
+from minion.reservations.model import MdnsState, ReservationSpec
 
 log = logging.getLogger(__name__)
 
@@ -49,12 +50,12 @@ GOODBYE_TTL = 1
 
 @dataclass
 class _Entry:
-    reservation: Reservation
+    reservation: ReservationSpec
     info: ServiceInfo | None  # None while probing or after a conflict
     state: MdnsState
     reason: str | None = None
     rival: str | None = None  # the other host's address when state is CONFLICT
-    announcing: asyncio.Future[None] | None = None  # the repeats of the announcement still to send
+    announcing: asyncio.Future[Any] | None = None  # the repeats of the announcement still to send
 
 
 class _RivalListener(RecordUpdateListener):
@@ -87,7 +88,7 @@ def _drop_pending_answers(zc: Zeroconf, info: ServiceInfo) -> None:
     zeroconf's unregister does not purge them, so we do.
 
     This reads zeroconf internals (``out_queue``/``out_delay_queue``, ``AnswerGroup.answers``; as of
-    0.154, see COOKBOOK.md). If a zeroconf upgrade changes them we log and carry on, so the goodbye
+    0.154). If a zeroconf upgrade changes them we log and carry on, so the goodbye
     itself still goes out; test_avahi_resolves_and_goodbye_withdraws shows whether it still works."""
     names = {info.name.lower(), (info.server or "").lower()}
     try:
@@ -142,7 +143,7 @@ class MdnsPublisher:
         assert self._zc is not None and self._zc.loop is not None
         return asyncio.run_coroutine_threadsafe(coro, self._zc.loop).result(timeout)
 
-    def publish(self, res: Reservation) -> MdnsState:
+    def publish(self, res: ReservationSpec) -> MdnsState:
         """Probe for HOST.local, then announce it; returns PUBLISHED or CONFLICT (see module doc)."""
         current = self._entries.get(res.name)
         if current is not None and current.reservation == res and current.state is MdnsState.PUBLISHED:
@@ -172,7 +173,8 @@ class MdnsPublisher:
         # …and A as well: python-zeroconf answers a host name only for an A/AAAA question, not for ANY.
         out.add_question(DNSQuestion(res.fqdn, _TYPE_A, _CLASS_IN | _CLASS_UNIQUE))
         proposed = DNSAddress(res.fqdn, _TYPE_A, _CLASS_IN | _CLASS_UNIQUE, _DNS_HOST_TTL, socket.inet_aton(self.address))
-        out.authorities.append(proposed)  # add_authorative_answer() accepts only PTR records
+        # add_authorative_answer() accepts only PTR records; the list takes any record on the wire
+        out.authorities.append(proposed)  # type: ignore[arg-type]
         zc.async_send(out)
         await asyncio.sleep(self.probe_window_s)
         if entry.state is MdnsState.CONFLICT:
@@ -189,7 +191,8 @@ class MdnsPublisher:
         # cooperating_responders: the instance name is ours by construction (reservation names are
         # unique in the region); the host name was probed above. Returns once the first announcement
         # is queued; the two repeats follow in the background.
-        entry.announcing = await zc.async_register_service(info, cooperating_responders=True)
+        # (a Task at run time; ensure_future returns it unchanged and gives it its Future type)
+        entry.announcing = asyncio.ensure_future(await zc.async_register_service(info, cooperating_responders=True))
 
     def _async_rival(self, fqdn: str, address: str) -> None:
         """Runs in zeroconf's loop when another address answers for a name we probe or serve.

@@ -1,31 +1,20 @@
-"""What the control plane asks a node to serve (Reservation) and what the node reports back (ReservationStatus).
+"""What the control plane asks a node to serve (ReservationSpec) and what the node reports back
+(ReservationStatus).
 
-Both are plain data so they travel in the heartbeat as JSON: `Reservation.from_dict` reads the
+Both are plain data so they travel in the heartbeat as JSON: `ReservationSpec.from_dict` reads the
 desired state from the heartbeat response, `ReservationStatus.to_dict` goes into the next heartbeat.
 """
 
 from __future__ import annotations
 
 import enum
-import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
-DNS_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+from contracts.identity import is_dns_label
+from contracts.regional import Protocol, ReportedState
 
-
-class Protocol(str, enum.Enum):
-    TCP = "tcp"
-    UDP = "udp"
-
-
-class ActualState(str, enum.Enum):
-    """The node's observed state of one reservation (an observation, recomputed on every apply)."""
-
-    PUBLISHED = "published"  # HOST.local answers with the node's LAN address; UPnP off or not needed
-    MAPPED = "mapped"  # published, and the router forwards external PORT to node:PORT
-    CONFLICT = "conflict"  # another host already answers for HOST.local; we stay silent
-    ERROR = "error"  # something failed; `reason` says what (UPnP 718/606, no IGD, bad address…)
+__all__ = ["MdnsState", "Protocol", "ReportedState", "ReservationSpec", "ReservationStatus", "UpnpState"]
 
 
 class UpnpState(str, enum.Enum):
@@ -44,7 +33,7 @@ class MdnsState(str, enum.Enum):
 
 
 @dataclass(frozen=True)
-class Reservation:
+class ReservationSpec:
     """Desired: publish HOST.local on the node's LAN and (UPnP on) forward external PORT to node:PORT."""
 
     name: str
@@ -53,7 +42,7 @@ class Reservation:
     protocol: Protocol = Protocol.TCP
 
     def __post_init__(self) -> None:
-        if not DNS_LABEL.match(self.hostname):
+        if not is_dns_label(self.hostname):
             raise ValueError(f"hostname {self.hostname!r} must be a DNS label (a-z, 0-9, '-'), e.g. 'jupyter'")
         if not 1024 <= self.port <= 65535:
             raise ValueError(f"port {self.port} must be between 1024 and 65535")
@@ -64,7 +53,7 @@ class Reservation:
         return f"{self.hostname}.local."
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Reservation:
+    def from_dict(cls, data: dict[str, Any]) -> ReservationSpec:
         return cls(data["name"], data["hostname"], int(data["port"]), Protocol(data.get("protocol", "tcp")))
 
 
@@ -73,7 +62,7 @@ class ReservationStatus:
     """Actual state of one reservation on this node, as reported in the heartbeat."""
 
     name: str
-    state: ActualState
+    state: ReportedState
     mdns: MdnsState | None
     upnp: UpnpState
     address: str | None = None  # the LAN address HOST.local resolves to

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from minion.reservations.model import Reservation, UpnpState
+from minion.reservations.model import ReservationSpec, UpnpState
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ UPNP_ERRORS: dict[str, tuple[UpnpState, str]] = {
 
 @dataclass
 class Mapping:
-    reservation: Reservation
+    reservation: ReservationSpec
     state: UpnpState
     reason: str | None = None
     external_address: str | None = None
@@ -122,14 +122,14 @@ class UpnpMapper:
         log.info("IGD root description URL not found under %s; SSDP will run again next time", parts.netloc)
 
     # -- mappings --------------------------------------------------------------------------------
-    def map(self, res: Reservation) -> Mapping:
+    def map(self, res: ReservationSpec) -> Mapping:
         """Add (or refresh) external PORT → lan_address:PORT with a lease; failures become state."""
         with self._lock:
             mapping = self._add(res)
             self.mappings[res.name] = mapping
             return mapping
 
-    def _add(self, res: Reservation) -> Mapping:
+    def _add(self, res: ReservationSpec) -> Mapping:
         try:
             client = self.igd()
         except LookupError as exc:

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
 from minion.tpm.tcti import TCTI_ENV
 
-Tcti = Annotated[Optional[str], typer.Option(
+Tcti = Annotated[str | None, typer.Option(
     "--tcti", help=f"tpm2-tss TCTI string, e.g. 'swtpm:path=/run/swtpm.sock' (default: ${TCTI_ENV}, "
                    "else device:/dev/tpmrm0).")]
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print {\"minion_id\": …, \"tcti\": …}.")]

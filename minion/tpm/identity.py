@@ -3,8 +3,9 @@ into `provision node add --minion-id`. Derived from the TPM's EK, so reinstallin
 
 from __future__ import annotations
 
+from contracts.identity import minion_id_from_spki
 from minion.tpm.errors import TpmUnavailable
-from minion.tpm.session import TpmSession, minion_id_from_spki
+from minion.tpm.session import TpmSession
 
 __all__ = ["TpmUnavailable", "minion_id", "minion_id_from_spki"]
 

@@ -22,28 +22,22 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
+from contracts.attestation import ATTESTED_PCRS, PCR_BANK
+from contracts.identity import minion_id_from_spki
 from minion.tpm.errors import TpmError, TpmUnavailable
 from minion.tpm.tcti import resolve_tcti
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from tpm2_pytss import ESAPI
 
-PCR_BANK = "sha256"
-# PCRs every quote covers: firmware and boot chain (0-7), the UKI (11), kernel command line and
-# credentials (12), shim/MOK state (14). See ../../docs/join-protocol.md.
-ATTESTED_PCRS: tuple[int, ...] = (0, 1, 2, 3, 4, 5, 6, 7, 11, 12, 14)
 EK_TEMPLATE = "EK-RSA2048"
 # TPM2_PCR_Read returns at most 8 digests per call (TPML_DIGEST holds 8).
 _PCR_READ_BATCH = 8
-
-
-def minion_id_from_spki(spki_der: bytes) -> str:
-    """minion_id: first 32 lowercase hex characters of SHA-256 over the EK's DER SubjectPublicKeyInfo."""
-    return hashlib.sha256(spki_der).hexdigest()[:32]
 
 
 @dataclass(frozen=True)
@@ -275,7 +269,7 @@ class TpmSession:
     def quote(self, ak: AttestationKey, nonce: bytes, indices: Sequence[int] = ATTESTED_PCRS) -> Quote:
         """Quote `indices` over `nonce`. PCRs are read after quoting; if something extended a PCR in
         between, the values would not hash to the quoted digest, so we retry (bounded)."""
-        from tpm2_pytss.types import TPM2B_ATTEST, TPMS_ATTEST, TPML_PCR_SELECTION
+        from tpm2_pytss.types import TPM2B_ATTEST, TPML_PCR_SELECTION, TPMS_ATTEST
 
         selection = TPML_PCR_SELECTION.parse(f"{PCR_BANK}:{','.join(map(str, sorted(set(indices))))}")
         for _ in range(3):

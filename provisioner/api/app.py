@@ -1,12 +1,15 @@
-"""The control plane's ASGI app. `create_app()` migrates the store (refusing a newer schema or an
-unreachable database with one line), then wires routers.
+"""The control plane's ASGI app. `create_app(settings)` migrates the store (refusing a newer schema or an
+unreachable database with one line), then wires routers. The settings are the ones `provision serve`
+loaded once (provisioner/settings.py); the app keeps them on app.state and gives its services and
+reconcilers what they need through the runtime it attaches to its sessions (provisioner/services/runtime.py).
 
 Adding a router is one line in OPERATOR_ROUTERS (operator bearer token required on every route) or
 in OPEN_ROUTERS (routes that authenticate differently, e.g. minions with node credentials)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import dataclasses
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI
@@ -18,7 +21,12 @@ from provisioner.api.routes import enrollment, join, nodes, providers, regions
 from provisioner.api.routes import datastores, reservations
 from provisioner.api.routes import gcp
 from provisioner.api.routes import images
-from provisioner.config import database_url as default_database_url
+from provisioner.adapters.ansible import Finalizer
+from provisioner.providers.base import ProviderDriver
+from provisioner.reconcilers.loop import ReconcilerLoop
+from provisioner.services.heartbeat_timing import HeartbeatTiming
+from provisioner.services.runtime import Runtime, attach
+from provisioner.settings import Settings
 from provisioner.store.engine import make_engine, make_sessionmaker
 from provisioner.store.migrate import upgrade
 
@@ -37,8 +45,6 @@ OPEN_ROUTERS: list = [join.router]  # join token / node credential auth of their
 
 @asynccontextmanager
 async def _reconciler_lifespan(app: FastAPI) -> AsyncIterator[None]:
-    from provisioner.reconcilers.loop import ReconcilerLoop
-
     loop = ReconcilerLoop(app.state.sessions)
     loop.start()
     try:
@@ -47,11 +53,20 @@ async def _reconciler_lifespan(app: FastAPI) -> AsyncIterator[None]:
         loop.stop()
 
 
-def create_app(database_url: str | None = None, *, engine: Engine | None = None, migrate: bool = True,
-               reconcilers: bool = False) -> FastAPI:
+def create_app(settings: Settings | str | None = None, *, engine: Engine | None = None, migrate: bool = True,
+               reconcilers: bool = False, heartbeat_timing: HeartbeatTiming | None = None,
+               finalizer: Finalizer | None = None,
+               providers: Mapping[str, ProviderDriver] | None = None) -> FastAPI:
     """`reconcilers=True` (what `provision serve` passes) runs the reconciler loop for the app's lifetime;
-    unit tests leave it off and step the world with `ReconcilerLoop(sessions).run_once()`."""
-    url = database_url or default_database_url()
+    unit tests leave it off and step the world with `ReconcilerLoop(sessions).run_once()`.
+
+    `settings`: what `provision serve` loaded; a database URL alone (tests) means the environment's
+    settings with that database. `finalizer` and `providers` replace the real Ansible finalizer and
+    provider drivers (tests inject fakes: a finalizer that skips the playbook, GCP clients pointed at
+    local servers)."""
+    if not isinstance(settings, Settings):
+        settings = Settings.load(database_url=settings)
+    url = settings.database
     engine = engine or make_engine(url)
     if migrate:
         upgrade(url, engine)
@@ -62,8 +77,13 @@ def create_app(database_url: str | None = None, *, engine: Engine | None = None,
                     "`Authorization: Bearer <token>`; /openapi.json and /healthz do not.",
         lifespan=_reconciler_lifespan if reconcilers else None,
     )
+    runtime = Runtime.from_settings(settings, finalizer=finalizer, providers=providers)
+    if heartbeat_timing is not None:
+        runtime = dataclasses.replace(runtime, heartbeat=heartbeat_timing)
+    app.state.settings = settings
+    app.state.runtime = runtime
     app.state.engine = engine
-    app.state.sessions = make_sessionmaker(engine)
+    app.state.sessions = attach(make_sessionmaker(engine), runtime)
     errors.install(app)
 
     @app.get("/healthz", tags=["health"])

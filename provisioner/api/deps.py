@@ -12,6 +12,7 @@ from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
 from provisioner.services import tokens
+from provisioner.services.heartbeat_timing import HeartbeatTiming
 
 
 def _db(request: Request) -> Iterator[Session]:
@@ -29,7 +30,14 @@ def _db(request: Request) -> Iterator[Session]:
 Db = Annotated[Session, Depends(_db, scope="function")]
 
 
-def _bearer(request: Request) -> str | None:
+def _heartbeat_timing(request: Request) -> HeartbeatTiming:
+    return request.app.state.runtime.heartbeat
+
+
+Timing = Annotated[HeartbeatTiming, Depends(_heartbeat_timing)]
+
+
+def bearer_token(request: Request) -> str | None:
     header = request.headers.get("authorization", "")
     scheme, _, value = header.partition(" ")
     return value.strip() if scheme.lower() == "bearer" and value.strip() else None
@@ -38,7 +46,7 @@ def _bearer(request: Request) -> str | None:
 def require_operator(request: Request, session: Db) -> str:
     """The audit-trail actor (`operator:<token name>`) or 401. Applied to every operator router in
     the app factory; minion routes (join, heartbeat) use node credentials instead."""
-    token = tokens.authenticate(session, _bearer(request))
+    token = tokens.authenticate(session, bearer_token(request))
     actor = f"operator:{token.name}"
     request.state.actor = actor
     return actor

@@ -10,9 +10,35 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException
 
-from provisioner.errors import RigbaseError
+from contracts.errors import (
+    Conflict,
+    Forbidden,
+    InvalidInput,
+    NotFound,
+    RigbaseError,
+    RuleViolation,
+    Unauthorized,
+    Unavailable,
+)
 
 log = logging.getLogger("rigbase.api")
+
+# The HTTP status of each refusal class (the classes themselves know nothing of HTTP: contracts/errors.py).
+# Looked up along the class's MRO, so a subclass answers with its base's status.
+HTTP_STATUS: dict[type[RigbaseError], int] = {
+    InvalidInput: 422,
+    NotFound: 404,
+    Conflict: 409,
+    RuleViolation: 409,
+    Unauthorized: 401,
+    Forbidden: 403,
+    Unavailable: 503,
+    RigbaseError: 400,
+}
+
+
+def http_status(exc: RigbaseError) -> int:
+    return next(HTTP_STATUS[cls] for cls in type(exc).__mro__ if cls in HTTP_STATUS)
 
 
 def _json(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -22,8 +48,9 @@ def _json(status: int, code: str, message: str, headers: dict[str, str] | None =
 def install(app: FastAPI) -> None:
     @app.exception_handler(RigbaseError)
     async def rigbase_error(_: Request, exc: RigbaseError) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
-        return _json(exc.status, exc.code, exc.message, headers)
+        status = http_status(exc)
+        headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+        return _json(status, exc.code, exc.message, headers)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -7,7 +7,7 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, Field
 
-from provisioner.states import is_online
+from provisioner.domain.states import is_online
 from provisioner.store.models import AuditEvent, Node, Provider, Region
 
 T = TypeVar("T")

@@ -5,11 +5,12 @@ mode); a refusal moves the node to errored with the refusal's message as the rea
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
+from contracts.attestation import ATTESTED_PCRS
 from provisioner.attestation.nonces import NonceIssuer, NonceRecord
 from provisioner.attestation.pcr_policy import PcrPolicy
-from provisioner.attestation.quote import REQUIRED_PCRS, QuoteEvidence, VerifiedQuote
+from provisioner.attestation.quote import QuoteEvidence, VerifiedQuote
 from provisioner.attestation.refusals import Refusal
 from provisioner.attestation.verifier import check_quote
 
@@ -32,7 +33,7 @@ def verify_fresh_quote(
     nonce: bytes,
     evidence: QuoteEvidence,
     policy: PcrPolicy,
-    required: Sequence[int] = REQUIRED_PCRS,
+    required: Sequence[int] = ATTESTED_PCRS,
 ) -> VerifiedQuote | Refusal:
     """Spend the node's nonce, then check the quote against the recorded AK and the PCR policy."""
     refusal = nonces.redeem(nonce, f"node:{node_id}")

@@ -25,7 +25,7 @@ try:  # cryptography >= 47 keeps CFB among the "decrepit" modes; TPM credential 
 except ImportError:  # pragma: no cover - older cryptography
     from cryptography.hazmat.primitives.ciphers.modes import CFB
 
-_HASH_CLASSES = {Alg.SHA256: hashes.SHA256, Alg.SHA384: hashes.SHA384, Alg.SHA512: hashes.SHA512, Alg.SHA1: hashes.SHA1}
+_HASH_CLASSES: dict[Alg, type[hashes.SHA256 | hashes.SHA384 | hashes.SHA512 | hashes.SHA1]] = {Alg.SHA256: hashes.SHA256, Alg.SHA384: hashes.SHA384, Alg.SHA512: hashes.SHA512, Alg.SHA1: hashes.SHA1}
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,9 @@ TPM vendor's download site) may be given as an untrusted pool used only to build
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Iterable
+from datetime import UTC, datetime
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
@@ -71,7 +71,7 @@ def _check_validity(cert: x509.Certificate, now: datetime) -> None:
 
 def verify_chain(leaf: x509.Certificate, store: TrustStore, now: datetime | None = None) -> list[x509.Certificate]:
     """Return the path leaf → anchor, or raise ChainError naming where the path broke."""
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     if not store.anchors:
         raise ChainError("no TPM vendor CA is trusted yet")
     _check_validity(leaf, now)

@@ -3,13 +3,12 @@ signature check over quotes."""
 
 from __future__ import annotations
 
-import hashlib
-
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 
+from contracts.identity import minion_id_from_spki
 from provisioner.attestation.tpm_structures import Alg, Curve, Signature, TpmPublic
 
 _CURVES: dict[Curve, type[ec.EllipticCurve]] = {
@@ -42,8 +41,8 @@ def spki_der(key: PublicKey) -> bytes:
 
 
 def minion_id_for(key: PublicKey) -> str:
-    """minion_id: first 32 lowercase hex characters of SHA-256 over the EK's DER SubjectPublicKeyInfo."""
-    return hashlib.sha256(spki_der(key)).hexdigest()[:32]
+    """The minion_id of an EK given as a `cryptography` key (derivation: contracts/identity.py)."""
+    return minion_id_from_spki(spki_der(key))
 
 
 def signature_valid(key: PublicKey, signature: Signature, message: bytes) -> bool:

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import secrets
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta, timezone
-from typing import Callable, Protocol
+from datetime import UTC, datetime, timedelta
+from typing import Protocol
 
 from provisioner.attestation.refusals import Refusal, RefusalCode, refuse
 
@@ -24,7 +25,7 @@ Clock = Callable[[], datetime]
 
 
 def utc_now() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 @dataclass(frozen=True)

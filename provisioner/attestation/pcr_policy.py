@@ -10,9 +10,10 @@ Policies return a verdict instead of raising, so the verifier can put the refusa
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Mapping, Protocol
+from typing import Protocol
 
 from provisioner.attestation.refusals import Refusal, RefusalCode, refuse
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
+from contracts.attestation import ATTESTED_PCRS
 from provisioner.attestation.keys import public_key, signature_valid
 from provisioner.attestation.refusals import Refusal, RefusalCode, refuse
 from provisioner.attestation.tpm_structures import (
@@ -19,10 +20,6 @@ from provisioner.attestation.tpm_structures import (
     parse_quote,
     parse_signature,
 )
-
-PCR_BANK = "sha256"
-# sha256 PCRs every quote must cover: firmware/boot chain 0-7, UKI 11, command line 12, shim/MOK 14.
-REQUIRED_PCRS: tuple[int, ...] = (0, 1, 2, 3, 4, 5, 6, 7, 11, 12, 14)
 
 
 @dataclass(frozen=True)
@@ -39,7 +36,7 @@ class VerifiedQuote:
 
 
 def verify_quote(
-    ak: TpmPublic, evidence: QuoteEvidence, nonce: bytes, required: Sequence[int] = REQUIRED_PCRS
+    ak: TpmPublic, evidence: QuoteEvidence, nonce: bytes, required: Sequence[int] = ATTESTED_PCRS
 ) -> VerifiedQuote | Refusal:
     """A VerifiedQuote, or the first Refusal in the order structure → signature → nonce → PCRs."""
     try:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from provisioner.errors import Forbidden, InvalidInput, RigbaseError
+from contracts.errors import Forbidden, InvalidInput, RigbaseError
 
 
 class RefusalCode(str, Enum):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import IntEnum, IntFlag
 
 
@@ -172,13 +172,13 @@ def parse_public(data: bytes, *, sized: bool = True) -> TpmPublic:
     auth_policy = r.tpm2b()
     symmetric = _sym_def(r)
     scheme, scheme_hash = _scheme(r)
-    common = dict(raw=body, type=kind, name_alg=name_alg, attributes=attributes, auth_policy=auth_policy,
-                  symmetric=symmetric, scheme=scheme, scheme_hash=scheme_hash)
+    common = TpmPublic(raw=body, type=kind, name_alg=name_alg, attributes=attributes, auth_policy=auth_policy,
+                       symmetric=symmetric, scheme=scheme, scheme_hash=scheme_hash)
     if kind == Alg.RSA:
         bits, exponent = r.u16(), r.u32()
         modulus = r.tpm2b()
         r.end()
-        return TpmPublic(**common, rsa_bits=bits, rsa_exponent=exponent or 65537, rsa_modulus=modulus)
+        return replace(common, rsa_bits=bits, rsa_exponent=exponent or 65537, rsa_modulus=modulus)
     if kind == Alg.ECC:
         curve_id = r.u16()
         try:
@@ -188,7 +188,7 @@ def parse_public(data: bytes, *, sized: bool = True) -> TpmPublic:
         _scheme(r)  # KDF scheme: unused by signing keys
         x, y = r.tpm2b(), r.tpm2b()
         r.end()
-        return TpmPublic(**common, curve=curve, ecc_x=x, ecc_y=y)
+        return replace(common, curve=curve, ecc_x=x, ecc_y=y)
     raise MalformedStructure(f"unsupported key type {kind.name}")
 
 

@@ -17,19 +17,27 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Sequence
 
+from contracts.attestation import ATTESTED_PCRS, PCR_BANK
+from contracts.messages import JoinChallenge, JoinRequest, ProofRequest
 from provisioner.attestation.credential import make_credential
 from provisioner.attestation.ek_certs import ChainError, TrustStore, load_certificate, verify_chain
 from provisioner.attestation.keys import minion_id_for, public_key, spki_der
 from provisioner.attestation.nonces import NonceIssuer
 from provisioner.attestation.pcr_policy import PcrPolicy
-from provisioner.attestation.quote import PCR_BANK, REQUIRED_PCRS, QuoteEvidence, VerifiedQuote, verify_quote
+from provisioner.attestation.quote import QuoteEvidence, VerifiedQuote, verify_quote
 from provisioner.attestation.refusals import Refusal, RefusalCode, refuse
-from provisioner.attestation.tpm_structures import Alg, MalformedStructure, ObjectAttr, TpmPublic, parse_public
-from provisioner.attestation.wire import JoinChallenge, JoinRequest, PendingJoin, ProofRequest
+from provisioner.attestation.tpm_structures import (
+    Alg,
+    MalformedStructure,
+    ObjectAttr,
+    TpmPublic,
+    parse_public,
+)
+from provisioner.attestation.wire import PendingJoin, quote_evidence
 
 SECRET_BYTES = 32
 # Attributes of the standard TCG EK template, and of any AK we accept (a restricted signing key that
@@ -63,7 +71,7 @@ class Attested:
 @dataclass
 class JoinVerifier:
     nonces: NonceIssuer
-    required_pcrs: Sequence[int] = field(default=REQUIRED_PCRS)
+    required_pcrs: Sequence[int] = field(default=ATTESTED_PCRS)
 
     # -- step 1 ---------------------------------------------------------------------------------------
     def begin(
@@ -110,7 +118,7 @@ class JoinVerifier:
             return refusal
         if not hmac.compare_digest(hashlib.sha256(proof.activated_secret).digest(), pending.secret_sha256):
             return refuse(RefusalCode.wrong_secret)
-        result = check_quote(pending.ak_public, proof.quote.evidence(), pending.nonce, policy, self.required_pcrs)
+        result = check_quote(pending.ak_public, quote_evidence(proof.quote), pending.nonce, policy, self.required_pcrs)
         if isinstance(result, Refusal):
             return result
         verified, record = result
@@ -122,7 +130,7 @@ class JoinVerifier:
 
 
 def check_quote(
-    ak_public: bytes, evidence: QuoteEvidence, nonce: bytes, policy: PcrPolicy, required: Sequence[int] = REQUIRED_PCRS
+    ak_public: bytes, evidence: QuoteEvidence, nonce: bytes, policy: PcrPolicy, required: Sequence[int] = ATTESTED_PCRS
 ) -> tuple[VerifiedQuote, dict[int, bytes] | None] | Refusal:
     """Quote checks + PCR policy, shared by the join proof and continuous attestation."""
     ak = _parse_key(ak_public, RefusalCode.ak_invalid)

@@ -1,48 +1,48 @@
-"""What every command group shares: the options (--json, --yes, --wait, --region …), the error
-type that prints one line on stderr with the right exit code, and confirmation. A new command group
-is a module with `app = group("…")` plus one `add_typer` line in provisioner/cli/main.py."""
+"""What every command group shares: the options (--json, --yes, --wait, --region …), the error type
+that prints one line on stderr with the right exit code (provisioner/cli/errors.py, re-exported here;
+each group turns the HTTP client's errors into it), confirmation, and show/remove of one resource. A new
+command group is a module with `app = group("…")` plus one `add_typer` line in provisioner/cli/main.py."""
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from typing import IO, Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import typer
+from typer.core import TyperGroup
 
-EXIT_REFUSED = 1  # refused by a rule, not found, server or connection error
-EXIT_USAGE = 2  # malformed input (the same code click uses for usage errors)
+from provisioner.cli import render
+from provisioner.cli.errors import EXIT_REFUSED, EXIT_USAGE, CliError, fail, from_refusal
+from provisioner.cli.settings import connect
+from provisioner.client import ControlPlaneError
+
+__all__ = ["EXIT_REFUSED", "EXIT_USAGE", "CliError", "fail", "from_refusal", "group", "confirm", "show_one",
+           "remove_one"]
 
 Json = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of a table.")]
 Yes = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
-Wait = Annotated[bool, typer.Option("--wait", help="Wait, showing progress, until the state change completes.")]
+Wait = Annotated[bool, typer.Option("--wait",
+                                    help="Wait, showing progress, until the state change completes.")]
 Timeout = Annotated[float, typer.Option("--timeout", help="Seconds --wait waits before giving up.", min=1)]
-RegionOpt = Annotated[str | None, typer.Option("--region", "-r", help="Region (needed only when a name is used in several regions).")]
+RegionOpt = Annotated[str | None, typer.Option(
+    "--region", "-r", help="Region (needed only when a name is used in several regions).")]
 
 
-# Typer vendors click in recent releases: take ClickException from Typer's own class tree, so
-# Typer's runner prints it (via .show) and exits with .exit_code instead of a traceback.
-_ClickException: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+class _ClientErrorsAsOneLine(TyperGroup):
+    """A command group whose commands' ControlPlaneErrors (the client's, provisioner/client/errors.py)
+    print as one line with the right exit code, like every other refusal of the CLI."""
 
-
-class CliError(_ClickException):  # type: ignore[misc, valid-type]
-    """Shown as one line `error: …` on stderr; exit 1 (refused) or 2 (malformed input)."""
-
-    def __init__(self, message: str, *, code: str = "error", exit_code: int = EXIT_REFUSED) -> None:
-        super().__init__(" ".join(message.split()))
-        self.code = code
-        self.exit_code = exit_code
-
-    def show(self, file: IO[Any] | None = None) -> None:
-        print(f"error: {self.message}", file=file or sys.stderr)
-
-
-def fail(message: str, *, exit_code: int = EXIT_REFUSED) -> NoReturn:
-    raise CliError(message, exit_code=exit_code)
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except ControlPlaneError as exc:
+            raise from_refusal(exc) from exc
 
 
 def group(help_text: str) -> typer.Typer:
-    return typer.Typer(help=help_text, no_args_is_help=True, add_completion=False, rich_markup_mode=None)
+    return typer.Typer(help=help_text, no_args_is_help=True, add_completion=False, rich_markup_mode=None,
+                       cls=_ClientErrorsAsOneLine)
 
 
 def confirm(question: str, yes: bool) -> None:
@@ -57,17 +57,11 @@ def confirm(question: str, yes: bool) -> None:
 
 def show_one(path: str, *, as_json: bool, fields: Sequence[str] | None = None, **params: Any) -> None:
     """`show NAME`: GET one resource and print it (every field, or `fields` in that order)."""
-    from provisioner.cli import render
-    from provisioner.cli.client import Client
-
-    render.detail(Client.from_env().get(path, **params), as_json=as_json, fields=fields)
+    render.detail(connect().get(path, **params), as_json=as_json, fields=fields)
 
 
 def remove_one(question: str, path: str, *, yes: bool, as_json: bool, fields: Sequence[str] | None = None,
                **params: Any) -> None:
     """`remove NAME`: confirm, DELETE, print what the server answered (the row, now `removed`)."""
-    from provisioner.cli import render
-    from provisioner.cli.client import Client
-
     confirm(question, yes)
-    render.detail(Client.from_env().delete(path, **params), as_json=as_json, fields=fields)
+    render.detail(connect().delete(path, **params), as_json=as_json, fields=fields)

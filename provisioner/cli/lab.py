@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import sys
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from provisioner.cli import render
-from provisioner.cli.common import EXIT_USAGE, CliError, Json, Yes, confirm, fail, group
+from provisioner.cli.common import EXIT_USAGE, Json, Yes, confirm, fail, from_refusal, group
+from provisioner.cli.enrollment import PENDING_COLUMNS
 
-app = group("Local lab: a control plane and simulated nodes (swtpm, umockdev, network namespaces) on this machine.")
+if TYPE_CHECKING:
+    from provisioner.lab.lifecycle import LabAdoption
+
+app = group("Local lab: a control plane and simulated nodes (swtpm, umockdev, network namespaces) "
+            "on this machine.")
 NODE_COLUMNS = [("name", "NODE"), ("minion_id", "MINION ID"), ("state", "STATE"), ("online", "ONLINE"),
-                ("netns", "NAMESPACE"), ("address", "ADDRESS"), ("join_seconds", "JOIN S"), ("reason", "REASON")]
+                ("netns", "NAMESPACE"), ("address", "ADDRESS"), ("join_seconds", "JOIN S"),
+                ("reason", "REASON")]
 NS_COLUMNS = [("name", "NAMESPACE"), ("address", "ADDRESS"), ("exists", "EXISTS")]
 PROC_COLUMNS = [("kind", "PROCESS"), ("node", "NODE"), ("pid", "PID"), ("alive", "ALIVE")]
 
@@ -21,15 +29,40 @@ def _progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def _pending_table(rows: list[dict[str, Any]]) -> str:
+    """The lab's pending minions as `provision node pending` shows them (the lab itself returns rows)."""
+    with contextlib.redirect_stdout(io.StringIO()) as table:
+        render.table(rows, PENDING_COLUMNS, as_json=False)
+    return table.getvalue()
+
+
 def _run(fn: Any, *args: Any, **kwargs: Any) -> Any:
-    from provisioner.errors import InvalidInput, RigbaseError
+    from contracts.errors import RigbaseError
 
     try:
         return fn(*args, **kwargs)
-    except InvalidInput as exc:
-        raise CliError(exc.message, exit_code=EXIT_USAGE) from exc
     except RigbaseError as exc:
-        raise CliError(exc.message) from exc
+        raise from_refusal(exc) from exc
+
+
+def _adopt_with_lab_root(adoption: LabAdoption) -> str:
+    """The lab's one local admin step (AdoptWithRoot in provisioner/lab/lifecycle.py; docs/lab.md, "How the
+    lab talks to the control plane"): `provision node add` and the node's lab root in one transaction of
+    the lab's own store on this machine, opened as `provision serve` opens it. Everything else the lab
+    does goes over the HTTP API."""
+    from provisioner.services import nodes as node_service
+    from provisioner.store.engine import make_engine, make_sessionmaker, session_scope
+
+    engine = make_engine(adoption.database_url)
+    try:
+        with session_scope(make_sessionmaker(engine)) as session:
+            row = node_service.add(session, adoption.name, region=adoption.region,
+                                   minion_id=adoption.minion_id, hostname=adoption.hostname,
+                                   upnp=adoption.upnp, actor="operator:lab")
+            row.lab_root = adoption.root
+            return str(row.id)
+    finally:
+        engine.dispose()
 
 
 def _show_nodes(nodes: list[dict[str, Any]]) -> None:
@@ -39,26 +72,31 @@ def _show_nodes(nodes: list[dict[str, Any]]) -> None:
 @app.command("up")
 def up(
     nodes: Annotated[int, typer.Option("--nodes", "-n", help="How many simulated nodes (1-16).")] = 2,
-    upnp: Annotated[bool, typer.Option("--upnp", help="Also a router (miniupnpd) and a WAN namespace.")] = False,
-    timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for the nodes to reach maintenance.", min=1)] = 600,
+    upnp: Annotated[bool, typer.Option(
+        "--upnp", help="Also a router (miniupnpd) and a WAN namespace.")] = False,
+    timeout: Annotated[float, typer.Option(
+        "--timeout", help="Seconds to wait for the nodes to reach maintenance.", min=1)] = 600,
     json_out: Json = False,
 ) -> None:
-    """Start the lab (or finish starting it): control plane, region `lab`, N nodes joined and in maintenance."""
-    from provisioner.lab import lab
+    """Start the lab (or finish starting it): control plane, region `lab`, N nodes joined and in
+    maintenance."""
+    from provisioner.lab import lifecycle
     from provisioner.lab.topology import LabPlan
 
     try:
         plan = LabPlan(nodes=nodes, upnp=upnp)
     except ValueError as exc:
         fail(str(exc), exit_code=EXIT_USAGE)
-    _run(lab.up, plan, progress=_progress, timeout=timeout)
-    report = _run(lab.status)
+    _run(lifecycle.up, plan, adopt=_adopt_with_lab_root, progress=_progress, pending=_pending_table,
+         timeout=timeout)
+    report = _run(lifecycle.status)
     if json_out:
         render.print_json(report)
         return
     _show_nodes(report["nodes"])
     first = report["nodes"][0]["name"] if report["nodes"] else "node-1"
-    print(f"\nThe lab is up. Plain `provision …` commands in this RIGBASE_HOME ({report['home']}) use its control plane.\n"
+    print(f"\nThe lab is up. Plain `provision …` commands in this RIGBASE_HOME ({report['home']}) "
+          "use its control plane.\n"
           f"Next: activate a node       provision node maintenance {first} off\n"
           f"      see its history       provision node history {first}\n"
           f"      a laptop on the LAN   ip netns exec rigbase-lab-client bash\n"
@@ -68,15 +106,16 @@ def up(
 @app.command("status")
 def status(json_out: Json = False) -> None:
     """Namespaces, processes and nodes of the lab."""
-    from provisioner.lab import lab
+    from provisioner.lab import lifecycle
 
-    report = _run(lab.status)
+    report = _run(lifecycle.status)
     if json_out:
         render.print_json(report)
         return
     if not report["up"]:
-        print(f"no lab in {report['home']}" + (f" (leftover namespaces: {', '.join(report['namespaces'])}; "
-                                               "`provision lab down --yes` removes them)" if report["namespaces"] else ""))
+        leftovers = (f" (leftover namespaces: {', '.join(report['namespaces'])}; "
+                     "`provision lab down --yes` removes them)") if report["namespaces"] else ""
+        print(f"no lab in {report['home']}{leftovers}")
         return
     reach = "reachable" if report["control_plane_reachable"] else "NOT reachable"
     print(f"control plane {report['host_url']} (LAN {report['lan_url']}): {reach}\n")
@@ -90,10 +129,11 @@ def status(json_out: Json = False) -> None:
 @app.command("down")
 def down(yes: Yes = False, json_out: Json = False) -> None:
     """Remove every namespace, process and file the lab made (the cached Debian root is kept)."""
-    from provisioner.config import rigbase_home
-    from provisioner.lab import lab
+    from provisioner.cli.settings import settings
+    from provisioner.lab import lifecycle
 
-    confirm(f"tear down the lab in {rigbase_home()}?", yes)
-    removed = _run(lab.down, progress=_progress)
+    home = settings().ensure_home()
+    confirm(f"tear down the lab in {home}?", yes)
+    removed = _run(lifecycle.down, progress=_progress, home=home)
     if json_out:
         render.print_json(removed)

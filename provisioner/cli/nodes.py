@@ -7,19 +7,19 @@ from typing import Annotated
 import typer
 
 from provisioner.cli import render
-from provisioner.cli.client import Client
 from provisioner.cli.common import Json, RegionOpt, Timeout, Wait, Yes, confirm, group, remove_one, show_one
+from provisioner.cli.settings import connect
 from provisioner.cli.wait import wait_for_state
-from provisioner.states import Maintenance, NodeState, Service
+from provisioner.client import Client
+from provisioner.domain.states import NODE_READY, NODE_STOPPED, Maintenance, Service
 
 app = group("Nodes: servers added by the minion_id shown on their console.")
-COLUMNS = [("id", "ID"), ("name", "NAME"), ("region", "REGION"), ("service", "SERVICE"), ("minion_id", "MINION ID"),
-           ("state", "STATE"), ("online", "ONLINE"), ("reason", "REASON")]
-HISTORY_COLUMNS = [("at", "WHEN"), ("actor", "WHO"), ("from_state", "FROM"), ("to_state", "TO"), ("reason", "WHY"),
-                   ("resource_id", "NODE ID")]
+COLUMNS = [("id", "ID"), ("name", "NAME"), ("region", "REGION"), ("service", "SERVICE"),
+           ("minion_id", "MINION ID"), ("state", "STATE"), ("online", "ONLINE"), ("reason", "REASON")]
+HISTORY_COLUMNS = [("at", "WHEN"), ("actor", "WHO"), ("from_state", "FROM"), ("to_state", "TO"),
+                   ("reason", "WHY"), ("resource_id", "NODE ID")]
 # a freshly added node is ready (or failed) once its minion has joined and playbooks have run
-READY = {NodeState.MAINTENANCE.value, NodeState.ACTIVE.value}
-FAILED = {NodeState.ERRORED.value, NodeState.REMOVED.value}
+READY, FAILED = NODE_READY, NODE_STOPPED  # what `--wait` stops at
 
 
 def _wait_ready(client: Client, node: dict, timeout: float) -> dict:
@@ -30,17 +30,22 @@ def _wait_ready(client: Client, node: dict, timeout: float) -> dict:
 def add(
     name: Annotated[str, typer.Argument(help="DNS label, unique in its region.")],
     region: Annotated[str, typer.Option("--region", "-r", help="Region to add the node to.")],
-    minion_id: Annotated[str, typer.Option("--minion-id", help="32 hex characters shown on the node's console.")],
-    service: Annotated[Service, typer.Option("--service", help="compute or storage (one storage node per region).")] = Service.COMPUTE,
-    hostname: Annotated[str | None, typer.Option("--hostname", help="DNS name the node is reached at.")] = None,
-    upnp: Annotated[bool, typer.Option("--upnp/--no-upnp", help="Open ports with UPnP (off behind corporate firewalls).")] = True,
+    minion_id: Annotated[str, typer.Option(
+        "--minion-id", help="32 hex characters shown on the node's console.")],
+    service: Annotated[Service, typer.Option(
+        "--service", help="compute or storage (one storage node per region).")] = Service.COMPUTE,
+    hostname: Annotated[str | None, typer.Option(
+        "--hostname", help="DNS name the node is reached at.")] = None,
+    upnp: Annotated[bool, typer.Option(
+        "--upnp/--no-upnp", help="Open ports with UPnP (off behind corporate firewalls).")] = True,
     mining: Annotated[bool, typer.Option("--mining/--no-mining", help="Mine when idle.")] = False,
     wait: Wait = False, timeout: Timeout = 1800, json_out: Json = False,
 ) -> None:
     """Add a node by minion_id; prints its id. With --wait, waits until it has joined."""
-    client = Client.from_env()
-    node = client.post("/v1/nodes", {"name": name, "region": region, "minion_id": minion_id, "service": service.value,
-                                     "hostname": hostname, "upnp": upnp, "mining": mining})
+    client = connect()
+    node = client.post("/v1/nodes", {"name": name, "region": region, "minion_id": minion_id,
+                                     "service": service.value, "hostname": hostname, "upnp": upnp,
+                                     "mining": mining})
     if wait:
         node = _wait_ready(client, node, timeout)
     render.created(node, as_json=json_out)
@@ -53,8 +58,9 @@ def list_(
     json_out: Json = False,
 ) -> None:
     """List nodes (every page)."""
-    rows = list(Client.from_env().pages("/v1/nodes", region=region, include_removed=removed or None))
-    render.table(rows, COLUMNS, as_json=json_out, empty="no node yet: `provision node add NAME --region R --minion-id ID`")
+    rows = list(connect().pages("/v1/nodes", region=region, include_removed=removed or None))
+    render.table(rows, COLUMNS, as_json=json_out,
+                 empty="no node yet: `provision node add NAME --region R --minion-id ID`")
 
 
 @app.command("show")
@@ -73,11 +79,12 @@ def remove(name: str, region: RegionOpt = None, yes: Yes = False, json_out: Json
 def replace(
     old: Annotated[str, typer.Argument(help="The storage node to replace.")],
     minion_id: Annotated[str, typer.Option("--minion-id", help="minion_id of the new hardware.")],
-    region: RegionOpt = None, yes: Yes = False, wait: Wait = False, timeout: Timeout = 1800, json_out: Json = False,
+    region: RegionOpt = None, yes: Yes = False, wait: Wait = False, timeout: Timeout = 1800,
+    json_out: Json = False,
 ) -> None:
     """Swap a storage node's hardware: same name and settings, new minion_id; prints the new id."""
     confirm(f"replace storage node '{old}' with minion {minion_id}?", yes)
-    client = Client.from_env()
+    client = connect()
     node = client.post(f"/v1/nodes/{old}/replace", {"minion_id": minion_id}, region=region)
     if wait:
         node = _wait_ready(client, node, timeout)
@@ -92,12 +99,14 @@ def maintenance(
     region: RegionOpt = None, json_out: Json = False,
 ) -> None:
     """Put a node into maintenance (on) or back to active (off)."""
-    node = Client.from_env().post(f"/v1/nodes/{name}/maintenance", {"mode": mode.value, "reason": reason}, region=region)
-    render.detail(node, as_json=json_out, fields=None if json_out else ["id", "name", "region", "state", "online"])
+    node = connect().post(f"/v1/nodes/{name}/maintenance", {"mode": mode.value, "reason": reason},
+                                  region=region)
+    fields = None if json_out else ["id", "name", "region", "state", "online"]
+    render.detail(node, as_json=json_out, fields=fields)
 
 
 @app.command("history")
 def history(name: str, region: RegionOpt = None, json_out: Json = False) -> None:
     """Every state change of a node: when, who, from, to, why."""
-    rows = Client.from_env().get(f"/v1/nodes/{name}/history", region=region)["items"]
+    rows = connect().get(f"/v1/nodes/{name}/history", region=region)["items"]
     render.table(rows, HISTORY_COLUMNS, as_json=json_out)

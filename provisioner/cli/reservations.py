@@ -6,16 +6,18 @@ from typing import Annotated
 
 import typer
 
+from contracts.regional import Protocol
 from provisioner.cli import render
-from provisioner.cli.client import Client
 from provisioner.cli.common import Json, RegionOpt, Yes, group, remove_one, show_one
-from provisioner.regional_states import Protocol
+from provisioner.cli.settings import connect
 
-app = group("Reservations: a HOST.local name and a port, published over mDNS (and UPnP) by a node of the region.")
+app = group("Reservations: a HOST.local name and a port, published over mDNS (and UPnP) by a node of the "
+            "region.")
 COLUMNS = [("id", "ID"), ("name", "NAME"), ("region", "REGION"), ("fqdn", "HOST"), ("port", "PORT"),
            ("protocol", "PROTO"), ("node", "NODE"), ("state", "STATE"), ("external_address", "EXTERNAL"),
            ("reason", "REASON")]
-HISTORY_COLUMNS = [("at", "WHEN"), ("actor", "WHO"), ("from_state", "FROM"), ("to_state", "TO"), ("reason", "WHY")]
+HISTORY_COLUMNS = [("at", "WHEN"), ("actor", "WHO"), ("from_state", "FROM"), ("to_state", "TO"),
+                   ("reason", "WHY")]
 SHOW_FIELDS = ["id", "name", "region", "fqdn", "port", "protocol", "node", "state", "desired", "actual"]
 
 
@@ -28,29 +30,33 @@ def _row(r: dict) -> dict:
 def add(
     name: Annotated[str, typer.Argument(help="DNS label, unique in its region.")],
     region: Annotated[str, typer.Option("--region", "-r", help="Region of the reservation.")],
-    hostname: Annotated[str, typer.Option("--hostname", help="DNS label published as HOSTNAME.local; unique in the region.")],
+    hostname: Annotated[str, typer.Option(
+        "--hostname", help="DNS label published as HOSTNAME.local; unique in the region.")],
     port: Annotated[int, typer.Option("--port", help="1024-65535; unique in the region.")],
     protocol: Annotated[Protocol, typer.Option("--protocol", help="tcp or udp.")] = Protocol.TCP,
     json_out: Json = False,
 ) -> None:
     """Add a reservation (unassigned); prints its id."""
     body = {"name": name, "region": region, "hostname": hostname, "port": port, "protocol": protocol.value}
-    render.created(Client.from_env().post("/v1/reservations", body), as_json=json_out)
+    render.created(connect().post("/v1/reservations", body), as_json=json_out)
 
 
 @app.command("list")
-def list_(region: Annotated[str | None, typer.Option("--region", "-r", help="Only this region's reservations.")] = None,
+def list_(region: Annotated[str | None, typer.Option(
+              "--region", "-r", help="Only this region's reservations.")] = None,
           json_out: Json = False) -> None:
     """List reservations with their node and state (the node's report once it has one)."""
-    rows = Client.from_env().get("/v1/reservations", region=region)["items"]
+    rows = connect().get("/v1/reservations", region=region)["items"]
     render.table(rows if json_out else [_row(r) for r in rows], COLUMNS, as_json=json_out,
-                 empty="no reservation yet: `provision reservation add NAME --region R --hostname H --port P`")
+                 empty="no reservation yet: "
+                       "`provision reservation add NAME --region R --hostname H --port P`")
 
 
 @app.command("show")
 def show(name: str, region: RegionOpt = None, json_out: Json = False) -> None:
     """Show one reservation: `desired` (operator) and `actual` (node report) side by side."""
-    show_one(f"/v1/reservations/{name}", as_json=json_out, fields=None if json_out else SHOW_FIELDS, region=region)
+    show_one(f"/v1/reservations/{name}", as_json=json_out, fields=None if json_out else SHOW_FIELDS,
+             region=region)
 
 
 @app.command("remove")
@@ -61,22 +67,23 @@ def remove(name: str, region: RegionOpt = None, yes: Yes = False, json_out: Json
 
 
 @app.command("assign")
-def assign(name: str, node: Annotated[str, typer.Option("--node", "-n", help="A compute node of the reservation's region.")],
+def assign(name: str, node: Annotated[str, typer.Option(
+               "--node", "-n", help="A compute node of the reservation's region.")],
            region: RegionOpt = None, json_out: Json = False) -> None:
     """Assign (or move) a reservation to a compute node; the node publishes it on its next heartbeat."""
-    body = Client.from_env().post(f"/v1/reservations/{name}/assign", {"node": node}, region=region)
+    body = connect().post(f"/v1/reservations/{name}/assign", {"node": node}, region=region)
     render.detail(body, as_json=json_out, fields=None if json_out else ["id", "name", "node", "state"])
 
 
 @app.command("unassign")
 def unassign(name: str, region: RegionOpt = None, json_out: Json = False) -> None:
     """Unassign a reservation; its node sends mDNS goodbyes and removes the UPnP mapping."""
-    body = Client.from_env().post(f"/v1/reservations/{name}/unassign", {}, region=region)
+    body = connect().post(f"/v1/reservations/{name}/unassign", {}, region=region)
     render.detail(body, as_json=json_out, fields=None if json_out else ["id", "name", "node", "state"])
 
 
 @app.command("history")
 def history(name: str, region: RegionOpt = None, json_out: Json = False) -> None:
     """Every change: operator decisions and the states the node reported."""
-    rows = Client.from_env().get(f"/v1/reservations/{name}/history", region=region)["items"]
+    rows = connect().get(f"/v1/reservations/{name}/history", region=region)["items"]
     render.table(rows, HISTORY_COLUMNS, as_json=json_out)

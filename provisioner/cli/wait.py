@@ -10,8 +10,8 @@ import time
 from collections.abc import Callable, Collection
 from typing import Any
 
-from provisioner.cli.client import Client
 from provisioner.cli.common import fail
+from provisioner.client import Client
 
 Answer = dict[str, Any]
 # (what the errors call it, its state, the state's detail: a progress line or a reason) of one answer
@@ -50,5 +50,5 @@ def wait_for_state(client: Client, path: str, *, done: Collection[str], failed: 
         def show(name: str, state: str, _detail: str | None, elapsed: float) -> None:
             status.update(f"{name}: {state} ({elapsed:.0f} s)")
 
-        return poll(client, path, read, done=done, failed=failed, timeout=timeout, show=show, interval=interval,
-                    **params)
+        return poll(client, path, read, done=done, failed=failed, timeout=timeout, show=show,
+                    interval=interval, **params)

@@ -118,17 +118,19 @@ def record_text(profile: dict[str, Any]) -> str:
         ctrl = _pci_function(rec, port, NVME_BUS + i, "144d", "a80a", "0x010802", link_gen=4, width=4,
                              driver="nvme")
         ctrl_dev = rec.add(f"{ctrl}/nvme/nvme{i}", "nvme", attrs={"model": nvme.get("model", "NVMe SSD")})
-        disk = rec.add(f"{ctrl_dev}/nvme{i}n1", "block",
-                       attrs={"size": nvme["bytes"] // SECTOR, "queue/rotational": 0, "removable": 0},
-                       props={"DEVTYPE": "disk", "DEVNAME": f"/dev/nvme{i}n1", "ID_MODEL": nvme.get("model")})
-        rec.add(f"{disk}/nvme{i}n1p1", "block", attrs={"size": 2048}, props={"DEVTYPE": "partition"})
+        nvme_disk = rec.add(f"{ctrl_dev}/nvme{i}n1", "block",
+                            attrs={"size": nvme["bytes"] // SECTOR, "queue/rotational": 0, "removable": 0},
+                            props={"DEVTYPE": "disk", "DEVNAME": f"/dev/nvme{i}n1",
+                                   "ID_MODEL": nvme.get("model")})
+        rec.add(f"{nvme_disk}/nvme{i}n1p1", "block", attrs={"size": 2048}, props={"DEVTYPE": "partition"})
     letters = _disk_letters()
     ahci = "/devices/pci0000:00/0000:00:17.0"
     rec.add(ahci, "pci", attrs={"class": "0x010601", "vendor": "0x8086", "device": "0xa352"}, driver="ahci")
     for i, disk in enumerate(_expand(profile.get("sata"))):
         name = next(letters)
         rec.add(f"{ahci}/ata{i + 1}/host{i}/target{i}:0:0/{i}:0:0:0/block/{name}", "block",
-                attrs={"size": disk["bytes"] // SECTOR, "queue/rotational": int(disk.get("rotational", False)),
+                attrs={"size": disk["bytes"] // SECTOR,
+                       "queue/rotational": int(disk.get("rotational", False)),
                        "removable": 0},
                 props={"DEVTYPE": "disk", "ID_BUS": "ata", "ID_ATA": 1, "ID_MODEL": disk.get("model"),
                        "ID_ATA_ROTATION_RATE_RPM": disk.get("rpm")})
@@ -137,12 +139,14 @@ def record_text(profile: dict[str, Any]) -> str:
         name = next(letters)
         rec.add(f"/devices/pci0000:00/0000:00:1c.0/0000:{SAS_BUS:02x}:00.0/host{sas_host}/port-{sas_host}:{i}"
                 f"/end_device-{sas_host}:{i}/target{sas_host}:0:{i}/{sas_host}:0:{i}:0/block/{name}", "block",
-                attrs={"size": disk["bytes"] // SECTOR, "queue/rotational": int(disk.get("rotational", False)),
+                attrs={"size": disk["bytes"] // SECTOR,
+                       "queue/rotational": int(disk.get("rotational", False)),
                        "removable": 0},
                 props={"DEVTYPE": "disk", "ID_BUS": "scsi", "ID_MODEL": disk.get("model")})
     for i, stick in enumerate(_expand(profile.get("usb"))):  # the rigbase boot drive: never counted
         name = next(letters)
-        rec.add(f"/devices/pci0000:00/0000:00:14.0/usb1/1-{i + 1}/1-{i + 1}:1.0/host{40 + i}/target{40 + i}:0:0"
+        port = f"usb1/1-{i + 1}/1-{i + 1}:1.0"
+        rec.add(f"/devices/pci0000:00/0000:00:14.0/{port}/host{40 + i}/target{40 + i}:0:0"
                 f"/{40 + i}:0:0:0/block/{name}", "block",
                 attrs={"size": stick["bytes"] // SECTOR, "queue/rotational": 0, "removable": 1},
                 props={"DEVTYPE": "disk", "ID_BUS": "usb"})
@@ -181,7 +185,7 @@ def write_host_root(profile: dict[str, Any], root: Path) -> Path:
     blocks = []
     sockets, cores, threads = host["sockets"], host["cores_per_socket"], host.get("threads_per_core", 1)
     processor = 0
-    for thread in range(threads):
+    for _thread in range(threads):
         for socket in range(sockets):
             for core in range(cores):
                 blocks.append(

@@ -8,7 +8,7 @@ nothing is left behind. Leftovers of a crashed run are removed by their owner (`
 knows its fixed names; a test's Lab deletes what it recorded), never by deleting every ``rigbase-*``
 namespace, which would break runs going on in parallel.
 
-Shared by the tests (tests/fixtures/netns.py) and ``provision lab`` (provisioner/lab/lab.py).
+Shared by the tests (tests/fixtures/netns.py) and ``provision lab`` (provisioner/lab/lifecycle.py).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def _ip(*args: str) -> str:
     return proc.stdout
 
 
-def _setns(path: Path) -> None:
+def setns(path: Path) -> None:
     """Move the calling thread into the network namespace at `path` (os.setns is Python 3.12+)."""
     libc = ctypes.CDLL(None, use_errno=True)
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -115,7 +115,7 @@ class Netns:
         if pid == 0:  # child
             os.close(read_fd)
             try:
-                _setns(self.path)
+                setns(self.path)
                 payload = pickle.dumps((True, fn(*args, **kwargs)))
             except BaseException as exc:  # noqa: BLE001 - everything must travel back to the parent
                 payload = pickle.dumps((False, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
@@ -362,7 +362,8 @@ def add_upnp_router(
     return gw
 
 
-def _wait_for_tcp(ns: Netns, host: str, port: int, proc: subprocess.Popen[Any], log: Path, timeout: float = 10) -> None:
+def _wait_for_tcp(ns: Netns, host: str, port: int, proc: subprocess.Popen[Any], log: Path,
+                  timeout: float = 10) -> None:
     def connect() -> bool:
         import socket
 
@@ -373,7 +374,7 @@ def _wait_for_tcp(ns: Netns, host: str, port: int, proc: subprocess.Popen[Any], 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise NetnsError(f"{proc.args} exited with {proc.returncode}: {log.read_text()[-500:]}")
+            raise NetnsError(f"{proc.args!r} exited with {proc.returncode}: {log.read_text()[-500:]}")
         if ns.call(connect):
             return
         time.sleep(0.05)

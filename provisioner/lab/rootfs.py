@@ -35,8 +35,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from provisioner.config import rigbase_home
-from provisioner.errors import InvalidInput, RigbaseError, Unavailable
+from contracts.errors import InvalidInput, RigbaseError, Unavailable
+from provisioner.lab.state import default_home
 
 # written into every clone; remove_root() deletes only directories that carry it
 CLONE_MARKER = ".rigbase-lab-root"
@@ -116,7 +116,7 @@ def _debootstrap_version() -> str:
 
 
 def cache_dir() -> Path:
-    return rigbase_home() / "cache" / "rootfs"
+    return default_home() / "cache" / "rootfs"
 
 
 @contextmanager
@@ -223,7 +223,7 @@ def node_root(node_name: str, *, home: Path | None = None) -> Path:
     """Where a lab node's root lives under the lab's home."""
     if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,62}", node_name):
         raise InvalidInput(f"{node_name!r} is not a valid node name; use lowercase letters, digits and '-'.")
-    return (home or rigbase_home()) / "lab" / "roots" / node_name
+    return (home or default_home()) / "lab" / "roots" / node_name
 
 
 def root_for_node(node_name: str, spec: RootfsSpec | None = None, *, home: Path | None = None,

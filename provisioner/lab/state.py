@@ -15,14 +15,20 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from provisioner.config import rigbase_home
-from provisioner.reconcilers.finalize import process_start_time
+from provisioner.adapters.ansible import process_start_time
+from provisioner.settings import Settings
 
 STATE_VERSION = 1
 
 
+def default_home() -> Path:
+    """The home of the settings this process runs with (the lab runs inside one `provision lab` command;
+    its top-level calls get the command's home, see provisioner/cli/lab.py)."""
+    return Settings.load().ensure_home()
+
+
 def lab_dir(home: Path | None = None) -> Path:
-    return (home or rigbase_home()) / "lab"
+    return (home or default_home()) / "lab"
 
 
 def state_path(home: Path | None = None) -> Path:
@@ -60,7 +66,10 @@ class Proc:
 
 
 @dataclass
-class NodeState:
+class LabNodeRecord:
+    """What the lab remembers of one simulated node (its namespace, TPM identity, minion process, root and
+    timings) in lab/state.json; the node's lifecycle state is the control plane's, not this."""
+
     k: int
     name: str
     netns: str
@@ -86,7 +95,7 @@ class LabState:
     # what $RIGBASE_HOME held before the first `lab up`; `lab down` removes every other entry (the
     # control plane's client config, its secret key, Ansible artifacts) except the rootfs cache
     home_entries_before: list[str] = field(default_factory=list)
-    nodes: dict[str, NodeState] = field(default_factory=dict)
+    nodes: dict[str, LabNodeRecord] = field(default_factory=dict)
     version: int = STATE_VERSION
 
     def processes(self) -> list[Proc]:
@@ -109,6 +118,7 @@ class LabState:
         except ValueError:
             return None  # a torn write: `lab down` still cleans by name
         proc = lambda d: Proc(**d) if d else None  # noqa: E731
-        nodes = {name: NodeState(**(n | {"minion": proc(n.get("minion"))})) for name, n in data.pop("nodes", {}).items()}
+        nodes = {name: LabNodeRecord(**(n | {"minion": proc(n.get("minion"))}))
+                 for name, n in data.pop("nodes", {}).items()}
         return cls(**(data | {"serve": proc(data.get("serve")), "miniupnpd": proc(data.get("miniupnpd")),
                               "nodes": nodes}))

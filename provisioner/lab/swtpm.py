@@ -21,7 +21,7 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from provisioner.errors import Unavailable
+from contracts.errors import Unavailable
 
 _TOOLS = ("swtpm", "swtpm_setup", "swtpm_localca")
 _START_TIMEOUT_S = 5.0
@@ -34,7 +34,8 @@ def _require_tools() -> None:
     missing = [t for t in _TOOLS if shutil.which(t) is None]
     if missing:
         raise Unavailable(
-            f"{', '.join(missing)} not found; install the swtpm and swtpm-tools packages (scripts/install-deps.sh)"
+            f"{', '.join(missing)} not found; install the swtpm and swtpm-tools packages "
+            "(scripts/install-deps.sh)"
         )
 
 
@@ -46,7 +47,8 @@ def _run(cmd: list[str], *, tmp: Path, what: str) -> None:
         log = next((Path(a) for a in cmd if a.endswith(".log")), None)
         text = log.read_text() if log and log.exists() else (proc.stderr or proc.stdout)
         tail = text.strip().splitlines()[-2:]
-        raise Unavailable(f"{what} failed ({' / '.join(tail) or f'exit {proc.returncode}'}); check the swtpm-tools installation")
+        raise Unavailable(f"{what} failed ({' / '.join(tail) or f'exit {proc.returncode}'}); "
+                          "check the swtpm-tools installation")
 
 
 @dataclass(frozen=True)
@@ -88,14 +90,16 @@ def create_vendor_ca(directory: Path) -> VendorCA:
     ca.directory.mkdir(parents=True, exist_ok=True)
     d = ca.directory
     ca.config.write_text(
-        f"statedir = {d}\nsigningkey = {d}/signkey.pem\nissuercert = {d}/issuercert.pem\ncertserial = {d}/certserial\n"
+        f"statedir = {d}\nsigningkey = {d}/signkey.pem\nissuercert = {d}/issuercert.pem\n"
+        f"certserial = {d}/certserial\n"
     )
     ca.options.write_text(_PLATFORM_OPTIONS)
     modulus = rsa.generate_private_key(65537, 2048).public_key().public_numbers().n
     scratch = d / "bootstrap"
     scratch.mkdir(exist_ok=True)
     _run(
-        ["swtpm_localca", "--type", "ek", "--ek", f"{modulus:x}", "--dir", str(scratch), "--vmid", "bootstrap",
+        ["swtpm_localca", "--type", "ek", "--ek", f"{modulus:x}", "--dir", str(scratch),
+         "--vmid", "bootstrap",
          "--tpm2", "--tpm-spec-family", "2.0", "--tpm-spec-revision", "164", "--tpm-spec-level", "0",
          "--tpm-manufacturer", "id:00001014", "--tpm-model", "swtpm", "--tpm-version", "id:20191023",
          "--configfile", str(ca.config), "--optsfile", str(ca.options)],
@@ -162,7 +166,8 @@ class Swtpm:
         deadline = time.monotonic() + _START_TIMEOUT_S
         while not (self.socket.exists() and self.pid() is not None):
             if time.monotonic() > deadline:
-                raise Unavailable(f"swtpm did not come up within {_START_TIMEOUT_S:.0f} s; see {self.directory / 'swtpm.log'}")
+                raise Unavailable(f"swtpm did not come up within {_START_TIMEOUT_S:.0f} s; "
+                                  f"see {self.directory / 'swtpm.log'}")
             time.sleep(0.005)
         return self.tcti
 

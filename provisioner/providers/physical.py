@@ -1,18 +1,18 @@
 """The physical provider: the operator's own servers. Nothing to create in anyone's account;
 regions carry a storage mode (local | central) and whether spare capacity is sold (public jobs).
-Payment is in credits (cloudbender.txt: credits = (price − usage fee) ÷ 2)."""
+Payment is in credits (docs/product-rules.md "Public-job credits": (price − usage fee) ÷ 2)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from provisioner.errors import InvalidInput
-from provisioner.providers.base import Provider, ProviderConfig
-from provisioner.states import StorageMode
+from contracts.regional import StorageMode
+from contracts.errors import InvalidInput
+from provisioner.providers.base import ProviderConfig, ProviderDriver
 
 
-class PhysicalProvider(Provider):
+class PhysicalProvider(ProviderDriver):
     kind: ClassVar[str] = "physical"
     title: ClassVar[str] = "Physical servers"
     payment_modes: ClassVar[tuple[str, ...]] = ("credits",)

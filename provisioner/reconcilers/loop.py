@@ -7,17 +7,22 @@ control plane killed at any point simply picks up where the store says it was on
 (Talos/Omni controllers work the same way).
 
 The loop runs in the `provision serve` process, one daemon thread per reconciler so a slow playbook
-never delays a region's health; `kick(name)` wakes one at once (e.g. right after a node enters
-provisioning) instead of waiting for its period."""
+never delays a region's health; a wake-up runs one at once (e.g. right after a node enters
+provisioning) instead of waiting for its period. Services ask for that with
+`services.wakeups.wake_after_commit(session, Wake.X)`; a running loop subscribes to those wake-ups."""
 
 from __future__ import annotations
 
+import importlib
 import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sqlalchemy.orm import Session, sessionmaker
+
+from provisioner.services import wakeups
+from provisioner.services.wakeups import Wake
 
 log = logging.getLogger("rigbase.reconcilers")
 
@@ -26,25 +31,25 @@ Reconcile = Callable[[sessionmaker[Session]], None]
 
 @dataclass
 class Reconciler:
-    name: str
+    name: Wake
     fn: Reconcile
     period_s: float
     wake: threading.Event = field(default_factory=threading.Event)
 
 
 # name → Reconciler; filled by `register` at import of the modules listed in RECONCILER_MODULES
-REGISTRY: dict[str, Reconciler] = {}
+REGISTRY: dict[Wake, Reconciler] = {}
 
 # modules whose import registers reconcilers; one line each
 RECONCILER_MODULES: list[str] = [
     "provisioner.reconcilers.gcp",
-    "provisioner.reconcilers.node_finalize",  # provisioning → finalize playbook → maintenance | errored
+    "provisioner.reconcilers.finalize",  # provisioning → finalize playbook → maintenance | errored
     "provisioner.reconcilers.region_health",  # regions new/healthy/offline from heartbeats
 ]
 
 
-def register(name: str, period_s: float) -> Callable[[Reconcile], Reconcile]:
-    """Decorator: run `fn` every `period_s` seconds (and whenever `kick(name)` is called)."""
+def register(name: Wake, period_s: float) -> Callable[[Reconcile], Reconcile]:
+    """Decorator: run `fn` every `period_s` seconds (and whenever `name` is woken)."""
 
     def deco(fn: Reconcile) -> Reconcile:
         REGISTRY[name] = Reconciler(name, fn, period_s)
@@ -53,27 +58,10 @@ def register(name: str, period_s: float) -> Callable[[Reconcile], Reconcile]:
     return deco
 
 
-def kick(name: str) -> None:
-    """Wake a reconciler now; harmless when the loop is not running (tests, the CLI)."""
-    rec = REGISTRY.get(name)
-    if rec is not None:
-        rec.wake.set()
-
-
-def kick_after_commit(session: Session, name: str) -> None:
-    """Wake a reconciler once `session` commits: woken earlier, it would look at the store before the
-    change that concerns it is visible and go back to sleep for a whole period."""
-    from sqlalchemy import event
-
-    event.listen(session, "after_commit", lambda _s: kick(name), once=True)
-
-
 class ReconcilerLoop:
     """Owns the reconciler threads of one control-plane process."""
 
-    def __init__(self, sessions: sessionmaker[Session], only: list[str] | None = None) -> None:
-        import importlib
-
+    def __init__(self, sessions: sessionmaker[Session], only: list[Wake] | None = None) -> None:
         for module in RECONCILER_MODULES:
             importlib.import_module(module)
         self.sessions = sessions
@@ -82,17 +70,25 @@ class ReconcilerLoop:
         self._threads: list[threading.Thread] = []
 
     def start(self) -> None:
+        wakeups.subscribe(self.wake)
         for rec in self.reconcilers:
             t = threading.Thread(target=self._run, args=(rec,), name=f"reconcile-{rec.name}", daemon=True)
             t.start()
             self._threads.append(t)
 
     def stop(self, timeout: float = 5.0) -> None:
+        wakeups.unsubscribe(self.wake)
         self._stop.set()
         for rec in self.reconcilers:
             rec.wake.set()
         for t in self._threads:
             t.join(timeout)
+
+    def wake(self, which: Wake) -> None:
+        """Wake one of this loop's reconcilers now (the wake-up subscriber)."""
+        for rec in self.reconcilers:
+            if rec.name == which:
+                rec.wake.set()
 
     def run_once(self) -> None:
         """One pass of every reconciler in this thread: what tests call to step the world."""

@@ -10,11 +10,12 @@ from datetime import datetime, timezone
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from provisioner.domain.states import ONLINE_WINDOW, NodeState, RegionState
 from provisioner.providers.base import provider_for
 from provisioner.reconcilers.loop import register
 from provisioner.services import join as join_service
 from provisioner.services import regions as region_service
-from provisioner.states import ONLINE_WINDOW, NodeState, RegionState
+from provisioner.services.wakeups import Wake
 from provisioner.store.engine import session_scope
 from provisioner.store.models import Node, Region
 
@@ -28,7 +29,7 @@ def refresh(session: Session, now: datetime | None = None) -> None:
         Region.state.in_([RegionState.NEW, RegionState.HEALTHY, RegionState.OFFLINE]))))
     for region in regions:
         if provider_for(region.provider.kind).owns_region_health:
-            continue  # e.g. GCP: services/gcp.py's health step (storage node + VM events) decides
+            continue  # e.g. GCP: reconcilers/gcp.py's health step (storage node + VM events) decides
         online = session.scalar(select(func.count()).select_from(Node).where(
             Node.region_id == region.id, Node.state != NodeState.REMOVED, Node.last_heartbeat_at >= cutoff))
         if online and region.state != RegionState.HEALTHY:
@@ -40,7 +41,7 @@ def refresh(session: Session, now: datetime | None = None) -> None:
     join_service.purge_stale(session)
 
 
-@register("region-health", period_s=15.0)
+@register(Wake.REGION_HEALTH, period_s=15.0)
 def reconcile(sessions: sessionmaker[Session]) -> None:
     with session_scope(sessions) as session:
         refresh(session)

@@ -1,8 +1,7 @@
 """Datastores: an NFS or SMB share of a region, with a root that jobs can never climb above.
 
-The root and the credential rules are checked with the node's own code (minion/datastores: the
-`Datastore` dataclass and `normalize_root`), so the control plane accepts exactly what a node can
-mount. The SMB password is sealed at rest (provisioner.secrets) and never returned by the API."""
+The root and the credential rules are the ones the node applies before it mounts (contracts/regional.py:
+`check_datastore` and `normalize_root`), so the control plane accepts exactly what a node can mount. The SMB password is sealed at rest (provisioner/adapters/secrets.py) and never returned by the API."""
 
 from __future__ import annotations
 
@@ -10,14 +9,12 @@ import ipaddress
 
 from sqlalchemy.orm import Session
 
-from minion.datastores.mounts import Datastore as NodeDatastore
-from minion.datastores.paths import normalize_root
-from provisioner.errors import Conflict, InvalidInput
-from provisioner.regional_states import DATASTORE_TRANSITIONS, DatastoreState, DatastoreType
-from provisioner.secrets import seal
-from provisioner.services import lifecycle, names
-from provisioner.services import regional_lookup
+from contracts.regional import DatastoreType, check_datastore, normalize_root
+from provisioner.domain.states import DATASTORE_TRANSITIONS, DatastoreState
+from contracts.errors import Conflict, InvalidInput
+from provisioner.services import lifecycle, names, regional_lookup
 from provisioner.services import regions as region_service
+from provisioner.services.runtime import runtime_of
 from provisioner.store.models import new_id
 from provisioner.store.regional_models import Datastore
 
@@ -44,14 +41,14 @@ def add(session: Session, name: str, *, region: str, type: str, address: str, ro
         raise InvalidInput(f"datastore type '{type}' is not known: use nfs or smb", code="invalid_type") from None
     _check_address(address)
     # the node's rules, verbatim: root absolute without '..', SMB needs credentials, NFS refuses them
-    NodeDatastore(name, kind.value, address, root, username or None, password)
+    check_datastore(name, kind, root, username or None, password)
     reg = region_service.get(session, region)
     if regional_lookup.holder(session, Datastore, reg.id, name=name) is not None:
         raise Conflict(f"datastore '{name}' already exists in region '{reg.name}': choose another name",
                        code="duplicate_name")
     ds = Datastore(id=new_id("ds"), name=name, region=reg, type=kind.value, address=address,
                    root=str(normalize_root(root)), username=username or None,
-                   sealed_password=seal(password.encode()) if password is not None else None)
+                   sealed_password=runtime_of(session).sealer.seal(password.encode()) if password is not None else None)
     session.add(ds)
     transition(session, ds, DatastoreState.ACTIVE, actor=actor,
                reason=f"added by operator: {kind.value} {address}:{ds.root}")

@@ -10,7 +10,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.exc import StaleDataError
 
-from provisioner.errors import Conflict, Unavailable
+from contracts.errors import Conflict, Unavailable
 
 
 

@@ -9,27 +9,18 @@ import base64
 from datetime import datetime, timezone
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.orm import Session
 
 from provisioner.attestation.continuous import issue_quote_nonce, quote_due, verify_fresh_quote
 from provisioner.attestation.refusals import Refusal
-from provisioner.attestation.wire import QuoteMessage
-from provisioner.services import audit, desired_state, node_address
+from contracts.messages import HeartbeatRequest, HeartbeatResponse
+from provisioner.attestation.wire import quote_evidence
+from provisioner.domain.states import NODE_STOPPED, JoinOutcome, NodeState, RegionState
+from provisioner.services import audit, desired_state, node_address, node_credentials, nonce_store
 from provisioner.services import join as join_service
 from provisioner.services import nodes as node_service
-from provisioner.reconcilers.loop import kick_after_commit
-from provisioner.states import NodeState, RegionState
-
-
-class HeartbeatIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    version: int = 1
-    actual: dict[str, Any] = Field(default_factory=dict)
-    quote: QuoteMessage | None = None
-    inventory: dict[str, Any] | None = None
-    requirements: dict[str, Any] | None = None
+from provisioner.services.heartbeat_timing import HeartbeatTiming
+from provisioner.services.wakeups import Wake, wake_after_commit
 
 
 @desired_state.contributes("maintenance")
@@ -38,38 +29,40 @@ def _maintenance(session: Session, node: Any) -> bool:
     return node.state != NodeState.ACTIVE
 
 
-def beat(session: Session, node_id: str, credential: str | None, body: HeartbeatIn, *,
-         observed_address: str | None = None) -> dict[str, Any]:
+def beat(session: Session, node_id: str, credential: str | None, body: HeartbeatRequest, *,
+         observed_address: str | None = None, timing: HeartbeatTiming = HeartbeatTiming()) -> dict[str, Any]:
     """`observed_address`: where this beat came from (the finalize playbook's SSH host without a hostname)."""
-    node, att = join_service.node_for_credential(session, node_id, credential)
+    node, att = node_credentials.node_for_credential(session, node_id, credential)
     now = datetime.now(timezone.utc)
     node_service.record_report(session, node, at=now, inventory=body.inventory, requirements=body.requirements)
     node_address.record(node, observed_address)
     att.heartbeats += 1
-    issuer = join_service._issuer(session)
+    issuer = nonce_store.issuer(session)
     actor = f"minion:{node.minion_id}"
     if body.quote is not None and att.quote_nonce:
         policy = join_service.pcr_policy_for(session, node.region, att.pcr_record)
         result = verify_fresh_quote(issuer, node.id, att.ak_public, bytes.fromhex(att.quote_nonce),
-                                    body.quote.evidence(), policy)
+                                    quote_evidence(body.quote), policy)
         att.quote_nonce = None
         if isinstance(result, Refusal):
             reason = f"continuous attestation: {result.message}"
             audit.record(session, kind="join", resource_id=node.minion_id, name=node.name, actor=actor,
-                         from_state=None, to_state="refused", reason=f"{result.code.value}: {result.message}")
-            if node.state not in (NodeState.ERRORED, NodeState.REMOVED):
+                         from_state=None, to_state=JoinOutcome.REFUSED.value,
+                         reason=f"{result.code.value}: {result.message}")
+            if node.state not in NODE_STOPPED:
                 node_service.transition(session, node, NodeState.ERRORED, actor=actor, reason=reason)
         else:
             att.last_quote_at = now
     quote_nonce = None
-    if (att.quote_nonce is None or body.quote is None) and quote_due(att.heartbeats, join_service.quote_every()):
+    if (att.quote_nonce is None or body.quote is None) and quote_due(att.heartbeats, timing.quote_every):
         record = issue_quote_nonce(issuer, node.id)
         att.quote_nonce = record.nonce.hex()
         quote_nonce = base64.b64encode(record.nonce).decode()
     if node.region.state != RegionState.HEALTHY:
-        kick_after_commit(session, "region-health")  # a first report makes the region healthy now, not at the next pass
+        # a first report makes the region healthy now, not at the next pass
+        wake_after_commit(session, Wake.REGION_HEALTH)
     desired_state.record_actual(session, node, body.actual)
     session.flush()
-    return {"node_id": node.id, "state": node.state, "reason": node.reason,
-            "desired": desired_state.desired_for(session, node), "quote_nonce": quote_nonce,
-            "heartbeat_interval_s": join_service.heartbeat_interval_s()}
+    return HeartbeatResponse(node_id=node.id, state=node.state, reason=node.reason,
+                             desired=desired_state.desired_for(session, node), quote_nonce=quote_nonce,
+                             heartbeat_interval_s=timing.interval_s).model_dump(mode="json")

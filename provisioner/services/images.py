@@ -2,7 +2,7 @@
 and what the join verifier expects from them.
 
 Trust: the operator trusts a builder's Ed25519 public key; a manifest is accepted only when its detached
-signature verifies with one of the trusted keys (image_builder.manifest.verify — the same code the builder
+signature verifies with one of the trusted keys (contracts.manifest.verify — the same code the builder
 and `image-builder verify` use, so the two sides cannot disagree about the signed bytes).
 
 What a joining node must show (docs/image-builder.md, "Registering images with the control plane"):
@@ -24,10 +24,11 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from provisioner.attestation.pcr_policy import ManifestPolicy, PcrPolicy, PcrPolicyMode, PcrVerdict
-from provisioner.errors import Conflict, InvalidInput, NotFound, RuleViolation
-from provisioner.services import audit
+from provisioner.domain.states import IMAGE_TRANSITIONS, TRUST_TRANSITIONS, ImageState, TrustState
+from contracts.errors import Conflict, InvalidInput, NotFound, RuleViolation
+from provisioner.services import lifecycle
 from provisioner.services import regions as region_service
-from provisioner.store.image_models import ImageKey, ImageManifest
+from provisioner.store.image_models import ImageKey, RegisteredManifest
 from provisioner.store.models import Region
 
 KEY_KIND = "image_key"
@@ -42,7 +43,7 @@ _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 def trust_key(session: Session, public_key: bytes, *, name: str | None, actor: str) -> ImageKey:
     """Trust an image builder's public key (PEM SPKI, raw 32 bytes or base64). Trusting a key twice
     returns the existing row: the fingerprint is the identity."""
-    from image_builder.manifest import ManifestError, public_key_fingerprint
+    from contracts.manifest import ManifestError, public_key_fingerprint
 
     try:
         fingerprint = public_key_fingerprint(public_key)
@@ -53,7 +54,7 @@ def trust_key(session: Session, public_key: bytes, *, name: str | None, actor: s
     row = session.scalar(select(ImageKey).where(ImageKey.fingerprint == fingerprint))
     if row is not None:
         return row
-    # kept as given (PEM) or as base64 (raw bytes): both are forms image_builder.manifest.verify reads
+    # kept as given (PEM) or as base64 (raw bytes): both are forms contracts.manifest.verify reads
     if b"-----BEGIN" in public_key:
         stored = public_key.decode()
     elif len(public_key) == 32:
@@ -64,8 +65,8 @@ def trust_key(session: Session, public_key: bytes, *, name: str | None, actor: s
                    created_by=actor[:128])
     session.add(row)
     session.flush()
-    audit.record(session, kind=KEY_KIND, resource_id=row.id, name=row.name, actor=actor, from_state=None,
-                 to_state="trusted", reason=f"sha256 {fingerprint}")
+    lifecycle.record(session, kind=KEY_KIND, resource_id=row.id, name=row.name, actor=actor,
+                     table=TRUST_TRANSITIONS, frm=None, to=TrustState.TRUSTED, reason=f"sha256 {fingerprint}")
     return row
 
 
@@ -83,19 +84,21 @@ def get_key(session: Session, ref: str) -> ImageKey:
     return rows[0]
 
 
-def untrust_key(session: Session, ref: str, *, force: bool = False, actor: str) -> tuple[ImageKey, list[ImageManifest]]:
+def untrust_key(session: Session, ref: str, *, force: bool = False,
+                actor: str) -> tuple[ImageKey, list[RegisteredManifest]]:
     """Stop trusting a key. Its manifests would otherwise stay trusted without a trusted signer, so they
     are removed with it — only with `force`, because that changes what nodes of those regions must show."""
     key = get_key(session, ref)
-    signed = list(session.scalars(select(ImageManifest).where(ImageManifest.key_id == key.id)))
+    signed = list(session.scalars(select(RegisteredManifest).where(RegisteredManifest.key_id == key.id)))
     if signed and not force:
         raise RuleViolation(f"key '{key.name}' signed {len(signed)} registered manifest(s): remove them with "
                             f"`provision image remove ID` or pass --force to remove them with the key",
                             code="image_key_in_use")
     for manifest in signed:
         _delete_manifest(session, manifest, actor=actor, reason=f"its signing key '{key.name}' was untrusted")
-    audit.record(session, kind=KEY_KIND, resource_id=key.id, name=key.name, actor=actor, from_state="trusted",
-                 to_state="removed", reason="untrusted by operator")
+    lifecycle.record(session, kind=KEY_KIND, resource_id=key.id, name=key.name, actor=actor,
+                     table=TRUST_TRANSITIONS, frm=TrustState.TRUSTED, to=TrustState.REMOVED,
+                     reason="untrusted by operator")
     session.delete(key)
     session.flush()
     return key, signed
@@ -142,7 +145,7 @@ def _expected(doc: dict[str, Any]) -> _Expected:
 
 def _verified(session: Session, manifest: bytes, signature: bytes) -> tuple[dict[str, Any], ImageKey]:
     """The parsed manifest and the trusted key whose signature checks out, or a one-line refusal."""
-    from image_builder.manifest import ManifestError, verify
+    from contracts.manifest import ManifestError, verify
 
     if not signature.strip():
         raise RuleViolation("the manifest is unsigned (empty signature): pass the manifest.json.sig the builder "
@@ -202,7 +205,7 @@ def _region_for(session: Session, doc: dict[str, Any], region_ref: str | None) -
 
 
 def register(session: Session, manifest: bytes, signature: bytes, *, region: str | None = None,
-             pin_pcr4: bool = False, actor: str) -> ImageManifest:
+             pin_pcr4: bool = False, actor: str) -> RegisteredManifest:
     """Verify, check shape, bind to a region, store. Every check runs before the first write, so a
     refused manifest leaves nothing behind."""
     doc, key = _verified(session, manifest, signature)
@@ -212,8 +215,8 @@ def register(session: Session, manifest: bytes, signature: bytes, *, region: str
                            "or register without --pin-pcr4", code="manifest_incomplete")
     target = _region_for(session, doc, region)
     sha = hashlib.sha256(manifest).hexdigest()
-    existing = session.scalar(select(ImageManifest).where(ImageManifest.region_id == target.id,
-                                                          ImageManifest.manifest_sha256 == sha))
+    existing = session.scalar(select(RegisteredManifest).where(RegisteredManifest.region_id == target.id,
+                                                               RegisteredManifest.manifest_sha256 == sha))
     if existing is not None:
         raise Conflict(f"this manifest is already registered for region '{target.name}' as {existing.id}: "
                        "nothing to do", code="manifest_exists")
@@ -221,7 +224,7 @@ def register(session: Session, manifest: bytes, signature: bytes, *, region: str
         text = manifest.decode("ascii")
     except UnicodeDecodeError:  # canonical JSON is ASCII; keep other bytes exact all the same
         text = "base64:" + base64.b64encode(manifest).decode()
-    row = ImageManifest(region_id=target.id, key_id=key.id, manifest_sha256=sha, manifest=text,
+    row = RegisteredManifest(region_id=target.id, key_id=key.id, manifest_sha256=sha, manifest=text,
                         signature=base64.b64encode(_raw_signature(signature)).decode(),
                         image_sha256=expected.image_sha256, uki_sha256=expected.uki_sha256,
                         verity_root_hash=expected.verity_root_hash, pcr11=expected.pcr11, pcr12=expected.pcr12,
@@ -229,9 +232,10 @@ def register(session: Session, manifest: bytes, signature: bytes, *, region: str
     session.add(row)
     session.flush()
     pcrs = "PCR 4, 11, 12" if pin_pcr4 else "PCR 11, 12"
-    audit.record(session, kind=KIND, resource_id=row.id, name=f"{target.name}:{sha[:12]}", actor=actor,
-                 from_state=None, to_state="registered",
-                 reason=f"manifest sha256 {sha} signed by '{key.name}' ({key.fingerprint[:16]}); joins check {pcrs}")
+    lifecycle.record(session, kind=KIND, resource_id=row.id, name=f"{target.name}:{sha[:12]}", actor=actor,
+                     table=IMAGE_TRANSITIONS, frm=None, to=ImageState.REGISTERED,
+                     reason=f"manifest sha256 {sha} signed by '{key.name}' ({key.fingerprint[:16]}); "
+                            f"joins check {pcrs}")
     return row
 
 
@@ -239,14 +243,14 @@ def _raw_signature(signature: bytes) -> bytes:
     return signature if len(signature) == 64 else base64.b64decode(signature.strip())
 
 
-def list_manifests(session: Session, region: str | None = None) -> list[ImageManifest]:
-    stmt = select(ImageManifest).order_by(ImageManifest.created_at, ImageManifest.id)
+def list_manifests(session: Session, region: str | None = None) -> list[RegisteredManifest]:
+    stmt = select(RegisteredManifest).order_by(RegisteredManifest.created_at, RegisteredManifest.id)
     if region:
-        stmt = stmt.where(ImageManifest.region_id == region_service.get(session, region).id)
+        stmt = stmt.where(RegisteredManifest.region_id == region_service.get(session, region).id)
     return list(session.scalars(stmt))
 
 
-def get_manifest(session: Session, ref: str) -> ImageManifest:
+def get_manifest(session: Session, ref: str) -> RegisteredManifest:
     """By id or a manifest SHA-256 prefix of at least 8 characters (unique across regions)."""
     rows = [m for m in list_manifests(session)
             if m.id == ref or (len(ref) >= 8 and m.manifest_sha256.startswith(ref.lower()))]
@@ -256,28 +260,29 @@ def get_manifest(session: Session, ref: str) -> ImageManifest:
     return rows[0]
 
 
-def manifest_document(row: ImageManifest) -> dict[str, Any]:
+def manifest_document(row: RegisteredManifest) -> dict[str, Any]:
     raw = base64.b64decode(row.manifest[7:]) if row.manifest.startswith("base64:") else row.manifest.encode()
     return json.loads(raw)
 
 
-def remove(session: Session, ref: str, *, actor: str) -> ImageManifest:
+def remove(session: Session, ref: str, *, actor: str) -> RegisteredManifest:
     row = get_manifest(session, ref)
     _delete_manifest(session, row, actor=actor, reason="removed by operator")
     session.flush()
     return row
 
 
-def _delete_manifest(session: Session, row: ImageManifest, *, actor: str, reason: str) -> None:
-    audit.record(session, kind=KIND, resource_id=row.id, name=f"{row.region.name}:{row.manifest_sha256[:12]}",
-                 actor=actor, from_state="registered", to_state="removed", reason=reason)
+def _delete_manifest(session: Session, row: RegisteredManifest, *, actor: str, reason: str) -> None:
+    name = f"{row.region.name}:{row.manifest_sha256[:12]}"
+    lifecycle.record(session, kind=KIND, resource_id=row.id, name=name, actor=actor, table=IMAGE_TRANSITIONS,
+                     frm=ImageState.REGISTERED, to=ImageState.REMOVED, reason=reason)
     session.delete(row)
 
 
 # ---------------------------------------------------------------- what the join verifier expects
 
 
-def expected_pcrs(row: ImageManifest) -> dict[int, bytes]:
+def expected_pcrs(row: RegisteredManifest) -> dict[int, bytes]:
     expected = {11: bytes.fromhex(row.pcr11), 12: bytes.fromhex(row.pcr12)}
     if row.pin_pcr4 and row.pcr4:
         expected[4] = bytes.fromhex(row.pcr4)
@@ -286,8 +291,8 @@ def expected_pcrs(row: ImageManifest) -> dict[int, bytes]:
 
 def manifest_pcr_sets(session: Session, region: Region) -> list[dict[int, bytes]]:
     """One expectation per registered manifest of the region, oldest first (distinct ones only)."""
-    rows = session.scalars(select(ImageManifest).where(ImageManifest.region_id == region.id)
-                           .order_by(ImageManifest.created_at, ImageManifest.id))
+    rows = session.scalars(select(RegisteredManifest).where(RegisteredManifest.region_id == region.id)
+                           .order_by(RegisteredManifest.created_at, RegisteredManifest.id))
     sets: list[dict[int, bytes]] = []
     for row in rows:
         expected = expected_pcrs(row)

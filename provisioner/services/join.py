@@ -10,31 +10,40 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Mapping, NoReturn, TypeVar
 
+from cryptography.hazmat.primitives import serialization
 from pydantic import BaseModel, ValidationError
-from sqlalchemy import delete, select
+from sqlalchemy import delete
 from sqlalchemy.orm import Session
 
-from provisioner.attestation.continuous import DEFAULT_EVERY_HEARTBEATS
 from provisioner.attestation.keys import public_key, spki_der
-from provisioner.attestation.nonces import NonceIssuer
 from provisioner.attestation.pcr_policy import PcrPolicy, RecordPolicy
 from provisioner.attestation.refusals import Refusal, RefusalCode, refuse
 from provisioner.attestation.tpm_structures import MalformedStructure, parse_public
 from provisioner.attestation.verifier import Attested, JoinVerifier, RegionTrust
-from provisioner.attestation.wire import JoinChallenge, JoinRequest, PendingJoin, ProofRequest
-from provisioner.errors import Conflict, NotFound, Unauthorized
-from provisioner.reconcilers.loop import kick_after_commit
-from provisioner.services import audit, images, join_tokens, node_address, ssh_keys, tpm_cas
+from contracts.messages import JoinChallenge, JoinRequest, JoinResult, ProofRequest
+from provisioner.attestation.wire import PendingJoin
+from provisioner.domain.states import NODE_STOPPED, JoinOutcome, NodeState
+from contracts.errors import Conflict, Unauthorized
+from provisioner.services import (
+    audit,
+    images,
+    join_tokens,
+    node_address,
+    node_credentials,
+    nonce_store,
+    ssh_keys,
+    tpm_cas,
+)
 from provisioner.services import nodes as node_service
-from provisioner.services import regions as region_service
+from provisioner.services.heartbeat_timing import HeartbeatTiming
 from provisioner.services.nonce_store import DbNonceStore
-from provisioner.states import NodeState
+from provisioner.services.pending import failed_rules
+from provisioner.services.runtime import runtime_of
+from provisioner.services.wakeups import Wake, wake_after_commit
 from provisioner.store.join_models import JoinAttempt, NodeAttestation, PendingMinion
 from provisioner.store.models import Node, Region
 
@@ -42,7 +51,6 @@ _Body = TypeVar("_Body", bound=BaseModel)
 
 # Region setting (Region.settings) that lets EKs without a vendor certificate join (operator opt-in).
 ALLOW_EK_WITHOUT_CERT = "allow_ek_without_certificate"
-CREDENTIAL_PREFIX = "rbn_"  # rigbase node credential
 # Proof refusals that anyone can cause — a slow network, replayed traffic, or someone who knows the
 # node's (public) EK but not its TPM and so cannot activate the credential — never error the node:
 # they are audited and the minion starts over. Every other proof refusal comes from the node's own TPM
@@ -52,24 +60,12 @@ TRANSIENT = {RefusalCode.nonce_unknown, RefusalCode.nonce_replayed, RefusalCode.
 JOIN_ATTEMPT_TTL = timedelta(minutes=10)
 
 
-def heartbeat_interval_s() -> float:
-    return float(os.environ.get("RIGBASE_HEARTBEAT_S", "30"))
-
-
-def quote_every() -> int:
-    return int(os.environ.get("RIGBASE_QUOTE_EVERY", DEFAULT_EVERY_HEARTBEATS))
-
-
 def _now() -> datetime:
     return datetime.now(timezone.utc)
 
 
 def _sha(data: bytes | str) -> str:
     return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()
-
-
-def _issuer(session: Session) -> NonceIssuer:
-    return NonceIssuer(DbNonceStore(session))
 
 
 # ---------------------------------------------------------------- PCR policy hook
@@ -103,10 +99,10 @@ def _refused(session: Session, refusal: Refusal, ctx: _Context, *, step: str, er
     if detail:
         reason += " " + json.dumps(detail, sort_keys=True, default=str)
     audit.record(session, kind="join", resource_id=ctx.minion_id or "-", name=ctx.node.name if ctx.node else (ctx.minion_id or "-"),
-                 actor=actor, from_state=None, to_state="refused", reason=reason)
+                 actor=actor, from_state=None, to_state=JoinOutcome.REFUSED.value, reason=reason)
     node = ctx.node
     if node is not None:
-        if error_node and refusal.code not in TRANSIENT and node.state not in (NodeState.ERRORED, NodeState.REMOVED):
+        if error_node and refusal.code not in TRANSIENT and node.state not in NODE_STOPPED:
             node_service.transition(session, node, NodeState.ERRORED, actor=actor, reason=refusal.message)
         else:
             audit.record(session, kind=node_service.KIND, resource_id=node.id, name=node.name, actor=actor,
@@ -141,8 +137,6 @@ def _ek_spki(ek_public: bytes) -> bytes | None:
 
 def _pinned_spki(pinned: bytes) -> bytes:
     """A pinned EK as the provider gave it: PEM or DER SubjectPublicKeyInfo, or a TPM2B_PUBLIC."""
-    from cryptography.hazmat.primitives import serialization
-
     if pinned.lstrip().startswith(b"-----BEGIN"):
         key = serialization.load_pem_public_key(pinned)
         return key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
@@ -151,11 +145,6 @@ def _pinned_spki(pinned: bytes) -> bytes:
         return pinned
     except ValueError:
         return _ek_spki(pinned) or pinned
-
-
-def _failed_rules(requirements: Mapping[str, Any]) -> list[str]:
-    rules = requirements.get("rules") or []
-    return [str(r.get("rule")) for r in rules if isinstance(r, dict) and not r.get("ok", True)]
 
 
 def begin(session: Session, body: Any) -> JoinChallenge:
@@ -178,7 +167,7 @@ def begin(session: Session, body: Any) -> JoinChallenge:
         _refused(session, refuse(RefusalCode.pinned_ek_mismatch, f"node '{node.name}'"), ctx, step="join")  # type: ignore[union-attr]
     trust = RegionTrust(tpm_cas.trust_store(session),
                         allow_ek_without_certificate=bool((region.settings or {}).get(ALLOW_EK_WITHOUT_CERT)) or pinned is not None)
-    outcome = JoinVerifier(_issuer(session)).begin(request, trust)
+    outcome = JoinVerifier(nonce_store.issuer(session)).begin(request, trust)
     if isinstance(outcome, Refusal):
         _refused(session, outcome, ctx, step="join")
     challenge, pending = outcome
@@ -192,7 +181,7 @@ def begin(session: Session, body: Any) -> JoinChallenge:
     if known_ek is not None and known_ek != ek_sha:
         _refused(session, refuse(RefusalCode.duplicate_minion_id, f"recorded EK sha256 {known_ek[:16]}…, presented {ek_sha[:16]}…"),
                  ctx, step="join")
-    failing = _failed_rules(request.requirements)
+    failing = failed_rules(request.requirements)
     if node is not None:
         node_service.record_report(session, node, inventory=request.inventory or None,
                                    requirements=request.requirements or None)
@@ -242,22 +231,8 @@ def _upsert_pending(session: Session, request: JoinRequest, region: Region, ek_s
 # ---------------------------------------------------------------- step 2: POST /v1/join/{id}/proof
 
 
-@dataclass(frozen=True)
-class JoinResult:
-    state: str  # "pending" or the node's state
-    message: str
-    node_id: str | None = None
-    node_name: str | None = None
-    node_credential: str | None = None
-    ssh_authorized_key: str | None = None  # the control plane's public key, for the finalize playbook's SSH
-
-    def to_json(self) -> dict[str, Any]:
-        return {"state": self.state, "message": self.message, "node_id": self.node_id, "node_name": self.node_name,
-                "node_credential": self.node_credential, "ssh_authorized_key": self.ssh_authorized_key,
-                "heartbeat_interval_s": heartbeat_interval_s()}
-
-
-def finish(session: Session, join_id: str, join_token: str | None, body: Any, *, observed_address: str | None = None) -> JoinResult:
+def finish(session: Session, join_id: str, join_token: str | None, body: Any, *, observed_address: str | None = None,
+           timing: HeartbeatTiming = HeartbeatTiming()) -> JoinResult:
     attempt = session.get(JoinAttempt, join_id)
     ctx = _Context()
     if attempt is None:
@@ -281,7 +256,7 @@ def finish(session: Session, join_id: str, join_token: str | None, body: Any, *,
     ctx.node = node
     att = session.get(NodeAttestation, node.id) if node is not None else None
     policy = pcr_policy_for(session, region, att.pcr_record if att else None)
-    outcome = JoinVerifier(_issuer(session)).finish(pending, proof, policy)
+    outcome = JoinVerifier(nonce_store.issuer(session)).finish(pending, proof, policy)
     if isinstance(outcome, Refusal):
         _refused(session, outcome, ctx, step="proof", error_node=True)
     if node is None:
@@ -290,8 +265,10 @@ def finish(session: Session, join_id: str, join_token: str | None, body: Any, *,
             row.attested = True
             row.refusal = None
             row.last_seen = _now()
-        return JoinResult("pending", f"attested; waiting for an operator to run `provision node add NAME --region "
-                                     f"{region.name} --minion-id {pending.minion_id}`")
+        return JoinResult(state=JoinOutcome.PENDING.value,
+                          message="attested; waiting for an operator to run `provision node add NAME "
+                          f"--region {region.name} --minion-id {pending.minion_id}`",
+                          heartbeat_interval_s=timing.interval_s)
     if node.state == NodeState.ERRORED:
         session.commit()
         raise Conflict(f"node '{node.name}' is errored ({node.reason}): fix the cause and run "
@@ -302,18 +279,21 @@ def finish(session: Session, join_id: str, join_token: str | None, body: Any, *,
         if node.inventory is None:
             node_service.record_report(session, node, inventory=waiting.inventory, requirements=waiting.requirements)
         session.delete(waiting)
-    node_address.record(node, observed_address)  # before finalize is kicked: its SSH host when no hostname is set
+    node_address.record(node, observed_address)  # before finalize is woken: its SSH host when no hostname is set
     if node.state == NodeState.NEW:  # added between the two calls
         node_service.transition(session, node, NodeState.ENROLLING, actor=f"minion:{node.minion_id}", reason="join started")
     if node.state == NodeState.ENROLLING:
         node_service.transition(session, node, NodeState.PROVISIONING, actor=f"minion:{node.minion_id}",
                                 reason=f"attested: EK, AK and PCRs verified ({policy.mode.value} policy)")
-        kick_after_commit(session, "finalize")
-    return JoinResult(node.state, "attested", node.id, node.name, credential, ssh_keys.authorized_key_line())
+        wake_after_commit(session, Wake.FINALIZE)
+    return JoinResult(state=node.state, message="attested", node_id=node.id, node_name=node.name,
+                      node_credential=credential,
+                      ssh_authorized_key=ssh_keys.authorized_key_line(runtime_of(session).ssh_key),
+                      heartbeat_interval_s=timing.interval_s)
 
 
 def _record_attestation(session: Session, node: Node, attested: Attested, att: NodeAttestation | None) -> str:
-    credential = CREDENTIAL_PREFIX + secrets.token_urlsafe(32)
+    credential = node_credentials.new_credential()
     ek_sha = _sha(_ek_spki(attested.ek_public) or attested.ek_public)
     if att is None:
         att = NodeAttestation(node_id=node.id, ek_sha256=ek_sha, ak_public=attested.ak_public, heartbeats=0)
@@ -322,85 +302,11 @@ def _record_attestation(session: Session, node: Node, attested: Attested, att: N
     att.ak_public = attested.ak_public
     if attested.pcr_record is not None:
         att.pcr_record = {str(i): v.hex() for i, v in sorted(attested.pcr_record.items())}
-    att.credential_sha256 = _sha(credential)
+    att.credential_sha256 = node_credentials.digest(credential)
     att.attested_at = _now()
     att.quote_nonce = None
     session.flush()
     return credential
-
-
-# ---------------------------------------------------------------- operator side
-
-
-def pending(session: Session, region: str | None = None) -> list[dict[str, Any]]:
-    """Minions that reached the control plane and no live node claims (oldest first)."""
-    stmt = select(PendingMinion, Region.name).join(Region, Region.id == PendingMinion.region_id).order_by(PendingMinion.first_seen)
-    if region:
-        stmt = stmt.where(PendingMinion.region_id == region_service.get(session, region).id)
-    out = []
-    for row, region_name in session.execute(stmt):
-        if node_service.by_minion_id(session, row.minion_id) is not None:
-            continue
-        failing = _failed_rules(row.requirements or {})
-        req_ok = (row.requirements or {}).get("ok")
-        verdict = "unknown" if req_ok is None and not failing else ("fail: " + ", ".join(failing) if failing or req_ok is False else "pass")
-        out.append({"minion_id": row.minion_id, "region": region_name, "first_seen": row.first_seen,
-                    "last_seen": row.last_seen, "attested": row.attested, "inventory": _summary(row.inventory or {}),
-                    "requirements": verdict, "refusal": row.refusal, "state": "pending"})
-    return out
-
-
-def _summary(inv: Mapping[str, Any]) -> str:
-    """One line from the minion's inventory report: GPUs, cores, memory, NVMe drives."""
-    parts = []
-    gpus = [g for g in inv.get("gpus") or [] if isinstance(g, dict)]
-    if gpus:
-        models = sorted({str(g.get("model") or g.get("name") or "?") for g in gpus})
-        parts.append(f"{len(gpus)}x {'/'.join(models)}")
-    cpu = inv.get("cpu") if isinstance(inv.get("cpu"), dict) else {}
-    if cpu.get("physical_cores"):
-        parts.append(f"{cpu['physical_cores']} cores")
-    if inv.get("memory_total_bytes"):
-        parts.append(f"{int(inv['memory_total_bytes']) / 2**30:.0f} GiB RAM")
-    nvme = [d for d in inv.get("drives") or [] if isinstance(d, dict) and d.get("kind") == "nvme"]
-    if nvme:
-        parts.append(f"{len(nvme)} NVMe {sum(int(d.get('size_bytes') or 0) for d in nvme) / 1e12:.1f} TB")
-    return ", ".join(parts) or "-"
-
-
-def refusals(session: Session, *, minion_id: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
-    from provisioner.store.models import AuditEvent
-
-    stmt = select(AuditEvent).where(AuditEvent.resource_kind == "join").order_by(AuditEvent.id.desc()).limit(limit)
-    if minion_id:
-        stmt = stmt.where(AuditEvent.resource_id == minion_id)
-    return [{"id": e.id, "at": e.at, "minion_id": e.resource_id, "name": e.resource_name, "actor": e.actor,
-             "reason": e.reason, "state": e.to_state} for e in session.scalars(stmt)]
-
-
-def retry(session: Session, ref: str, *, region: str | None = None, accept_pcrs: bool = False, actor: str) -> Node:
-    """errored → new: the minion's next attempt joins again (fresh attestation, then finalize).
-    `accept_pcrs` forgets the recorded PCR baseline, so the next join records the current values."""
-    node = node_service.get(session, ref, region)
-    if node.state != NodeState.ERRORED:
-        raise Conflict(f"node '{node.name}' is {node.state}, not errored: nothing to retry", code="not_errored")
-    att = session.get(NodeAttestation, node.id)
-    if att is not None:
-        att.credential_sha256 = None  # the node proves itself again before anything else
-        if accept_pcrs:
-            att.pcr_record = None
-    why = "retry by operator" + (" (PCR baseline reset)" if accept_pcrs else "")
-    return node_service.transition(session, node, NodeState.NEW, actor=actor, reason=why)
-
-
-def set_region_attestation(session: Session, ref: str, *, allow_ek_without_cert: bool, actor: str) -> Region:
-    region = region_service.get(session, ref)
-    region.settings = {**(region.settings or {}), ALLOW_EK_WITHOUT_CERT: allow_ek_without_cert}
-    audit.record(session, kind=region_service.KIND, resource_id=region.id, name=region.name, actor=actor,
-                 from_state=region.state, to_state=region.state,
-                 reason=f"EKs without a vendor certificate {'accepted' if allow_ek_without_cert else 'refused'}")
-    session.flush()
-    return region
 
 
 def purge_stale(session: Session) -> None:
@@ -409,16 +315,4 @@ def purge_stale(session: Session) -> None:
     session.execute(delete(JoinAttempt).where(JoinAttempt.created_at < cutoff))
     DbNonceStore(session).purge(cutoff)
 
-
-def node_for_credential(session: Session, node_id: str, credential: str | None) -> tuple[Node, NodeAttestation]:
-    if not credential:
-        raise Unauthorized("no node credential: join first (`minion join`)", code="credential_missing")
-    att = session.scalar(select(NodeAttestation).where(NodeAttestation.credential_sha256 == _sha(credential)))
-    if att is None or att.node_id != node_id:
-        raise Unauthorized("the node credential is not valid (the node was retried, removed or re-added): join again",
-                           code="credential_invalid")
-    node = session.get(Node, node_id)
-    if node is None or node.state == NodeState.REMOVED:
-        raise NotFound("this node was removed: ask the operator to add it again, then join", code="node_not_found")
-    return node, att
 

@@ -13,14 +13,17 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from provisioner.attestation.refusals import Refusal, RefusalCode, refuse
-from provisioner.errors import InvalidInput
-from provisioner.services import audit
+from provisioner.domain.states import JOIN_TOKEN_TRANSITIONS, REGION_LEAVING, JoinTokenState
+from contracts.bundle import EnrollmentBundle
+from contracts.errors import InvalidInput
+from provisioner.services import lifecycle
 from provisioner.services import regions as region_service
 from provisioner.store.join_models import JoinToken
 from provisioner.store.models import Region
 
 TOKEN_PREFIX = "rbj_"  # rigbase join token; recognisable in logs and secret scanners
 DEFAULT_TTL = "7d"
+KIND = "join_token"  # audit kind
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _TTL = re.compile(r"^(\d+)([smhdw])$")
 
@@ -49,8 +52,10 @@ def issue(session: Session, region: str, *, ttl: str = DEFAULT_TTL, actor: str) 
                     expires_at=now + lifetime if lifetime else None)
     session.add(row)
     session.flush()
-    audit.record(session, kind="join_token", resource_id=row.id, name=reg.name, actor=actor, from_state=None,
-                 to_state="issued", reason=f"expires {row.expires_at.isoformat() if row.expires_at else 'never'}")
+    expires = row.expires_at.isoformat() if row.expires_at else "never"
+    lifecycle.record(session, kind=KIND, resource_id=row.id, name=reg.name, actor=actor,
+                     table=JOIN_TOKEN_TRANSITIONS, frm=None, to=JoinTokenState.ISSUED,
+                     reason=f"expires {expires}")
     return row, token
 
 
@@ -62,8 +67,9 @@ def revoke(session: Session, region: str, *, actor: str) -> int:
     if ids:
         session.execute(update(JoinToken).where(JoinToken.id.in_(ids)).values(revoked_at=now))
     for token_id in ids:
-        audit.record(session, kind="join_token", resource_id=token_id, name=reg.name, actor=actor,
-                     from_state="issued", to_state="revoked", reason="revoked by operator")
+        lifecycle.record(session, kind=KIND, resource_id=token_id, name=reg.name, actor=actor,
+                         table=JOIN_TOKEN_TRANSITIONS, frm=JoinTokenState.ISSUED, to=JoinTokenState.REVOKED,
+                         reason="revoked by operator")
     session.flush()
     return len(ids)
 
@@ -80,18 +86,17 @@ def bundle(session: Session, region: Region, token: str, *, control_plane_url: s
     GCP storage node's instance metadata both call this, so the two can never drift apart."""
     row = session.scalar(select(JoinToken).where(JoinToken.token_sha256 == digest(token)))
     expires = row.expires_at if row is not None else None
-    return {
-        "version": 1,
-        "control_plane_url": control_plane_url,
-        "ca_certificate": ca_certificate,
-        "region": region.name,
-        "region_id": region.id,
-        "provider": region.provider.kind,
-        "join_token": token,
-        "expires_at": expires.isoformat().replace("+00:00", "Z") if expires else None,
-        "storage_mode": region.storage_mode,
-        "public_jobs": region.public_jobs,
-    }
+    return EnrollmentBundle(
+        control_plane_url=control_plane_url,
+        ca_certificate=ca_certificate,
+        region=region.name,
+        region_id=region.id,
+        provider=region.provider.kind,
+        join_token=token,
+        expires_at=expires.isoformat().replace("+00:00", "Z") if expires else None,
+        storage_mode=region.storage_mode,
+        public_jobs=region.public_jobs,
+    ).model_dump(mode="json")
 
 
 def resolve(session: Session, token: str, now: datetime | None = None) -> tuple[JoinToken, Region] | Refusal:
@@ -107,6 +112,6 @@ def resolve(session: Session, token: str, now: datetime | None = None) -> tuple[
         return refuse(RefusalCode.join_token_expired, f"token {row.id} expired at {row.expires_at.isoformat()}",
                       token_id=row.id)
     region = session.get(Region, row.region_id)
-    if region is None or region.state in ("removing", "removed"):
+    if region is None or region.state in REGION_LEAVING:
         return refuse(RefusalCode.join_token_revoked, "its region was removed", token_id=row.id)
     return row, region

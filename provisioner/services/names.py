@@ -7,18 +7,17 @@ import re
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from provisioner.errors import InvalidInput, NotFound
+from contracts.errors import InvalidInput, NotFound
+from contracts.identity import is_dns_label, is_minion_id
 
 T = TypeVar("T")
 
-DNS_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
-MINION_ID = re.compile(r"^[0-9a-f]{32}$")
 HOSTNAME = re.compile(r"^(?=.{1,253}$)[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$")
 
 
 def dns_label(kind: str, name: str) -> str:
     """Region and node names become hostnames and mDNS labels, so they must be DNS labels."""
-    if not DNS_LABEL.match(name):
+    if not is_dns_label(name):
         raise InvalidInput(
             f"{kind} name '{name}' is not a DNS label: use 1-63 lowercase letters, digits and hyphens, "
             "starting and ending with a letter or digit",
@@ -28,8 +27,8 @@ def dns_label(kind: str, name: str) -> str:
 
 
 def minion_id(value: str) -> str:
-    """minion_id = first 32 hex characters of SHA-256 over the TPM EK public key (see DESIGN.md)."""
-    if not MINION_ID.match(value):
+    """minion_id = first 32 hex characters of SHA-256 over the TPM EK public key (contracts/identity.py)."""
+    if not is_minion_id(value):
         raise InvalidInput(
             f"minion_id '{value}' is not 32 lowercase hex characters: copy it from the node's console banner",
             code="invalid_minion_id",
@@ -38,7 +37,7 @@ def minion_id(value: str) -> str:
 
 
 def hostname(value: str) -> str:
-    if not HOSTNAME.match(value):
+    if not HOSTNAME.fullmatch(value):
         raise InvalidInput(f"hostname '{value}' is not a valid DNS name: use lowercase labels separated by dots")
     return value
 

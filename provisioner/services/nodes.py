@@ -13,12 +13,12 @@ from typing import Any
 from sqlalchemy import inspect, select
 from sqlalchemy.orm import Session
 
-from provisioner.errors import Conflict, InvalidInput, RuleViolation
-from provisioner.services import audit, lifecycle, names
-from provisioner.services import regional_lookup
+from contracts.regional import StorageMode
+from provisioner.domain.states import NODE_TRANSITIONS, Maintenance, NodeState, RegionState, Service
+from contracts.errors import Conflict, InvalidInput, RuleViolation
+from provisioner.services import audit, lifecycle, names, regional_lookup, reservations
 from provisioner.services import regions as region_service
 from provisioner.services.errors import flush
-from provisioner.states import NODE_TRANSITIONS, Maintenance, NodeState, RegionState, Service, StorageMode
 from provisioner.store.models import AuditEvent, Node, Region, new_id
 
 KIND = "node"
@@ -45,8 +45,6 @@ def transition(session: Session, node: Node, to: NodeState, *, actor: str, reaso
         # every removal path (operator, replace, forced region removal, a provider deleting its VM)
         # comes through here: a removed node serves nothing, so its reservations must not stay
         # assigned to it where no heartbeat will ever pick them up again
-        from provisioner.services import reservations  # reservations imports nodes
-
         reservations.unassign_from(session, node, actor=actor, reason=f"node '{node.name}' was removed")
     return node
 

@@ -10,7 +10,7 @@ from datetime import datetime
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
-from provisioner.attestation.nonces import NonceRecord
+from provisioner.attestation.nonces import NonceIssuer, NonceRecord
 from provisioner.store.join_models import AttestationNonce
 
 
@@ -36,3 +36,8 @@ class DbNonceStore:
 
     def purge(self, before: datetime) -> int:
         return self.session.execute(delete(AttestationNonce).where(AttestationNonce.expires_at < before)).rowcount
+
+
+def issuer(session: Session) -> NonceIssuer:
+    """The attestation nonce issuer over this unit of work's store (join steps and heartbeats)."""
+    return NonceIssuer(DbNonceStore(session))

@@ -5,15 +5,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import event, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from provisioner.errors import Conflict, InvalidInput, NotFound
+from provisioner.domain.states import PROVIDER_TRANSITIONS, ProviderState, RegionState
+from contracts.errors import Conflict, InvalidInput, NotFound
 from provisioner.providers.base import REGISTRY, ProviderConfig, provider_for
-from provisioner.reconcilers.loop import kick
-from provisioner.secrets import seal
 from provisioner.services import lifecycle
-from provisioner.states import PROVIDER_TRANSITIONS, ProviderState, RegionState
+from provisioner.services.runtime import runtime_of
+from provisioner.services.wakeups import PROVIDER_WORK, wake_after_commit
 from provisioner.store.models import Provider, Region, new_id
 
 KIND = "provider"
@@ -26,7 +26,8 @@ def transition(session: Session, provider: Provider, to: ProviderState, *, actor
 
 
 def enable(session: Session, kind: str, raw: Mapping[str, Any], *, actor: str) -> Provider:
-    impl = provider_for(kind)
+    runtime = runtime_of(session)
+    impl = runtime.provider(kind)
     payment_mode = str(raw.get("payment_mode") or impl.payment_modes[0])
     if payment_mode not in impl.payment_modes:
         raise InvalidInput(f"payment mode '{payment_mode}' is not offered by {kind}: use {', '.join(impl.payment_modes)}")
@@ -34,13 +35,22 @@ def enable(session: Session, kind: str, raw: Mapping[str, Any], *, actor: str) -
     if session.scalar(select(Provider).where(Provider.kind == kind, Provider.state != ProviderState.REMOVED)):
         raise Conflict(f"provider '{kind}' is already enabled: see `provision provider show {kind}`")
     provider = Provider(id=new_id("prv"), kind=kind, payment_mode=config.payment_mode, public_config=dict(config.public),
-                        sealed_config=seal(config.secret) if config.secret else None)
+                        sealed_config=runtime.sealer.seal(config.secret) if config.secret else None)
     session.add(provider)
     transition(session, provider, ProviderState.NEW, actor=actor, reason="enabled by operator")
     # physical has nothing to set up; providers with plan_enable actions stay `new` for their reconciler
     if not impl.plan_enable(config):
         transition(session, provider, ProviderState.ENABLED, actor=actor)
+    else:
+        wake_after_commit(session, PROVIDER_WORK[kind])
     return provider
+
+
+def config_of(session: Session, provider: Provider) -> ProviderConfig:
+    """The stored configuration with the secret unsealed (for the provider's lifecycle calls; never
+    leaves this process)."""
+    secret = runtime_of(session).sealer.unseal(provider.sealed_config) if provider.sealed_config else None
+    return ProviderConfig(payment_mode=provider.payment_mode, public=dict(provider.public_config or {}), secret=secret)
 
 
 def list_all(session: Session) -> list[Provider]:
@@ -65,12 +75,12 @@ def remove(session: Session, ref: str, *, actor: str) -> Provider:
     if live:
         raise Conflict(f"provider '{provider.kind}' still has regions ({', '.join(sorted(live))}): remove them first",
                        code="provider_in_use")
-    impl = provider_for(provider.kind)
+    impl = runtime_of(session).provider(provider.kind)
     if impl.plan_enable(ProviderConfig(provider.payment_mode, dict(provider.public_config or {}))):
         # it made things in the operator's account: its reconciler deletes exactly those, then → removed
         if provider.state != ProviderState.REMOVING:
             transition(session, provider, ProviderState.REMOVING, actor=actor, reason="removal requested by operator")
-        event.listen(session, "after_commit", lambda _s: kick(f"{provider.kind}-provider"), once=True)
+        wake_after_commit(session, PROVIDER_WORK[provider.kind])
         return provider
     transition(session, provider, ProviderState.REMOVED, actor=actor, reason="removed by operator")
     return provider

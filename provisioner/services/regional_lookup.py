@@ -8,15 +8,16 @@ from typing import Any, TypeVar
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from provisioner.domain.states import TERMINAL
 from provisioner.services import names
 from provisioner.services import regions as region_service
 
 M = TypeVar("M")
-REMOVED = "removed"
+LIVE_NOT = sorted(TERMINAL)  # a live row is in no final state (its name, hostname or port are taken)
 
 
 def _live(session: Session, model: type[M], region: str | None) -> Any:
-    stmt = select(model).where(model.state != REMOVED)  # type: ignore[attr-defined]
+    stmt = select(model).where(model.state.not_in(LIVE_NOT))  # type: ignore[attr-defined]
     if region:
         stmt = stmt.where(model.region_id == region_service.get(session, region).id)  # type: ignore[attr-defined]
     return stmt
@@ -36,7 +37,8 @@ def get_live(session: Session, model: type[M], kind: str, ref: str, region: str 
 def holder(session: Session, model: type[M], region_id: str, **where: Any) -> M | None:
     """The live row of `model` in the region whose columns equal `where` (who already holds a name,
     hostname or port that must be unique in the region), or None."""
-    stmt = select(model).where(model.region_id == region_id, model.state != REMOVED)  # type: ignore[attr-defined]
+    live = model.state.not_in(LIVE_NOT)  # type: ignore[attr-defined]
+    stmt = select(model).where(model.region_id == region_id, live)  # type: ignore[attr-defined]
     for column, value in where.items():
         stmt = stmt.where(getattr(model, column) == value)
     return session.scalar(stmt)

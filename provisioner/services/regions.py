@@ -1,21 +1,21 @@
-"""Regions: create (DNS-label name unique per provider), list, show, remove (refused while nodes,
-reservations or datastores exist unless forced, in which case they are removed first, each with its
-own history line)."""
+"""Regions: create (DNS-label name unique per provider), list, show. Removal, which reaches into the
+region's nodes, reservations and datastores, is services/region_removal.py: those modules look regions
+up here, so this module imports none of them."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import event, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from provisioner.errors import Conflict, InvalidInput
-from provisioner.providers.base import provider_for
-from provisioner.reconcilers.loop import kick
+from contracts.regional import StorageMode
+from provisioner.domain.states import REGION_TRANSITIONS, NodeState, ProviderState, RegionState
+from contracts.errors import Conflict, InvalidInput
 from provisioner.services import lifecycle, names
 from provisioner.services import providers as provider_service
-from provisioner.states import REGION_TRANSITIONS, NodeState, ProviderState, RegionState, StorageMode
+from provisioner.services.runtime import runtime_of
 from provisioner.store.models import Node, Provider, Region, new_id
 
 KIND = "region"
@@ -39,7 +39,7 @@ def create(
     prov = provider_service.get(session, provider)
     if prov.state != ProviderState.ENABLED:
         raise Conflict(f"provider '{prov.kind}' is {prov.state}, not enabled: wait for it or see `provision provider show {prov.kind}`")
-    settings = provider_for(prov.kind).validate_region(
+    settings = runtime_of(session).provider(prov.kind).validate_region(
         name, {**(options or {}), "storage_mode": mode.value, "public_jobs": public_jobs})
     if session.scalar(select(Region.id).where(Region.provider_id == prov.id, Region.name == name,
                                               Region.state != RegionState.REMOVED)):
@@ -70,46 +70,3 @@ def get(session: Session, ref: str, provider: str | None = None) -> Region:
 def live_nodes(session: Session, region: Region) -> list[Node]:
     return list(session.scalars(select(Node).where(Node.region_id == region.id, Node.state != NodeState.REMOVED)
                                 .order_by(Node.name)))
-
-
-def _shown(names: list[str]) -> str:
-    return ", ".join(names[:5]) + (" …" if len(names) > 5 else "")
-
-
-def remove(session: Session, ref: str, *, force: bool = False, provider: str | None = None, actor: str) -> Region:
-    """Refused while the region holds nodes, reservations or datastores; with `force` they are all
-    removed with it, in the caller's one transaction, each with its own history line."""
-    from provisioner.services import datastores as datastore_service  # these import regions
-    from provisioner.services import nodes as node_service
-    from provisioner.services import reservations as reservation_service
-
-    region = get(session, ref, provider)
-    # what the provider made for the region (the GCP storage node's VM, whose node row carries the
-    # VM's name) goes with it, deleted by the provider's reconciler; other nodes need --force
-    made = {a.name for a in provider_for(region.provider.kind).plan_region(region.name, region.settings or {})
-            if a.kind == "instance"}
-    nodes = [n for n in live_nodes(session, region) if n.name not in made]
-    rsvs = reservation_service.list_all(session, region.id)
-    stores = datastore_service.list_all(session, region.id)
-    held = [(len(rows), what, _shown([r.name for r in rows]))
-            for rows, what in ((nodes, "node"), (rsvs, "reservation"), (stores, "datastore")) if rows]
-    if held and not force:
-        listed = "; ".join(f"{n} {what}(s) ({names})" for n, what, names in held)
-        raise Conflict(f"region '{region.name}' still has {listed}: remove them first, or pass --force to "
-                       f"remove them together with the region", code="region_in_use")
-    if RegionState(region.state) != RegionState.REMOVING:
-        transition(session, region, RegionState.REMOVING, actor=actor, reason="removal requested by operator")
-    why = f"region '{region.name}' removed with --force"
-    for rsv in rsvs:  # before the nodes, so each reservation's history says why it went
-        reservation_service.remove_row(session, rsv, actor=actor, reason=why)
-    for ds in stores:
-        datastore_service.remove_row(session, ds, actor=actor, reason=why)
-    for node in nodes:
-        node_service.transition(session, node, NodeState.REMOVED, actor=actor, reason=why)
-    if made:
-        # its reconciler deletes what it made, then → removed (woken once this removal is committed)
-        event.listen(session, "after_commit", lambda _s: kick(f"{region.provider.kind}-regions"), once=True)
-        return region
-    # physical regions own nothing outside the store, so removal completes at once
-    transition(session, region, RegionState.REMOVED, actor=actor)
-    return region

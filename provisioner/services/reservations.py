@@ -1,7 +1,7 @@
 """Reservations: a host name (published as HOST.local) and a port, unique per region, assigned to a
 compute node of that region. The assignment reaches the node as desired state in its heartbeat
 response (contributor `reservations`); the node's report comes back in the next heartbeat request
-(reporter `reservations`) and is stored apart from the operator's decision (regional_states)."""
+(reporter `reservations`) and is stored apart from the operator's decision (domain.states)."""
 
 from __future__ import annotations
 
@@ -11,14 +11,18 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from provisioner.errors import Conflict, InvalidInput, NotFound, RuleViolation
-from provisioner.regional_states import RESERVATION_TRANSITIONS, ActualState, Protocol, ReservationState
-from provisioner.services import audit, desired_state, lifecycle, names
-from provisioner.services import nodes as node_service
-from provisioner.services import regional_lookup
+from contracts.regional import Protocol
+from provisioner.domain.states import (
+    RESERVATION_TRANSITIONS,
+    ActualState,
+    NodeState,
+    ReservationState,
+    Service,
+)
+from contracts.errors import Conflict, InvalidInput, NotFound, RuleViolation
+from provisioner.services import audit, desired_state, lifecycle, names, regional_lookup
 from provisioner.services import regions as region_service
 from provisioner.services.errors import flush
-from provisioner.states import Service
 from provisioner.store.models import Node, new_id
 from provisioner.store.regional_models import Reservation
 
@@ -26,7 +30,7 @@ KIND = "reservation"
 ACTUAL_KIND = "reservation_actual"  # audit lines of what nodes report, apart from operator decisions
 PORTS = range(1024, 65536)
 # node services that may serve a reservation: compute nodes (GPU servers, devices); never the
-# storage node (cloudbender.txt: reservations need a compute node in the region)
+# storage node (docs/product-rules.md "Regional resources")
 SERVING = frozenset({Service.COMPUTE.value})
 
 
@@ -90,10 +94,10 @@ def assign(session: Session, ref: str, *, node: str, region: str | None = None, 
     """Assign (or move) to a compute node of the reservation's region; the node's next heartbeat gets it."""
     rsv = get(session, ref, region)
     try:
-        target = node_service.get(session, node, rsv.region.name)
+        target = regional_lookup.get_live(session, Node, "node", node, rsv.region.name)
     except NotFound:
         elsewhere = session.scalar(select(Node).where((Node.name == node) | (Node.id == node),
-                                                      Node.state != "removed"))
+                                                      Node.state != NodeState.REMOVED))
         if elsewhere is None:
             raise
         raise RuleViolation(f"node '{node}' is in region '{elsewhere.region.name}', not '{rsv.region.name}': assign "

@@ -1,7 +1,8 @@
 """The control plane's SSH identity: the Ed25519 key pair the finalize playbook uses to reach real
 nodes (docs/finalize.md "Real nodes over SSH").
 
-Created on first use under $RIGBASE_HOME/ssh/ (or at $RIGBASE_SSH_KEY when the operator brings one);
+Created on first use at the settings' `ssh_key_path` (<home>/ssh/id_ed25519, or RIGBASE_SSH_KEY when the
+operator brings one; docs/control-plane.md);
 its public half travels to each node in the successful join response (`ssh_authorized_key`), and the
 minion installs it when started with `--authorized-keys`. Rotation: delete the private key; the next
 join creates a new pair and every node that joins again gets the new public key."""
@@ -11,14 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from provisioner.config import rigbase_home
-
 KEY_COMMENT = "rigbase-control-plane"
-
-
-def private_key_path() -> Path:
-    """Where the control plane's private key lives — the one place node_finalize and the join agree on."""
-    return Path(os.environ.get("RIGBASE_SSH_KEY") or rigbase_home() / "ssh" / "id_ed25519")
 
 
 def _create(path: Path) -> None:
@@ -44,11 +38,11 @@ def _create(path: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def authorized_key_line() -> str:
-    """`ssh-ed25519 AAAA… rigbase-control-plane`, creating the key pair on first use."""
+def authorized_key_line(path: Path) -> str:
+    """`ssh-ed25519 AAAA… rigbase-control-plane` for the private key at `path` (the runtime's `ssh_key`,
+    which the finalize reconciler uses too), creating the key pair on first use."""
     from cryptography.hazmat.primitives import serialization
 
-    path = private_key_path()
     if not path.exists():
         _create(path)
     key = serialization.load_ssh_private_key(path.read_bytes(), password=None)

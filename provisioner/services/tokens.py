@@ -9,7 +9,7 @@ import secrets
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from provisioner.errors import Unauthorized
+from contracts.errors import Unauthorized
 from provisioner.store.models import ApiToken
 
 TOKEN_PREFIX = "rbo_"  # rigbase operator token; recognisable in logs and secret scanners

@@ -12,8 +12,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from provisioner.attestation.ek_certs import TrustStore, is_ca
-from provisioner.errors import InvalidInput, NotFound
-from provisioner.services import audit
+from provisioner.domain.states import TRUST_TRANSITIONS, TrustState
+from contracts.errors import InvalidInput, NotFound
+from provisioner.services import lifecycle
 from provisioner.store.join_models import TpmVendorCa
 
 KIND = "tpm_ca"
@@ -38,8 +39,8 @@ def add(session: Session, pem: bytes, *, actor: str) -> list[TpmVendorCa]:
                               pem=cert.public_bytes(Encoding.PEM).decode(), not_after=cert.not_valid_after_utc)
             session.add(row)
             session.flush()
-            audit.record(session, kind=KIND, resource_id=row.id, name=row.subject[:128], actor=actor,
-                         from_state=None, to_state="trusted", reason=f"sha256 {sha}")
+            lifecycle.record(session, kind=KIND, resource_id=row.id, name=row.subject[:128], actor=actor,
+                             table=TRUST_TRANSITIONS, frm=None, to=TrustState.TRUSTED, reason=f"sha256 {sha}")
         added.append(row)
     return added
 
@@ -54,8 +55,9 @@ def remove(session: Session, ref: str, *, actor: str) -> TpmVendorCa:
     if len(rows) != 1:
         raise NotFound(f"no single trusted TPM CA matches '{ref}': see `provision tpm-ca list`", code="tpm_ca_not_found")
     row = rows[0]
-    audit.record(session, kind=KIND, resource_id=row.id, name=row.subject[:128], actor=actor,
-                 from_state="trusted", to_state="removed", reason="removed by operator")
+    lifecycle.record(session, kind=KIND, resource_id=row.id, name=row.subject[:128], actor=actor,
+                     table=TRUST_TRANSITIONS, frm=TrustState.TRUSTED, to=TrustState.REMOVED,
+                     reason="removed by operator")
     session.delete(row)
     session.flush()
     return row

@@ -14,7 +14,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from provisioner.errors import InvalidInput, Unavailable
+from contracts.errors import InvalidInput, Unavailable
 
 
 def make_engine(url: str, **kwargs: Any) -> Engine:

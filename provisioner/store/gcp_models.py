@@ -9,36 +9,12 @@ VM's enrollment bundle (sealed: the same bundle must go out if an insert is retr
 from __future__ import annotations
 
 from datetime import datetime
-from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import JSON, Boolean, ForeignKey, Integer, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from provisioner.store.models import Base, UTCDateTime, utcnow
-
-
-class VmStatus(StrEnum):
-    """How far the storage node's VM got; the reconciler moves along this, never backwards."""
-
-    PENDING = "pending"  # recorded by `region create`, no insert sent yet
-    CREATING = "creating"  # insert sent (requestId derived from our ids); resumable
-    CREATED = "created"  # the VM exists in `zone`; its EK is not pinned yet
-    READY = "ready"  # EK pinned on the node: the VM may join with attestation
-    DELETING = "deleting"  # region removal: delete sent
-    DELETED = "deleted"  # the VM and its disks are gone
-    FAILED = "failed"  # every zone refused; `error` says why
-
-
-VM_TRANSITIONS: dict[VmStatus, frozenset[VmStatus]] = {
-    VmStatus.PENDING: frozenset({VmStatus.CREATING, VmStatus.DELETING, VmStatus.FAILED}),
-    VmStatus.CREATING: frozenset({VmStatus.CREATED, VmStatus.DELETING, VmStatus.FAILED}),
-    VmStatus.CREATED: frozenset({VmStatus.READY, VmStatus.DELETING}),
-    VmStatus.READY: frozenset({VmStatus.DELETING}),
-    VmStatus.FAILED: frozenset({VmStatus.DELETING}),
-    VmStatus.DELETING: frozenset({VmStatus.DELETED}),
-    VmStatus.DELETED: frozenset(),
-}
 
 
 class GcpStorageNode(Base):
@@ -49,6 +25,7 @@ class GcpStorageNode(Base):
     instance_name: Mapped[str] = mapped_column(String(63))
     gcp_region: Mapped[str] = mapped_column(String(63))
     zone: Mapped[str | None] = mapped_column(String(63))
+    # domain.states.VmStatus; change it only through services.lifecycle.apply (VM_TRANSITIONS)
     status: Mapped[str] = mapped_column(String(16), index=True)
     running: Mapped[bool] = mapped_column(Boolean, default=False)  # Compute says RUNNING (events update it)
     progress: Mapped[str | None] = mapped_column(Text)  # last progress line, shown by `--wait`

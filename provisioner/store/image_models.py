@@ -29,9 +29,10 @@ class ImageKey(Base):
     created_by: Mapped[str] = mapped_column(String(128))
 
 
-class ImageManifest(Base):
-    """A signed image manifest registered for one region. Several per region are a rollout: a node
-    matching any of them passes."""
+class RegisteredManifest(Base):
+    """A signed image manifest registered for one region (the document's schema is
+    contracts.manifest.ImageManifest). Several per region are a rollout: a node matching any of them
+    passes."""
 
     __tablename__ = "image_manifests"
     __table_args__ = (UniqueConstraint("region_id", "manifest_sha256", name="uq_image_manifests_region_sha"),)

@@ -12,7 +12,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine
 
-from provisioner.errors import Unavailable
+from contracts.errors import Unavailable
 from provisioner.store.engine import check_reachable, make_engine
 
 MIGRATIONS = Path(__file__).parent / "migrations"

@@ -61,7 +61,7 @@ class Provider(Base):
     payment_mode: Mapped[str] = mapped_column(String(32))
     state: Mapped[str] = mapped_column(String(16))
     reason: Mapped[str | None] = mapped_column(Text)
-    # what `provider show` prints; secrets go to `sealed_config` (provisioner.secrets.seal)
+    # what `provider show` prints; secrets go to `sealed_config` (provisioner/adapters/secrets.py)
     public_config: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     sealed_config: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
@@ -122,7 +122,7 @@ class Node(Base):
     hostname: Mapped[str | None] = mapped_column(String(253))
     upnp: Mapped[bool] = mapped_column(Boolean)
     mining: Mapped[bool] = mapped_column(Boolean)
-    # the ONE lifecycle field (states.NodeState); change it only via services.nodes.transition
+    # the ONE lifecycle field (domain.states.NodeState); change it only via services.nodes.transition
     state: Mapped[str] = mapped_column(String(16), index=True)
     reason: Mapped[str | None] = mapped_column(Text)
     # reported by the minion when it joins / heartbeats

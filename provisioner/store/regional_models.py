@@ -34,11 +34,11 @@ class Reservation(Base):
     hostname: Mapped[str] = mapped_column(String(63))
     port: Mapped[int] = mapped_column(Integer)
     protocol: Mapped[str] = mapped_column(String(8))
-    # desired (regional_states.ReservationState); change it only via services.reservations.transition
+    # desired (domain.states.ReservationState); change it only via services.reservations.transition
     state: Mapped[str] = mapped_column(String(16))
     reason: Mapped[str | None] = mapped_column(Text)
     node_id: Mapped[str | None] = mapped_column(ForeignKey("nodes.id"), index=True)
-    # actual, as reported by the assigned node (regional_states.ActualState); null while unassigned
+    # actual, as reported by the assigned node (domain.states.ActualState); null while unassigned
     actual_state: Mapped[str | None] = mapped_column(String(16))
     actual_reason: Mapped[str | None] = mapped_column(Text)
     address: Mapped[str | None] = mapped_column(String(64))
@@ -56,7 +56,7 @@ class Reservation(Base):
 
 
 class Datastore(Base):
-    """An NFS or SMB share of a region. The SMB password is sealed (provisioner.secrets) and never
+    """An NFS or SMB share of a region. The SMB password is sealed (provisioner/adapters/secrets.py) and never
     leaves the control plane through the operator API."""
 
     __tablename__ = "datastores"

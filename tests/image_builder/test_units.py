@@ -23,7 +23,8 @@ EPOCH = 1700000000
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", "from image_builder.cli import main; main()", *args],
+    """The installed `image-builder` command (pyproject.toml's console script), as an operator runs it."""
+    return subprocess.run([str(Path(sys.executable).parent / "image-builder"), *args],
                           capture_output=True, text=True, env={**os.environ, **(env or {})}, check=False)
 
 

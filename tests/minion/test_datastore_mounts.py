@@ -17,13 +17,14 @@ from pathlib import Path
 
 import pytest
 
+from contracts.errors import InvalidInput
 from minion.datastores import mounts
-from minion.datastores.mounts import Datastore, credentials_file, root_mount_spec
-from provisioner.errors import InvalidInput
+from minion.datastores.mounts import DatastoreMount, credentials_file, root_mount_spec
 
 REPO = Path(__file__).resolve().parents[2]
-NAS = Datastore("nas", "nfs", "nas.lan", "/dir2")
-SHARE = Datastore("share", "smb", "files.lan", "/team/dir2", username="jobs", password="s3cret,with=odd;chars")
+NAS = DatastoreMount("nas", "nfs", "nas.lan", "/dir2")
+SHARE = DatastoreMount("share", "smb", "files.lan", "/team/dir2", username="jobs",
+                       password="s3cret,with=odd;chars")
 
 
 def test_nfs_spec_mounts_the_root_with_v4_options(tmp_path: Path) -> None:
@@ -65,7 +66,7 @@ def test_credentials_file_is_0600_from_creation_and_removed(tmp_path: Path) -> N
 )
 def test_bad_datastores_are_refused(kwargs: dict, message: str) -> None:
     with pytest.raises(InvalidInput, match=message):
-        Datastore(name="d", address="h", **kwargs)
+        DatastoreMount(name="d", address="h", **kwargs)
 
 
 def test_failed_smb_mount_reports_and_leaves_no_credentials(tmp_path: Path) -> None:
@@ -88,7 +89,7 @@ BIND_SCRIPT = """
 import json, os, sys
 from pathlib import Path
 from minion.datastores.mounts import bind_job_path, is_mountpoint, umount
-from provisioner.errors import RigbaseError
+from contracts.errors import RigbaseError
 stage, mnt = Path(sys.argv[1]), Path(sys.argv[2])
 out = {}
 for name, requested in [("job", "/sub"), ("evil", "/evil"), ("up", "/up/sub")]:

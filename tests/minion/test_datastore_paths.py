@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from contracts.errors import InvalidInput, NotFound
 from minion.datastores.paths import is_within, join_under_root, open_in_root, resolve_in_root
-from provisioner.errors import InvalidInput, NotFound
 
 SEGMENTS = st.one_of(
     st.sampled_from(["..", ".", "", "a", "b", "sub", "etc", "..."]),
@@ -24,7 +24,8 @@ PATHS = st.one_of(
 )
 
 
-def test_cloudbender_example() -> None:
+def test_product_rules_example() -> None:
+    """docs/product-rules.md "Datastores": root /dir2, a job asks for /subdir2."""
     assert join_under_root("/dir2", "/subdir2") == PurePosixPath("/dir2/subdir2")
     assert join_under_root("/dir2", "subdir2/") == PurePosixPath("/dir2/subdir2")
     assert join_under_root("/", "/dir1") == PurePosixPath("/dir1")

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from minion.hardware import catalogue, hostfiles
-from minion.hardware.model import FormFactor, Inventory, InvalidInventory
+from minion.hardware.model import FormFactor, InvalidInventory, Inventory
 from minion.hardware.units import parse_link_speed, pcie_generation
 from tests.fixtures.umockdev import Testbed, load_profile, minion_executable, profile_names
 

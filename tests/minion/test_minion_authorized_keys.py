@@ -14,15 +14,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
 from cryptography.hazmat.primitives import serialization
 from sqlalchemy import create_engine, select
 from sqlalchemy.orm import Session
 
 from minion.tpm.session import TpmSession
+from provisioner.adapters.ansible import SshTarget
 from provisioner.lab.swtpm import Swtpm, VendorCA
-from provisioner.reconcilers.finalize import SshTarget
-from provisioner.reconcilers.node_finalize import target_for
+from provisioner.reconcilers.finalize import target_for
+from provisioner.settings import Settings
 from provisioner.store.models import Node
 from tests.fixtures.umockdev import minion_executable
 from tests.minion.test_minion_run import _wait, region_lab
@@ -43,7 +43,7 @@ def _digest(path: Path) -> str | None:
 
 
 def test_minion_run_installs_the_key_and_finalize_targets_the_observed_address(
-    tmp_path: Path, swtpm: Swtpm, tpm_vendor_ca: VendorCA, monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path, swtpm: Swtpm, tpm_vendor_ca: VendorCA,
     profile_inventory: Callable[[str], dict[str, Any]],
 ) -> None:
     inventory = tmp_path / "inventory.json"
@@ -75,11 +75,9 @@ def test_minion_run_installs_the_key_and_finalize_targets_the_observed_address(
             # The minion connected from loopback: that is the node's observed address, and the SSH host
             # finalize uses while the operator set no hostname.
             assert node["hostname"] is None and node["inventory"]["observed_address"] == "127.0.0.1", node
-            monkeypatch.setenv("RIGBASE_HOME", str(cp.home))
-            monkeypatch.delenv("RIGBASE_SSH_KEY", raising=False)
             with Session(create_engine(cp.database_url)) as session:
                 stored = session.scalar(select(Node).where(Node.name == "gpu-1"))
-                target = target_for(stored)
+                target = target_for(stored, Settings(home=cp.home).ssh_key_path)
             assert target == SshTarget(host="127.0.0.1", key_file=cp.home / "ssh" / "id_ed25519")
         finally:
             client.close()

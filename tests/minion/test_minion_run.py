@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from minion.banner import Enrollment, render
+from minion.banner import BannerEnrollment, render
 from minion.hardware.model import Inventory
 from minion.hardware.requirements import check
 from provisioner.lab.swtpm import Swtpm, VendorCA
-from tests.fixtures.control_plane import start_control_plane
+from tests.fixtures.control_plane import Fakes, start_control_plane
 from tests.fixtures.umockdev import Testbed, load_profile, minion_executable
 
 
@@ -38,15 +38,13 @@ def _wait(predicate: Callable[[], Any], what: str, timeout: float = 30) -> Any:
 def region_lab(tmp_path: Path, tpm_vendor_ca: VendorCA) -> Iterator[Any]:
     """A control plane (finalize skipped) with region `lab`, the swtpm vendor CA trusted, and the
     region's bundle written to tmp_path/bundle.json."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("RIGBASE_FINALIZE", "skip")
-        with start_control_plane(tmp_path / "home") as cp:
-            ca = tmp_path / "vendor.pem"
-            ca.write_bytes(b"".join(tpm_vendor_ca.certificate_pems()))
-            for args in (["provider", "enable", "physical"], ["region", "create", "lab", "--provider", "physical"],
-                         ["tpm-ca", "add", str(ca)], ["region", "bundle", "lab", "-o", str(tmp_path / "bundle.json")]):
-                assert cp.provision(*args).returncode == 0
-            yield cp
+    with start_control_plane(tmp_path / "home", fakes=Fakes(skip_finalize=True)) as cp:
+        ca = tmp_path / "vendor.pem"
+        ca.write_bytes(b"".join(tpm_vendor_ca.certificate_pems()))
+        for args in (["provider", "enable", "physical"], ["region", "create", "lab", "--provider", "physical"],
+                     ["tpm-ca", "add", str(ca)], ["region", "bundle", "lab", "-o", str(tmp_path / "bundle.json")]):
+            assert cp.provision(*args).returncode == 0
+        yield cp
 
 
 def test_minion_run_joins_heartbeats_and_stops_on_sigterm(
@@ -75,8 +73,9 @@ def test_minion_run_joins_heartbeats_and_stops_on_sigterm(
             _wait(lambda: json.loads((state / "status.json").read_text())["state"] == "maintenance", "status.json")
             for name in ("ak.json", "node.json", "status.json"):
                 assert (state / name).stat().st_mode & 0o777 == 0o600
-            text = render(minion_id=minion_id, tpm_problem=None, enrollment=Enrollment(tmp_path, region="lab"),
-                          addresses=[], report=check(Inventory.from_json(inventory)),
+            enrollment = BannerEnrollment(tmp_path, region="lab")
+            text = render(minion_id=minion_id, tpm_problem=None, enrollment=enrollment, addresses=[],
+                          report=check(Inventory.from_json(inventory)),
                           join_status=json.loads((state / "status.json").read_text()))
             assert "join       maintenance" in text
             proc.send_signal(signal.SIGTERM)
@@ -107,7 +106,7 @@ def test_minion_run_reads_ram_and_cores_from_host_root(
     # an unusable --host-root is the operator's mistake: one line, exit 2, before any join attempt
     fake_bundle = tmp_path / "fake-bundle.json"
     fake_bundle.write_text(json.dumps({"version": 1, "control_plane_url": "http://127.0.0.1:9", "join_token": "rbj_x",
-                                       "region": "lab"}))
+                                       "region": "lab", "region_id": "reg_1", "provider": "physical"}))
     (tmp_path / "empty").mkdir()
     bad = subprocess.run(testbed.command(str(minion_executable()), "run", "--bundle", str(fake_bundle), "--tcti", swtpm.tcti,
                                          "--state-dir", str(state), "--host-root", str(tmp_path / "empty")),

@@ -8,10 +8,10 @@ import pytest
 
 from minion.reservations.agent import summarize
 from minion.reservations.model import (
-    ActualState,
     MdnsState,
     Protocol,
-    Reservation,
+    ReportedState,
+    ReservationSpec,
     ReservationStatus,
     UpnpState,
 )
@@ -22,16 +22,16 @@ from tests.fixtures.netns import AgentProcess, MdnsLan
 @pytest.mark.parametrize(
     ("mdns", "upnp", "expected"),
     [
-        (MdnsState.PUBLISHED, UpnpState.OFF, ActualState.PUBLISHED),
-        (MdnsState.PUBLISHED, UpnpState.MAPPED, ActualState.MAPPED),
-        (MdnsState.PUBLISHED, UpnpState.HELD_BY_OTHER_HOST, ActualState.ERROR),
-        (MdnsState.PUBLISHED, UpnpState.REFUSED, ActualState.ERROR),
-        (MdnsState.PUBLISHED, UpnpState.NO_IGD, ActualState.ERROR),
-        (MdnsState.CONFLICT, UpnpState.MAPPED, ActualState.CONFLICT),
-        (MdnsState.ERROR, UpnpState.MAPPED, ActualState.ERROR),
+        (MdnsState.PUBLISHED, UpnpState.OFF, ReportedState.PUBLISHED),
+        (MdnsState.PUBLISHED, UpnpState.MAPPED, ReportedState.MAPPED),
+        (MdnsState.PUBLISHED, UpnpState.HELD_BY_OTHER_HOST, ReportedState.ERROR),
+        (MdnsState.PUBLISHED, UpnpState.REFUSED, ReportedState.ERROR),
+        (MdnsState.PUBLISHED, UpnpState.NO_IGD, ReportedState.ERROR),
+        (MdnsState.CONFLICT, UpnpState.MAPPED, ReportedState.CONFLICT),
+        (MdnsState.ERROR, UpnpState.MAPPED, ReportedState.ERROR),
     ],
 )
-def test_summary_state_rules(mdns: MdnsState, upnp: UpnpState, expected: ActualState) -> None:
+def test_summary_state_rules(mdns: MdnsState, upnp: UpnpState, expected: ReportedState) -> None:
     assert summarize(mdns, upnp) is expected
 
 
@@ -46,13 +46,13 @@ def test_summary_state_rules(mdns: MdnsState, upnp: UpnpState, expected: ActualS
 )
 def test_invalid_desired_reservation_is_refused(data: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        Reservation.from_dict(data)
+        ReservationSpec.from_dict(data)
 
 
 def test_status_serializes_for_the_heartbeat() -> None:
-    res = Reservation.from_dict({"name": "nb", "hostname": "jupyter", "port": 8888, "protocol": "udp"})
+    res = ReservationSpec.from_dict({"name": "nb", "hostname": "jupyter", "port": 8888, "protocol": "udp"})
     assert res.protocol is Protocol.UDP and res.fqdn == "jupyter.local."
-    status = ReservationStatus("nb", ActualState.MAPPED, MdnsState.PUBLISHED, UpnpState.MAPPED, "10.0.0.5", "203.0.114.7:8888")
+    status = ReservationStatus("nb", ReportedState.MAPPED, MdnsState.PUBLISHED, UpnpState.MAPPED, "10.0.0.5", "203.0.114.7:8888")
     assert json.loads(json.dumps(status.to_dict()))["state"] == "mapped"
 
 
@@ -61,14 +61,14 @@ def _reconcile(address: str) -> dict:
     from minion.reservations.agent import ReservationAgent
 
     agent = ReservationAgent(address, upnp=False)
-    a = Reservation("a", "alpha", 2000)
-    b = Reservation("b", "beta", 2001)
+    a = ReservationSpec("a", "alpha", 2000)
+    b = ReservationSpec("b", "beta", 2001)
     try:
         first = agent.apply([a, b])
         entry_b = agent.mdns._entries["b"]
         second = agent.apply([b])  # a is withdrawn, b untouched
         untouched = agent.mdns._entries["b"] is entry_b
-        moved = agent.apply([Reservation("b", "beta", 2002)])  # same name, new port: re-published
+        moved = agent.apply([ReservationSpec("b", "beta", 2002)])  # same name, new port: re-published
         return {
             "first": [s.state.value for s in first],
             "second": [s.name for s in second],

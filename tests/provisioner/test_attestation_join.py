@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from minion.join.attest import Challenge, join_request, proof_payload, quote_payload
+from minion.join.attest import parse_challenge, join_request, proof_payload, quote_payload
 from minion.tpm.session import AttestationKey, TpmSession
 from provisioner.attestation.continuous import issue_quote_nonce, quote_due, verify_fresh_quote
 from provisioner.attestation.ek_certs import TrustStore
@@ -21,8 +21,9 @@ from provisioner.attestation.pcr_policy import ManifestPolicy, PcrPolicy, Record
 from provisioner.attestation.quote import VerifiedQuote
 from provisioner.attestation.refusals import Refusal, RefusalCode
 from provisioner.attestation.verifier import Attested, JoinVerifier, RegionTrust
-from provisioner.attestation.wire import JoinChallenge, JoinRequest, PendingJoin, ProofRequest, QuoteMessage
-from provisioner.errors import Forbidden
+from contracts.messages import JoinChallenge, JoinRequest, ProofRequest, QuoteMessage
+from provisioner.attestation.wire import PendingJoin, quote_evidence
+from contracts.errors import Forbidden
 from provisioner.lab.swtpm import Swtpm, VendorCA
 
 
@@ -59,7 +60,7 @@ class Node:
         return JoinRequest.model_validate(payload)
 
     def proof(self, challenge: JoinChallenge) -> ProofRequest:
-        minion_challenge = Challenge.from_json(wire(json.loads(challenge.model_dump_json())))
+        minion_challenge = parse_challenge(wire(json.loads(challenge.model_dump_json())))
         return ProofRequest.model_validate(wire(proof_payload(self.session, self.ak, minion_challenge)))
 
 
@@ -324,7 +325,7 @@ def _attested(node: Node, verifier: JoinVerifier, trust: RegionTrust) -> Atteste
 
 
 def _heartbeat_quote(node: Node, nonce: bytes) -> Any:
-    return QuoteMessage.model_validate(wire(quote_payload(node.session, node.ak, nonce))).evidence()
+    return quote_evidence(QuoteMessage.model_validate(wire(quote_payload(node.session, node.ak, nonce))))
 
 
 def test_continuous_attestation(node: Node, verifier: JoinVerifier, trust: RegionTrust) -> None:
@@ -350,7 +351,7 @@ def test_continuous_attestation_with_another_ak(node: Node, verifier: JoinVerifi
     joined = _attested(node, verifier, trust)
     other_ak = node.session.create_ak()
     nonce = issue_quote_nonce(verifier.nonces, "node-1").nonce
-    evidence = QuoteMessage.model_validate(wire(quote_payload(node.session, other_ak, nonce))).evidence()
+    evidence = quote_evidence(QuoteMessage.model_validate(wire(quote_payload(node.session, other_ak, nonce))))
     refused(verify_fresh_quote(verifier.nonces, "node-1", joined.ak_public, nonce, evidence,
                                RecordPolicy(joined.pcr_record)), RefusalCode.quote_signature_invalid)
 

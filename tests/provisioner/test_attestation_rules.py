@@ -17,8 +17,8 @@ from provisioner.attestation.nonces import MemoryNonceStore, NonceIssuer
 from provisioner.attestation.pcr_policy import ManifestPolicy, RecordPolicy
 from provisioner.attestation.refusals import MESSAGES, Refusal, RefusalCode
 from provisioner.attestation.tpm_structures import MalformedStructure, parse_quote, parse_signature
-from provisioner.attestation.wire import JoinRequest
-from provisioner.errors import Forbidden, InvalidInput
+from contracts.messages import JoinRequest
+from contracts.errors import Forbidden, InvalidInput
 
 T0 = datetime(2026, 11, 21, 12, 0, tzinfo=timezone.utc)
 

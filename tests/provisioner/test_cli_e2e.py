@@ -129,8 +129,8 @@ def test_serve_refuses_unreachable_and_newer_databases(tmp_path: Path) -> None:
 def test_node_add_wait_follows_the_node_until_it_is_ready(api_server: ControlPlane) -> None:
     """--wait polls until the joined node reaches maintenance; the join side is driven through the
     same service function the join routes use, on the server's own store."""
+    from provisioner.domain.states import NodeState
     from provisioner.services import nodes
-    from provisioner.states import NodeState
     from provisioner.store.engine import make_sessionmaker
 
     _ok(api_server, "provider", "enable", "physical")

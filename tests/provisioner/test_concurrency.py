@@ -11,9 +11,9 @@ import httpx
 import pytest
 from sqlalchemy import func, select
 
-from provisioner.errors import Conflict, RuleViolation
+from provisioner.domain.states import NodeState
+from contracts.errors import Conflict, RuleViolation
 from provisioner.services import nodes, providers, regions
-from provisioner.states import NodeState
 from provisioner.store.engine import make_engine, make_sessionmaker
 from provisioner.store.migrate import upgrade
 from provisioner.store.models import AuditEvent

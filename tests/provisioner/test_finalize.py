@@ -21,8 +21,8 @@ import pytest
 import yaml
 
 from provisioner.lab import rootfs
-from provisioner.reconcilers import finalize
-from provisioner.reconcilers.finalize import ChrootTarget, FinalizeEvent, FinalizeRequest, TaskStatus
+from provisioner.adapters import ansible as finalize
+from provisioner.adapters.ansible import ChrootTarget, FinalizeEvent, FinalizeRequest, TaskStatus
 
 DRIVES = [
     {"path": "/dev/nvme0n1", "size_bytes": 10**12, "system": True},
@@ -176,7 +176,7 @@ def test_a_run_killed_mid_play_then_rerun_converges(root: Path, home: Path, tmp_
     node.write_text(json.dumps(dict(node_name="n1", hostname="n1.lab.example", service="compute",
                                     region="lab", control_plane_url=CP, nvme_drives=DRIVES)))
     # the control plane's process, killed with SIGKILL after the play has changed something
-    proc = subprocess.Popen([sys.executable, "-m", "provisioner.reconcilers.finalize", str(node),
+    proc = subprocess.Popen([sys.executable, "-m", "provisioner.adapters.ansible", str(node),
                              "--chroot", str(root)], stdout=subprocess.PIPE, text=True,
                             env=os.environ | {"RIGBASE_HOME": str(home)}, cwd=Path(__file__).parents[2])
     assert proc.stdout is not None
@@ -222,7 +222,7 @@ def test_a_leftover_playbook_is_stopped_before_a_rerun(home: Path) -> None:
 
 
 def test_a_second_concurrent_run_of_the_same_node_is_refused(root: Path, home: Path) -> None:
-    from provisioner.errors import Conflict
+    from contracts.errors import Conflict
 
     data_dir = home / "ansible" / "n1"
     data_dir.mkdir(parents=True)

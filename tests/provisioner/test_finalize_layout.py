@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from provisioner.errors import InvalidInput
-from provisioner.reconcilers import finalize
-from provisioner.reconcilers.finalize import (ChrootTarget, FinalizeRequest, SshTarget, TaskStatus,
+from contracts.errors import InvalidInput
+from provisioner.adapters import ansible as finalize
+from provisioner.adapters.ansible import (ChrootTarget, FinalizeRequest, SshTarget, TaskStatus,
                                               extravars_for, inventory_for, scratch_drives, to_event)
 
 PLUGIN = Path(finalize.PLAYBOOK_DIR) / "filter_plugins" / "rigbase_scratch.py"

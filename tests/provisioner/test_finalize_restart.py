@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from provisioner.adapters import ansible as finalize
+from provisioner.domain.states import NodeState
 from provisioner.lab import rootfs
-from provisioner.reconcilers import finalize
 from provisioner.reconcilers.loop import ReconcilerLoop
 from provisioner.services import audit, nodes, providers, regions
-from provisioner.states import NodeState
 from provisioner.store.engine import make_engine, make_sessionmaker, session_scope
 from provisioner.store.migrate import upgrade
 
@@ -66,7 +66,6 @@ def test_a_control_plane_killed_mid_playbook_finishes_the_node_after_restart(
     home = tmp_path / "home"
     monkeypatch.setenv("RIGBASE_HOME", str(home))
     monkeypatch.setenv("RIGBASE_PUBLIC_URL", CP)
-    monkeypatch.delenv("RIGBASE_FINALIZE", raising=False)
     root = rootfs.root_for_node("n1", home=home, cache=base_root.parents[1])
     url = f"sqlite:///{tmp_path / 'rigbase.db'}"
     engine = make_engine(url)

@@ -16,7 +16,7 @@ from image_builder.manifest import SCHEMA, canonical, keygen, load_private_key, 
 from sqlalchemy.orm import Session
 
 from provisioner.attestation.refusals import RefusalCode
-from provisioner.errors import Conflict, InvalidInput, NotFound, RigbaseError, RuleViolation
+from contracts.errors import Conflict, InvalidInput, NotFound, RigbaseError, RuleViolation
 from provisioner.services import images, providers, regions
 from provisioner.services.join import pcr_policy_for
 from tests.fixtures.postgres import Store

@@ -16,7 +16,7 @@ import pytest
 
 from provisioner.lab.swtpm import Swtpm, VendorCA
 from provisioner.store.engine import make_engine
-from tests.fixtures.control_plane import ControlPlane, start_control_plane
+from tests.fixtures.control_plane import ControlPlane, Fakes, start_control_plane
 from tests.fixtures.postgres import Store
 from tests.provisioner.test_images import Builder
 from tests.provisioner.test_join_http import Minion, api
@@ -26,15 +26,13 @@ MISMATCH = "attestation_pcr_manifest_mismatch"
 
 @pytest.fixture
 def cp(database_url: str, tmp_path: Path, tpm_vendor_ca: VendorCA) -> Iterator[ControlPlane]:
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("RIGBASE_FINALIZE", "skip")
-        with start_control_plane(tmp_path / "home", database_url) as server:
-            ca_file = tmp_path / "vendor.pem"
-            ca_file.write_bytes(b"".join(tpm_vendor_ca.certificate_pems()))
-            api(server, "POST", "/v1/providers", {"kind": "physical", "config": {}})
-            api(server, "POST", "/v1/regions", {"name": "lab", "provider": "physical"})
-            api(server, "POST", "/v1/tpm-cas", {"pem": ca_file.read_text()})
-            yield server
+    with start_control_plane(tmp_path / "home", database_url, fakes=Fakes(skip_finalize=True)) as server:
+        ca_file = tmp_path / "vendor.pem"
+        ca_file.write_bytes(b"".join(tpm_vendor_ca.certificate_pems()))
+        api(server, "POST", "/v1/providers", {"kind": "physical", "config": {}})
+        api(server, "POST", "/v1/regions", {"name": "lab", "provider": "physical"})
+        api(server, "POST", "/v1/tpm-cas", {"pem": ca_file.read_text()})
+        yield server
 
 
 def run(cp: ControlPlane, *args: str, rc: int = 0) -> subprocess.CompletedProcess[str]:

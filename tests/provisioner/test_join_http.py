@@ -19,10 +19,10 @@ from typing import Any
 import httpx
 import pytest
 
-from minion.join.attest import Challenge, join_request, proof_payload, quote_payload
+from minion.join.attest import parse_challenge, join_request, proof_payload, quote_payload
 from minion.tpm.session import TpmSession
 from provisioner.lab.swtpm import Swtpm, VendorCA
-from tests.fixtures.control_plane import ControlPlane, start_control_plane
+from tests.fixtures.control_plane import ControlPlane, Fakes, start_control_plane
 from tests.fixtures.swtpm import _started_copy
 
 PASSING = {"ok": True, "rules": [{"rule": "tpm", "ok": True}]}
@@ -33,9 +33,9 @@ def cp(tmp_path_factory: pytest.TempPathFactory, tpm_vendor_ca: VendorCA) -> Ite
     """One control plane for the module; finalize is skipped (test_finalize covers the playbooks) and a
     fresh quote is asked for every 2nd heartbeat."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("RIGBASE_FINALIZE", "skip")
         mp.setenv("RIGBASE_QUOTE_EVERY", "2")
-        with start_control_plane(tmp_path_factory.mktemp("join-cp") / "home") as server:
+        with start_control_plane(tmp_path_factory.mktemp("join-cp") / "home",
+                                 fakes=Fakes(skip_finalize=True)) as server:
             ca_file = tmp_path_factory.mktemp("ca") / "vendor.pem"
             ca_file.write_bytes(b"".join(tpm_vendor_ca.certificate_pems()))
             for args in (["provider", "enable", "physical"], ["region", "create", "lab", "--provider", "physical"],
@@ -90,7 +90,7 @@ class Minion:
         return self.http.post("/v1/join", json=body)
 
     def proof_body(self, challenge: dict[str, Any]) -> dict[str, Any]:
-        return proof_payload(self.session, self.ak, Challenge.from_json(challenge))
+        return proof_payload(self.session, self.ak, parse_challenge(challenge))
 
     def prove(self, challenge: dict[str, Any], join_token: str, body: dict[str, Any] | None = None) -> httpx.Response:
         return self.http.post(f"/v1/join/{challenge['join_id']}/proof", json=body or self.proof_body(challenge),

@@ -14,10 +14,10 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
 from provisioner.api.app import create_app
+from provisioner.domain.states import NodeState, RegionState
 from provisioner.reconcilers import region_health
 from provisioner.reconcilers.loop import ReconcilerLoop
 from provisioner.services import audit, nodes, providers, regions
-from provisioner.states import NodeState, RegionState
 from provisioner.store.engine import make_engine, make_sessionmaker, session_scope
 from provisioner.store.migrate import upgrade
 
@@ -68,14 +68,16 @@ def test_a_storage_node_exports_its_cache_to_the_region_networks(sessions: sessi
     """Nothing sets a region's `nfs_clients` unless the operator does, and the storage playbook refuses
     an empty list: the request must default to the private (RFC 1918) ranges the region's nodes use,
     and follow the region setting when there is one."""
-    from provisioner.reconcilers.node_finalize import DEFAULT_NFS_CLIENTS, request_for
+    from provisioner.reconcilers.finalize import DEFAULT_NFS_CLIENTS, request_for
+
+    cp_url = "http://127.0.0.1:8470"  # the node-facing URL, beside the point here
 
     with session_scope(sessions) as s:
         node = nodes.add(s, "store1", region="lab", minion_id="b" * 32, service="storage", actor="test")
-        assert list(request_for(node).nfs_clients) == ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"]
-        assert tuple(request_for(node).nfs_clients) == DEFAULT_NFS_CLIENTS
+        assert list(request_for(node, cp_url).nfs_clients) == ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"]
+        assert tuple(request_for(node, cp_url).nfs_clients) == DEFAULT_NFS_CLIENTS
         node.region.settings = {**(node.region.settings or {}), "nfs_clients": ["10.77.0.0/24"]}
-        assert list(request_for(node).nfs_clients) == ["10.77.0.0/24"]
+        assert list(request_for(node, cp_url).nfs_clients) == ["10.77.0.0/24"]
 
 
 def test_region_health_follows_heartbeats(sessions: sessionmaker[Session], tmp_path: Path) -> None:

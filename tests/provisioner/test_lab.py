@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from provisioner.lab import hardware, netns, rootfs
-from provisioner.lab.state import LabState, NodeState, Proc
+from provisioner.lab.state import LabNodeRecord, LabState, Proc
 from provisioner.lab.topology import NAME_PATTERN, NETNS_PREFIX, LabPlan, Role, address, netns_name
 
 PROVISION = Path(sys.executable).parent / "provision"
@@ -43,7 +43,8 @@ def processes_naming(path: Path) -> list[int]:
 
 
 def provision(home: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("RIGBASE_URL", "RIGBASE_TOKEN", "RIGBASE_DATABASE_URL")}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RIGBASE_URL", "RIGBASE_TOKEN", "RIGBASE_DATABASE_URL")}
     return subprocess.run([str(PROVISION), *args], env=env | {"RIGBASE_HOME": str(home)}, capture_output=True,
                           text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
@@ -79,8 +80,9 @@ def cached_lab_home(lab_home: Path, rootfs_cache: Path) -> Path:
 
 def test_plan_names_and_addresses_are_fixed_and_only_the_labs_names_match() -> None:
     plan = LabPlan(nodes=3, upnp=True)
-    assert plan.namespaces() == ["rigbase-lab-lan", "rigbase-lab-cp", "rigbase-lab-client", "rigbase-lab-router",
-                                 "rigbase-lab-wan", "rigbase-lab-node1", "rigbase-lab-node2", "rigbase-lab-node3"]
+    assert plan.namespaces() == ["rigbase-lab-lan", "rigbase-lab-cp", "rigbase-lab-client",
+                                 "rigbase-lab-router", "rigbase-lab-wan",
+                                 "rigbase-lab-node1", "rigbase-lab-node2", "rigbase-lab-node3"]
     assert [(p.name, p.address) for p in plan.node_plans()] == [
         ("node-1", "10.77.0.11"), ("node-2", "10.77.0.12"), ("node-3", "10.77.0.13")]
     assert address(Role.CP) == "10.77.0.2" and plan.cp_lan_url == "http://10.77.0.2:8470"
@@ -93,10 +95,31 @@ def test_plan_names_and_addresses_are_fixed_and_only_the_labs_names_match() -> N
             LabPlan(nodes=bad)
 
 
+def test_the_lab_reaches_the_control_plane_over_http_only() -> None:
+    """docs/lab.md "How the lab talks to the control plane": API calls with the admin token, plus the one
+    local admin step (adopting a node with its lab root) that the CLI hands in; no services, no store rows,
+    nothing of the CLI (it prints what the lab returns), no `provision` subprocesses."""
+    import ast
+
+    lab_package = Path(__file__).resolve().parents[2] / "provisioner" / "lab"
+    for module in sorted(lab_package.glob("*.py")):
+        tree = ast.parse(module.read_text())
+        imported = {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+        imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+                     for alias in node.names}
+        forbidden = {name for name in imported
+                     if name.split(".")[:2] in (["provisioner", "services"], ["provisioner", "store"],
+                                                ["provisioner", "cli"])}
+        assert not forbidden, f"{module.name} imports {sorted(forbidden)}"
+    # the one `provision` the lab runs is `provision serve`: the control plane it simulates a region for
+    assert (lab_package / "lifecycle.py").read_text().count('BIN / "provision"') == 1
+
+
 def test_state_survives_a_round_trip_and_never_trusts_a_reused_pid(tmp_path: Path) -> None:
     me = Proc.of("serve", os.getpid())
     state = LabState(home=str(tmp_path), serve=me, namespaces=[netns_name(Role.LAN)],
-                     nodes={"node-1": NodeState(1, "node-1", "rigbase-lab-node1", "10.77.0.11", minion_id="ab" * 16)})
+                     nodes={"node-1": LabNodeRecord(1, "node-1", "rigbase-lab-node1", "10.77.0.11",
+                                                minion_id="ab" * 16)})
     state.save()
     again = LabState.load(tmp_path)
     assert again == state and again.serve.alive()
@@ -148,7 +171,8 @@ def test_down_cleans_leftovers_of_a_crashed_up_and_up_refuses_them(lab_home: Pat
     sleeper = stray.popen(["sleep", "300"], start_new_session=True)
     try:
         refused = provision(lab_home, "lab", "up")
-        assert refused.returncode == 1 and "rigbase-lab-client" in refused.stderr and "lab down" in refused.stderr
+        assert refused.returncode == 1
+        assert "rigbase-lab-client" in refused.stderr and "lab down" in refused.stderr
         down = provision(lab_home, "lab", "down", "--yes")
         assert down.returncode == 0, down.stderr
         assert lab_namespaces() == []

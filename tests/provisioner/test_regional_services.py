@@ -9,11 +9,20 @@ import pytest
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
-from minion.reservations.model import ActualState as NodeActualState
-from provisioner.errors import Conflict, InvalidInput, NotFound, RigbaseError, RuleViolation
-from provisioner.regional_states import ActualState
-from provisioner.secrets import unseal
-from provisioner.services import audit, datastores, desired_state, nodes, providers, regions, reservations
+from contracts.regional import ReportedState as NodeActualState
+from provisioner.domain.states import ActualState
+from contracts.errors import Conflict, InvalidInput, NotFound, RigbaseError, RuleViolation
+from provisioner.services.runtime import runtime_of
+from provisioner.services import (
+    audit,
+    datastores,
+    desired_state,
+    nodes,
+    providers,
+    region_removal,
+    regions,
+    reservations,
+)
 from provisioner.store.models import Region
 from provisioner.store.regional_models import Datastore, Reservation
 from tests.fixtures.postgres import Store
@@ -100,7 +109,7 @@ def test_smb_password_is_sealed_and_root_normalised(seeded: Store) -> None:
         ds = datastores.add(s, "office", region="lab-1", type="smb", address="nas.example.lan",
                             root="/share//dir/.", username="rig", password="s3cret-pw", actor=ACTOR)
         assert ds.root == "/share/dir" and ds.username == "rig"
-        assert unseal(ds.sealed_password) == b"s3cret-pw"  # type: ignore[arg-type]
+        assert runtime_of(s).sealer.unseal(ds.sealed_password) == b"s3cret-pw"  # type: ignore[arg-type]
     with seeded.engine.connect() as conn:  # type: ignore[attr-defined]
         dump = repr(list(conn.execute(text("SELECT * FROM datastores"))))
     assert "s3cret-pw" not in dump
@@ -202,7 +211,7 @@ def test_region_removal_is_refused_while_it_holds_reservations_or_datastores(see
     before = seeded.snapshot()
     for ref in ("lab-3", "lab-1"):
         with pytest.raises(Conflict) as err, seeded.sessions.begin() as s:  # type: ignore[attr-defined]
-            regions.remove(s, ref, actor=ACTOR)
+            region_removal.remove(s, ref, actor=ACTOR)
         assert "\n" not in err.value.message and "pass --force" in err.value.message
         assert seeded.snapshot() == before, ref
     assert err.value.message == ("region 'lab-1' still has 3 node(s) (gpu-1, gpu-2, nas-1); 1 reservation(s) (nb); "
@@ -211,8 +220,8 @@ def test_region_removal_is_refused_while_it_holds_reservations_or_datastores(see
     with seeded.sessions.begin() as s:  # type: ignore[attr-defined]
         reservations.assign(s, "nb", node="gpu-1", region="lab-1", actor=ACTOR)
     with seeded.sessions.begin() as s:  # type: ignore[attr-defined]
-        regions.remove(s, "lab-3", actor=ACTOR, force=True)
-        regions.remove(s, "lab-1", actor=ACTOR, force=True)
+        region_removal.remove(s, "lab-3", actor=ACTOR, force=True)
+        region_removal.remove(s, "lab-1", actor=ACTOR, force=True)
     with seeded.sessions() as s:  # type: ignore[attr-defined]
         assert [r.name for r in regions.list_all(s)] == ["lab-2"]
         assert reservations.list_all(s) == [] and datastores.list_all(s) == []

@@ -11,9 +11,9 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from provisioner.errors import Conflict, InvalidInput, NotFound, RigbaseError, RuleViolation, Unavailable
-from provisioner.services import nodes, providers, regions
-from provisioner.states import NODE_TRANSITIONS, NodeState
+from provisioner.domain.states import NODE_TRANSITIONS, NodeState
+from contracts.errors import Conflict, InvalidInput, NotFound, RigbaseError, RuleViolation, Unavailable
+from provisioner.services import nodes, providers, region_removal, regions
 from provisioner.store.engine import make_engine
 from provisioner.store.migrate import upgrade
 from provisioner.store.schema import metadata
@@ -130,7 +130,7 @@ BAD: list[tuple[str, type[RigbaseError], str, Callable[[Session], object]]] = [
     ("replace compute", RuleViolation, "only storage nodes", lambda s: nodes.replace(s, "gpu-1", minion_id=MID[9], actor=ACTOR)),
     ("replace with taken id", Conflict, "held by node 'gpu-1'", lambda s: nodes.replace(s, "store-1", minion_id=MID[0], actor=ACTOR)),
     ("unknown node", NotFound, "node 'ghost'", lambda s: nodes.remove(s, "ghost", actor=ACTOR)),
-    ("region with nodes", Conflict, "still has 2 node(s)", lambda s: regions.remove(s, "lab-1", actor=ACTOR)),
+    ("region with nodes", Conflict, "still has 2 node(s)", lambda s: region_removal.remove(s, "lab-1", actor=ACTOR)),
     ("provider with regions", Conflict, "still has regions", lambda s: providers.remove(s, "physical", actor=ACTOR)),
     ("page too big", InvalidInput, "limit 501", lambda s: nodes.list_page(s, limit=501)),
 ]
@@ -158,7 +158,7 @@ def test_storage_rules_replace_and_forced_region_removal(seeded: Store) -> None:
         assert [e.to_state for e in events] == ["new", "removed", "new"]
         # the replaced hardware's minion_id is free again
         nodes.add(s, "gpu-b", region="central-1", minion_id=MID[10], actor=ACTOR)
-        regions.remove(s, "central-1", force=True, actor=ACTOR)
+        region_removal.remove(s, "central-1", force=True, actor=ACTOR)
     with seeded.sessions() as s:  # type: ignore[attr-defined]
         assert [r.name for r in regions.list_all(s)] == ["lab-1"]
         rows, _ = nodes.list_page(s, include_removed=True)
@@ -231,7 +231,7 @@ def test_one_enrollment_bundle_for_the_route_and_the_gcp_storage_node(
         seeded: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     from provisioner.services import gcp, join_tokens
 
-    monkeypatch.setenv(gcp.PUBLIC_URL_ENV, "https://cp.example:8470")
+    monkeypatch.setenv("RIGBASE_PUBLIC_URL", "https://cp.example:8470")  # read by the fallback runtime
     with seeded.sessions.begin() as s:  # type: ignore[attr-defined]
         region = regions.get(s, "central-1")
         row, token = join_tokens.issue(s, "central-1", ttl="2h", actor=ACTOR)

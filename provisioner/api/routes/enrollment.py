@@ -11,8 +11,9 @@ from pydantic import BaseModel
 
 from provisioner.api.deps import Db, Operator
 from provisioner.api.schemas import NodeOut, Page, RegionOut
-from provisioner.services import join as join_service
-from provisioner.services import join_tokens, tpm_cas
+from provisioner.domain.states import TrustState, join_token_state
+from provisioner.services import join_operator, join_tokens, tpm_cas
+from provisioner.services import pending as pending_service
 from provisioner.services import regions as region_service
 from provisioner.store.join_models import JoinToken, TpmVendorCa
 
@@ -34,7 +35,7 @@ class TokenOut(BaseModel):
 
     @classmethod
     def of(cls, row: JoinToken, region: str, token: str | None = None) -> TokenOut:
-        state = "revoked" if row.revoked_at else "issued"
+        state = join_token_state(row.revoked_at).value
         return cls(id=row.id, region=region, expires_at=row.expires_at, revoked_at=row.revoked_at,
                    created_at=row.created_at, state=state, token=token)
 
@@ -59,7 +60,7 @@ class CaOut(BaseModel):
     sha256: str
     not_after: datetime
     created_at: datetime
-    state: str = "trusted"
+    state: str = TrustState.TRUSTED.value
 
     @classmethod
     def of(cls, row: TpmVendorCa) -> CaOut:
@@ -97,8 +98,8 @@ def bundle(ref: str, body: BundleIn, session: Db, actor: Operator) -> dict[str, 
 
 @router.post("/v1/regions/{ref}/attestation")
 def region_attestation(ref: str, body: RegionAttestationIn, session: Db, actor: Operator) -> RegionOut:
-    return RegionOut.of(join_service.set_region_attestation(session, ref, allow_ek_without_cert=body.allow_ek_without_cert,
-                                                            actor=actor))
+    return RegionOut.of(join_operator.set_region_attestation(session, ref, allow_ek_without_cert=body.allow_ek_without_cert,
+                                                             actor=actor))
 
 
 @router.post("/v1/tpm-cas", status_code=201)
@@ -114,21 +115,21 @@ def list_cas(session: Db) -> Page[CaOut]:
 @router.delete("/v1/tpm-cas/{ref}")
 def remove_ca(ref: str, session: Db, actor: Operator) -> CaOut:
     out = CaOut.of(tpm_cas.remove(session, ref, actor=actor))
-    out.state = "removed"
+    out.state = TrustState.REMOVED.value
     return out
 
 
 @router.get("/v1/pending-minions")
 def pending(session: Db, region: str | None = None) -> Page[dict[str, Any]]:
-    return Page(items=join_service.pending(session, region))
+    return Page(items=pending_service.pending(session, region))
 
 
 @router.post("/v1/nodes/{ref}/retry")
 def retry(ref: str, body: RetryIn, session: Db, actor: Operator, region: str | None = None) -> NodeOut:
-    return NodeOut.of(join_service.retry(session, ref, region=region, accept_pcrs=body.accept_pcrs, actor=actor))
+    return NodeOut.of(join_operator.retry(session, ref, region=region, accept_pcrs=body.accept_pcrs, actor=actor))
 
 
 @router.get("/v1/join-refusals")
 def refusals(session: Db, minion_id: str | None = None, limit: int = 50) -> Page[dict[str, Any]]:
     """The audit trail of refused joins and failed continuous attestation, newest first."""
-    return Page(items=join_service.refusals(session, minion_id=minion_id, limit=min(max(limit, 1), 500)))
+    return Page(items=pending_service.refusals(session, minion_id=minion_id, limit=min(max(limit, 1), 500)))

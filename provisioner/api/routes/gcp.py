@@ -7,12 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, BackgroundTasks
+from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
 from provisioner.api.deps import Db, Operator
 from provisioner.api.schemas import NodeOut, ProviderOut, RegionOut
-from provisioner.reconcilers.loop import kick
 from provisioner.services import gcp as service
 
 router = APIRouter(prefix="/v1/gcp", tags=["gcp"])
@@ -43,10 +42,9 @@ def _out(result: dict[str, Any]) -> dict[str, Any]:
 
 
 @router.post("/enable", status_code=201)
-def enable(body: GcpEnableIn, session: Db, actor: Operator, background: BackgroundTasks) -> dict[str, Any]:
+def enable(body: GcpEnableIn, session: Db, actor: Operator) -> dict[str, Any]:
     raw = {"credentials": body.credentials, "prefix": body.prefix, "payment_mode": body.payment_mode}
     result = service.enable(session, {k: v for k, v in raw.items() if v}, dry_run=body.dry_run, actor=actor)
-    background.add_task(kick, "gcp-provider")  # after the commit
     return _out(result)
 
 
@@ -61,10 +59,9 @@ def region_quota(gcp_region: str, session: Db) -> dict[str, Any]:
 
 
 @router.post("/regions", status_code=201)
-def create_region(body: GcpRegionIn, session: Db, actor: Operator, background: BackgroundTasks) -> dict[str, Any]:
+def create_region(body: GcpRegionIn, session: Db, actor: Operator) -> dict[str, Any]:
     result = service.create_region(session, body.name, gcp_region=body.gcp_region, storage_class=body.storage_class,
                                    public_jobs=body.public_jobs, dry_run=body.dry_run, actor=actor)
-    background.add_task(kick, "gcp-regions")
     return _out(result)
 
 

@@ -13,9 +13,10 @@ from pydantic import BaseModel
 
 from provisioner.api.deps import Db, Operator
 from provisioner.api.schemas import Page
-from provisioner.errors import InvalidInput
+from provisioner.domain.states import ImageState, TrustState
+from contracts.errors import InvalidInput
 from provisioner.services import images
-from provisioner.store.image_models import ImageKey, ImageManifest
+from provisioner.store.image_models import ImageKey, RegisteredManifest
 
 router = APIRouter(tags=["images"])
 
@@ -30,7 +31,7 @@ class KeyOut(BaseModel):
     name: str
     fingerprint: str
     created_at: datetime
-    state: str = "trusted"
+    state: str = TrustState.TRUSTED.value
 
     @classmethod
     def of(cls, row: ImageKey) -> KeyOut:
@@ -59,11 +60,11 @@ class ManifestOut(BaseModel):
     checked_pcrs: list[int]
     packages: int
     created_at: datetime
-    state: str = "registered"
+    state: str = ImageState.REGISTERED.value
     manifest: dict[str, Any] | None = None  # only in `show`
 
     @classmethod
-    def of(cls, row: ImageManifest, full: bool = False) -> ManifestOut:
+    def of(cls, row: RegisteredManifest, full: bool = False) -> ManifestOut:
         return cls(id=row.id, region=row.region.name, manifest_sha256=row.manifest_sha256, signed_by=row.key.name,
                    key_fingerprint=row.key.fingerprint, image_sha256=row.image_sha256, uki_sha256=row.uki_sha256,
                    verity_root_hash=row.verity_root_hash, pcr11=row.pcr11, pcr12=row.pcr12, pcr4=row.pcr4,
@@ -93,7 +94,7 @@ def list_keys(session: Db) -> Page[KeyOut]:
 def untrust_key(ref: str, session: Db, actor: Operator, force: bool = False) -> dict[str, Any]:
     key, removed = images.untrust_key(session, ref, force=force, actor=actor)
     out = KeyOut.of(key).model_dump(mode="json")
-    return {**out, "state": "removed", "removed_images": [m.id for m in removed]}
+    return {**out, "state": TrustState.REMOVED.value, "removed_images": [m.id for m in removed]}
 
 
 @router.post("/v1/images", status_code=201)
@@ -116,5 +117,5 @@ def show(ref: str, session: Db) -> ManifestOut:
 @router.delete("/v1/images/{ref}")
 def remove(ref: str, session: Db, actor: Operator) -> ManifestOut:
     out = ManifestOut.of(images.remove(session, ref, actor=actor))
-    out.state = "removed"
+    out.state = ImageState.REMOVED.value
     return out

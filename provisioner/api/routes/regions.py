@@ -6,6 +6,7 @@ from fastapi import APIRouter
 
 from provisioner.api.deps import Db, Operator
 from provisioner.api.schemas import Page, RegionIn, RegionOut
+from provisioner.services import region_removal
 from provisioner.services import regions as service
 
 router = APIRouter(prefix="/v1/regions", tags=["regions"])
@@ -30,4 +31,4 @@ def show(ref: str, session: Db, provider: str | None = None) -> RegionOut:
 
 @router.delete("/{ref}")
 def remove(ref: str, session: Db, actor: Operator, force: bool = False, provider: str | None = None) -> RegionOut:
-    return RegionOut.of(service.remove(session, ref, force=force, provider=provider, actor=actor))
+    return RegionOut.of(region_removal.remove(session, ref, force=force, provider=provider, actor=actor))

@@ -9,7 +9,7 @@ from pydantic import BaseModel, Field
 
 from provisioner.api.deps import Db, Operator
 from provisioner.api.schemas import EventOut, Page
-from provisioner.regional_states import ActualState, ReservationState
+from provisioner.domain.states import ActualState, ReservationState
 from provisioner.services import reservations as service
 from provisioner.store.regional_models import Reservation
 

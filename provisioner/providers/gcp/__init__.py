@@ -9,24 +9,44 @@ Importing this package imports no Google library; each call point imports what i
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, ClassVar
 
-from provisioner.errors import InvalidInput
-from provisioner.providers.base import PlannedAction, Provider, ProviderConfig
+from cryptography.hazmat.primitives import serialization
+
+from contracts.errors import InvalidInput
+from provisioner.providers.base import (
+    EventWatch, NodeEvent, PlannedAction, Progress, ProviderConfig, ProviderDriver, RegionNode, RegionNodeSpec,
+)
 from provisioner.providers.gcp import bootstrap, catalogue, credentials, naming, storage_node
 from provisioner.providers.gcp.clients import Endpoints, GcpContext
+from provisioner.providers.gcp.events import EventConsumer
 
 __all__ = ["GcpProvider", "Endpoints", "GcpContext"]
 
+RUNNING_STATUSES = frozenset({"RUNNING", "PROVISIONING", "STAGING"})  # Compute's instance statuses that run
 
-class GcpProvider(Provider):
+
+class GcpProvider(ProviderDriver):
     kind: ClassVar[str] = "gcp"
     title: ClassVar[str] = "Google Cloud"
-    # cloudbender.txt: "Currently, only On-Demand instances are supported"; the payment mode is how the
+    # on demand only (docs/product-rules.md "Google Cloud provider"); the payment mode is how the
     # operator pays rigbase's fees, same choices as physical
     payment_modes: ClassVar[tuple[str, ...]] = ("credits",)
-    # a GCP region serves only while its storage node runs and reports: services/gcp.py decides its health
+    # a GCP region serves only while its storage node runs and reports: reconcilers/gcp.py decides its health
     owns_region_health: ClassVar[bool] = True
+
+    def __init__(self, *, regions_dir: Path | None = None, endpoints: Endpoints | None = None,
+                 anonymous: bool = False) -> None:
+        """`regions_dir`: catalogue data instead of the shipped one (settings' `regions_dir`).
+        `endpoints` + `anonymous`: clients pointed at local servers with AnonymousCredentials — what tests
+        and the benchmark inject (the fakes check no token and Google's token endpoint is out of reach)."""
+        self.regions_dir = regions_dir
+        self.endpoints = endpoints
+        self.anonymous = anonymous
+
+    def catalogue(self) -> catalogue.Catalogue:
+        return catalogue.load(self.regions_dir)
 
     # --- validation (no network) -----------------------------------------------------------------
     def validate_config(self, raw: Mapping[str, Any]) -> ProviderConfig:
@@ -46,7 +66,7 @@ class GcpProvider(Provider):
         """options: {"gcp_region"? (default: the region's name), "storage_class"}; refuses regions outside
         the catalogue. The quota check (needs the API) is `region_quota`, called by the service."""
         gcp_region = options.get("gcp_region") or name
-        entry = catalogue.load().region(gcp_region)
+        entry = self.catalogue().region(gcp_region)
         if not options.get("storage_class"):
             raise InvalidInput(f"--storage-class is required for a GCP region: choose one of {', '.join(storage_node.STORAGE_CLASSES)}")
         sc = storage_node.storage_class(options["storage_class"])
@@ -80,18 +100,15 @@ class GcpProvider(Provider):
     def names(config: ProviderConfig) -> bootstrap.Names:
         return bootstrap.Names(project=config.public["project_id"], prefix=config.public.get("prefix", naming.DEFAULT_PREFIX))
 
-    @staticmethod
-    def context(config: ProviderConfig, endpoints: Endpoints | None = None) -> GcpContext:
-        """Clients for the project in `config` (secret = the unsealed key bytes). Without explicit
-        endpoints, the test-only $RIGBASE_GCP_ENDPOINTS override applies (local fakes, anonymous)."""
+    def context(self, config: ProviderConfig) -> GcpContext:
+        """Clients for the project in `config` (secret = the unsealed key bytes), at this driver's
+        endpoints."""
         if config.secret is None:
             raise InvalidInput("the GCP provider has no stored key: enable it again with --credentials")
         key = credentials.parse_key(config.secret)
-        if endpoints is None:
-            override = Endpoints.from_env()
-            if override is not None:
-                return GcpContext.anonymous(key.project_id, override)
-        return GcpContext.from_key(key, endpoints)
+        if self.anonymous and self.endpoints is not None:
+            return GcpContext.anonymous(key.project_id, self.endpoints)
+        return GcpContext.from_key(key, self.endpoints)
 
     @staticmethod
     def storage_node_spec(
@@ -108,7 +125,32 @@ class GcpProvider(Provider):
         )
 
     @staticmethod
-    def event_consumer(ctx: GcpContext, names: bootstrap.Names, on_event: Callable[[Any], None]) -> Any:
-        from provisioner.providers.gcp.events import EventConsumer
+    def storage_spec(spec: RegionNodeSpec) -> storage_node.StorageNodeSpec:
+        return GcpProvider.storage_node_spec(spec.region_id, spec.region, spec.settings, spec.bundle,
+                                             prefix=spec.settings.get("prefix", naming.DEFAULT_PREFIX))
 
-        return EventConsumer(ctx, names.subscription, on_event, prefix=names.prefix)
+    # --- lifecycle (the reconcilers call these; each talks to Google) ------------------------------------
+    def bootstrap(self, config: ProviderConfig, on_progress: Progress) -> list[PlannedAction]:
+        return bootstrap.apply(self.context(config), self.names(config), on_progress=on_progress)
+
+    def teardown(self, config: ProviderConfig, on_progress: Progress) -> list[PlannedAction]:
+        return bootstrap.teardown(self.context(config), self.names(config), on_progress=on_progress)
+
+    def create_region_node(self, config: ProviderConfig, spec: RegionNodeSpec, on_progress: Progress) -> RegionNode:
+        made = storage_node.create(self.context(config), self.storage_spec(spec), on_progress=on_progress)
+        return RegionNode(name=made.name, zone=made.zone, adopted=made.adopted,
+                          running=made.status in RUNNING_STATUSES)
+
+    def region_node_ek(self, config: ProviderConfig, node: RegionNode) -> bytes:
+        """The vTPM's EK (Compute gives PEM) as DER SubjectPublicKeyInfo."""
+        made = storage_node.StorageNode(name=node.name, zone=node.zone, adopted=True, status="")
+        pem = storage_node.ek_public(self.context(config), made)
+        key = serialization.load_pem_public_key(pem.encode())
+        return key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+
+    def delete_region_node(self, config: ProviderConfig, spec: RegionNodeSpec) -> bool:
+        return storage_node.delete(self.context(config), self.storage_spec(spec))
+
+    def watch_events(self, config: ProviderConfig, on_event: Callable[[NodeEvent], None]) -> EventWatch | None:
+        names = self.names(config)
+        return EventConsumer(self.context(config), names.subscription, on_event, prefix=names.prefix)

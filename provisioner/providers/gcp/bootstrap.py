@@ -6,8 +6,8 @@
    silently drops everything);
 5. the firewall rule nodes need (NFS from compute nodes to the region's storage node, nothing from outside:
    nodes only dial out).
-Steps are data (one Step per resource, in order). `apply` checks each resource and creates only what is
-missing, so it is idempotent and resumes after a crash at any step; `teardown` deletes exactly these
+Steps are data (one BootstrapStep per resource, in order). `apply` checks each resource and creates only
+what is missing, so it is idempotent and resumes after a crash at any step; `teardown` deletes exactly these
 names, in reverse order. Everything carries one name prefix and, where the resource type has them, our
 labels (firewall rules and sinks have no labels in GCP: the prefix and a description mark them)."""
 
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from provisioner.errors import Unavailable
+from contracts.errors import Unavailable
 from provisioner.providers.base import PlannedAction
 from provisioner.providers.gcp import naming, operations
 
@@ -230,7 +230,7 @@ def _firewall_delete(ctx: GcpContext, n: Names) -> bool:
 
 
 @dataclass(frozen=True)
-class Step:
+class BootstrapStep:
     kind: str
     name: Callable[[Names], str]
     detail: Callable[[Names], str]
@@ -239,21 +239,21 @@ class Step:
     delete: Callable[[GcpContext, Names], bool] | None  # None: goes away with another resource
 
 
-STEPS: tuple[Step, ...] = (
-    Step("pubsub-topic", lambda n: n.topic, lambda n: "node events from Cloud Logging", _topic_exists, _topic_create, _topic_delete),
-    Step(
+STEPS: tuple[BootstrapStep, ...] = (
+    BootstrapStep("pubsub-topic", lambda n: n.topic, lambda n: "node events from Cloud Logging", _topic_exists, _topic_create, _topic_delete),
+    BootstrapStep(
         "pubsub-subscription", lambda n: n.subscription, lambda n: f"control plane's streaming pull on {n.topic_id}",
         _sub_exists, _sub_create, _sub_delete,
     ),
-    Step(
+    BootstrapStep(
         "logging-sink", lambda n: n.sink, lambda n: f"unique writer identity; filter: {n.sink_filter}",
         lambda c, n: _get_sink(c, n) is not None, _sink_create, _sink_delete,
     ),
-    Step(
+    BootstrapStep(
         "pubsub-topic-iam", lambda n: n.topic, lambda n: f"grant {PUBLISHER_ROLE} to the sink's writer identity",
         _iam_exists, _iam_create, None,
     ),
-    Step(
+    BootstrapStep(
         "firewall", lambda n: n.firewall, lambda n: f"allow NFS ({_NFS_PORTS_TEXT}) between {naming.network_tag(n.prefix)} instances",
         _firewall_exists, _firewall_create, _firewall_delete,
     ),

@@ -6,7 +6,6 @@ time."""
 
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import dataclass
 from functools import lru_cache
@@ -14,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from provisioner.errors import InvalidInput
+from contracts.errors import InvalidInput
 
 
 @dataclass(frozen=True)
@@ -62,11 +61,9 @@ class Catalogue:
 
 
 def regions_dir() -> Path:
-    """RIGBASE_REGIONS_DIR, else regions/ at the repository root (source checkouts, editable installs),
-    else <prefix>/share/rigbase where a wheel install puts regions/*.yaml (pyproject.toml data-files)."""
-    env = os.environ.get("RIGBASE_REGIONS_DIR")
-    if env:
-        return Path(env)
+    """The shipped catalogue: regions/ at the repository root (source checkouts, editable installs), else
+    <prefix>/share/rigbase where a wheel install puts regions/*.yaml (pyproject.toml data-files). The
+    settings' `regions_dir` (RIGBASE_REGIONS_DIR) replaces it through GcpProvider(regions_dir=...)."""
     source = Path(__file__).resolve().parents[3] / "regions"
     return source if source.is_dir() else Path(sys.prefix) / "share" / "rigbase"
 

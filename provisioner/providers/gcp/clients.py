@@ -2,8 +2,8 @@
 
 Every client takes the same `Endpoints`: in production they are all None and the libraries use Google's
 endpoints with the service-account credentials; tests and the benchmark point each one at a local server
-(the Pub/Sub emulator, a Compute REST fake, small gRPC servers) with AnonymousCredentials. Nothing else
-in the provider builds a client, so no code path can slip past an override. Imports stay inside the
+(the Pub/Sub emulator, a Compute REST fake, small gRPC servers) with AnonymousCredentials, injected as
+GcpProvider(endpoints=..., anonymous=True). Nothing else in the provider builds a client, so no code path can slip past an override. Imports stay inside the
 functions: the Google libraries take a second to import and `provision --help` must not pay it."""
 
 from __future__ import annotations
@@ -18,10 +18,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from provisioner.providers.gcp.credentials import ServiceAccountKey
 
 SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
-# Test-only: JSON object of Endpoints fields, e.g. {"compute": "http://127.0.0.1:8081", "pubsub": "127.0.0.1:8085",
-# "insecure": true}. Lets a real `provision serve` talk to local fakes; loopback addresses only, and the
-# clients then use AnonymousCredentials (the fakes check no token, and Google's token endpoint is out of reach).
-ENDPOINTS_ENV = "RIGBASE_GCP_ENDPOINTS"
 RESOURCE_MANAGER = "https://cloudresourcemanager.googleapis.com"
 
 
@@ -38,32 +34,6 @@ class Endpoints:
     pubsub_iam: str | None = None  # topic IAM; the Pub/Sub emulator lacks it (501), tests serve it apart
     logging: str | None = None
     insecure: bool = False
-
-    @classmethod
-    def from_env(cls) -> Endpoints | None:
-        """The test-only override from $RIGBASE_GCP_ENDPOINTS, or None (production endpoints)."""
-        import json
-        import os
-        from urllib.parse import urlsplit
-
-        from provisioner.errors import InvalidInput
-
-        raw = os.environ.get(ENDPOINTS_ENV)
-        if not raw:
-            return None
-        try:
-            doc = json.loads(raw)
-            endpoints = cls(**doc)
-        except (ValueError, TypeError) as exc:
-            raise InvalidInput(f"{ENDPOINTS_ENV} is not a JSON object of endpoint overrides ({exc}): unset it") from None
-        for name in ("compute", "resource_manager", "pubsub", "pubsub_iam", "logging"):
-            value = getattr(endpoints, name)
-            if value is None:
-                continue
-            host = urlsplit(value if "://" in value else f"//{value}").hostname
-            if host not in ("127.0.0.1", "localhost", "::1"):
-                raise InvalidInput(f"{ENDPOINTS_ENV} {name}={value} is not a loopback address: it is for local test servers only; unset it")
-        return endpoints
 
 
 @dataclass

@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from provisioner.errors import InvalidInput
+from contracts.errors import InvalidInput
 
 REQUIRED_FIELDS = ("type", "project_id", "client_email", "private_key", "token_uri")
 

@@ -8,25 +8,20 @@ noisy log never blocks the subscription."""
 
 from __future__ import annotations
 
-import enum
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from provisioner.providers.base import NodeEvent, NodeEventKind
 from provisioner.providers.gcp import naming
+
+__all__ = ["EventConsumer", "NodeEvent", "NodeEventKind", "METHOD_EVENTS", "parse"]
 
 if TYPE_CHECKING:  # pragma: no cover
     from provisioner.providers.gcp.clients import GcpContext
 
 log = logging.getLogger(__name__)
-
-
-class NodeEventKind(str, enum.Enum):
-    OFFLINE = "offline"  # the VM stopped running: the node's state goes offline
-    STARTED = "started"  # the VM runs again; the node comes back when its minion heartbeats
-    DELETED = "deleted"  # the VM is gone
 
 
 # Compute's methodName (audit activity / system-event logs) -> (event, reason)
@@ -42,16 +37,6 @@ METHOD_EVENTS: dict[str, tuple[NodeEventKind, str]] = {
     "compute.instances.automaticRestart": (NodeEventKind.STARTED, "automatic restart"),
     "v1.compute.instances.delete": (NodeEventKind.DELETED, "deleted"),
 }
-
-
-@dataclass(frozen=True)
-class NodeEvent:
-    kind: NodeEventKind
-    reason: str
-    instance: str
-    zone: str
-    method: str
-    timestamp: str
 
 
 def parse(data: bytes, prefix: str = naming.DEFAULT_PREFIX) -> NodeEvent | None:

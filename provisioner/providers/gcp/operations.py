@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from provisioner.errors import Unavailable
+from contracts.errors import Unavailable
 
 if TYPE_CHECKING:  # pragma: no cover
     from provisioner.providers.gcp.clients import GcpContext

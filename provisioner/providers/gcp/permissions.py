@@ -1,7 +1,7 @@
 """Before creating anything: does the service account hold what rigbase needs?
 
 Asks Resource Manager's projects.testIamPermissions (REST; it answers with the subset the caller holds)
-and names what is missing in cloudbender.txt's words — the roles an operator grants in the console —
+and names what is missing in docs/product-rules.md's words — the roles an operator grants in the console —
 rather than in raw permission strings. Where the call is not offered (Resource Manager API disabled,
 or a server without it) the report says so and the operator is told which roles to check by hand."""
 
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # pragma: no cover
     from provisioner.providers.gcp.clients import GcpContext
 
-# role (as cloudbender.txt names it) -> the permissions of it that rigbase uses
+# role (as docs/product-rules.md "Google Cloud provider" names it) -> the permissions of it that rigbase uses
 ROLE_PERMISSIONS: dict[str, tuple[str, ...]] = {
     "Compute Admin": (
         "compute.regions.get",

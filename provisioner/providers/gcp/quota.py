@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from provisioner.errors import InvalidInput, Unavailable
+from contracts.errors import InvalidInput, Unavailable
 from provisioner.providers.gcp import catalogue
 from provisioner.providers.gcp.capacity import GpuCapacity, Quota, region_capacity
 
@@ -59,8 +59,8 @@ def quotas_from_region(region: Any) -> dict[str, Quota]:
     return {q.metric: Quota(limit=float(q.limit), usage=float(q.usage)) for q in region.quotas}
 
 
-def evaluate(region: str, quotas: Mapping[str, Quota]) -> RegionQuota:
-    cat = catalogue.load()
+def evaluate(region: str, quotas: Mapping[str, Quota], cat: catalogue.Catalogue | None = None) -> RegionQuota:
+    cat = cat or catalogue.load()
     return RegionQuota(region=region, quotas=dict(quotas), gpus=region_capacity(cat.gpus_in(region), quotas))
 
 
@@ -81,9 +81,10 @@ def from_json_file(path: Path, region: str | None = None) -> RegionQuota:
     return evaluate(name, quotas_from_region_json(doc))
 
 
-def fetch(ctx: GcpContext, region: str) -> RegionQuota:
-    """Online: one RegionsClient.get call."""
-    catalogue.load().region(region)
+def fetch(ctx: GcpContext, region: str, cat: catalogue.Catalogue | None = None) -> RegionQuota:
+    """Online: one RegionsClient.get call. `cat`: the provider's catalogue (default: the shipped one)."""
+    cat = cat or catalogue.load()
+    cat.region(region)
     from google.api_core import exceptions as gexc
 
     try:
@@ -94,7 +95,7 @@ def fetch(ctx: GcpContext, region: str) -> RegionQuota:
         ) from None
     except gexc.GoogleAPICallError as exc:
         raise Unavailable(f"reading quotas of {region} failed ({exc.message}): check the project and try again") from None
-    return evaluate(region, quotas_from_region(r))
+    return evaluate(region, quotas_from_region(r), cat)
 
 
 def fetch_many(ctx: GcpContext, regions: Iterable[str]) -> list[RegionQuota]:

@@ -1,5 +1,5 @@
 """The storage node of a GCP region: one Shielded VM with local SSDs that caches jobs, models,
-checkpoints and datasets for the region (cloudbender.txt: "All GCP regions require a storage node").
+checkpoints and datasets for the region (docs/product-rules.md "GCP regions": every GCP region has one).
 
 Crash safety comes from three rules, so the reconciler can be killed at any step and simply run again:
 1. before inserting, look for our instance in every zone of the region and adopt it if it is there;
@@ -16,7 +16,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from provisioner.errors import Conflict, InvalidInput, Unavailable
+from contracts.errors import Conflict, InvalidInput, Unavailable
+from provisioner.providers import base
 from provisioner.providers.gcp import naming, operations
 from provisioner.providers.gcp.capacity import LOCAL_SSD_PARTITION_GB
 
@@ -108,10 +109,6 @@ class StorageNode:
     zone: str
     adopted: bool  # True when it already existed (a resumed reconcile)
     status: str
-
-
-class ProvisionFailed(Unavailable):
-    """Every zone refused; the message names each zone's reason."""
 
 
 def build_instance(spec: StorageNodeSpec, project: str, zone: str) -> Any:
@@ -240,7 +237,7 @@ def create(
             if node:
                 return node
         raise Unavailable(f"creating {spec.instance_name} in {zone} failed: {code} {message}")
-    raise ProvisionFailed(
+    raise base.ProvisionFailed(  # every zone refused: the message names each zone's reason
         f"no zone of {spec.gcp_region} could take the storage node ({'; '.join(reasons)}): "
         "request more quota or pick another storage class or region"
     )

@@ -1,4 +1,4 @@
-"""CloudBender's capacity rule, table-driven (including cloudbender.txt's own examples)."""
+"""The GCP capacity rule, table-driven, with the examples of docs/product-rules.md "GCP capacity rule"."""
 
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ def q(**metrics: tuple[float, float] | Quota) -> dict[str, Quota]:
 
 CASES = [
     # id, gpu, quotas, runnable, limited_by, cpu_metric
-    ("cloudbender: V100 quota 8, CPU quota 0", "V100",
+    ("product rules: V100 quota 8, CPU quota 0", "V100",
      q(NVIDIA_V100_GPUS=(8, 0), CPUS=(0, 0), LOCAL_SSD_TOTAL_GB=BIG), 0, Limit.CPUS, "CPUS"),
-    ("cloudbender: V100 quota 8, local SSD quota 0", "V100",
+    ("product rules: V100 quota 8, local SSD quota 0", "V100",
      q(NVIDIA_V100_GPUS=(8, 0), CPUS=BIG, LOCAL_SSD_TOTAL_GB=(0, 0)), 0, Limit.LOCAL_SSD, "CPUS"),
-    ("cloudbender: V100 quota 1, plenty of both", "V100",
+    ("product rules: V100 quota 1, plenty of both", "V100",
      q(NVIDIA_V100_GPUS=(1, 0), CPUS=BIG, LOCAL_SSD_TOTAL_GB=BIG), 1, Limit.GPUS, "CPUS"),
     ("free = limit - usage", "V100",
      q(NVIDIA_V100_GPUS=(8, 6), CPUS=BIG, LOCAL_SSD_TOTAL_GB=BIG), 2, Limit.GPUS, "CPUS"),
@@ -56,7 +56,7 @@ def test_capacity_rule(gpu: str, quotas: dict[str, Quota], runnable: int, limite
     assert (cap.runnable_jobs, cap.limited_by, cap.cpu_metric) == (runnable, limited_by, cpu_metric)
 
 
-def test_cloudbender_ratios_are_in_the_catalogue() -> None:
+def test_product_rules_ratios_are_in_the_catalogue() -> None:
     assert {n: CAT.gpus[n].cpus_per_gpu for n in ("P100", "V100", "T4", "A100")} == {"P100": 6, "V100": 8, "T4": 8, "A100": 12}
     assert (CAT.gpus["A100"].cpu_metric, CAT.gpus["L4"].cpu_metric, CAT.gpus["H100"].cpu_metric) == ("A2_CPUS", "G2_CPUS", "A3_CPUS")
 

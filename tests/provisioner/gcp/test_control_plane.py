@@ -1,6 +1,7 @@
 """The GCP provider wired into the control plane: the real `provision` CLI against a real `provision serve`
 (reconciler loop and Pub/Sub consumer running in it) whose Google clients point at the Compute fake, the
-Pub/Sub emulator and the IAM/Logging gRPC servers through the test-only RIGBASE_GCP_ENDPOINTS override.
+Pub/Sub emulator and the IAM/Logging gRPC servers through a GCP driver injected into the
+server (tests/fixtures/serve_app.py).
 Everything here runs inside `unshare -n` (see conftest.py): loopback only."""
 
 from __future__ import annotations
@@ -23,27 +24,28 @@ from provisioner.store.engine import make_engine, make_sessionmaker, session_sco
 from provisioner.store.gcp_models import GcpStorageNode
 from provisioner.store.models import Node
 from provisioner.store.schema import metadata
-from tests.fixtures.control_plane import ControlPlane, start_control_plane
+from tests.fixtures.control_plane import ControlPlane, Fakes, start_control_plane
 from tests.fixtures.gcp import PROJECT, make_sa_key
 from tests.provisioner.gcp.fake_compute import quota
 from tests.provisioner.gcp.test_events import log_entry
 
 US_CENTRAL1 = [quota("CPUS", 72), quota("A2_CPUS", 24), quota("LOCAL_SSD_TOTAL_GB", 6000),
                quota("NVIDIA_V100_GPUS", 8, 1), quota("NVIDIA_A100_GPUS", 4)]
-# GPUs granted, but no CPU and no local SSD quota: cloudbender.txt's "0 jobs" case for every type
+# GPUs granted, but no CPU and no local SSD quota: the "0 jobs" case of docs/product-rules.md
+# "GCP capacity rule", for every type
 US_EAST1 = [quota("CPUS", 0), quota("LOCAL_SSD_TOTAL_GB", 0), quota("NVIDIA_V100_GPUS", 8), quota("NVIDIA_T4_GPUS", 4)]
 
 
 @pytest.fixture()
 def gcp_world(fake_compute: Any, pubsub_emulator: str, iam_server: Any, logging_server: Any,
-              monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> dict[str, Any]:
-    """Endpoints override for the server subprocesses, a unique name prefix (the emulator is shared)."""
+              request: pytest.FixtureRequest) -> dict[str, Any]:
+    """The fakes to inject into the server subprocesses, a unique name prefix (the emulator is shared)."""
     fake_compute.fake.region_quotas.update({"us-central1": US_CENTRAL1, "us-east1": US_EAST1})
     endpoints = {"compute": fake_compute.url, "resource_manager": fake_compute.url, "pubsub": pubsub_emulator,
                  "pubsub_iam": iam_server.address, "logging": logging_server.address, "insecure": True}
-    monkeypatch.setenv("RIGBASE_GCP_ENDPOINTS", json.dumps(endpoints))  # inherited by `provision serve`
     prefix = f"t{hashlib.sha256(request.node.name.encode()).hexdigest()[:6]}"
-    return {"prefix": prefix, "compute": fake_compute.fake, "iam": iam_server, "logging": logging_server}
+    return {"prefix": prefix, "compute": fake_compute.fake, "iam": iam_server, "logging": logging_server,
+            "fakes": Fakes(gcp_endpoints=endpoints)}
 
 
 @pytest.fixture()
@@ -104,7 +106,7 @@ def test_operator_walkthrough(gcp_world: dict[str, Any], key_file: Path, tmp_pat
     fake, prefix = gcp_world["compute"], gcp_world["prefix"]
     names = bootstrap.Names(project=PROJECT, prefix=prefix)
     key_text = key_file.read_text()
-    with start_control_plane(tmp_path / "home") as cp:
+    with start_control_plane(tmp_path / "home", fakes=gcp_world["fakes"]) as cp:
         before = dump_store(cp.database_url)
         # bad input: one line naming the field, exit 2, nothing stored
         wrong = tmp_path / "wrong.json"
@@ -114,7 +116,7 @@ def test_operator_walkthrough(gcp_world: dict[str, Any], key_file: Path, tmp_pat
                                           input=json.dumps(make_sa_key(private_key="-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n")))
         assert "'file' is not JSON" in refused(cp, "provider", "enable", "gcp", "--credentials", "-", exit_code=2, input="{oops")
         assert "cannot read credentials file" in refused(cp, "provider", "enable", "gcp", "--credentials", str(tmp_path / "nope.json"), exit_code=2)
-        # missing roles are named in cloudbender.txt's words; nothing stored either
+        # missing roles are named as docs/product-rules.md names them; nothing stored either
         from provisioner.providers.gcp.permissions import ROLE_PERMISSIONS
 
         fake.granted_permissions = set(ROLE_PERMISSIONS["Compute Admin"]) | set(ROLE_PERMISSIONS["Service Account User"])
@@ -190,8 +192,8 @@ def test_operator_walkthrough(gcp_world: dict[str, Any], key_file: Path, tmp_pat
 
         # the join protocol activates the node (storage nodes become active by themselves) and its minion
         # heartbeats (both stand-ins here: no VM boots) → region healthy
+        from provisioner.domain.states import NodeState
         from provisioner.services import nodes as node_service
-        from provisioner.states import NodeState
 
         with session_scope(sessions) as s:
             row = s.scalar(select(Node).where(Node.name == inst_name))
@@ -258,7 +260,7 @@ def test_killed_at_every_step_still_makes_exactly_one_instance(crash_world: dict
     operation. At the end: one instance, one insert operation, the EK pinned."""
     fake, prefix = crash_world["compute"], crash_world["prefix"]
     home = tmp_path / "home"
-    with start_control_plane(home) as cp:
+    with start_control_plane(home, fakes=crash_world["fakes"]) as cp:
         enable(cp, key_file, prefix)
         fake.op_duration_s = 600.0  # runs until released below: the retried insert finds it still running
         armed = ["instance_get", "instance_insert", "op_wait", "shielded_identity"]
@@ -279,7 +281,7 @@ def test_killed_at_every_step_still_makes_exactly_one_instance(crash_world: dict
         until("first kill", lambda: cp.process.poll() is not None)
     restarts = 0
     while True:
-        with start_control_plane(home) as cp:
+        with start_control_plane(home, fakes=crash_world["fakes"]) as cp:
             current["pid"] = cp.process.pid
             restarts += 1
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from provisioner.errors import InvalidInput
+from contracts.errors import InvalidInput
 from provisioner.providers.gcp.credentials import parse_key
 from tests.fixtures.gcp import make_sa_key
 

@@ -1,4 +1,4 @@
-"""testIamPermissions → missing permissions named as cloudbender.txt's roles."""
+"""testIamPermissions → missing permissions named as roles (docs/product-rules.md "Google Cloud provider")."""
 
 from __future__ import annotations
 
@@ -41,5 +41,5 @@ def test_unreachable_is_explained() -> None:
     assert not report.checked and "ConnectionError" in report.note
 
 
-def test_role_table_matches_cloudbender() -> None:
+def test_role_table_matches_product_rules() -> None:
     assert list(ROLE_PERMISSIONS) == ["Compute Admin", "Pub/Sub Admin", "Logs Configuration Writer", "Service Account User"]

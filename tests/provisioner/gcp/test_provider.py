@@ -1,4 +1,4 @@
-"""GcpProvider on the shared Provider base: registry, validation, plans — no network."""
+"""GcpProvider on the shared ProviderDriver base: registry, validation, plans — no network."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from provisioner.errors import InvalidInput
+from contracts.errors import InvalidInput
 from provisioner.providers.base import provider_for
 from provisioner.providers.gcp import GcpProvider
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from provisioner.errors import InvalidInput, Unavailable
+from contracts.errors import InvalidInput, Unavailable
 from provisioner.providers.gcp import quota
 from tests.provisioner.gcp.fake_compute import quota as q
 

@@ -11,13 +11,15 @@ from typing import Any
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from provisioner.errors import RuleViolation
-from provisioner.providers.gcp import catalogue
+from provisioner.domain.states import ProviderState
+from contracts.errors import RuleViolation
+from provisioner.providers.gcp import Endpoints, GcpProvider, catalogue
 from provisioner.providers.gcp.events import NodeEvent, NodeEventKind
 from provisioner.reconcilers.loop import ReconcilerLoop
-from provisioner.services import gcp
+from provisioner.services import gcp, gcp_events, region_removal
 from provisioner.services import providers as provider_service
-from provisioner.states import ProviderState
+from provisioner.services.runtime import Runtime, attach
+from provisioner.settings import Settings
 from provisioner.store.engine import make_engine, make_sessionmaker, session_scope
 from provisioner.store.gcp_models import GcpStorageNode
 from provisioner.store.migrate import upgrade
@@ -29,15 +31,16 @@ ZONES = catalogue.load().region("us-central1").zones
 
 
 @pytest.fixture()
-def store(tmp_path: Path, fake_compute: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[sessionmaker[Session]]:
+def store(tmp_path: Path, fake_compute: Any) -> Iterator[sessionmaker[Session]]:
     """A migrated store with an enabled gcp provider (bootstrap is test_bootstrap's business)."""
-    monkeypatch.setenv("RIGBASE_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("RIGBASE_GCP_ENDPOINTS", json.dumps({"compute": fake_compute.url, "resource_manager": fake_compute.url}))
+    endpoints = Endpoints(compute=fake_compute.url, resource_manager=fake_compute.url)
+    runtime = Runtime.from_settings(Settings(home=tmp_path / "home"),
+                                    providers={"gcp": GcpProvider(endpoints=endpoints, anonymous=True)})
     fake_compute.fake.region_quotas["us-central1"] = [quota("CPUS", 64), quota("LOCAL_SSD_TOTAL_GB", 3000), quota("NVIDIA_T4_GPUS", 2)]
     url = f"sqlite:///{tmp_path / 'rigbase.db'}"
     engine = make_engine(url)
     upgrade(url, engine)
-    sessions = make_sessionmaker(engine)
+    sessions = attach(make_sessionmaker(engine), runtime)
     with session_scope(sessions) as s:
         prov = provider_service.enable(s, "gcp", {"credentials": json.dumps(make_sa_key())}, actor="test")
         provider_service.transition(s, prov, ProviderState.ENABLED, actor="test")
@@ -73,9 +76,7 @@ def test_every_zone_refusing_errors_node_and_region_with_the_reasons(store: sess
     assert fake_compute.fake.instance_count() == 0
     # removing the errored region deletes nothing that is not ours and completes
     with session_scope(store) as s:
-        from provisioner.services import regions as region_service
-
-        region_service.remove(s, "us-central1", actor="test")
+        region_removal.remove(s, "us-central1", actor="test")
     regions_pass(store)
     assert states(store, region_id)[:3] == ("removed", "removed", "deleted")
 
@@ -86,11 +87,11 @@ def test_vm_deleted_behind_our_back_errors_node_and_region(store: sessionmaker[S
     assert states(store, region_id)[2] == "ready"
     with session_scope(store) as s:
         name = s.get(GcpStorageNode, region_id).instance_name
-    gcp.apply_event(store, NodeEvent(NodeEventKind.DELETED, "deleted", name, ZONES[0], "v1.compute.instances.delete", "t"))
+    gcp_events.apply_event(store, NodeEvent(NodeEventKind.DELETED, "deleted", name, ZONES[0], "v1.compute.instances.delete", "t"))
     region, node, _status, reason = states(store, region_id)
     assert (region, node) == ("errored", "errored") and "deleted outside rigbase" in (reason or "")
     # an event about an instance that is not ours changes nothing
-    gcp.apply_event(store, NodeEvent(NodeEventKind.OFFLINE, "stopped", "rigbase-other", ZONES[0], "v1.compute.instances.stop", "t"))
+    gcp_events.apply_event(store, NodeEvent(NodeEventKind.OFFLINE, "stopped", "rigbase-other", ZONES[0], "v1.compute.instances.stop", "t"))
     assert states(store, region_id)[0] == "errored"
 
 
@@ -108,8 +109,8 @@ def test_zero_capacity_and_disabled_provider_are_refused_without_writes(store: s
 def test_region_health_needs_the_storage_node_active_and_reporting(store: sessionmaker[Session]) -> None:
     from datetime import datetime, timedelta, timezone
 
+    from provisioner.domain.states import NodeState
     from provisioner.services import nodes as node_service
-    from provisioner.states import NodeState
 
     region_id = create(store)
     regions_pass(store)

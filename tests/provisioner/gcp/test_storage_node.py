@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
-from provisioner.errors import Conflict, InvalidInput
+from contracts.errors import Conflict, InvalidInput
+from provisioner.providers.base import ProvisionFailed
 from provisioner.providers.gcp import naming, operations, storage_node
-from provisioner.providers.gcp.storage_node import ProvisionFailed, StorageNodeSpec
+from provisioner.providers.gcp.storage_node import StorageNodeSpec
 
 ZONES = ("us-central1-a", "us-central1-b", "us-central1-c")
 BUNDLE = {

@@ -11,11 +11,15 @@ client config it writes), and also accepts connections on a socket the lab creat
 `rigbase-lab-cp` namespace at 10.77.0.2:8470 and hands it over with `--fd`. A socket keeps the
 namespace it was created in, so minions reach the control plane over the lab LAN while the host gets
 no new interface, no route and no forwarder: nothing the lab does touches the host's interfaces.
+
+How the lab talks to that control plane: as an operator, over its HTTP API with the admin token and the
+`provision` commands' own client, plus one local admin step (AdoptWithRoot, below) that the CLI hands in.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import os
 import shutil
 import socket
@@ -24,31 +28,84 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from provisioner.config import rigbase_home
-from provisioner.errors import Conflict, RigbaseError, Unavailable
+from contracts.bundle import EnrollmentBundle, write_bundle
+from contracts.errors import Conflict, RigbaseError, Unavailable
+from provisioner.client import Client, ControlPlaneError, read_client_config
+from provisioner.domain.states import NODE_READY, NODE_STOPPED
 from provisioner.lab import hardware, netns, rootfs
-from provisioner.lab.state import LabState, NodeState, Proc, lab_dir, state_path
+from provisioner.lab.state import LabNodeRecord, LabState, Proc, default_home, lab_dir, state_path
 from provisioner.lab.swtpm import Swtpm, VendorCA, create_vendor_ca, provision_swtpm
 from provisioner.lab.topology import (
-    CP_PORT, HARDWARE_PROFILE, HEARTBEAT_SECONDS, JOIN_RETRY_SECONDS, LAN_CIDR, NAME_PATTERN, NETNS_PREFIX, PROVIDER, REGION,
-    LabPlan, NodePlan, Role, address, netns_name,
+    CP_PORT,
+    HARDWARE_PROFILE,
+    HEARTBEAT_SECONDS,
+    JOIN_RETRY_SECONDS,
+    LAN_CIDR,
+    NAME_PATTERN,
+    NETNS_PREFIX,
+    PROVIDER,
+    REGION,
+    LabPlan,
+    NodePlan,
+    Role,
+    address,
+    netns_name,
 )
 
 Progress = Callable[[str], None]
+# How the operator sees pending minions (the rows of GET /v1/pending-minions) in the progress: the CLI
+# hands in its `provision node pending` table; this package returns data and prints nothing itself.
+PendingView = Callable[[list[dict[str, Any]]], str]
+
+
+@dataclass(frozen=True)
+class LabAdoption:
+    """One lab node to adopt: what `provision node add` sends, plus the root the lab made for it."""
+
+    database_url: str  # the lab's own control-plane store (this machine, this RIGBASE_HOME)
+    name: str
+    region: str
+    minion_id: str
+    hostname: str
+    upnp: bool
+    root: str
+
+
+class AdoptWithRoot(Protocol):
+    """The lab's ONE local admin step: add a node and set its lab root in one transaction, on this
+    machine, against the lab's own store; returns the node's id (docs/lab.md, "How the lab talks to the
+    control plane").
+
+    Everything else the lab does goes through the control plane's HTTP API with the admin token. This step
+    cannot: a root path the control plane will chroot into and run a playbook in, as root, is no field an
+    API token may set; only the process that made the root on this machine may name it. And it must be one
+    step, because the minion is already waiting: a node added first and given its root a moment later could
+    be finalized over SSH in between. The CLI (provisioner/cli/lab.py) supplies it, so this package never
+    imports the control plane's services or store."""
+
+    def __call__(self, adoption: LabAdoption) -> str: ...
+
+
 BIN = Path(sys.executable).parent  # provision, minion and python of this installation
 TOOLS = {"ip": "iproute2", "swtpm": "swtpm", "swtpm_setup": "swtpm-tools", "umockdev-run": "umockdev",
          "debootstrap": "debootstrap"}
 UPNP_TOOLS = {"miniupnpd": "miniupnpd", "nft": "nftables"}
+# the lab's control plane is its own: never the one an operator's environment points at
+CLIENT_VARIABLES = ("RIGBASE_URL", "RIGBASE_TOKEN", "RIGBASE_DATABASE_URL")
 KEEP_IN_HOME = {"cache"}  # the debootstrap'd base root: what makes a warm `lab up` fast
-READY_STATES = {"maintenance", "active"}
-FAILED_STATES = {"errored", "removed"}
+READY_STATES, FAILED_STATES = NODE_READY, NODE_STOPPED  # what `lab up` waits for, and gives up on
 
 
 def _quiet(_: str) -> None:
     pass
+
+
+def _minion_ids(rows: list[dict[str, Any]]) -> str:
+    return "\n".join(str(r.get("minion_id")) for r in rows)
 
 
 # -- preflight -------------------------------------------------------------------------------------------
@@ -70,9 +127,11 @@ def _preflight(plan: LabPlan, home: Path, state: LabState | None) -> None:
             raise Conflict(f"the lab has {have} nodes and cannot shrink to {plan.nodes}: "
                            f"run `provision lab down --yes` first, or `provision lab up --nodes {have}`")
         if state.upnp and not plan.upnp:
-            raise Conflict("the lab is up with a UPnP router: pass --upnp again, or `provision lab down --yes` first")
+            raise Conflict("the lab is up with a UPnP router: pass --upnp again, "
+                           "or `provision lab down --yes` first")
     recorded = set(state.namespaces) if state else set()
-    foreign = sorted(n for n in netns.list_namespaces(NETNS_PREFIX) if NAME_PATTERN.match(n) and n not in recorded)
+    foreign = sorted(n for n in netns.list_namespaces(NETNS_PREFIX)
+                     if NAME_PATTERN.match(n) and n not in recorded)
     if foreign:
         raise Conflict(f"namespace {foreign[0]} exists but is not this lab's ({home}): another lab is up or "
                        "one crashed; run `provision lab down --yes` with its RIGBASE_HOME (or this one, to "
@@ -159,7 +218,7 @@ def _listen_in(ns_name: str, host: str, port: int) -> socket.socket:
 
     def make() -> None:
         try:
-            netns._setns(netns.NETNS_DIR / ns_name)
+            netns.setns(netns.NETNS_DIR / ns_name)
             box["sock"] = socket.create_server((host, port))
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
             box["error"] = exc
@@ -168,7 +227,8 @@ def _listen_in(ns_name: str, host: str, port: int) -> socket.socket:
     t.start()
     t.join()
     if "error" in box:
-        raise Unavailable(f"cannot listen on {host}:{port} in {ns_name} ({box['error']}): run `provision lab down --yes` and retry")
+        raise Unavailable(f"cannot listen on {host}:{port} in {ns_name} ({box['error']}): "
+                          "run `provision lab down --yes` and retry")
     return box["sock"]
 
 
@@ -181,12 +241,11 @@ def _free_port() -> int:
 
 
 def _healthy(url: str) -> bool:
-    import httpx
-
     try:
-        return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
-    except httpx.TransportError:
+        Client(url, None, timeout=1).get("/healthz")
+    except ControlPlaneError:
         return False
+    return True
 
 
 def _ensure_control_plane(state: LabState, progress: Progress) -> None:
@@ -196,9 +255,10 @@ def _ensure_control_plane(state: LabState, progress: Progress) -> None:
         state.serve.stop()
     lan_sock = _listen_in(netns_name(Role.CP), address(Role.CP), CP_PORT)
     port = _free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("RIGBASE_URL", "RIGBASE_TOKEN", "RIGBASE_DATABASE_URL")}
+    env = {k: v for k, v in os.environ.items() if k not in CLIENT_VARIABLES}
     # RIGBASE_PUBLIC_URL: the URL finalize writes into each node's minion.yaml (the LAN one, not loopback)
-    env |= {"RIGBASE_HOME": state.home, "TSS2_LOG": "all+none", "RIGBASE_PUBLIC_URL": f"http://{address(Role.CP)}:{CP_PORT}"}
+    env |= {"RIGBASE_HOME": state.home, "TSS2_LOG": "all+none",
+            "RIGBASE_PUBLIC_URL": f"http://{address(Role.CP)}:{CP_PORT}"}
     log = open(lab_dir() / "serve.log", "ab")  # noqa: SIM115 - handed to the server process
     try:
         proc = subprocess.Popen(
@@ -216,48 +276,42 @@ def _ensure_control_plane(state: LabState, progress: Progress) -> None:
     while not _healthy(state.host_url):
         if proc.poll() is not None or time.monotonic() > deadline:
             tail = (lab_dir() / "serve.log").read_text(errors="replace").strip().splitlines()[-3:]
-            raise Unavailable(f"the lab's control plane did not start ({' / '.join(tail)}): see {lab_dir() / 'serve.log'}")
+            raise Unavailable(f"the lab's control plane did not start ({' / '.join(tail)}): "
+                              f"see {lab_dir() / 'serve.log'}")
         time.sleep(0.1)
-    progress(f"control plane: {state.host_url} for you, {state.lan_url} on the lab LAN (SQLite {lab_dir() / 'rigbase.db'})")
+    progress(f"control plane: {state.host_url} for you, {state.lan_url} on the lab LAN "
+             f"(SQLite {lab_dir() / 'rigbase.db'})")
 
 
-def provision_cli(state: LabState, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    """Run the plain `provision` CLI against the lab's control plane, as an operator would."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RIGBASE_URL", "RIGBASE_TOKEN", "RIGBASE_DATABASE_URL")}
-    proc = subprocess.run([str(BIN / "provision"), *args], env=env | {"RIGBASE_HOME": state.home},
-                          capture_output=True, text=True, timeout=120)
-    if check and proc.returncode != 0:
-        raise RigbaseError(f"`provision {' '.join(args)}` failed: {proc.stderr.strip() or proc.stdout.strip()}")
-    return proc
-
-
-def _client(state: LabState) -> Any:
-    from provisioner.cli.client import Client, read_client_config
-
+def _client(state: LabState) -> Client:
+    """The operator API of the lab's control plane, with the admin token `provision serve` wrote."""
     token = read_client_config(Path(state.home) / "client.json").get("token")
     return Client(state.host_url or "", token, timeout=10)
 
 
 def _ensure_region(state: LabState, ca: VendorCA, progress: Progress) -> Path:
-    """Trust the lab's TPM vendor CA, enable the physical provider, create region `lab`; the bundle."""
+    """Trust the lab's TPM vendor CA, enable the physical provider, create region `lab`; the bundle.
+    Each is the API call the matching `provision …` command makes."""
     client = _client(state)
     if not any(p["kind"] == PROVIDER for p in client.get("/v1/providers")["items"]):
-        provision_cli(state, "provider", "enable", PROVIDER)
+        client.post("/v1/providers", {"kind": PROVIDER, "payment_mode": None})
     if not any(r["name"] == REGION for r in client.get("/v1/regions")["items"]):
         # No public jobs (the lab's region is the smallest rule set). Nodes read the profile's /proc through
         # `minion run --host-root` (RAM, cores); every other rule reads the umockdev sysfs.
-        provision_cli(state, "region", "create", REGION, "--provider", PROVIDER, "--storage-mode", "local",
-                      "--no-public-jobs")
+        client.post("/v1/regions", {"name": REGION, "provider": PROVIDER, "storage_mode": "local",
+                                    "public_jobs": False})
         progress(f"region: {REGION} (provider {PROVIDER}, storage mode local, no public jobs)")
     marker = lab_dir() / "tpm-ca" / ".trusted"
     if not marker.exists():
         for pem in (ca.root_certificate, ca.intermediate_certificate):
-            provision_cli(state, "tpm-ca", "add", str(pem))
+            client.post("/v1/tpm-cas", {"pem": pem.read_text()})
         marker.touch()
         progress(f"TPM vendor CA trusted: {ca.root_certificate}")
     bundle = lab_dir() / "bundle.json"
     if not bundle.exists():
-        provision_cli(state, "region", "bundle", REGION, "-o", str(bundle), "--control-plane-url", state.lan_url or "")
+        body = {"control_plane_url": state.lan_url, "ca_certificate": None, "ttl": "7d"}
+        answer = client.post(f"/v1/regions/{REGION}/bundle", body)
+        write_bundle(bundle, EnrollmentBundle.model_validate(answer))
         progress(f"enrollment bundle: {bundle}")
     return bundle
 
@@ -268,23 +322,31 @@ def _node_dir(name: str, home: Path | None = None) -> Path:
     return lab_dir(home) / "nodes" / name
 
 
-def _prepare_node(plan: NodePlan, node: NodeState, ca: VendorCA) -> Swtpm:
-    """Its own swtpm (EK certificate from the lab's vendor CA), started; its minion_id; its hardware."""
-    from minion.tpm.identity import minion_id
-
+def _prepare_node(plan: NodePlan, node: LabNodeRecord, ca: VendorCA) -> Swtpm:
+    """Its own swtpm (EK certificate from the lab's vendor CA), started; its minion_id (asked of the
+    node's own `minion id`, as an operator reads it off the banner); its hardware."""
     tpm = provision_swtpm(_node_dir(plan.name) / "swtpm", ca)
     tpm.start()
     if node.minion_id is None:
-        node.minion_id = minion_id(tpm.tcti)
+        node.minion_id = _minion_id(tpm.tcti)
     hardware.write_testbed(hardware.load_profile(HARDWARE_PROFILE), _node_dir(plan.name) / "hardware")
     return tpm
 
 
-def _start_minion(node: NodeState, tpm: Swtpm, bundle: Path) -> None:
+def _minion_id(tcti: str) -> str:
+    proc = subprocess.run([str(BIN / "minion"), "id", "--tcti", tcti, "--json"], capture_output=True,
+                          text=True, timeout=60)
+    if proc.returncode != 0:
+        raise Unavailable(f"`minion id` failed on the lab TPM ({proc.stderr.strip()}): see the swtpm log")
+    return str(json.loads(proc.stdout)["minion_id"])
+
+
+def _start_minion(node: LabNodeRecord, tpm: Swtpm, bundle: Path) -> None:
     d = _node_dir(node.name)
     record = d / "hardware" / f"{HARDWARE_PROFILE}.umockdev"
     argv = ["umockdev-run", "-d", str(record), "--", str(BIN / "minion"), "run", "--bundle", str(bundle),
-            "--tcti", tpm.tcti, "--state-dir", str(d / "minion"), "--heartbeat-interval", str(HEARTBEAT_SECONDS),
+            "--tcti", tpm.tcti, "--state-dir", str(d / "minion"),
+            "--heartbeat-interval", str(HEARTBEAT_SECONDS),
             "--max-backoff", str(JOIN_RETRY_SECONDS),
             "--host-root", str(d / "hardware" / "host")]  # the profile's RAM and cores, not this machine's
     (d / "minion").mkdir(parents=True, exist_ok=True)
@@ -298,12 +360,12 @@ def _start_minion(node: NodeState, tpm: Swtpm, bundle: Path) -> None:
 
 def _ensure_nodes(plan: LabPlan, state: LabState, ca: VendorCA, bundle: Path, progress: Progress) -> None:
     for p in plan.node_plans():
-        state.nodes.setdefault(p.name, NodeState(p.k, p.name, p.netns, p.address))
+        state.nodes.setdefault(p.name, LabNodeRecord(p.k, p.name, p.netns, p.address))
     todo = [(p, state.nodes[p.name]) for p in plan.node_plans()]
     with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:  # swtpm_setup ~1 s each
         tpms = list(pool.map(lambda pn: _prepare_node(pn[0], pn[1], ca), todo))
     started = []
-    for (p, node), tpm in zip(todo, tpms):
+    for (_, node), tpm in zip(todo, tpms, strict=True):
         if node.minion and node.minion.alive():
             continue
         _start_minion(node, tpm, bundle)
@@ -313,19 +375,21 @@ def _ensure_nodes(plan: LabPlan, state: LabState, ca: VendorCA, bundle: Path, pr
         progress(f"minion started: {line}")
 
 
-def _check_minions(state: LabState, nodes: list[NodeState]) -> None:
+def _check_minions(state: LabState, nodes: list[LabNodeRecord]) -> None:
     """A minion that exited will never join: say so at once, with the end of its log."""
     for node in nodes:
         if node.minion and not node.minion.alive():
             log = _node_dir(node.name) / "minion.log"
             tail = log.read_text(errors="replace").strip().splitlines()[-2:] if log.exists() else []
-            raise Unavailable(f"the minion of {node.name} exited ({' / '.join(tail) or 'no output'}): see {log}, "
+            raise Unavailable(f"the minion of {node.name} exited ({' / '.join(tail) or 'no output'}): "
+                              f"see {log}, "
                               "then run `provision lab up` again")
 
 
-def _show_pending(state: LabState, todo: list[NodeState], progress: Progress, timeout: float) -> None:
+def _show_pending(state: LabState, todo: list[LabNodeRecord], progress: Progress, view: PendingView,
+                  timeout: float) -> None:
     """Wait until every new minion shows up as pending, then show the operator's view of them."""
-    want = {n.minion_id for n in todo}
+    want = {n.minion_id or "" for n in todo}  # set by _prepare_node before any minion starts
     client = _client(state)
     deadline = time.monotonic() + timeout
     while True:
@@ -338,39 +402,26 @@ def _show_pending(state: LabState, todo: list[NodeState], progress: Progress, ti
             raise Unavailable(f"minions {', '.join(sorted(want - seen))} did not show up as pending within "
                               f"{timeout:.0f} s: see {logs}")
         time.sleep(0.25)
-    table = provision_cli(state, "node", "pending", "--region", REGION).stdout.rstrip()
-    progress("pending minions (what `provision node pending` shows):\n" + table)
+    rows = client.get("/v1/pending-minions", region=REGION)["items"]
+    progress("pending minions (what `provision node pending` shows):\n" + view(rows).rstrip())
 
 
-def _add_nodes(state: LabState, progress: Progress) -> list[NodeState]:
-    """Adopt each minion by its minion_id, as `provision node add` does, and in the same transaction give
-    the node its lab root so finalize runs through a chroot into it.
-
-    Written through the service layer into the lab's own SQLite store rather than over the API: a root
-    path the control plane will chroot into and run a playbook in, as root, is no field for an API
-    token to set; only the process that made the root on this machine may name it."""
-    from provisioner.services import nodes as node_service
-    from provisioner.store.engine import make_engine, make_sessionmaker, session_scope
-
+def _add_nodes(state: LabState, adopt: AdoptWithRoot, progress: Progress) -> list[LabNodeRecord]:
+    """Adopt each minion by its minion_id, as `provision node add` does, giving the node its lab root in
+    the same step (`adopt`, the lab's one local admin step: see AdoptWithRoot)."""
     existing = {n["name"] for n in _client(state).pages("/v1/nodes", region=REGION)}
-    engine = make_engine(f"sqlite:///{lab_dir() / 'rigbase.db'}")
     added = []
-    try:
-        for node in sorted(state.nodes.values(), key=lambda n: n.k):
-            if node.name in existing:
-                continue
-            with session_scope(make_sessionmaker(engine)) as session:
-                row = node_service.add(session, node.name, region=REGION, minion_id=node.minion_id or "",
-                                       hostname=f"{node.name}.{REGION}.rigbase.test", upnp=state.upnp,
-                                       actor="operator:lab")
-                row.lab_root = node.root
-                node_id = row.id
-            node.added_at = time.time()
-            state.save()
-            added.append(node)
-            progress(f"added {node.name} ({node_id}) by minion_id {node.minion_id}, root {node.root}")
-    finally:
-        engine.dispose()
+    for node in sorted(state.nodes.values(), key=lambda n: n.k):
+        if node.name in existing:
+            continue
+        node_id = adopt(LabAdoption(database_url=f"sqlite:///{lab_dir() / 'rigbase.db'}", name=node.name,
+                                    region=REGION, minion_id=node.minion_id or "",
+                                    hostname=f"{node.name}.{REGION}.rigbase.test", upnp=state.upnp,
+                                    root=node.root or ""))
+        node.added_at = time.time()
+        state.save()
+        added.append(node)
+        progress(f"added {node.name} ({node_id}) by minion_id {node.minion_id}, root {node.root}")
     return added
 
 
@@ -397,14 +448,15 @@ def _wait_ready(state: LabState, progress: Progress, timeout: float) -> None:
         _check_minions(state, [state.nodes[n] for n in waiting])
         if time.monotonic() - started > timeout:
             raise Unavailable(f"{', '.join(waiting)} did not reach maintenance within {timeout:.0f} s: "
-                              "see `provision lab status` and the minion logs under " + str(lab_dir() / "nodes"))
+                              f"see `provision lab status` and the minion logs under {lab_dir() / 'nodes'}")
         time.sleep(0.5)
 
 
 # -- up / status / down ----------------------------------------------------------------------------------
 
-def up(plan: LabPlan, *, progress: Progress = _quiet, timeout: float = 600) -> LabState:
-    home = rigbase_home()
+def up(plan: LabPlan, *, adopt: AdoptWithRoot, progress: Progress = _quiet,
+       pending: PendingView = _minion_ids, timeout: float = 600, home: Path | None = None) -> LabState:
+    home = home or default_home()
     state = LabState.load(home)
     _preflight(plan, home, state)
     if state is None:
@@ -425,16 +477,16 @@ def up(plan: LabPlan, *, progress: Progress = _quiet, timeout: float = 600) -> L
         _ensure_nodes(plan, state, ca, bundle, step)
         new = [n for n in state.nodes.values() if n.added_at is None]
         if new:
-            _show_pending(state, new, step, timeout)
+            _show_pending(state, new, step, pending, timeout)
             if not base.done():
                 step("waiting for the cached Debian root (debootstrap, first run only)")
             base_root = base.result()
             for node in new:
                 if node.root is None:
-                    node.root = str(rootfs.clone(base_root, rootfs.node_root(node.name))
-                                    if not rootfs.node_root(node.name).exists() else rootfs.node_root(node.name))
+                    root = rootfs.node_root(node.name)
+                    node.root = str(root if root.exists() else rootfs.clone(base_root, root))
             state.save()
-            _add_nodes(state, step)
+            _add_nodes(state, adopt, step)
     _wait_ready(state, step, timeout)
     step("all nodes in maintenance")
     return state
@@ -457,17 +509,19 @@ def _stray_processes(home: Path) -> list[int]:
 
 
 def status(home: Path | None = None) -> dict[str, Any]:
-    home = home or rigbase_home()
+    home = home or default_home()
     state = LabState.load(home)
     present = [n for n in netns.list_namespaces(NETNS_PREFIX) if NAME_PATTERN.match(n)]
     if state is None:
         return {"up": False, "home": str(home), "namespaces": present, "processes": [], "nodes": []}
-    procs = [{"kind": p.kind, "pid": p.pid, "alive": p.alive(), "node": None} for p in (state.serve, state.miniupnpd) if p]
+    procs = [{"kind": p.kind, "pid": p.pid, "alive": p.alive(), "node": None}
+             for p in (state.serve, state.miniupnpd) if p]
     for node in state.nodes.values():
         tpm = Swtpm(_node_dir(node.name, home) / "swtpm")
         procs.append({"kind": "swtpm", "pid": tpm.pid(), "alive": tpm.pid() is not None, "node": node.name})
         if node.minion:
-            procs.append({"kind": "minion", "pid": node.minion.pid, "alive": node.minion.alive(), "node": node.name})
+            procs.append({"kind": "minion", "pid": node.minion.pid, "alive": node.minion.alive(),
+                          "node": node.name})
     nodes: list[dict[str, Any]] = []
     reachable = bool(state.host_url and _healthy(state.host_url))
     if reachable:
@@ -478,8 +532,10 @@ def status(home: Path | None = None) -> dict[str, Any]:
         lab = state.nodes.get(row["name"])
         if lab:
             row |= {"netns": lab.netns, "address": lab.address, "lab_root": lab.root,
-                    "join_seconds": round(lab.ready_at - lab.added_at, 1) if lab.ready_at and lab.added_at else None}
-    return {"up": True, "home": str(home), "upnp": state.upnp, "host_url": state.host_url, "lan_url": state.lan_url,
+                    "join_seconds": (round(lab.ready_at - lab.added_at, 1)
+                                     if lab.ready_at and lab.added_at else None)}
+    return {"up": True, "home": str(home), "upnp": state.upnp, "host_url": state.host_url,
+            "lan_url": state.lan_url,
             "control_plane_reachable": reachable,
             "namespaces": [{"name": n, "exists": netns.Netns(n).exists(), "address": state.lan_members.get(n)}
                            for n in state.namespaces],
@@ -488,7 +544,7 @@ def status(home: Path | None = None) -> dict[str, Any]:
 
 def down(*, progress: Progress = _quiet, home: Path | None = None) -> dict[str, Any]:
     """Remove everything the lab made. Safe to run on a half-built or crashed lab, and twice."""
-    home = home or rigbase_home()
+    home = home or default_home()
     state = LabState.load(home)
     removed: dict[str, Any] = {"namespaces": [], "processes": [], "files": []}
     minions = [n.minion for n in (state.nodes.values() if state else []) if n.minion]

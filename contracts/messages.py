@@ -1,0 +1,163 @@
+"""The messages between a minion and the control plane, protocol version 1 (docs/join-protocol.md).
+
+JSON; binary fields travel as standard base64, PCR values as hex (as tpm2_pcrread prints them). Both ends
+build and parse with these models, so the format has one definition. Messages a minion sends are strict
+(`extra="forbid"`: the control plane refuses what it does not understand); messages the control plane
+sends ignore unknown fields, so a control plane may add a field without breaking minions already in the
+field. The examples recorded in tests/contracts/wire_v1/ pin the bytes of version 1: an image built
+before a change must keep joining a control plane built after it."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Callable
+from datetime import datetime
+from typing import Annotated, Any, Final, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, WithJsonSchema
+
+from contracts.attestation import PCR_BANK, PcrBank
+from contracts.identity import MINION_ID_PATTERN
+
+PROTOCOL_VERSION: Final = 1
+
+
+def _decoder(decode: Callable[[str], bytes]) -> Callable[[Any], Any]:
+    """Decode strings (the wire form); let bytes through (models built in Python keep raw bytes)."""
+
+    def convert(value: Any) -> Any:
+        if isinstance(value, str):
+            try:
+                return decode(value)
+            except (binascii.Error, ValueError) as exc:
+                raise ValueError(f"not valid {decode.__name__} text: {exc}") from None
+        return value
+
+    return convert
+
+
+def base64_text(text: str) -> bytes:
+    return base64.b64decode(text, validate=True)
+
+
+def hex_text(text: str) -> bytes:
+    return bytes.fromhex(text)
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+B64Bytes = Annotated[
+    bytes,
+    BeforeValidator(_decoder(base64_text)),
+    PlainSerializer(b64, return_type=str),
+    WithJsonSchema({"type": "string", "contentEncoding": "base64"}),
+]
+HexBytes = Annotated[
+    bytes,
+    BeforeValidator(_decoder(hex_text)),
+    PlainSerializer(lambda b: b.hex(), return_type=str),
+    WithJsonSchema({"type": "string", "pattern": "^([0-9a-f]{2})*$"}),
+]
+MinionId = Annotated[str, Field(pattern=f"^{MINION_ID_PATTERN}$")]
+
+
+class _Sent(BaseModel):
+    """A message the minion sends: the control plane refuses unknown fields."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class _Answer(BaseModel):
+    """A message the control plane sends: minions ignore fields they do not know."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class JoinRequest(_Sent):
+    """POST /v1/join body."""
+
+    version: Literal[1] = PROTOCOL_VERSION
+    minion_id: MinionId
+    ek_public: B64Bytes  # TPM2B_PUBLIC of the RSA-2048 EK (standard template)
+    ek_certificate: B64Bytes | None = None  # DER, from NV 0x01C00002
+    ak_public: B64Bytes  # TPM2B_PUBLIC of the restricted signing AK created under the EK
+    join_token: str = Field(min_length=1)
+    inventory: dict[str, Any] = Field(default_factory=dict)
+    requirements: dict[str, Any] = Field(default_factory=dict)
+
+
+class JoinChallenge(_Answer):
+    """POST /v1/join response (201): the credential challenge and the nonce to quote over."""
+
+    version: Literal[1] = PROTOCOL_VERSION
+    join_id: str
+    credential_blob: B64Bytes  # TPM2B_ID_OBJECT
+    encrypted_secret: B64Bytes  # TPM2B_ENCRYPTED_SECRET
+    nonce: B64Bytes
+    pcr_bank: PcrBank = PCR_BANK
+    pcrs: list[int]
+    expires_at: datetime
+
+
+class QuoteMessage(_Sent):
+    """A quote and the PCR values it covers (join proof and continuous attestation). PCRs in index order."""
+
+    attest: B64Bytes  # TPMS_ATTEST
+    signature: B64Bytes  # TPMT_SIGNATURE
+    pcr_bank: PcrBank = PCR_BANK
+    pcrs: dict[int, HexBytes]
+
+
+class ProofRequest(_Sent):
+    """POST /v1/join/{join_id}/proof body."""
+
+    version: Literal[1] = PROTOCOL_VERSION
+    activated_secret: B64Bytes
+    quote: QuoteMessage
+
+
+class JoinResult(_Answer):
+    """POST /v1/join/{join_id}/proof response: 200 with the node credential once joined, 202 while pending.
+    `state` is `pending` or the node's state."""
+
+    state: str
+    message: str
+    node_id: str | None = None
+    node_name: str | None = None
+    node_credential: str | None = None
+    ssh_authorized_key: str | None = None  # the control plane's public key, for the finalize playbook's SSH
+    heartbeat_interval_s: float
+
+
+class HeartbeatRequest(_Sent):
+    """POST /v1/nodes/{node_id}/heartbeat body (node credential auth). Fields left out are not sent
+    (`to_wire`): `quote` only answers a `quote_nonce`, inventory and requirements only when re-reported."""
+
+    version: int = PROTOCOL_VERSION
+    actual: dict[str, Any] = Field(default_factory=dict)
+    quote: QuoteMessage | None = None
+    inventory: dict[str, Any] | None = None
+    requirements: dict[str, Any] | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", exclude_none=True)
+
+
+class HeartbeatResponse(_Answer):
+    """The heartbeat's answer: the node's state, its desired state and, every K beats, a nonce (base64) the
+    next beat must quote over (continuous attestation)."""
+
+    node_id: str
+    state: str
+    reason: str | None
+    desired: dict[str, Any]
+    quote_nonce: str | None
+    heartbeat_interval_s: float
+
+
+def to_wire(message: BaseModel) -> dict[str, Any]:
+    """A message as the JSON object that goes on the wire (every field, nulls included)."""
+    return message.model_dump(mode="json")

@@ -1,0 +1,287 @@
+"""Every lifecycle of the control plane as data: one enum per resource, one comment per state, one
+transition table each, and named sets for the groups of states the rules talk about.
+
+The service layer is the only place that changes a state, always through `services.lifecycle.apply`,
+which asks `check()` first and writes the audit line, so an illegal move is refused the same way
+whether it comes from an operator, the join protocol or a reconciler. Nothing outside this module
+spells a state as a string (tests/provisioner/test_states_single_source.py fails if one does).
+
+`online` is deliberately NOT a state: it is derived from the age of the last heartbeat (`is_online`),
+so a node never has two statuses that can disagree. What a node reports about a reservation and the
+shapes both sides of the wire share (storage mode, protocol, datastore type) live in
+`contracts.regional`; this module only adds the control plane's own view on top."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
+from typing import Any, TypeVar
+
+from contracts.regional import ReportedState
+from contracts.errors import RuleViolation
+
+# A node whose last heartbeat is older than this is shown offline. The minion heartbeats every
+# 30 s; three missed beats is the usual threshold before paging anyone.
+ONLINE_WINDOW = timedelta(seconds=90)
+
+
+# ------------------------------------------------------------------------------- operator resources
+
+
+class ProviderState(StrEnum):
+    NEW = "new"  # recorded, provider-side setup not finished yet (GCP: topics, sinks)
+    ENABLED = "enabled"  # regions may be created
+    ERRORED = "errored"  # setup failed; `reason` says why
+    REMOVING = "removing"  # teardown in progress
+    REMOVED = "removed"  # kept for the audit trail; the kind may be enabled again
+
+
+class RegionState(StrEnum):
+    NEW = "new"  # created, no node has reported yet
+    HEALTHY = "healthy"  # its storage node (if any) and nodes report
+    OFFLINE = "offline"  # nothing in it has reported within the online window
+    REMOVING = "removing"  # teardown in progress (GCP: storage node deletion)
+    REMOVED = "removed"  # kept for the audit trail; the name may be reused
+    ERRORED = "errored"  # provider-side failure; `reason` says why
+
+
+class NodeState(StrEnum):
+    NEW = "new"  # added by an operator with its minion_id, waiting for that minion to join
+    ENROLLING = "enrolling"  # the minion is joining: EK/AK checks, challenge, quote
+    PROVISIONING = "provisioning"  # attested; playbooks finalize the OS
+    MAINTENANCE = "maintenance"  # ready but not taking jobs (compute nodes wait here until activated)
+    ACTIVE = "active"  # taking jobs
+    ERRORED = "errored"  # join or provisioning failed; `reason` says why; retry goes back to new
+    REMOVED = "removed"  # kept for history; name and minion_id may be reused
+
+
+class Service(StrEnum):
+    COMPUTE = "compute"
+    STORAGE = "storage"
+
+
+class Maintenance(StrEnum):
+    """What `node maintenance` asks for; one enum for the CLI's choices and the service's rule."""
+
+    ON = "on"  # active → maintenance
+    OFF = "off"  # maintenance → active
+    TOGGLE = "toggle"  # whichever of the two the node's current state allows
+
+
+PROVIDER_TRANSITIONS: dict[ProviderState, frozenset[ProviderState]] = {
+    # NEW → REMOVING: removed while its bootstrap runs; the teardown deletes whatever was made already
+    ProviderState.NEW: frozenset({ProviderState.ENABLED, ProviderState.ERRORED, ProviderState.REMOVING,
+                                  ProviderState.REMOVED}),
+    ProviderState.ENABLED: frozenset({ProviderState.REMOVING, ProviderState.REMOVED, ProviderState.ERRORED}),
+    ProviderState.ERRORED: frozenset({ProviderState.NEW, ProviderState.REMOVING, ProviderState.REMOVED}),
+    ProviderState.REMOVING: frozenset({ProviderState.REMOVED, ProviderState.ERRORED}),
+    ProviderState.REMOVED: frozenset(),
+}
+
+REGION_TRANSITIONS: dict[RegionState, frozenset[RegionState]] = {
+    RegionState.NEW: frozenset({RegionState.HEALTHY, RegionState.OFFLINE, RegionState.ERRORED,
+                                RegionState.REMOVING}),
+    RegionState.HEALTHY: frozenset({RegionState.OFFLINE, RegionState.ERRORED, RegionState.REMOVING}),
+    RegionState.OFFLINE: frozenset({RegionState.HEALTHY, RegionState.ERRORED, RegionState.REMOVING}),
+    RegionState.ERRORED: frozenset({RegionState.HEALTHY, RegionState.OFFLINE, RegionState.REMOVING}),
+    RegionState.REMOVING: frozenset({RegionState.REMOVED, RegionState.ERRORED}),
+    RegionState.REMOVED: frozenset(),
+}
+
+NODE_TRANSITIONS: dict[NodeState, frozenset[NodeState]] = {
+    NodeState.NEW: frozenset({NodeState.ENROLLING, NodeState.ERRORED, NodeState.REMOVED}),
+    NodeState.ENROLLING: frozenset({NodeState.PROVISIONING, NodeState.ERRORED, NodeState.REMOVED}),
+    NodeState.PROVISIONING: frozenset({NodeState.MAINTENANCE, NodeState.ERRORED, NodeState.REMOVED}),
+    NodeState.MAINTENANCE: frozenset({NodeState.ACTIVE, NodeState.ERRORED, NodeState.REMOVED}),
+    NodeState.ACTIVE: frozenset({NodeState.MAINTENANCE, NodeState.ERRORED, NodeState.REMOVED}),
+    # retry: an errored node starts over from new (waits for its minion to join again)
+    NodeState.ERRORED: frozenset({NodeState.NEW, NodeState.REMOVED}),
+    NodeState.REMOVED: frozenset(),
+}
+
+
+# ------------------------------------------------------------------------------- regional resources
+
+
+class ReservationState(StrEnum):
+    """What the operator wants; `ActualState` is what the assigned node last reported. Kept apart so
+    a node that is offline, or a report that arrives after a move, never undoes an operator's decision."""
+
+    UNASSIGNED = "unassigned"  # exists, no node serves it (placement will assign automatically later)
+    ASSIGNED = "assigned"  # a compute node of its region should publish it (see actual_state)
+    REMOVED = "removed"  # kept for the audit trail; name, hostname and port may be reused
+
+
+class ActualState(StrEnum):
+    """The control plane's view of a reservation on its node: `pending` until the node's first report
+    after an assignment, then what the node reported (contracts.regional.ReportedState)."""
+
+    PENDING = "pending"  # assigned; the node has not reported it yet (offline, or before its next heartbeat)
+    PUBLISHED = ReportedState.PUBLISHED.value  # HOST.local answers with the node's LAN address
+    MAPPED = ReportedState.MAPPED.value  # published, and the router forwards external PORT to it
+    CONFLICT = ReportedState.CONFLICT.value  # another host answers for HOST.local; the node stays silent
+    ERROR = ReportedState.ERROR.value  # see actual_reason (UPnP 718/606, no IGD, bad entry …)
+
+
+class DatastoreState(StrEnum):
+    ACTIVE = "active"  # usable by jobs of its region
+    REMOVED = "removed"  # kept for the audit trail; the name may be reused
+
+
+RESERVATION_TRANSITIONS: dict[ReservationState, frozenset[ReservationState]] = {
+    ReservationState.UNASSIGNED: frozenset({ReservationState.ASSIGNED, ReservationState.REMOVED}),
+    # assigned → assigned is a move to another node (one audit line naming both nodes)
+    ReservationState.ASSIGNED: frozenset({ReservationState.ASSIGNED, ReservationState.UNASSIGNED,
+                                          ReservationState.REMOVED}),
+    ReservationState.REMOVED: frozenset(),
+}
+
+DATASTORE_TRANSITIONS: dict[DatastoreState, frozenset[DatastoreState]] = {
+    DatastoreState.ACTIVE: frozenset({DatastoreState.REMOVED}),
+    DatastoreState.REMOVED: frozenset(),
+}
+
+
+# ------------------------------------------------------------------------------- GCP storage node VM
+
+
+class VmStatus(StrEnum):
+    """How far a GCP region's storage node VM got; the reconciler moves along this, never backwards."""
+
+    PENDING = "pending"  # recorded by `region create`, no insert sent yet
+    CREATING = "creating"  # insert sent (requestId derived from our ids); resumable
+    CREATED = "created"  # the VM exists in `zone`; its EK is not pinned yet
+    READY = "ready"  # EK pinned on the node: the VM may join with attestation
+    DELETING = "deleting"  # region removal: delete sent
+    DELETED = "deleted"  # the VM and its disks are gone
+    FAILED = "failed"  # every zone refused; `error` says why
+
+
+VM_TRANSITIONS: dict[VmStatus, frozenset[VmStatus]] = {
+    VmStatus.PENDING: frozenset({VmStatus.CREATING, VmStatus.DELETING, VmStatus.FAILED}),
+    VmStatus.CREATING: frozenset({VmStatus.CREATED, VmStatus.DELETING, VmStatus.FAILED}),
+    VmStatus.CREATED: frozenset({VmStatus.READY, VmStatus.DELETING}),
+    VmStatus.READY: frozenset({VmStatus.DELETING}),
+    VmStatus.FAILED: frozenset({VmStatus.DELETING}),
+    VmStatus.DELETING: frozenset({VmStatus.DELETED}),
+    VmStatus.DELETED: frozenset(),
+}
+
+
+# ------------------------------------------------------------------------------- trust and join
+# These rows are deleted (keys, CAs) or only stamped (tokens), so their states appear in the audit trail
+# and the API's answers rather than in a `state` column; they still have exactly one spelling, here.
+
+
+class TrustState(StrEnum):
+    """An image-builder signing key or a TPM vendor CA the operator trusts (`image trust-key`,
+    `tpm-ca add`); untrusting deletes the row and audits `removed`."""
+
+    TRUSTED = "trusted"  # signatures / EK certificates chaining to it are accepted
+    REMOVED = "removed"  # no longer trusted; the audit line keeps its fingerprint
+
+
+class ImageState(StrEnum):
+    REGISTERED = "registered"  # a signed manifest of the region: nodes matching it pass attestation
+    REMOVED = "removed"  # unregistered (or its key untrusted); nodes running it no longer attest
+
+
+class JoinTokenState(StrEnum):
+    ISSUED = "issued"  # usable until `expires_at`
+    REVOKED = "revoked"  # `revoked_at` is set: joins presenting it are refused
+
+
+class JoinOutcome(StrEnum):
+    """What a join or heartbeat ends in when it is not a node state: the `state` of a join answer and
+    of `node pending` rows, and the audit line of a refusal."""
+
+    PENDING = "pending"  # attested, but no operator has added a node with its minion_id yet
+    REFUSED = "refused"  # a refusal, audited with its code (join or heartbeat)
+
+
+TRUST_TRANSITIONS: dict[TrustState, frozenset[TrustState]] = {
+    TrustState.TRUSTED: frozenset({TrustState.REMOVED}),
+    TrustState.REMOVED: frozenset(),
+}
+
+IMAGE_TRANSITIONS: dict[ImageState, frozenset[ImageState]] = {
+    ImageState.REGISTERED: frozenset({ImageState.REMOVED}),
+    ImageState.REMOVED: frozenset(),
+}
+
+JOIN_TOKEN_TRANSITIONS: dict[JoinTokenState, frozenset[JoinTokenState]] = {
+    JoinTokenState.ISSUED: frozenset({JoinTokenState.REVOKED}),
+    JoinTokenState.REVOKED: frozenset(),
+}
+
+
+def join_token_state(revoked_at: datetime | None) -> JoinTokenState:
+    """A token's state is derived from its row (expiry is checked at use, see services.join_tokens)."""
+    return JoinTokenState.REVOKED if revoked_at is not None else JoinTokenState.ISSUED
+
+
+# ------------------------------------------------------------------------------- tables and named sets
+
+# Every lifecycle enum and its transition table (the single-source test checks each covers its enum).
+TABLES: dict[type[StrEnum], Mapping[Any, frozenset[Any]]] = {
+    ProviderState: PROVIDER_TRANSITIONS,
+    RegionState: REGION_TRANSITIONS,
+    NodeState: NODE_TRANSITIONS,
+    ReservationState: RESERVATION_TRANSITIONS,
+    DatastoreState: DATASTORE_TRANSITIONS,
+    VmStatus: VM_TRANSITIONS,
+    TrustState: TRUST_TRANSITIONS,
+    ImageState: IMAGE_TRANSITIONS,
+    JoinTokenState: JOIN_TOKEN_TRANSITIONS,
+}
+
+# The states whose `reason` is kept: errored says why it failed; offline says why it went away
+# (e.g. a GCP storage node was preempted). Any other transition clears the reason.
+KEEPS_REASON: frozenset[StrEnum] = frozenset({ProviderState.ERRORED, RegionState.ERRORED, RegionState.OFFLINE,
+                                              NodeState.ERRORED})
+
+# A region on its way out or gone: no join, no new node, no storage VM.
+REGION_LEAVING: frozenset[RegionState] = frozenset({RegionState.REMOVING, RegionState.REMOVED})
+# A region the GCP reconcilers leave alone (nothing left to mark errored).
+REGION_SETTLED_BAD: frozenset[RegionState] = frozenset({RegionState.ERRORED, *REGION_LEAVING})
+
+# A node that finished provisioning (what the lab waits for); only an active one takes jobs.
+NODE_READY: frozenset[NodeState] = frozenset({NodeState.MAINTENANCE, NodeState.ACTIVE})
+NODE_SCHEDULABLE: frozenset[NodeState] = frozenset({NodeState.ACTIVE})
+# A node that will not get ready without an operator (retry, or add it again).
+NODE_STOPPED: frozenset[NodeState] = frozenset({NodeState.ERRORED, NodeState.REMOVED})
+
+# A provider whose bootstrap will not end enabled without an operator (`gcp enable --wait` gives up).
+PROVIDER_FAILED_OR_GONE: frozenset[ProviderState] = frozenset({ProviderState.ERRORED, ProviderState.REMOVING,
+                                                                ProviderState.REMOVED})
+# A storage VM that will not become ready without an operator (`region create --wait` gives up).
+VM_FAILED_OR_GONE: frozenset[VmStatus] = frozenset({VmStatus.FAILED, VmStatus.DELETING, VmStatus.DELETED})
+
+# The final state of each lifecycle: the row stays for the audit trail and frees its unique names.
+TERMINAL: frozenset[StrEnum] = frozenset(state for table in TABLES.values()
+                                         for state, out in table.items() if not out)
+
+E = TypeVar("E", bound=StrEnum)
+
+
+def check(kind: str, name: str, table: Mapping[E, frozenset[E]], current: E, target: E) -> None:
+    """Refuse an illegal transition with a sentence naming the current state and the way out."""
+    if target in table[current]:
+        return
+    allowed = ", ".join(sorted(s.value for s in table[current])) or "nothing (it is final)"
+    raise RuleViolation(
+        f"{kind} '{name}' is {current.value} and cannot go to {target.value}: "
+        f"from {current.value} it can go to {allowed}",
+        code="illegal_transition",
+    )
+
+
+def is_online(last_heartbeat_at: datetime | None, now: datetime | None = None) -> bool:
+    """A node is online when it heartbeated within ONLINE_WINDOW; never-seen nodes are offline."""
+    if last_heartbeat_at is None:
+        return False
+    now = now or datetime.now(UTC)
+    if last_heartbeat_at.tzinfo is None:
+        last_heartbeat_at = last_heartbeat_at.replace(tzinfo=UTC)
+    return now - last_heartbeat_at <= ONLINE_WINDOW

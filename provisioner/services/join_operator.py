@@ -1,0 +1,51 @@
+"""What an operator does about joins: retry an errored node (it joins again from scratch) and let a
+region accept EKs without a vendor certificate."""
+
+from __future__ import annotations
+
+from sqlalchemy.orm import Session
+
+from provisioner.domain.states import NodeState
+from contracts.errors import Conflict
+from provisioner.services import audit
+from provisioner.services import nodes as node_service
+from provisioner.services import regions as region_service
+from provisioner.services.join import ALLOW_EK_WITHOUT_CERT
+from provisioner.store.join_models import NodeAttestation
+from provisioner.store.models import Node, Region
+
+
+def retry(
+    session: Session, ref: str, *, region: str | None = None, accept_pcrs: bool = False, actor: str
+) -> Node:
+    """errored → new: the minion's next attempt joins again (fresh attestation, then finalize).
+    `accept_pcrs` forgets the recorded PCR baseline, so the next join records the current values."""
+    node = node_service.get(session, ref, region)
+    if node.state != NodeState.ERRORED:
+        raise Conflict(
+            f"node '{node.name}' is {node.state}, not errored: nothing to retry", code="not_errored"
+        )
+    att = session.get(NodeAttestation, node.id)
+    if att is not None:
+        att.credential_sha256 = None  # the node proves itself again before anything else
+        if accept_pcrs:
+            att.pcr_record = None
+    why = "retry by operator" + (" (PCR baseline reset)" if accept_pcrs else "")
+    return node_service.transition(session, node, NodeState.NEW, actor=actor, reason=why)
+
+
+def set_region_attestation(session: Session, ref: str, *, allow_ek_without_cert: bool, actor: str) -> Region:
+    region = region_service.get(session, ref)
+    region.settings = {**(region.settings or {}), ALLOW_EK_WITHOUT_CERT: allow_ek_without_cert}
+    audit.record(
+        session,
+        kind=region_service.KIND,
+        resource_id=region.id,
+        name=region.name,
+        actor=actor,
+        from_state=region.state,
+        to_state=region.state,
+        reason=f"EKs without a vendor certificate {'accepted' if allow_ek_without_cert else 'refused'}",
+    )
+    session.flush()
+    return region

@@ -1,0 +1,46 @@
+"""Node credentials: the bearer secret a node gets at the end of its join and sends with every heartbeat.
+Only its SHA-256 is stored (NodeAttestation.credential_sha256); a retry or re-add forgets it."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from provisioner.domain.states import NodeState
+from contracts.errors import NotFound, Unauthorized
+from provisioner.store.join_models import NodeAttestation
+from provisioner.store.models import Node
+
+PREFIX = "rbn_"  # rigbase node credential
+
+
+def new_credential() -> str:
+    return PREFIX + secrets.token_urlsafe(32)
+
+
+def digest(credential: str) -> str:
+    return hashlib.sha256(credential.encode()).hexdigest()
+
+
+def node_for_credential(
+    session: Session, node_id: str, credential: str | None
+) -> tuple[Node, NodeAttestation]:
+    if not credential:
+        raise Unauthorized("no node credential: join first (`minion join`)", code="credential_missing")
+    att = session.scalar(
+        select(NodeAttestation).where(NodeAttestation.credential_sha256 == digest(credential))
+    )
+    if att is None or att.node_id != node_id:
+        raise Unauthorized(
+            "the node credential is not valid (the node was retried, removed or re-added): join again",
+            code="credential_invalid",
+        )
+    node = session.get(Node, node_id)
+    if node is None or node.state == NodeState.REMOVED:
+        raise NotFound(
+            "this node was removed: ask the operator to add it again, then join", code="node_not_found"
+        )
+    return node, att

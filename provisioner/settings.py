@@ -1,0 +1,91 @@
+"""The control plane's settings, read once and passed down.
+
+`provision serve` and every `provision` command load one frozen `Settings` at start (from `RIGBASE_*`
+environment variables and the command's own flags) and hand it to what needs it, so no module reads the
+environment on its own and a test builds the object it wants instead of patching variables. The variables
+are listed in docs/control-plane.md."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from pydantic import Field, SecretStr, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from contracts.errors import InvalidInput
+
+DEFAULT_PORT = 8470
+# One heartbeat every 30 s: three missed beats (90 s, ONLINE_WINDOW) before a node shows offline.
+DEFAULT_HEARTBEAT_S = 30.0
+# Continuous attestation: a fresh quote every K-th heartbeat (about every 5 minutes at 30 s).
+DEFAULT_QUOTE_EVERY = 10
+
+
+def _default_home() -> Path:
+    return Path.home() / ".local" / "share" / "rigbase"
+
+
+# playbooks/ beside the packages (source checkout and editable install)
+SHIPPED_PLAYBOOKS = Path(__file__).resolve().parents[1] / "playbooks"
+
+
+class Settings(BaseSettings):
+    """Everything a control-plane process may be told from outside. Frozen: read once, never changed."""
+
+    model_config = SettingsConfigDict(env_prefix="RIGBASE_", frozen=True, extra="ignore")
+
+    home: Path = Field(default_factory=_default_home, description="state directory (keys, tokens, store)")
+    database_url: str | None = Field(None, description="SQLAlchemy URL; default SQLite under `home`")
+    url: str | None = Field(None, description="the control plane a CLI talks to (else client.json)")
+    token: SecretStr | None = Field(None, description="the operator token a CLI sends (else client.json)")
+    public_url: str | None = Field(None, description="the URL nodes reach the control plane at")
+    playbooks: Path = Field(default=SHIPPED_PLAYBOOKS, description="the finalize playbooks")
+    ansible_collections: Path = Field(
+        default_factory=lambda: Path(sys.prefix) / "ansible-collections",
+        description="where community.general lives (scripts/install-deps.sh puts it in the venv)",
+    )
+    ssh_key: Path | None = Field(None, description="the control plane's SSH key; default under `home`")
+    heartbeat_s: float = Field(DEFAULT_HEARTBEAT_S, gt=0, description="the interval minions heartbeat at")
+    quote_every: int = Field(DEFAULT_QUOTE_EVERY, ge=1, description="a fresh quote every K-th heartbeat")
+    reconcilers: bool = Field(True, description="run the reconcilers in this process")
+    regions_dir: Path | None = Field(None, description="catalogue data (regions/*.yaml) instead of the shipped")
+
+    @classmethod
+    def load(cls, **overrides: object) -> Settings:
+        """The environment, with the command's own flags (`overrides`, None meaning "not given") on top.
+        A bad value is one InvalidInput naming the variable, not a traceback."""
+        try:
+            return cls(**{k: v for k, v in overrides.items() if v is not None})  # type: ignore[arg-type]
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            name = "RIGBASE_" + "_".join(str(p) for p in first["loc"]).upper()
+            raise InvalidInput(f"{name}: {first['msg']} (see docs/control-plane.md)") from None
+
+    def ensure_home(self) -> Path:
+        """The state directory, created 0700 on first use and tightened if it exists wider: it holds
+        keys, tokens and the store."""
+        self.home.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if self.home.stat().st_mode & 0o077:
+            self.home.chmod(0o700)
+        return self.home
+
+    @property
+    def database(self) -> str:
+        """`database_url`, else SQLite under the home. The plain libpq form (postgresql://…) is fine:
+        store.engine.make_engine picks the psycopg driver for every URL."""
+        return self.database_url or f"sqlite:///{self.home / 'rigbase.db'}"
+
+    @property
+    def client_config(self) -> Path:
+        """The CLI's client config (URL + admin token), written by `provision serve`, mode 0600."""
+        return self.home / "client.json"
+
+    @property
+    def secret_key(self) -> Path:
+        """The key that seals secrets at rest (GCP service-account keys, join tokens for VMs)."""
+        return self.home / "secret.key"
+
+    @property
+    def ssh_key_path(self) -> Path:
+        return self.ssh_key or self.home / "ssh" / "id_ed25519"

@@ -1,0 +1,1 @@
+DsXG5+uD5Ef+rQtwyBAMnDCUYc3nfskbocD4+DsI2dhcuQ+rWA80hywpsjfiY0wc8t8HD6ySL/OicSx35mJcDA==

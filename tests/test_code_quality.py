@@ -1,0 +1,34 @@
+"""The mechanical checks, run as tests so that `make test` (and CI) refuses a change that breaks them:
+ruff (lint, import order, formatting), mypy, and import-linter's architecture contracts (the three programs
+share only `contracts`, the control plane's layers, no import cycle). Their configuration lives in
+pyproject.toml; docs/architecture.md explains the layers."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+SOURCES = ["contracts", "provisioner", "minion", "image-builder", "tests", "bench"]
+
+
+def _run(*cmd: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize(
+    "name, cmd",
+    [
+        ("ruff check", [str(BIN / "ruff"), "check", "--no-cache", *SOURCES]),
+        ("ruff format", [str(BIN / "ruff"), "format", "--check", "--no-cache", *SOURCES]),
+        ("mypy", [str(BIN / "mypy"), "--cache-dir", str(REPO / ".cache" / "mypy")]),
+        ("import-linter", [str(BIN / "lint-imports"), "--no-cache"]),
+    ],
+)
+def test_mechanical_check(name: str, cmd: list[str]) -> None:
+    proc = _run(*cmd)
+    assert proc.returncode == 0, f"{name} failed:\n{proc.stdout[-6000:]}{proc.stderr[-2000:]}"
