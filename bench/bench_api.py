@@ -38,15 +38,43 @@ def seed(url: str) -> None:
         providers.enable(s, "physical", {}, actor="bench")
         region = regions.create(s, "bench-1", provider="physical", actor="bench")
         now = utcnow()
-        rows = [dict(id=new_id("node"), name=f"n{i:05d}", region_id=region.id, minion_id=f"{i:032x}",
-                     service="compute", hostname=None, upnp=True, mining=False,
-                     state="active" if i % 2 else "maintenance", reason=None,
-                     inventory={"gpus": 4, "gpu_model": "RTX 4090"}, requirements={"ok": True},
-                     last_heartbeat_at=now, created_at=now, updated_at=now, version=1) for i in range(NODES)]
+        rows = [
+            dict(
+                id=new_id("node"),
+                name=f"n{i:05d}",
+                region_id=region.id,
+                minion_id=f"{i:032x}",
+                service="compute",
+                hostname=None,
+                upnp=True,
+                mining=False,
+                state="active" if i % 2 else "maintenance",
+                reason=None,
+                inventory={"gpus": 4, "gpu_model": "RTX 4090"},
+                requirements={"ok": True},
+                last_heartbeat_at=now,
+                created_at=now,
+                updated_at=now,
+                version=1,
+            )
+            for i in range(NODES)
+        ]
         s.execute(insert(Node), rows)
-        s.execute(insert(AuditEvent), [dict(at=now, actor="bench", resource_kind="node", resource_id=r["id"],
-                                            resource_name=r["name"], from_state=None, to_state=r["state"])
-                                       for r in rows])
+        s.execute(
+            insert(AuditEvent),
+            [
+                dict(
+                    at=now,
+                    actor="bench",
+                    resource_kind="node",
+                    resource_id=r["id"],
+                    resource_name=r["name"],
+                    from_state=None,
+                    to_state=r["state"],
+                )
+                for r in rows
+            ],
+        )
     engine.dispose()
 
 
@@ -81,8 +109,11 @@ def run(backend: str, url: str, home: Path) -> None:
         page()  # warm up
         cursor[0] = None
         rps, p50, p99 = measure(page, LIST_ROUNDS * NODES // PAGE)
-        print(f"  {backend:10s} list page of {PAGE}: {rps:7.1f} req/s  p50 {p50:6.1f} ms  p99 {p99:6.1f} ms  "
-              f"p99/target {p99 / TARGET_P99_MS:.2f}", flush=True)
+        print(
+            f"  {backend:10s} list page of {PAGE}: {rps:7.1f} req/s  p50 {p50:6.1f} ms  p99 {p99:6.1f} ms  "
+            f"p99/target {p99 / TARGET_P99_MS:.2f}",
+            flush=True,
+        )
         i = [0]
 
         def write() -> httpx.Response:
@@ -90,16 +121,21 @@ def run(backend: str, url: str, home: Path) -> None:
             return c.post(f"/v1/nodes/n{i[0] % NODES:05d}/maintenance", json={"mode": "toggle"})
 
         rps, p50, p99 = measure(write, WRITES)
-        print(f"  {backend:10s} state write      : {rps:7.1f} req/s  p50 {p50:6.1f} ms  p99 {p99:6.1f} ms  "
-              f"p99/target {p99 / TARGET_P99_MS:.2f}", flush=True)
+        print(
+            f"  {backend:10s} state write      : {rps:7.1f} req/s  p50 {p50:6.1f} ms  p99 {p99:6.1f} ms  "
+            f"p99/target {p99 / TARGET_P99_MS:.2f}",
+            flush=True,
+        )
 
 
 def main() -> None:
     from tests.fixtures.postgres import PostgresCluster
 
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    print(f"API with {NODES} nodes; server: one uvicorn process on one core; target p99 < {TARGET_P99_MS:.0f} ms; "
-          f"load average {load} on {os.cpu_count()} cores (other work inflates p99)")
+    print(
+        f"API with {NODES} nodes; server: one uvicorn process on one core; target p99 < {TARGET_P99_MS:.0f} ms; "
+        f"load average {load} on {os.cpu_count()} cores (other work inflates p99)"
+    )
     with ExitStack() as stack:
         tmp = Path(tempfile.mkdtemp(prefix="rigbase-bench-"))
         stack.callback(shutil.rmtree, tmp, True)

@@ -44,7 +44,8 @@ def _row(label: str, samples: list[float]) -> str:
 
 
 def main() -> None:
-    from minion.join.attest import parse_challenge, join_request, proof_payload
+    from contracts.messages import JoinRequest, ProofRequest
+    from minion.join.attest import join_request, parse_challenge, proof_payload
     from minion.tpm.session import TpmSession
     from provisioner.attestation.credential import make_credential
     from provisioner.attestation.ek_certs import TrustStore
@@ -54,7 +55,6 @@ def main() -> None:
     from provisioner.attestation.refusals import Refusal
     from provisioner.attestation.tpm_structures import parse_public
     from provisioner.attestation.verifier import Attested, JoinVerifier, RegionTrust, check_quote
-    from contracts.messages import JoinRequest, ProofRequest
     from provisioner.lab.swtpm import create_vendor_ca, provision_swtpm
 
     with tempfile.TemporaryDirectory(prefix="rigbase-bench-attest-") as tmp:
@@ -106,10 +106,14 @@ def main() -> None:
                     rate = done / (time.perf_counter() - start)
                 finally:
                     os.sched_setaffinity(0, cpus)
-                print(f"   quote verification, one core: {rate:,.0f} quotes/s ({done} verified, "
-                      f"{len(evidence)} distinct real quotes, {1e6 / rate:.0f} us each)")
-                print(f"     vs target {TARGET_QUOTES_PER_S:.0f}/s: x{rate / TARGET_QUOTES_PER_S:.1f}   "
-                      f"vs Keylime push-mode sample {KEYLIME_PUSH_SAMPLE_PER_S}/s: x{rate / KEYLIME_PUSH_SAMPLE_PER_S:,.0f}")
+                print(
+                    f"   quote verification, one core: {rate:,.0f} quotes/s ({done} verified, "
+                    f"{len(evidence)} distinct real quotes, {1e6 / rate:.0f} us each)"
+                )
+                print(
+                    f"     vs target {TARGET_QUOTES_PER_S:.0f}/s: x{rate / TARGET_QUOTES_PER_S:.1f}   "
+                    f"vs Keylime push-mode sample {KEYLIME_PUSH_SAMPLE_PER_S}/s: x{rate / KEYLIME_PUSH_SAMPLE_PER_S:,.0f}"
+                )
 
                 # -- 3. attestation part of a join -----------------------------------------------------
                 verifier = JoinVerifier(NonceIssuer(MemoryNonceStore()))
@@ -125,7 +129,8 @@ def main() -> None:
                     assert not isinstance(result, Refusal), result
                     challenge, pending = result
                     proof = ProofRequest.model_validate(
-                        proof_payload(session, node_ak, parse_challenge(challenge.model_dump(mode="json"))))
+                        proof_payload(session, node_ak, parse_challenge(challenge.model_dump(mode="json")))
+                    )
                     t3 = time.perf_counter()
                     attested = verifier.finish(pending, proof, RecordPolicy())
                     t4 = time.perf_counter()
@@ -137,8 +142,10 @@ def main() -> None:
                 print(_row("control plane begin (chain, minion_id, MakeCredential)", begin_times))
                 print(_row("control plane finish (nonce, secret, quote, policy)", finish_times))
                 print(_row("end to end incl. TPM work", total_times))
-                print(f"     p50 vs 1 s join target: {statistics.median(total_times):.3f} s "
-                      f"(x{1 / statistics.median(total_times):.1f} headroom for HTTP and the rest)")
+                print(
+                    f"     p50 vs 1 s join target: {statistics.median(total_times):.3f} s "
+                    f"(x{1 / statistics.median(total_times):.1f} headroom for HTTP and the rest)"
+                )
         finally:
             tpm.remove()
 

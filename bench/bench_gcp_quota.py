@@ -21,9 +21,16 @@ RUNS = 5
 
 def _quotas() -> list[dict]:
     return [
-        q("CPUS", 72, 8), q("A2_CPUS", 48), q("G2_CPUS", 96), q("LOCAL_SSD_TOTAL_GB", 6000, 375),
-        q("NVIDIA_T4_GPUS", 8, 1), q("NVIDIA_V100_GPUS", 8), q("NVIDIA_P100_GPUS", 4), q("NVIDIA_A100_GPUS", 8),
-        q("NVIDIA_L4_GPUS", 8), q("NVIDIA_H100_GPUS", 8),
+        q("CPUS", 72, 8),
+        q("A2_CPUS", 48),
+        q("G2_CPUS", 96),
+        q("LOCAL_SSD_TOTAL_GB", 6000, 375),
+        q("NVIDIA_T4_GPUS", 8, 1),
+        q("NVIDIA_V100_GPUS", 8),
+        q("NVIDIA_P100_GPUS", 4),
+        q("NVIDIA_A100_GPUS", 8),
+        q("NVIDIA_L4_GPUS", 8),
+        q("NVIDIA_H100_GPUS", 8),
     ]
 
 
@@ -37,7 +44,9 @@ def _bench_quota(latency_s: float) -> None:
         results = quota.fetch_many(cold_ctx, regions)
         cold = time.perf_counter() - t0
         ctx = GcpContext.anonymous(fake.project, endpoints)
-        quota.fetch(ctx, regions[0])  # build the client and open a connection once, as a running control plane has
+        quota.fetch(
+            ctx, regions[0]
+        )  # build the client and open a connection once, as a running control plane has
         warm = []
         for _ in range(RUNS):
             t0 = time.perf_counter()
@@ -50,18 +59,32 @@ def _bench_quota(latency_s: float) -> None:
     jobs = sum(g.runnable_jobs for r in results for g in r.gpus)
     median = statistics.median(warm)
     sky = SKYPILOT_S_PER_REGION * len(regions)
-    print(f"quota+capacity, {len(regions)} regions, modelled latency {latency_s * 1000:.0f} ms/call ({jobs} runnable jobs found):")
-    print(f"  concurrent, cold (new clients)  {cold:7.3f} s   target < 1 s: {'met' if cold < 1 else 'MISSED'}")
-    print(f"  concurrent, warm (median of {RUNS})  {median:7.3f} s   target < 1 s: {'met' if median < 1 else 'MISSED'}")
-    print(f"  sequential, warm               {sequential:7.3f} s   concurrency speed-up {sequential / median:5.1f}x")
-    print(f"  SkyPilot ≈ {SKYPILOT_S_PER_REGION:.0f} s/region (figure quoted by issue 5, not run here) = {sky:.0f} s  -> ours is {sky / median:,.0f}x faster (warm), {sky / cold:,.0f}x (cold)")
+    print(
+        f"quota+capacity, {len(regions)} regions, modelled latency {latency_s * 1000:.0f} ms/call ({jobs} runnable jobs found):"
+    )
+    print(
+        f"  concurrent, cold (new clients)  {cold:7.3f} s   target < 1 s: {'met' if cold < 1 else 'MISSED'}"
+    )
+    print(
+        f"  concurrent, warm (median of {RUNS})  {median:7.3f} s   target < 1 s: {'met' if median < 1 else 'MISSED'}"
+    )
+    print(
+        f"  sequential, warm               {sequential:7.3f} s   concurrency speed-up {sequential / median:5.1f}x"
+    )
+    print(
+        f"  SkyPilot ≈ {SKYPILOT_S_PER_REGION:.0f} s/region (figure quoted by issue 5, not run here) = {sky:.0f} s  -> ours is {sky / median:,.0f}x faster (warm), {sky / cold:,.0f}x (cold)"
+    )
 
 
 def _bench_wait(wait_max_s: float, op_duration_s: float) -> None:
     fake = FakeCompute(op_duration_s=op_duration_s, wait_max_s=wait_max_s)
     spec = storage_node.StorageNodeSpec(
-        region_id="bench", region="bench", gcp_region="us-central1", zones=("us-central1-a",),
-        storage_class=storage_node.storage_class("small"), bundle={"version": 1},
+        region_id="bench",
+        region="bench",
+        gcp_region="us-central1",
+        zones=("us-central1-a",),
+        storage_class=storage_node.storage_class("small"),
+        bundle={"version": 1},
     )
     with FakeComputeServer(fake) as server:
         ctx = GcpContext.anonymous(fake.project, Endpoints(compute=server.url))
@@ -82,10 +105,14 @@ def main() -> None:
     t0 = time.perf_counter()
     import google.cloud.compute_v1  # noqa: F401  (a one-off per process; kept out of the per-call figures)
 
-    print(f"importing google-cloud-compute: {time.perf_counter() - t0:.2f} s (once per control-plane process)")
+    print(
+        f"importing google-cloud-compute: {time.perf_counter() - t0:.2f} s (once per control-plane process)"
+    )
     _bench_quota(0.0)
     _bench_quota(0.150)
-    print(f"waiting on a slow insert operation (ZoneOperationsClient.wait, {operations.MIN_INTERVAL_S} s floor between calls):")
+    print(
+        f"waiting on a slow insert operation (ZoneOperationsClient.wait, {operations.MIN_INTERVAL_S} s floor between calls):"
+    )
     _bench_wait(wait_max_s=0.0, op_duration_s=4.0)
     _bench_wait(wait_max_s=2.0, op_duration_s=4.0)
 

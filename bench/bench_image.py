@@ -23,7 +23,9 @@ MB = 1e6
 
 
 def _zstd_size(path: Path) -> int:
-    proc = subprocess.run(f"zstd -q -3 -T2 -c {path} | wc -c", shell=True, capture_output=True, text=True, check=True)
+    proc = subprocess.run(
+        f"zstd -q -3 -T2 -c {path} | wc -c", shell=True, capture_output=True, text=True, check=True
+    )
     return int(proc.stdout.strip())
 
 
@@ -34,16 +36,35 @@ def main() -> None:
         cache = t / "cache" if os.environ.get("RIGBASE_BENCH_COLD") == "1" else manifest.default_cache_dir()
         priv, pub = manifest.keygen(t / "k.pem")
         bundle = t / "bundle.json"
-        bundle.write_text(json.dumps({"version": 1, "control_plane_url": "http://cp.bench:8470", "ca_certificate": None,
-                                      "region": "bench", "region_id": "rg-bench", "provider": "physical",
-                                      "join_token": "bench", "expires_at": None}))
-        cfg = BuildConfig(bundle=bundle, output=t / "out", cache=cache, key=priv,
-                          source_date_epoch=build.default_epoch(repo), repo=repo)
+        bundle.write_text(
+            json.dumps(
+                {
+                    "version": 1,
+                    "control_plane_url": "http://cp.bench:8470",
+                    "ca_certificate": None,
+                    "region": "bench",
+                    "region_id": "rg-bench",
+                    "provider": "physical",
+                    "join_token": "bench",
+                    "expires_at": None,
+                }
+            )
+        )
+        cfg = BuildConfig(
+            bundle=bundle,
+            output=t / "out",
+            cache=cache,
+            key=priv,
+            source_date_epoch=build.default_epoch(repo),
+            repo=repo,
+        )
         t0 = time.monotonic()
         first = build.build(cfg, log=lambda m: None)
         first_s = time.monotonic() - t0
         entry = cache / "rootfs" / rootfs.inputs_for(False).key()
-        debootstrap_s = float((entry / "seconds").read_text()) if (entry / "seconds").exists() else float("nan")
+        debootstrap_s = (
+            float((entry / "seconds").read_text()) if (entry / "seconds").exists() else float("nan")
+        )
         t0 = time.monotonic()
         again = build.build(cfg, log=lambda m: None)
         rebuild_s = time.monotonic() - t0
@@ -56,17 +77,28 @@ def main() -> None:
         # estimate (the stage's recorded time + this run's rebuild) that leaves out a fresh dependency wheelhouse.
         measured_cold = first["_timings"]["base"] > 5
         cold_s = first_s if measured_cold else debootstrap_s + rebuild_s
-        how = "measured this run" if measured_cold else "estimate: recorded debootstrap stage + cached rebuild"
-        print(f"cold build:                               {cold_s:7.1f} s   ({how}; debootstrap {debootstrap_s:.1f} s)")
+        how = (
+            "measured this run" if measured_cold else "estimate: recorded debootstrap stage + cached rebuild"
+        )
+        print(
+            f"cold build:                               {cold_s:7.1f} s   ({how}; debootstrap {debootstrap_s:.1f} s)"
+        )
         print(f"this run's first build:                   {first_s:7.1f} s   (steps: {first['_timings']})")
-        print(f"cached rebuild:                           {rebuild_s:7.1f} s   target < {TARGET_REBUILD_S} s "
-              f"→ {rebuild_s / TARGET_REBUILD_S:.2f}× of target; {cold_s / rebuild_s:.1f}× faster than cold")
+        print(
+            f"cached rebuild:                           {rebuild_s:7.1f} s   target < {TARGET_REBUILD_S} s "
+            f"→ {rebuild_s / TARGET_REBUILD_S:.2f}× of target; {cold_s / rebuild_s:.1f}× faster than cold"
+        )
         print(f"   steps: {again['_timings']}")
-        print(f"image raw:                                {raw / MB:7.1f} MB  (allocated {allocated / MB:.1f} MB)")
-        print(f"image zstd -3:                            {zst / MB:7.1f} MB  target < {TARGET_COMPRESSED_MB} MB "
-              f"→ {zst / MB / TARGET_COMPRESSED_MB:.2f}× of target; ratio {zst / raw:.2f}")
+        print(
+            f"image raw:                                {raw / MB:7.1f} MB  (allocated {allocated / MB:.1f} MB)"
+        )
+        print(
+            f"image zstd -3:                            {zst / MB:7.1f} MB  target < {TARGET_COMPRESSED_MB} MB "
+            f"→ {zst / MB / TARGET_COMPRESSED_MB:.2f}× of target; ratio {zst / raw:.2f}"
+        )
         print(f"UKI:                                      {uki / MB:7.1f} MB  ({uki / raw:.3f} of the image)")
         from provisioner.lab.swtpm import create_vendor_ca, provision_swtpm
+
         tpm = provision_swtpm(t / "tpm", create_vendor_ca(t / "ca"))
         # No NVMe drive: the installer declines at once, so this is USB power-on to banner.
         with vm.Machine(t / "vm", img, [], tpm.state_dir) as m:
@@ -76,4 +108,6 @@ def main() -> None:
             m.wait_for(r"(?:MINION_ID=|minion_id +)[0-9a-f]{32}", 600)
             banner_s = time.monotonic() - t0
         print(f"TCG power-on → kernel:                    {kernel_s:7.1f} s")
-        print(f"TCG power-on → banner (USB boot):         {banner_s:7.1f} s   kernel+userspace {banner_s - kernel_s:.1f} s")
+        print(
+            f"TCG power-on → banner (USB boot):         {banner_s:7.1f} s   kernel+userspace {banner_s - kernel_s:.1f} s"
+        )

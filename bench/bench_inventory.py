@@ -23,8 +23,13 @@ REPEATS = 5
 
 PROFILE = {
     "name": "bench-16gpu-24drive",
-    "host": {"hostname": "bench", "memory_gib": 2015.3, "sockets": 2, "cores_per_socket": 64,
-             "threads_per_core": 2},
+    "host": {
+        "hostname": "bench",
+        "memory_gib": 2015.3,
+        "sockets": 2,
+        "cores_per_socket": 64,
+        "threads_per_core": 2,
+    },
     "gpus": [{"id": "10de:2331", "count": 16, "gen": 5, "width": 16}],
     "nvme": [{"count": 8, "bytes": 3840755982336}],
     "sata": [{"count": 16, "bytes": 4000787030016, "rotational": True, "rpm": 7200}],
@@ -56,7 +61,11 @@ def main() -> None:
         testbed = build_testbed(PROFILE, Path(tmp))
         probe = subprocess.run(
             testbed.command(sys.executable, "-c", _PROBE.format(repeats=REPEATS), str(testbed.host_root)),
-            capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parents[1])
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=Path(__file__).resolve().parents[1],
+        )
         figures = json.loads(probe.stdout.strip().splitlines()[-1])
         started = time.perf_counter()
         command = testbed.run("check", "--json", "--public-jobs", "--storage-mode", "local")
@@ -66,12 +75,18 @@ def main() -> None:
     warm = statistics.median(figures["warm"])
     cold = figures["import_and_first"]
     print(f"   machine: {figures['gpus']} GPUs, {figures['drives']} drives, {figures['rules']} rules checked")
-    print(f"   inventory+check, first call incl. imports: {cold * 1000:.1f} ms "
-          f"(target {TARGET_S * 1000:.0f} ms, ratio {TARGET_S / cold:.1f}x under)")
-    print(f"   inventory+check, warm median of {REPEATS}: {warm * 1000:.1f} ms "
-          f"(ratio {TARGET_S / warm:.1f}x under target)")
-    print(f"   `{minion_executable().name} check --json` under umockdev-run, wall: {command_s * 1000:.0f} ms "
-          "(interpreter start and testbed setup included)")
+    print(
+        f"   inventory+check, first call incl. imports: {cold * 1000:.1f} ms "
+        f"(target {TARGET_S * 1000:.0f} ms, ratio {TARGET_S / cold:.1f}x under)"
+    )
+    print(
+        f"   inventory+check, warm median of {REPEATS}: {warm * 1000:.1f} ms "
+        f"(ratio {TARGET_S / warm:.1f}x under target)"
+    )
+    print(
+        f"   `{minion_executable().name} check --json` under umockdev-run, wall: {command_s * 1000:.0f} ms "
+        "(interpreter start and testbed setup included)"
+    )
 
 
 if __name__ == "__main__":

@@ -66,14 +66,19 @@ class Minion:
         self.token = token
 
     def join(self) -> int:
-        from minion.join.attest import parse_challenge, join_request, proof_payload
+        from minion.join.attest import join_request, parse_challenge, proof_payload
 
-        body = join_request(self.session, self.ak, join_token=self.token, inventory={}, requirements={"ok": True, "rules": []})
+        body = join_request(
+            self.session, self.ak, join_token=self.token, inventory={}, requirements={"ok": True, "rules": []}
+        )
         first = self.http.post("/v1/join", json=body)
         first.raise_for_status()
         challenge = parse_challenge(first.json())
-        proof = self.http.post(f"/v1/join/{challenge.join_id}/proof", json=proof_payload(self.session, self.ak, challenge),
-                               headers={"Authorization": f"Bearer {self.token}"})
+        proof = self.http.post(
+            f"/v1/join/{challenge.join_id}/proof",
+            json=proof_payload(self.session, self.ak, challenge),
+            headers={"Authorization": f"Bearer {self.token}"},
+        )
         proof.raise_for_status()
         return proof.status_code
 
@@ -101,15 +106,19 @@ def main() -> None:
     cache = Path(os.environ.get("RIGBASE_BENCH_CACHE", "/tmp/rigbase-bench-swtpm"))
     t = time.monotonic()
     ca, golden = _manufacture(cache, max(LATENCY_JOINS, BURST))
-    print(f"join bench: {len(golden)} swtpm states ready ({time.monotonic() - t:.0f} s, cached in {cache}); "
-          f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}")
+    print(
+        f"join bench: {len(golden)} swtpm states ready ({time.monotonic() - t:.0f} s, cached in {cache}); "
+        f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}"
+    )
     work = Path(tempfile.mkdtemp(prefix="rigbase-bench-join-"))
     tpms: list[Any] = []
     try:
         with start_control_plane(work / "home", fakes=Fakes(skip_finalize=True)) as cp, cp.client() as client:
             client.post("/v1/providers", json={"kind": "physical"}).raise_for_status()
             client.post("/v1/regions", json={"name": "bench", "provider": "physical"}).raise_for_status()
-            client.post("/v1/tpm-cas", json={"pem": b"".join(ca.certificate_pems()).decode()}).raise_for_status()
+            client.post(
+                "/v1/tpm-cas", json={"pem": b"".join(ca.certificate_pems()).decode()}
+            ).raise_for_status()
             token = client.post("/v1/regions/bench/join-tokens", json={"ttl": "1h"}).json()["token"]
 
             # -- latency -------------------------------------------------------------------------
@@ -118,7 +127,9 @@ def main() -> None:
                 tpm = _start_copy(golden[i], work / f"lat-{i}")
                 tpms.append(tpm)
                 m = Minion(tpm, cp.url, token)
-                client.post("/v1/nodes", json={"name": f"lat-{i}", "region": "bench", "minion_id": m.minion_id}).raise_for_status()
+                client.post(
+                    "/v1/nodes", json={"name": f"lat-{i}", "region": "bench", "minion_id": m.minion_id}
+                ).raise_for_status()
                 start = time.perf_counter()
                 m.join()
                 _wait_state(client, f"lat-{i}", "maintenance")
@@ -127,25 +138,35 @@ def main() -> None:
                 tpm.remove()
             tpms.clear()
             p50, p95 = statistics.median(latencies), _pct(latencies, 0.95)
-            print(f"join latency (join start -> maintenance, playbook excluded), {LATENCY_JOINS} joins: "
-                  f"p50 {p50 * 1000:.0f} ms, p95 {p95 * 1000:.0f} ms, max {max(latencies) * 1000:.0f} ms")
-            print(f"  p50 / {P50_TARGET_S:.0f} s target = {p50 / P50_TARGET_S:.2f}; "
-                  f"p50 / Keylime's {KEYLIME_S:.0f} s = {p50 / KEYLIME_S:.2f}")
+            print(
+                f"join latency (join start -> maintenance, playbook excluded), {LATENCY_JOINS} joins: "
+                f"p50 {p50 * 1000:.0f} ms, p95 {p95 * 1000:.0f} ms, max {max(latencies) * 1000:.0f} ms"
+            )
+            print(
+                f"  p50 / {P50_TARGET_S:.0f} s target = {p50 / P50_TARGET_S:.2f}; "
+                f"p50 / Keylime's {KEYLIME_S:.0f} s = {p50 / KEYLIME_S:.2f}"
+            )
 
             # -- burst ---------------------------------------------------------------------------
             offset = LATENCY_JOINS  # fresh EKs: the latency nodes' minion_ids are taken
             golden_burst = (golden + golden[:0])[:BURST] if BURST <= len(golden) else golden
             t = time.monotonic()
             with ThreadPoolExecutor(8) as pool:
-                tpms = list(pool.map(lambda i: _start_copy(golden_burst[i], work / f"burst-{i}"), range(BURST)))
+                tpms = list(
+                    pool.map(lambda i: _start_copy(golden_burst[i], work / f"burst-{i}"), range(BURST))
+                )
                 minions = list(pool.map(lambda tpm: Minion(tpm, cp.url, token), tpms))
-            print(f"burst: {BURST} swtpm processes started and AKs created ({time.monotonic() - t:.0f} s, not timed)")
+            print(
+                f"burst: {BURST} swtpm processes started and AKs created ({time.monotonic() - t:.0f} s, not timed)"
+            )
             # latency joins used golden[0:20]; remove those nodes so the same EKs may join again here
             for i in range(LATENCY_JOINS):
                 client.delete(f"/v1/nodes/lat-{i}").raise_for_status()
             added = {m.minion_id for m in minions[: BURST // 2]}
             for i, m in enumerate(minions[: BURST // 2]):
-                client.post("/v1/nodes", json={"name": f"b-{i}", "region": "bench", "minion_id": m.minion_id}).raise_for_status()
+                client.post(
+                    "/v1/nodes", json={"name": f"b-{i}", "region": "bench", "minion_id": m.minion_id}
+                ).raise_for_status()
             gate = threading.Barrier(BURST + 1)
             results: dict[str, int | str] = {}
 
@@ -170,13 +191,21 @@ def main() -> None:
                     break
                 time.sleep(0.05)
             settled = time.perf_counter() - start
-            pending = [p for p in client.get("/v1/pending-minions", params={"region": "bench"}).json()["items"] if p["attested"]]
+            pending = [
+                p
+                for p in client.get("/v1/pending-minions", params={"region": "bench"}).json()["items"]
+                if p["attested"]
+            ]
             errors = [r for r in results.values() if isinstance(r, str)]
-            print(f"join burst: {BURST} minions (own swtpm each) at once, {len(added)} added -> maintenance "
-                  f"{states.count('maintenance')}/{len(added)}, others pending {len(pending)}/{BURST - len(added)}, "
-                  f"errors {len(errors)}{' (' + errors[0] + ')' if errors else ''}")
-            print(f"  all answered in {answered:.1f} s, all settled in {settled:.1f} s; "
-                  f"settled / {BURST_TARGET_S:.0f} s target = {settled / BURST_TARGET_S:.2f}")
+            print(
+                f"join burst: {BURST} minions (own swtpm each) at once, {len(added)} added -> maintenance "
+                f"{states.count('maintenance')}/{len(added)}, others pending {len(pending)}/{BURST - len(added)}, "
+                f"errors {len(errors)}{' (' + errors[0] + ')' if errors else ''}"
+            )
+            print(
+                f"  all answered in {answered:.1f} s, all settled in {settled:.1f} s; "
+                f"settled / {BURST_TARGET_S:.0f} s target = {settled / BURST_TARGET_S:.2f}"
+            )
             for m in minions:
                 m.close()
     finally:
@@ -189,7 +218,9 @@ def _all_nodes(client: httpx.Client) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = []
     after = None
     while True:
-        page = client.get("/v1/nodes", params={"limit": 500, "region": "bench", **({"after": after} if after else {})}).json()
+        page = client.get(
+            "/v1/nodes", params={"limit": 500, "region": "bench", **({"after": after} if after else {})}
+        ).json()
         items += page["items"]
         after = page.get("next")
         if not after:

@@ -22,10 +22,19 @@ NODES = 2
 
 
 def _run(home: Path, *args: str) -> tuple[float, subprocess.CompletedProcess[str]]:
-    env = {k: v for k, v in os.environ.items() if k not in ("RIGBASE_URL", "RIGBASE_TOKEN", "RIGBASE_DATABASE_URL")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RIGBASE_URL", "RIGBASE_TOKEN", "RIGBASE_DATABASE_URL")
+    }
     started = time.perf_counter()
-    proc = subprocess.run([str(PROVISION), *args], env=env | {"RIGBASE_HOME": str(home), "TSS2_LOG": "all+none"},
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [str(PROVISION), *args],
+        env=env | {"RIGBASE_HOME": str(home), "TSS2_LOG": "all+none"},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     if proc.returncode != 0:
         raise SystemExit(f"provision {' '.join(args)} failed: {proc.stderr[-2000:]}")
     return time.perf_counter() - started, proc
@@ -50,18 +59,30 @@ def main() -> None:
             up_s, up = _run(home, "lab", "up", "--nodes", str(NODES), "--json")
             again_s, _ = _run(home, "lab", "up", "--nodes", str(NODES))
             state = json.loads((home / "lab" / "state.json").read_text())
-            print(f"lab up --nodes {NODES} ({'warm: cached root' if warm else 'cold: debootstrap included'}): {up_s:.1f} s")
+            print(
+                f"lab up --nodes {NODES} ({'warm: cached root' if warm else 'cold: debootstrap included'}): {up_s:.1f} s"
+            )
             print(f"lab up again (everything up, nothing to do): {again_s:.2f} s")
-            print("node     start->adopted  adopted->enrolling  enrolling->provisioning  playbook  adopted->maintenance")
+            print(
+                "node     start->adopted  adopted->enrolling  enrolling->provisioning  playbook  adopted->maintenance"
+            )
             for node in json.loads(up.stdout)["nodes"]:
                 _, hist = _run(home, "node", "history", node["name"], "--json")
-                moves = {h["to_state"]: _at(h["at"]) for h in json.loads(hist.stdout) if h["from_state"] != h["to_state"]}
+                moves = {
+                    h["to_state"]: _at(h["at"])
+                    for h in json.loads(hist.stdout)
+                    if h["from_state"] != h["to_state"]
+                }
                 lab = state["nodes"][node["name"]]
-                print(f"{node['name']:<8} {moves['new'] - lab['started_at']:>14.1f}  "
-                      f"{moves['enrolling'] - moves['new']:>18.2f}  {moves['provisioning'] - moves['enrolling']:>23.2f}  "
-                      f"{moves['maintenance'] - moves['provisioning']:>8.1f}  {lab['ready_at'] - lab['added_at']:>20.1f}")
-            print("(start->adopted: swtpm, umockdev, join attempt, listed pending, root cloned, added by minion_id;"
-                  " a reconciler pass finalizes its nodes one after another, so a node may wait for another's playbook)")
+                print(
+                    f"{node['name']:<8} {moves['new'] - lab['started_at']:>14.1f}  "
+                    f"{moves['enrolling'] - moves['new']:>18.2f}  {moves['provisioning'] - moves['enrolling']:>23.2f}  "
+                    f"{moves['maintenance'] - moves['provisioning']:>8.1f}  {lab['ready_at'] - lab['added_at']:>20.1f}"
+                )
+            print(
+                "(start->adopted: swtpm, umockdev, join attempt, listed pending, root cloned, added by minion_id;"
+                " a reconciler pass finalizes its nodes one after another, so a node may wait for another's playbook)"
+            )
         finally:
             down_s, _ = _run(home, "lab", "down", "--yes")
             print(f"lab down: {down_s:.1f} s")

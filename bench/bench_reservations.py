@@ -30,9 +30,22 @@ MOVE_TARGET_MS = 2000.0
 
 def _start_resolver(peer: Netns, peer_addr: str, host: str, expect: str) -> subprocess.Popen[str]:
     proc = peer.popen(
-        [sys.executable, "-m", "minion.reservations", "resolve", host, "--lan-address", peer_addr,
-         "--until", expect, "--timeout", "10"],
-        stdout=subprocess.PIPE, text=True, cwd=REPO,
+        [
+            sys.executable,
+            "-m",
+            "minion.reservations",
+            "resolve",
+            host,
+            "--lan-address",
+            peer_addr,
+            "--until",
+            expect,
+            "--timeout",
+            "10",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
     )
     assert proc.stdout is not None
     json.loads(proc.stdout.readline())  # {"ready": …}: its zeroconf is listening
@@ -58,8 +71,13 @@ def _default_register(address: str, host: str) -> float:
     from zeroconf import IPVersion, ServiceInfo, Zeroconf
 
     zc = Zeroconf(interfaces=[address], ip_version=IPVersion.V4Only)
-    info = ServiceInfo("_rigbase._tcp.local.", f"{host}._rigbase._tcp.local.", port=9000,
-                       addresses=[socket.inet_aton(address)], server=f"{host}.local.")
+    info = ServiceInfo(
+        "_rigbase._tcp.local.",
+        f"{host}._rigbase._tcp.local.",
+        port=9000,
+        addresses=[socket.inet_aton(address)],
+        server=f"{host}.local.",
+    )
     time.sleep(0.3)
     started = time.monotonic()
     zc.register_service(info)
@@ -71,8 +89,10 @@ def _default_register(address: str, host: str) -> float:
 
 def _stats(samples: list[float]) -> str:
     q = statistics.quantiles(samples, n=10) if len(samples) >= 2 else samples * 9
-    return (f"p50 {statistics.median(samples):7.1f} ms  p90 {q[8]:7.1f} ms  "
-            f"min {min(samples):6.1f}  max {max(samples):7.1f}  (n={len(samples)})")
+    return (
+        f"p50 {statistics.median(samples):7.1f} ms  p90 {q[8]:7.1f} ms  "
+        f"min {min(samples):6.1f}  max {max(samples):7.1f}  (n={len(samples)})"
+    )
 
 
 def bench_names(lab: Lab) -> None:
@@ -100,14 +120,20 @@ def bench_names(lab: Lab) -> None:
     p50, base = statistics.median(latencies), statistics.median(baseline)
     print(f"assign → resolvable by a LAN peer     {_stats(latencies)}")
     print(f"zeroconf default register (3 probes) {_stats(baseline)}")
-    print(f"   target p50 < {NAME_TARGET_MS:.0f} ms: {p50 / NAME_TARGET_MS:.2f}× the budget; "
-          f"{base / p50:.1f}× faster than the default registration")
+    print(
+        f"   target p50 < {NAME_TARGET_MS:.0f} ms: {p50 / NAME_TARGET_MS:.2f}× the budget; "
+        f"{base / p50:.1f}× faster than the default registration"
+    )
     print(f"move A → B, zeroconf resolver sees B  {_stats(moves)}")
     print(f"move A → B, avahi-daemon answers B    {_stats(avahi_moves)}")
-    print(f"   target < {MOVE_TARGET_MS:.0f} ms: worst zeroconf run {max(moves) / MOVE_TARGET_MS:.2f}× the budget")
+    print(
+        f"   target < {MOVE_TARGET_MS:.0f} ms: worst zeroconf run {max(moves) / MOVE_TARGET_MS:.2f}× the budget"
+    )
 
 
-def bench_move(lab: Lab, lan: object, node_a: Netns, addr_a: str, peer: Netns, peer_addr: str) -> tuple[list[float], list[float]]:
+def bench_move(
+    lab: Lab, lan: object, node_a: Netns, addr_a: str, peer: Netns, peer_addr: str
+) -> tuple[list[float], list[float]]:
     """Unassign on A, assign on B; a zeroconf resolver that already holds A's answer must switch to B."""
     node_b = lab.netns("node-b")
     addr_b = lan.attach(node_b, 11)  # type: ignore[attr-defined]
@@ -174,8 +200,10 @@ def bench_upnp(lab: Lab) -> None:
     p50 = statistics.median(cached)
     print(f"UPnP map, cached IGD URL             {_stats(cached)}")
     print(f"UPnP map, SSDP discovery first       {_stats(discovering)}")
-    print(f"   target < {UPNP_TARGET_MS:.0f} ms: {p50 / UPNP_TARGET_MS:.2f}× the budget; "
-          f"{statistics.median(discovering) / p50:.0f}× faster than discovering")
+    print(
+        f"   target < {UPNP_TARGET_MS:.0f} ms: {p50 / UPNP_TARGET_MS:.2f}× the budget; "
+        f"{statistics.median(discovering) / p50:.0f}× faster than discovering"
+    )
 
 
 def main() -> None:

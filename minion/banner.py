@@ -57,8 +57,13 @@ def read_bundle(path: Path) -> BannerEnrollment:
         bundle = contract_bundle.read_bundle(path)
     except contract_bundle.BundleError as exc:
         return BannerEnrollment(path, problem=f"unreadable bundle {path} ({exc.reason})")
-    return BannerEnrollment(path, region=bundle.region, provider=bundle.provider,
-                            storage_mode=bundle.storage_mode, public_jobs=bundle.public_jobs)
+    return BannerEnrollment(
+        path,
+        region=bundle.region,
+        provider=bundle.provider,
+        storage_mode=bundle.storage_mode,
+        public_jobs=bundle.public_jobs,
+    )
 
 
 def read_minion_id(tcti: str | None) -> tuple[str | None, str | None]:
@@ -105,34 +110,55 @@ def _hardware(inv: Inventory) -> str:
     gpus = f"{len(inv.gpus)} x {'/'.join(models)}" if inv.gpus else "no GPUs"
     nvme = sum(d.size_bytes for d in inv.nvme_drives)
     tpm = f"TPM {inv.tpm.major_version or '?'}.x" if inv.tpm.present else "no TPM"
-    return _field("hardware", f"{gpus}, {gib(inv.memory_total_bytes)} RAM, {inv.cpu.physical_cores} "
-                              f"cores, {len(inv.nvme_drives)} NVMe {storage(nvme)}, {tpm}")
+    return _field(
+        "hardware",
+        f"{gpus}, {gib(inv.memory_total_bytes)} RAM, {inv.cpu.physical_cores} "
+        f"cores, {len(inv.nvme_drives)} NVMe {storage(nvme)}, {tpm}",
+    )
 
 
-def next_step(minion_id: str | None, enrollment: BannerEnrollment, report: RequirementReport,
-              inventory: Inventory | None = None) -> str:
+def next_step(
+    minion_id: str | None,
+    enrollment: BannerEnrollment,
+    report: RequirementReport,
+    inventory: Inventory | None = None,
+) -> str:
     """The one thing the operator should do now, first blocker first."""
     if minion_id is None:
         if inventory is not None and inventory.tpm.present and inventory.tpm.major_version == 2:
-            return ("The TPM 2.0 is installed but did not answer; clear it in the firmware setup and "
-                    "reboot (the minion_id comes from the TPM).")
-        return ("Enable the TPM 2.0 (or firmware TPM) in the firmware setup, clear it, and reboot; "
-                "the minion_id comes from the TPM.")
+            return (
+                "The TPM 2.0 is installed but did not answer; clear it in the firmware setup and "
+                "reboot (the minion_id comes from the TPM)."
+            )
+        return (
+            "Enable the TPM 2.0 (or firmware TPM) in the firmware setup, clear it, and reboot; "
+            "the minion_id comes from the TPM."
+        )
     if not report.ok:
         failing = ", ".join(r.rule for r in report.failed)
-        return (f"Fix the requirements marked FAIL ({failing}); `minion check` explains each. "
-                "Then reboot.")
+        return f"Fix the requirements marked FAIL ({failing}); `minion check` explains each. Then reboot."
     if enrollment.region is None:
-        return ("This boot drive has no valid enrollment bundle; ask the control plane operator for a "
-                "boot drive made for your region.")
-    return (f"Write down the minion_id and add a node with it to region '{enrollment.region}' on the "
-            "control plane; this machine then joins by itself.")
+        return (
+            "This boot drive has no valid enrollment bundle; ask the control plane operator for a "
+            "boot drive made for your region."
+        )
+    return (
+        f"Write down the minion_id and add a node with it to region '{enrollment.region}' on the "
+        "control plane; this machine then joins by itself."
+    )
 
 
-def render(*, minion_id: str | None, tpm_problem: str | None, enrollment: BannerEnrollment,
-           addresses: list[tuple[str, str]], report: RequirementReport,
-           inventory: Inventory | None = None, version: str | None = None,
-           join_status: dict[str, Any] | None = None) -> str:
+def render(
+    *,
+    minion_id: str | None,
+    tpm_problem: str | None,
+    enrollment: BannerEnrollment,
+    addresses: list[tuple[str, str]],
+    report: RequirementReport,
+    inventory: Inventory | None = None,
+    version: str | None = None,
+    join_status: dict[str, Any] | None = None,
+) -> str:
     """The banner text: at most 25 lines of at most 80 ASCII characters. `join_status` is what
     `minion run` last saw (minion/join/state.py): joining, pending, refused (with the reason), …"""
     version = version or _version()
@@ -148,13 +174,19 @@ def render(*, minion_id: str | None, tpm_problem: str | None, enrollment: Banner
             why = [why[0], why[1][: WIDTH - LABEL - 4] + " ..."]
         lines.extend(_field("minion_id" if i == 0 else "", part) for i, part in enumerate(why))
     if enrollment.region is not None:
-        lines.append(_field("region", f"{enrollment.region} ({enrollment.provider or 'provider ?'}) "
-                                      f"from {enrollment.path}"))
+        lines.append(
+            _field(
+                "region",
+                f"{enrollment.region} ({enrollment.provider or 'provider ?'}) from {enrollment.path}",
+            )
+        )
     else:
         lines.append(_field("region", f"unknown: {enrollment.problem}"))
     if join_status and join_status.get("state"):
         message = join_status.get("message")
-        lines.append(_field("join", f"{join_status['state']}: {message}" if message else str(join_status["state"])))
+        lines.append(
+            _field("join", f"{join_status['state']}: {message}" if message else str(join_status["state"]))
+        )
     lines.extend(_addresses(addresses))
     if inventory is not None:
         lines.append(_hardware(inventory))
@@ -182,11 +214,22 @@ def _version() -> str:
 
 
 def banner_command(
-    bundle: Annotated[Path | None, typer.Option(
-        "--bundle", dir_okay=False, envvar=BUNDLE_ENV, show_default=str(DEFAULT_BUNDLE),
-        help="The region enrollment bundle (docs/enrollment-bundle.md).")] = None,
-    tcti: Annotated[str | None, typer.Option(
-        "--tcti", envvar=TCTI_ENV, help="TPM to read the minion_id from (tpm2-tss TCTI string).")] = None,
+    bundle: Annotated[
+        Path | None,
+        typer.Option(
+            "--bundle",
+            dir_okay=False,
+            envvar=BUNDLE_ENV,
+            show_default=str(DEFAULT_BUNDLE),
+            help="The region enrollment bundle (docs/enrollment-bundle.md).",
+        ),
+    ] = None,
+    tcti: Annotated[
+        str | None,
+        typer.Option(
+            "--tcti", envvar=TCTI_ENV, help="TPM to read the minion_id from (tpm2-tss TCTI string)."
+        ),
+    ] = None,
     storage_mode: StorageModeOption = None,
     public_jobs: PublicJobsFlag = False,
     inventory_file: InventoryFile = None,
@@ -200,15 +243,23 @@ def banner_command(
 
     enrollment = read_bundle(bundle or DEFAULT_BUNDLE)
     inventory = load_or_collect(inventory_file, host_root)
-    report = check(inventory, storage_mode or enrollment.storage_mode,
-                   public_jobs or enrollment.public_jobs)
+    report = check(inventory, storage_mode or enrollment.storage_mode, public_jobs or enrollment.public_jobs)
     minion_id, problem = read_minion_id(tcti)
     from minion.join.state import DEFAULT_STATE_DIR, StateDir
 
     join_status = StateDir(DEFAULT_STATE_DIR).status() if DEFAULT_STATE_DIR.is_dir() else None
-    print(render(minion_id=minion_id, tpm_problem=problem, enrollment=enrollment,
-                 addresses=local_addresses(host_root), report=report, inventory=inventory,
-                 join_status=join_status), end="")
+    print(
+        render(
+            minion_id=minion_id,
+            tpm_problem=problem,
+            enrollment=enrollment,
+            addresses=local_addresses(host_root),
+            report=report,
+            inventory=inventory,
+            join_status=join_status,
+        ),
+        end="",
+    )
 
 
 def register(app: typer.Typer) -> None:

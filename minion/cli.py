@@ -19,8 +19,12 @@ COMMAND_MODULES: tuple[str, ...] = (
     "minion.join.commands",  # minion join, minion run
 )
 
-app = typer.Typer(help="rigbase minion: the agent on each GPU node.", no_args_is_help=True,
-                  add_completion=False, pretty_exceptions_enable=False)
+app = typer.Typer(
+    help="rigbase minion: the agent on each GPU node.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
 
 for _module in COMMAND_MODULES:
     importlib.import_module(_module).register(app)

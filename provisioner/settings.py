@@ -49,7 +49,9 @@ class Settings(BaseSettings):
     heartbeat_s: float = Field(DEFAULT_HEARTBEAT_S, gt=0, description="the interval minions heartbeat at")
     quote_every: int = Field(DEFAULT_QUOTE_EVERY, ge=1, description="a fresh quote every K-th heartbeat")
     reconcilers: bool = Field(True, description="run the reconcilers in this process")
-    regions_dir: Path | None = Field(None, description="catalogue data (regions/*.yaml) instead of the shipped")
+    regions_dir: Path | None = Field(
+        None, description="catalogue data (regions/*.yaml) instead of the shipped"
+    )
 
     @classmethod
     def load(cls, **overrides: object) -> Settings:

@@ -77,7 +77,9 @@ def default_epoch(repo: Path) -> int:
     """SOURCE_DATE_EPOCH if set, else the last commit's time: same checkout, same timestamps."""
     if os.environ.get("SOURCE_DATE_EPOCH", "").isdigit():
         return int(os.environ["SOURCE_DATE_EPOCH"])
-    out = subprocess.run(["git", "-C", str(repo), "log", "-1", "--format=%ct"], capture_output=True, text=True, check=False)
+    out = subprocess.run(
+        ["git", "-C", str(repo), "log", "-1", "--format=%ct"], capture_output=True, text=True, check=False
+    )
     return int(out.stdout.strip()) if out.stdout.strip().isdigit() else 1700000000
 
 
@@ -90,12 +92,16 @@ def _nvme_esp(base: Path, work: Path, epoch: int) -> Path:
     kver = initramfs.kernel_version(base)
     (files / "cmdline").write_text("console=tty0 console=ttyS0,115200 quiet panic=0")
     (files / "os-release").write_text(node_files.os_release(VERSION))
-    parts = uki.UkiParts(kernel=base / "boot" / f"vmlinuz-{kver}",
-                         initrd=initramfs.build_missing_usb(base, files / "initrd", epoch),
-                         cmdline=files / "cmdline", osrel=files / "os-release")
+    parts = uki.UkiParts(
+        kernel=base / "boot" / f"vmlinuz-{kver}",
+        initrd=initramfs.build_missing_usb(base, files / "initrd", epoch),
+        cmdline=files / "cmdline",
+        osrel=files / "os-release",
+    )
     app = uki.build(parts, files / "BOOTX64.EFI", epoch)
-    return disk.make_esp(work / "nvme-esp.img", 32 * MiB, {"EFI/BOOT/BOOTX64.EFI": app},
-                         IDS["nvme_esp_volume_id"], epoch)
+    return disk.make_esp(
+        work / "nvme-esp.img", 32 * MiB, {"EFI/BOOT/BOOTX64.EFI": app}, IDS["nvme_esp_volume_id"], epoch
+    )
 
 
 def _copy_pinned(src: Path, dst: Path) -> Path:
@@ -138,40 +144,92 @@ def build(cfg: BuildConfig, log: Callable[[str], None] = print) -> dict[str, Any
         whl = t.run("wheel", lambda: wheel.build_wheel(cfg.repo, work / "wheel", epoch), log)
         deps = t.run("deps", lambda: wheel.dependency_wheelhouse(cfg.cache, log), log)
         stage = t.run("stage", lambda: stage_tree(base, work, whl, deps, epoch), log)
-        root_img = t.run("rootfs", lambda: ext4.make(stage, work / "root.ext4", IDS["root_fs_uuid"], "rigbase-root", epoch), log)
+        root_img = t.run(
+            "rootfs",
+            lambda: ext4.make(stage, work / "root.ext4", IDS["root_fs_uuid"], "rigbase-root", epoch),
+            log,
+        )
         ver = t.run("verity", lambda: verity.format_hash(root_img, work / "root.verity"), log)
         initrd = t.run("initramfs", lambda: initramfs.build(base, work / "initrd.cpio", epoch), log)
         kver = initramfs.kernel_version(base)
         cmdline = f"{CMDLINE} rigbase.roothash={ver.root_hash}"
-        parts = uki.UkiParts(kernel=base / "boot" / f"vmlinuz-{kver}", initrd=initrd,
-                             cmdline=work / "cmdline", osrel=work / "os-release")
+        parts = uki.UkiParts(
+            kernel=base / "boot" / f"vmlinuz-{kver}",
+            initrd=initrd,
+            cmdline=work / "cmdline",
+            osrel=work / "os-release",
+        )
         parts.cmdline.write_text(cmdline)
         parts.osrel.write_text(node_files.os_release(VERSION))
         uki_path = t.run("uki", lambda: uki.build(parts, out / UKI_NAME, epoch), log)
-        esp_files = {"EFI/BOOT/BOOTX64.EFI": _copy_pinned(uki.SYSTEMD_BOOT, work / "BOOTX64.EFI"),
-                     "EFI/Linux/rigbase.efi": uki_path,
-                     "loader/loader.conf": work / "loader.conf",
-                     node_files.BUNDLE_ON_ESP: work / "bundle.json"}
+        esp_files = {
+            "EFI/BOOT/BOOTX64.EFI": _copy_pinned(uki.SYSTEMD_BOOT, work / "BOOTX64.EFI"),
+            "EFI/Linux/rigbase.efi": uki_path,
+            "loader/loader.conf": work / "loader.conf",
+            node_files.BUNDLE_ON_ESP: work / "bundle.json",
+        }
         (work / "loader.conf").write_text("timeout 0\ndefault rigbase.efi\neditor no\n")
         (work / "bundle.json").write_bytes(bundle_raw)
         esp_size = disk.mib(uki_path.stat().st_size + 8 * MiB)
         esp_size = max(esp_size, 40 * MiB)
-        esp_img = t.run("esp", lambda: disk.make_esp(work / "esp.img", esp_size, esp_files, IDS["esp_volume_id"], epoch), log)
-        layout = disk.Layout(IDS["disk_guid"], (
-            disk.Partition(ESP_NAME, disk.ESP_TYPE, IDS["esp_partuuid"], esp_img, esp_size),
-            disk.Partition(initramfs.USB_ROOT, disk.ROOT_TYPE, IDS["root_partuuid"], root_img, disk.mib(root_img.stat().st_size)),
-            disk.Partition(initramfs.USB_VERITY, disk.VERITY_TYPE, IDS["verity_partuuid"], ver.hash_path,
-                           disk.mib(ver.hash_path.stat().st_size)),
-        ))
+        esp_img = t.run(
+            "esp",
+            lambda: disk.make_esp(work / "esp.img", esp_size, esp_files, IDS["esp_volume_id"], epoch),
+            log,
+        )
+        layout = disk.Layout(
+            IDS["disk_guid"],
+            (
+                disk.Partition(ESP_NAME, disk.ESP_TYPE, IDS["esp_partuuid"], esp_img, esp_size),
+                disk.Partition(
+                    initramfs.USB_ROOT,
+                    disk.ROOT_TYPE,
+                    IDS["root_partuuid"],
+                    root_img,
+                    disk.mib(root_img.stat().st_size),
+                ),
+                disk.Partition(
+                    initramfs.USB_VERITY,
+                    disk.VERITY_TYPE,
+                    IDS["verity_partuuid"],
+                    ver.hash_path,
+                    disk.mib(ver.hash_path.stat().st_size),
+                ),
+            ),
+        )
         image = t.run("disk", lambda: disk.write_image(layout, out / IMAGE_NAME), log)
-        doc = t.run("measure", lambda: _manifest(cfg, inputs, base, stage, whl, deps, bundle_raw, bundle, parts, uki_path,
-                                                   image, layout, ver, kver, cmdline, epoch), log)
+        doc = t.run(
+            "measure",
+            lambda: _manifest(
+                cfg,
+                inputs,
+                base,
+                stage,
+                whl,
+                deps,
+                bundle_raw,
+                bundle,
+                parts,
+                uki_path,
+                image,
+                layout,
+                ver,
+                kver,
+                cmdline,
+                epoch,
+            ),
+            log,
+        )
         raw = manifest.canonical(doc)
         (out / MANIFEST_NAME).write_bytes(raw)
         (out / (MANIFEST_NAME + manifest.SIGNATURE_SUFFIX)).write_bytes(manifest.sign(raw, key))
         from cryptography.hazmat.primitives import serialization
-        (out / "builder.pub").write_bytes(key.public_key().public_bytes(
-            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+
+        (out / "builder.pub").write_bytes(
+            key.public_key().public_bytes(
+                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+            )
+        )
         if cfg.output.exists():
             shutil.rmtree(cfg.output)
         out.rename(cfg.output)
@@ -184,45 +242,91 @@ def build(cfg: BuildConfig, log: Callable[[str], None] = print) -> dict[str, Any
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _manifest(cfg: BuildConfig, inputs: rootfs.RootfsInputs, base: Path, stage: Path, whl: Path, deps: Path, bundle_raw: bytes,
-              bundle: dict[str, Any], parts: uki.UkiParts, uki_path: Path, image: Path, layout: disk.Layout,
-              ver: verity.Verity, kver: str, cmdline: str, epoch: int) -> dict[str, Any]:
-    sections = {".linux": parts.kernel, ".osrel": parts.osrel, ".cmdline": parts.cmdline, ".initrd": parts.initrd}
+def _manifest(
+    cfg: BuildConfig,
+    inputs: rootfs.RootfsInputs,
+    base: Path,
+    stage: Path,
+    whl: Path,
+    deps: Path,
+    bundle_raw: bytes,
+    bundle: dict[str, Any],
+    parts: uki.UkiParts,
+    uki_path: Path,
+    image: Path,
+    layout: disk.Layout,
+    ver: verity.Verity,
+    kver: str,
+    cmdline: str,
+    epoch: int,
+) -> dict[str, Any]:
+    sections = {
+        ".linux": parts.kernel,
+        ".osrel": parts.osrel,
+        ".cmdline": parts.cmdline,
+        ".initrd": parts.initrd,
+    }
     pcr11 = measure.pcr11(sections)
     pe_hashes = {
         "systemd-boot": pe.authenticode_sha256(uki.SYSTEMD_BOOT.read_bytes()),
         "uki": pe.authenticode_sha256(uki_path.read_bytes()),
         "kernel": pe.authenticode_sha256(parts.kernel.read_bytes()),
     }
-    packages = [dict(zip(("name", "version"), line.split(" ", 1)))
-                for line in rootfs.installed_packages(base).splitlines() if line]
+    packages = [
+        dict(zip(("name", "version"), line.split(" ", 1)))
+        for line in rootfs.installed_packages(base).splitlines()
+        if line
+    ]
     from cryptography.hazmat.primitives import serialization
-    pub = manifest.load_private_key(cfg.key).public_key().public_bytes(serialization.Encoding.Raw,
-                                                                        serialization.PublicFormat.Raw)
+
+    pub = (
+        manifest.load_private_key(cfg.key)
+        .public_key()
+        .public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    )
     return {
         "schema": manifest.SCHEMA,
         "builder": {"version": BUILDER_VERSION, "key_sha256": hashlib.sha256(pub).hexdigest()},
-        "image": {"file": IMAGE_NAME, "sha256": sha256_file(image), "size": image.stat().st_size,
-                  "partitions": {p.name: {"offset": off, "size": size, "partuuid": p.uuid}
-                                 for p, (off, size) in zip(layout.partitions, disk.partition_offsets(layout).values())}},
+        "image": {
+            "file": IMAGE_NAME,
+            "sha256": sha256_file(image),
+            "size": image.stat().st_size,
+            "partitions": {
+                p.name: {"offset": off, "size": size, "partuuid": p.uuid}
+                for p, (off, size) in zip(layout.partitions, disk.partition_offsets(layout).values())
+            },
+        },
         "uki": {"file": UKI_NAME, "sha256": sha256_file(uki_path), "size": uki_path.stat().st_size},
         "kernel": {"version": kver, "cmdline": cmdline},
         "verity": {"root_hash": ver.root_hash, "salt": verity.SALT, "data_blocks": ver.data_blocks},
         "pe_hashes": pe_hashes,
-        "pcr4": {"boot_path": list(USB_BOOT_PATH),
-                 "sha256": measure.pcr4_for_path([pe_hashes[n] for n in USB_BOOT_PATH])},
+        "pcr4": {
+            "boot_path": list(USB_BOOT_PATH),
+            "sha256": measure.pcr4_for_path([pe_hashes[n] for n in USB_BOOT_PATH]),
+        },
         "pcr11": [{"phase": phase, "sha256": value} for phase, value in pcr11.items()],
         "pcr12": {"sha256": measure.pcr12(cmdline)},
-        "region": {"name": bundle["region"], "region_id": bundle["region_id"], "provider": bundle["provider"],
-                   "control_plane_url": bundle["control_plane_url"],
-                   "bundle_sha256": hashlib.sha256(bundle_raw).hexdigest()},
+        "region": {
+            "name": bundle["region"],
+            "region_id": bundle["region_id"],
+            "provider": bundle["provider"],
+            "control_plane_url": bundle["control_plane_url"],
+            "bundle_sha256": hashlib.sha256(bundle_raw).hexdigest(),
+        },
         "packages": packages,
-        "inputs": {"suite": inputs.suite, "mirror": inputs.mirror, "packages": list(inputs.packages),
-                   "components": list(inputs.components), "with_nvidia": inputs.with_nvidia,
-                   "rootfs_key": inputs.key(), "source_date_epoch": epoch,
-                   "wheel": {"file": whl.name, "sha256": sha256_file(whl)},
-                   "python_requirements": wheel.pinned_requirements(),
-                   "python_wheels": {p.name: sha256_file(p) for p in sorted(deps.glob("*.whl"))},
-                   "source_sha256": wheel.source_digest(cfg.repo),
-                   "systemd_stub_sha256": sha256_file(uki.STUB), "systemd_boot_sha256": sha256_file(uki.SYSTEMD_BOOT)},
+        "inputs": {
+            "suite": inputs.suite,
+            "mirror": inputs.mirror,
+            "packages": list(inputs.packages),
+            "components": list(inputs.components),
+            "with_nvidia": inputs.with_nvidia,
+            "rootfs_key": inputs.key(),
+            "source_date_epoch": epoch,
+            "wheel": {"file": whl.name, "sha256": sha256_file(whl)},
+            "python_requirements": wheel.pinned_requirements(),
+            "python_wheels": {p.name: sha256_file(p) for p in sorted(deps.glob("*.whl"))},
+            "source_sha256": wheel.source_digest(cfg.repo),
+            "systemd_stub_sha256": sha256_file(uki.STUB),
+            "systemd_boot_sha256": sha256_file(uki.SYSTEMD_BOOT),
+        },
     }

@@ -17,15 +17,22 @@ import typer
 
 from image_builder.cli_render import OneLineErrors, detail, fail, print_json, progress
 
-app = typer.Typer(cls=OneLineErrors, help="Build rigbase's TPM-measured USB boot media.",
-                  no_args_is_help=True, add_completion=False, rich_markup_mode=None,
-                  pretty_exceptions_enable=False)
+app = typer.Typer(
+    cls=OneLineErrors,
+    help="Build rigbase's TPM-measured USB boot media.",
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode=None,
+    pretty_exceptions_enable=False,
+)
 
 Json = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of a table.")]
-Cache = Annotated[Path | None, typer.Option(
-    "--cache", help="Cache directory (default $RIGBASE_HOME/cache/image-builder).")]
-Key = Annotated[Path | None, typer.Option(
-    "--key", help="Ed25519 signing key (default from `image-builder keygen`).")]
+Cache = Annotated[
+    Path | None, typer.Option("--cache", help="Cache directory (default $RIGBASE_HOME/cache/image-builder).")
+]
+Key = Annotated[
+    Path | None, typer.Option("--key", help="Ed25519 signing key (default from `image-builder keygen`).")
+]
 
 
 def _repo() -> Path:
@@ -49,15 +56,18 @@ def _refusals() -> Iterator[None]:
 
 @app.command("build")
 def build(
-    bundle: Annotated[Path, typer.Option(
-        "--bundle", help="Region enrollment bundle (`provision region bundle`).")],
+    bundle: Annotated[
+        Path, typer.Option("--bundle", help="Region enrollment bundle (`provision region bundle`).")
+    ],
     output: Annotated[Path, typer.Option("--output", help="Directory for the image, UKI and manifest.")],
     cache: Cache = None,
     key: Key = None,
-    with_nvidia: Annotated[bool, typer.Option(
-        "--with-nvidia", help="Add Debian's non-free NVIDIA driver stack.")] = False,
-    mirror: Annotated[str | None, typer.Option(
-        "--mirror", help="Debian mirror (default: the one apt uses here).")] = None,
+    with_nvidia: Annotated[
+        bool, typer.Option("--with-nvidia", help="Add Debian's non-free NVIDIA driver stack.")
+    ] = False,
+    mirror: Annotated[
+        str | None, typer.Option("--mirror", help="Debian mirror (default: the one apt uses here).")
+    ] = None,
     plan: Annotated[bool, typer.Option("--plan", help="Print the build plan as JSON and stop.")] = False,
     json_out: Json = False,
 ) -> None:
@@ -68,18 +78,31 @@ def build(
 
     repo = _repo()
     with _refusals():
-        cfg = BuildConfig(bundle=bundle, output=output, cache=cache or manifest.default_cache_dir(),
-                          key=key or manifest.default_key_path(), with_nvidia=with_nvidia,
-                          source_date_epoch=builder.default_epoch(repo), repo=repo, mirror=mirror)
+        cfg = BuildConfig(
+            bundle=bundle,
+            output=output,
+            cache=cache or manifest.default_cache_dir(),
+            key=key or manifest.default_key_path(),
+            with_nvidia=with_nvidia,
+            source_date_epoch=builder.default_epoch(repo),
+            repo=repo,
+            mirror=mirror,
+        )
         if plan:
             print_json(cfg.as_plan())
             return
         with progress("building") as log:
             doc = builder.build(cfg, log=log)
-    summary = {"output": str(output), "image": str(output / doc["image"]["file"]),
-               "image_sha256": doc["image"]["sha256"], "uki_sha256": doc["uki"]["sha256"],
-               "root_hash": doc["verity"]["root_hash"], "pcr11": doc["pcr11"][-1]["sha256"],
-               "manifest": str(output / "manifest.json"), "timings_s": doc["_timings"]}
+    summary = {
+        "output": str(output),
+        "image": str(output / doc["image"]["file"]),
+        "image_sha256": doc["image"]["sha256"],
+        "uki_sha256": doc["uki"]["sha256"],
+        "root_hash": doc["verity"]["root_hash"],
+        "pcr11": doc["pcr11"][-1]["sha256"],
+        "manifest": str(output / "manifest.json"),
+        "timings_s": doc["_timings"],
+    }
     if json_out:
         print_json(summary)
     else:
@@ -88,8 +111,9 @@ def build(
 
 @app.command("keygen")
 def keygen(
-    key: Annotated[Path | None, typer.Option(
-        "--key", help="Where to write the private key (.pub beside it).")] = None,
+    key: Annotated[
+        Path | None, typer.Option("--key", help="Where to write the private key (.pub beside it).")
+    ] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing key.")] = False,
     json_out: Json = False,
 ) -> None:
@@ -108,8 +132,9 @@ def keygen(
 
 @app.command("verify")
 def verify(
-    manifest_file: Annotated[Path, typer.Argument(
-        metavar="MANIFEST", help="manifest.json (its .sig beside it).")],
+    manifest_file: Annotated[
+        Path, typer.Argument(metavar="MANIFEST", help="manifest.json (its .sig beside it).")
+    ],
     public_key: Annotated[Path, typer.Option("--public-key", help="The builder's public key (builder.pub).")],
     json_out: Json = False,
 ) -> None:
@@ -119,10 +144,14 @@ def verify(
     with _refusals():
         signature = manifest_file.with_name(manifest_file.name + manifest.SIGNATURE_SUFFIX)
         doc = manifest.verify(manifest_file.read_bytes(), signature.read_bytes(), public_key.read_bytes())
-    out = {"manifest": str(manifest_file), "verified": True, "schema": doc.get("schema"),
-           "builder_key_sha256": doc.get("builder", {}).get("key_sha256"),
-           "image_sha256": doc.get("image", {}).get("sha256"),
-           "root_hash": doc.get("verity", {}).get("root_hash")}
+    out = {
+        "manifest": str(manifest_file),
+        "verified": True,
+        "schema": doc.get("schema"),
+        "builder_key_sha256": doc.get("builder", {}).get("key_sha256"),
+        "image_sha256": doc.get("image", {}).get("sha256"),
+        "root_hash": doc.get("verity", {}).get("root_hash"),
+    }
     if json_out:
         print_json(out)
     else:

@@ -26,7 +26,8 @@ EXIT_USAGE = 2  # malformed command line (the code click uses for usage errors)
 # UsageError, which is a ClickException), so the runner recognises ours.
 _UsageError: type[Exception] = typer.BadParameter.__mro__[1]
 _ClickException: type[Exception] = next(
-    c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+    c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException"
+)
 
 
 class CommandError(_ClickException):  # type: ignore[misc, valid-type]
@@ -55,9 +56,15 @@ def _usage_line(exc: Exception) -> str:
 class OneLineErrors(TyperGroup):
     """The command group whose usage errors are one line on stderr (exit 2), like every other error."""
 
-    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
-             complete_var: str | None = None, standalone_mode: bool = True, windows_expand_args: bool = True,
-             **extra: Any) -> Any:
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        windows_expand_args: bool = True,
+        **extra: Any,
+    ) -> Any:
         try:
             code = super().main(args, prog_name, complete_var, False, windows_expand_args, **extra)
         except _UsageError as exc:
@@ -106,6 +113,7 @@ def progress(what: str) -> Iterator[Callable[[str], None]]:
     line above it, so a build log in CI reads the same as on a terminal. stdout stays clean for --json."""
     console = Console(stderr=True)
     with console.status(what) as status:
+
         def log(message: str) -> None:
             console.print(message, markup=False, highlight=False)
             status.update(message)

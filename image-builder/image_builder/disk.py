@@ -42,7 +42,9 @@ def make_esp(out: Path, size: int, files: dict[str, Path], volume_id: str, epoch
     """FAT ESP with a fixed volume id; mtools stamps entries from SOURCE_DATE_EPOCH, files keep pinned mtimes."""
     out.unlink(missing_ok=True)
     env = dict(os.environ, SOURCE_DATE_EPOCH=str(epoch), MTOOLS_SKIP_CHECK="1")
-    _run(["mkfs.vfat", "--invariant", "-i", volume_id, "-n", "RIGBASE", "-C", str(out), str(size // 1024)], env)
+    _run(
+        ["mkfs.vfat", "--invariant", "-i", volume_id, "-n", "RIGBASE", "-C", str(out), str(size // 1024)], env
+    )
     made: set[str] = set()
     for dest in sorted(files):
         parts = dest.strip("/").split("/")
@@ -67,11 +69,18 @@ def write_image(layout: Layout, out: Path) -> Path:
     script = ["label: gpt", f"label-id: {layout.disk_guid}", "unit: sectors", "first-lba: 2048", ""]
     start = first
     for p in layout.partitions:
-        script.append(f"start={start // SECTOR}, size={p.size // SECTOR}, type={p.type_guid}, "
-                      f"uuid={p.uuid}, name=\"{p.name}\"")
+        script.append(
+            f"start={start // SECTOR}, size={p.size // SECTOR}, type={p.type_guid}, "
+            f'uuid={p.uuid}, name="{p.name}"'
+        )
         start += p.size
-    proc = subprocess.run(["sfdisk", "--no-reread", "--no-tell-kernel", "-q", str(out)],
-                          input="\n".join(script) + "\n", capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        ["sfdisk", "--no-reread", "--no-tell-kernel", "-q", str(out)],
+        input="\n".join(script) + "\n",
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if proc.returncode != 0:
         raise BuildError(f"sfdisk could not partition the image: {proc.stderr.strip()}")
     start = first

@@ -21,9 +21,29 @@ def make(tree: Path, image: Path, uuid: str, label: str, epoch: int, slack: floa
     size_mb = int(used * slack / 2**20) + 64
     image.unlink(missing_ok=True)
     env = dict(os.environ, E2FSPROGS_FAKE_TIME=str(epoch), SOURCE_DATE_EPOCH=str(epoch))
-    argv = ["mkfs.ext4", "-q", "-F", "-b", "4096", "-I", "256", "-m", "0", "-O", FEATURES, "-L", label,
-            "-U", uuid, "-E", f"hash_seed={uuid},root_owner=0:0,lazy_itable_init=0,nodiscard",
-            "-d", str(tree), str(image), f"{size_mb}M"]
+    argv = [
+        "mkfs.ext4",
+        "-q",
+        "-F",
+        "-b",
+        "4096",
+        "-I",
+        "256",
+        "-m",
+        "0",
+        "-O",
+        FEATURES,
+        "-L",
+        label,
+        "-U",
+        uuid,
+        "-E",
+        f"hash_seed={uuid},root_owner=0:0,lazy_itable_init=0,nodiscard",
+        "-d",
+        str(tree),
+        str(image),
+        f"{size_mb}M",
+    ]
     proc = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
     if proc.returncode != 0:
         raise BuildError(f"mkfs.ext4 failed: {proc.stderr.strip()[-300:]}")
@@ -50,12 +70,12 @@ def pin_times(image: Path, epoch: int) -> int:
             raise BuildError(f"{image} is not an ext4 image.")
         block = 1024 << struct.unpack_from("<I", sb, 24)[0]
         blocks = struct.unpack_from("<I", sb, 4)[0]
-        per_group_blocks, = struct.unpack_from("<I", sb, 32)
-        per_group_inodes, = struct.unpack_from("<I", sb, 40)
-        inode_size, = struct.unpack_from("<H", sb, 88)
-        incompat, = struct.unpack_from("<I", sb, 96)
+        (per_group_blocks,) = struct.unpack_from("<I", sb, 32)
+        (per_group_inodes,) = struct.unpack_from("<I", sb, 40)
+        (inode_size,) = struct.unpack_from("<H", sb, 88)
+        (incompat,) = struct.unpack_from("<I", sb, 96)
         desc_size = struct.unpack_from("<H", sb, 254)[0] if incompat & 0x80 else 32
-        first_data, = struct.unpack_from("<I", sb, 20)
+        (first_data,) = struct.unpack_from("<I", sb, 20)
         groups = (blocks - first_data + per_group_blocks - 1) // per_group_blocks
         for off in (44, 48, 64, 0x108):  # s_mtime, s_wtime, s_lastcheck, s_mkfs_time
             struct.pack_into("<I", sb, off, epoch)
@@ -76,7 +96,7 @@ def pin_times(image: Path, epoch: int) -> int:
                     continue
                 struct.pack_into("<III", raw, o + 8, epoch, epoch, epoch)
                 if inode_size > 128:
-                    extra, = struct.unpack_from("<H", raw, o + 128)
+                    (extra,) = struct.unpack_from("<H", raw, o + 128)
                     if extra >= 24:
                         struct.pack_into("<IIIII", raw, o + 132, 0, 0, 0, epoch, 0)
                 touched += 1

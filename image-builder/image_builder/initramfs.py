@@ -20,9 +20,23 @@ from image_builder.errors import BuildError
 #: Modules the initramfs loads (with their dependencies from modules.dep): the storage paths a node boots
 #: from (USB, NVMe, SATA), device-mapper verity, and the filesystems it mounts. ext4 needs crc32c by softdep.
 MODULES: tuple[str, ...] = (
-    "xhci_pci", "ehci_pci", "uhci_hcd", "usb_storage", "uas", "sd_mod", "nvme", "ahci", "virtio_pci", "virtio_blk",
-    "crc32c_generic", "crc32c_intel", "ext4", "dm_verity", "overlay",
-    "tpm_crb", "tpm_tis",  # the TPM present before systemd-pcrphase-sysinit decides whether to measure
+    "xhci_pci",
+    "ehci_pci",
+    "uhci_hcd",
+    "usb_storage",
+    "uas",
+    "sd_mod",
+    "nvme",
+    "ahci",
+    "virtio_pci",
+    "virtio_blk",
+    "crc32c_generic",
+    "crc32c_intel",
+    "ext4",
+    "dm_verity",
+    "overlay",
+    "tpm_crb",
+    "tpm_tis",  # the TPM present before systemd-pcrphase-sysinit decides whether to measure
 )
 
 #: GPT partition names the initramfs and installer agree on.
@@ -81,15 +95,21 @@ def build_missing_usb(tree: Path, out: Path, epoch: int) -> Path:
     """The initramfs of the NVMe drives' fallback UKI: busybox and a message, nothing else."""
     entries = [cpio.Entry(d, stat.S_IFDIR | 0o755) for d in ("bin", "dev")]
     entries.append(cpio.Entry("init", stat.S_IFREG | 0o755, MISSING_USB_INIT.encode()))
-    entries.append(cpio.Entry("bin/busybox", stat.S_IFREG | 0o755, resolve_in(tree, "bin/busybox").read_bytes()))
+    entries.append(
+        cpio.Entry("bin/busybox", stat.S_IFREG | 0o755, resolve_in(tree, "bin/busybox").read_bytes())
+    )
     out.write_bytes(gzip.compress(cpio.archive(entries, epoch), compresslevel=6, mtime=0))
     return out
 
 
 def init_script() -> bytes:
     text = INIT
-    for k, v in {"__USB_ROOT__": USB_ROOT, "__USB_VERITY__": USB_VERITY, "__OS_ROOT__": OS_ROOT,
-                 "__OS_VERITY__": OS_VERITY}.items():
+    for k, v in {
+        "__USB_ROOT__": USB_ROOT,
+        "__USB_VERITY__": USB_VERITY,
+        "__OS_ROOT__": OS_ROOT,
+        "__OS_VERITY__": OS_VERITY,
+    }.items():
         text = text.replace(k, v)
     return text.encode()
 
@@ -111,8 +131,10 @@ def module_closure(tree: Path, kver: str, names: tuple[str, ...]) -> list[str]:
         deps[path] = rest.split()
         base = os.path.basename(path).split(".ko")[0].replace("-", "_")
         by_name[base] = path
-    builtin = {os.path.basename(l).split(".ko")[0].replace("-", "_")
-               for l in (moddir / "modules.builtin").read_text().splitlines()}
+    builtin = {
+        os.path.basename(l).split(".ko")[0].replace("-", "_")
+        for l in (moddir / "modules.builtin").read_text().splitlines()
+    }
     order: list[str] = []
 
     def visit(path: str) -> None:
@@ -191,7 +213,11 @@ def build(tree: Path, out: Path, epoch: int) -> Path:
             add(e)
     mods = module_closure(tree, kver, MODULES)
     for m in mods:
-        add(cpio.Entry(f"lib/modules/{m}", stat.S_IFREG | 0o644, (tree / "lib/modules" / kver / m).read_bytes()))
+        add(
+            cpio.Entry(
+                f"lib/modules/{m}", stat.S_IFREG | 0o644, (tree / "lib/modules" / kver / m).read_bytes()
+            )
+        )
     add(cpio.Entry("etc/modules.load", stat.S_IFREG | 0o644, ("\n".join(mods) + "\n").encode()))
     # gzip with mtime 0: deterministic, and half the bytes firmware must read from a USB stick.
     out.write_bytes(gzip.compress(cpio.archive(list(entries.values()), epoch), compresslevel=6, mtime=0))

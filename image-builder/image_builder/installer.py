@@ -18,7 +18,12 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
-OS_ROOT, OS_VERITY, OS_STATE, OS_ESP = "rigbase-os-root", "rigbase-os-verity", "rigbase-state", "rigbase-nvme-esp"
+OS_ROOT, OS_VERITY, OS_STATE, OS_ESP = (
+    "rigbase-os-root",
+    "rigbase-os-verity",
+    "rigbase-state",
+    "rigbase-nvme-esp",
+)
 USB_ROOT, USB_VERITY = "rigbase-usb-root", "rigbase-usb-verity"
 DATA = "rigbase-data"
 BOOT_SOURCE = Path("/etc/rigbase/boot-source")
@@ -51,7 +56,7 @@ ACTIONS: dict[Situation, str] = {
 PROMPTS: dict[Situation, str] = {
     Situation.BLANK: "No rigbase OS on the NVMe drives ({drives}).\nType 'yes' to ERASE them and install rigbase: ",
     Situation.OTHER_BUILD: "The NVMe drives hold a different rigbase build ({drives}).\n"
-                           "Type 'yes' to ERASE them and install this one: ",
+    "Type 'yes' to ERASE them and install this one: ",
 }
 
 
@@ -91,16 +96,21 @@ def layout_scripts(disks: list[str], root_size: int, verity_size: int) -> dict[s
     """sfdisk scripts: the first NVMe drive gets ESP + OS root + hash tree + state; the others one data
     partition each (for the node's workloads)."""
     first, rest = disks[0], disks[1:]
-    scripts = {first: "\n".join([
-        "label: gpt",
-        f"size={32 * MiB // 512}, type={ESP_TYPE}, name=\"{OS_ESP}\"",
-        f"size={root_size // 512}, type={ROOT_TYPE}, name=\"{OS_ROOT}\"",
-        f"size={verity_size // 512}, type={VERITY_TYPE}, name=\"{OS_VERITY}\"",
-        # Named "-new" until formatted: the node's fstab mounts PARTLABEL=rigbase-state as soon as it appears.
-        f"type={LINUX_TYPE}, name=\"{OS_STATE}-new\"",
-    ]) + "\n"}
+    scripts = {
+        first: "\n".join(
+            [
+                "label: gpt",
+                f'size={32 * MiB // 512}, type={ESP_TYPE}, name="{OS_ESP}"',
+                f'size={root_size // 512}, type={ROOT_TYPE}, name="{OS_ROOT}"',
+                f'size={verity_size // 512}, type={VERITY_TYPE}, name="{OS_VERITY}"',
+                # Named "-new" until formatted: the node's fstab mounts PARTLABEL=rigbase-state as soon as it appears.
+                f'type={LINUX_TYPE}, name="{OS_STATE}-new"',
+            ]
+        )
+        + "\n"
+    }
     for i, d in enumerate(rest, start=1):
-        scripts[d] = f"label: gpt\ntype={LINUX_TYPE}, name=\"{DATA}-{i}\"\n"
+        scripts[d] = f'label: gpt\ntype={LINUX_TYPE}, name="{DATA}-{i}"\n'
     return scripts
 
 
@@ -135,7 +145,9 @@ class Consoles:
                 chunk = os.read(fd, 256)
                 buffers[fd] += chunk
                 if b"\n" in buffers[fd] or b"\r" in buffers[fd]:
-                    return buffers[fd].replace(b"\r", b"\n").split(b"\n", 1)[0].decode(errors="replace").strip()
+                    return (
+                        buffers[fd].replace(b"\r", b"\n").split(b"\n", 1)[0].decode(errors="replace").strip()
+                    )
 
 
 def _part_dev(disk: str, n: int) -> str:
@@ -168,11 +180,16 @@ def install(disks: list[str], parts: list[BlockPart], say) -> None:
     usb = {p.name: p.dev for p in parts}
     if USB_ROOT not in usb or USB_VERITY not in usb:
         raise RuntimeError("the USB drive's root partitions are missing")
-    sizes = {n: int(Path(f"/sys/class/block/{Path(usb[n]).name}/size").read_text()) * 512 for n in (USB_ROOT, USB_VERITY)}
+    sizes = {
+        n: int(Path(f"/sys/class/block/{Path(usb[n]).name}/size").read_text()) * 512
+        for n in (USB_ROOT, USB_VERITY)
+    }
     for disk, script in layout_scripts(disks, sizes[USB_ROOT], sizes[USB_VERITY]).items():
         say(f"Partitioning /dev/{disk} ...\n")
         subprocess.run(["wipefs", "-a", "-q", f"/dev/{disk}"], check=True)
-        subprocess.run(["sfdisk", "-q", "--wipe", "always", f"/dev/{disk}"], input=script.encode(), check=True)
+        subprocess.run(
+            ["sfdisk", "-q", "--wipe", "always", f"/dev/{disk}"], input=script.encode(), check=True
+        )
     first = disks[0]
     subprocess.run(["udevadm", "settle", "--timeout=30"], check=False)
     for n in range(1, 5):
@@ -199,8 +216,10 @@ def main() -> int:
         return 0
     con = Consoles()
     if action == "refuse":
-        con.say("rigbase installer: no NVMe drive found; a rigbase node needs at least two NVMe drives. "
-                "Add them and reboot.\n")
+        con.say(
+            "rigbase installer: no NVMe drive found; a rigbase node needs at least two NVMe drives. "
+            "Add them and reboot.\n"
+        )
         return 1
     answer = con.ask("\n" + PROMPTS[sit].format(drives=", ".join(f"/dev/{d}" for d in disks)))
     if answer != "yes":
@@ -209,7 +228,9 @@ def main() -> int:
     try:
         install(disks, parts, con.say)
     except (OSError, RuntimeError, subprocess.CalledProcessError) as exc:
-        con.say(f"rigbase installer: installation failed ({exc}); check the NVMe drives and reboot to retry.\n")
+        con.say(
+            f"rigbase installer: installation failed ({exc}); check the NVMe drives and reboot to retry.\n"
+        )
         return 1
     con.say("rigbase installer: installed; rebooting. Keep the USB drive in: this node boots from it.\n")
     subprocess.run(["systemctl", "reboot"], check=False)

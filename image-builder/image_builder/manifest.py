@@ -19,8 +19,19 @@ from contracts.manifest import (
     verify,
 )
 
-__all__ = ["SCHEMA", "SIGNATURE_SUFFIX", "ManifestError", "canonical", "default_cache_dir", "default_key_path",
-           "keygen", "load_private_key", "public_key_fingerprint", "sign", "verify"]
+__all__ = [
+    "SCHEMA",
+    "SIGNATURE_SUFFIX",
+    "ManifestError",
+    "canonical",
+    "default_cache_dir",
+    "default_key_path",
+    "keygen",
+    "load_private_key",
+    "public_key_fingerprint",
+    "sign",
+    "verify",
+]
 
 
 def rigbase_home() -> Path:
@@ -47,15 +58,22 @@ def keygen(private_path: Path, force: bool = False) -> tuple[Path, Path]:
 
     public_path = private_path.with_suffix(".pub")
     if private_path.exists() and not force:
-        raise ManifestError(f"{private_path} already exists; pass --force to replace it or use --key to pick another path.")
+        raise ManifestError(
+            f"{private_path} already exists; pass --force to replace it or use --key to pick another path."
+        )
     key = Ed25519PrivateKey.generate()
     private_path.parent.mkdir(parents=True, exist_ok=True)
-    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
     fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as fh:
         fh.write(pem)
-    public_path.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                           serialization.PublicFormat.SubjectPublicKeyInfo))
+    public_path.write_bytes(
+        key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
     return private_path, public_path
 
 

@@ -36,12 +36,18 @@ def pcr11(sections: dict[str, Path], phases: tuple[str, ...] = PHASES) -> dict[s
     """phase → expected sha256 PCR 11, via systemd-measure (one call per phase: its JSON lists the
     phases it computed)."""
     if not SYSTEMD_MEASURE.exists():
-        raise BuildError(f"{SYSTEMD_MEASURE} is missing; install systemd (bookworm ships systemd-measure there).")
+        raise BuildError(
+            f"{SYSTEMD_MEASURE} is missing; install systemd (bookworm ships systemd-measure there)."
+        )
     args = [f"--{name.lstrip('.')}={path}" for name, path in sections.items()]
     out: dict[str, str] = {}
     for phase in phases:
-        proc = subprocess.run([str(SYSTEMD_MEASURE), "calculate", "--bank=sha256", "--json=short",
-                               f"--phase={phase}", *args], capture_output=True, text=True, check=False)
+        proc = subprocess.run(
+            [str(SYSTEMD_MEASURE), "calculate", "--bank=sha256", "--json=short", f"--phase={phase}", *args],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         if proc.returncode != 0:
             raise BuildError(f"systemd-measure failed: {proc.stderr.strip()}")
         entries = json.loads(proc.stdout)["sha256"]
@@ -101,11 +107,11 @@ def parse_event_log(blob: bytes) -> list[Event]:
     if len(blob) < 32:
         raise ValueError("event log too short")
     pcr, etype = struct.unpack_from("<II", blob, 0)
-    size, = struct.unpack_from("<I", blob, 28)
-    spec = blob[32:32 + size]
+    (size,) = struct.unpack_from("<I", blob, 28)
+    spec = blob[32 : 32 + size]
     if not spec.startswith(b"Spec ID Event03"):
         raise ValueError("not a crypto-agile event log")
-    nalg, = struct.unpack_from("<I", spec, 24)
+    (nalg,) = struct.unpack_from("<I", spec, 24)
     sizes = {}
     for i in range(nalg):
         alg, dsize = struct.unpack_from("<HH", spec, 28 + 4 * i)
@@ -117,16 +123,16 @@ def parse_event_log(blob: bytes) -> list[Event]:
         off += 12
         sha256 = None
         for _ in range(count):
-            alg, = struct.unpack_from("<H", blob, off)
+            (alg,) = struct.unpack_from("<H", blob, off)
             off += 2
             if alg not in sizes:
                 raise ValueError(f"unknown digest algorithm {alg:#x} in the event log")
             if alg == ALG_SHA256:
-                sha256 = blob[off:off + sizes[alg]]
+                sha256 = blob[off : off + sizes[alg]]
             off += sizes[alg]
-        esize, = struct.unpack_from("<I", blob, off)
+        (esize,) = struct.unpack_from("<I", blob, off)
         off += 4
-        events.append(Event(pcr, etype, sha256, blob[off:off + esize]))
+        events.append(Event(pcr, etype, sha256, blob[off : off + esize]))
         off += esize
     return events
 
@@ -151,7 +157,11 @@ def check_pcr4(events: list[Event], pcr4_value: str, known_images: dict[str, str
     """A verifier's PCR 4 check: the log must replay to the PCR value the TPM reports, and every PE image
     the firmware loaded must be one the manifest names (systemd-boot, the UKI, the kernel)."""
     replayed = replay(events, 4)
-    loaded = [e.sha256.hex() for e in events if e.pcr == 4 and e.type == EV_EFI_BOOT_SERVICES_APPLICATION and e.sha256]
+    loaded = [
+        e.sha256.hex()
+        for e in events
+        if e.pcr == 4 and e.type == EV_EFI_BOOT_SERVICES_APPLICATION and e.sha256
+    ]
     names = {v: k for k, v in known_images.items()}
     if replayed != pcr4_value.lower():
         return Pcr4Check(False, replayed, loaded, "the event log does not replay to the reported PCR 4")

@@ -132,7 +132,9 @@ DHCP=yes
 # debootstrap copies the build host's resolver into the tree; the image must not carry it (it leaks the
 # build host's network and makes the image differ between build hosts). networkd alone does not write
 # resolv.conf, so names in the bundle's control-plane URL do not resolve yet: use an address.
-RESOLV_CONF = "# rigbase: no resolver configured; the enrollment bundle's control-plane URL must be an address\n"
+RESOLV_CONF = (
+    "# rigbase: no resolver configured; the enrollment bundle's control-plane URL must be an address\n"
+)
 
 UNITS = {
     "rigbase-installer.service": INSTALLER_UNIT,
@@ -143,9 +145,11 @@ UNITS = {
 
 
 def os_release(version: str) -> str:
-    return (f'NAME="rigbase"\nPRETTY_NAME="rigbase node {version} (Debian 12 bookworm)"\nID=rigbase\n'
-            f'ID_LIKE=debian\nVERSION_ID="{version}"\nIMAGE_ID=rigbase-node\nIMAGE_VERSION="{version}"\n'
-            'HOME_URL="https://github.com/rigbase"\n')
+    return (
+        f'NAME="rigbase"\nPRETTY_NAME="rigbase node {version} (Debian 12 bookworm)"\nID=rigbase\n'
+        f'ID_LIKE=debian\nVERSION_ID="{version}"\nIMAGE_ID=rigbase-node\nIMAGE_VERSION="{version}"\n'
+        'HOME_URL="https://github.com/rigbase"\n'
+    )
 
 
 def files(version: str) -> dict[str, tuple[str, int]]:
@@ -156,7 +160,10 @@ def files(version: str) -> dict[str, tuple[str, int]]:
         "/usr/local/bin/minion": (MINION_LAUNCHER, 0o755),
         "/etc/fstab": (FSTAB, 0o644),
         "/etc/hostname": ("rigbase\n", 0o644),
-        "/etc/hosts": ("127.0.0.1 localhost\n127.0.1.1 rigbase\n::1 localhost ip6-localhost ip6-loopback\n", 0o644),
+        "/etc/hosts": (
+            "127.0.0.1 localhost\n127.0.1.1 rigbase\n::1 localhost ip6-localhost ip6-loopback\n",
+            0o644,
+        ),
         "/etc/rigbase/image-version": (version + "\n", 0o644),
         "/etc/systemd/network/80-rigbase-dhcp.network": (DHCP_NETWORK, 0o644),
         "/etc/resolv.conf": (RESOLV_CONF, 0o644),
@@ -169,10 +176,12 @@ def files(version: str) -> dict[str, tuple[str, int]]:
 def enable_links() -> dict[str, str]:
     """The symlinks `systemctl enable` would make (made directly: no chroot, no systemctl)."""
     links = {f"/etc/systemd/system/multi-user.target.wants/{n}": f"/etc/systemd/system/{n}" for n in UNITS}
-    links["/etc/systemd/system/multi-user.target.wants/systemd-networkd.service"] = \
+    links["/etc/systemd/system/multi-user.target.wants/systemd-networkd.service"] = (
         "/usr/lib/systemd/system/systemd-networkd.service"
-    links["/etc/systemd/system/sockets.target.wants/systemd-networkd.socket"] = \
+    )
+    links["/etc/systemd/system/sockets.target.wants/systemd-networkd.socket"] = (
         "/usr/lib/systemd/system/systemd-networkd.socket"
+    )
     return links
 
 

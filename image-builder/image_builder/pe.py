@@ -22,21 +22,21 @@ def parse(data: bytes) -> PEHeader:
     if data[:2] != b"MZ":
         raise ValueError("not a PE image (no MZ header)")
     pe = struct.unpack_from("<I", data, 0x3C)[0]
-    if data[pe:pe + 4] != b"PE\0\0":
+    if data[pe : pe + 4] != b"PE\0\0":
         raise ValueError("not a PE image (no PE signature)")
-    nsections, = struct.unpack_from("<H", data, pe + 6)
-    opt_size, = struct.unpack_from("<H", data, pe + 20)
+    (nsections,) = struct.unpack_from("<H", data, pe + 6)
+    (opt_size,) = struct.unpack_from("<H", data, pe + 20)
     opt = pe + 24
-    magic, = struct.unpack_from("<H", data, opt)
+    (magic,) = struct.unpack_from("<H", data, opt)
     plus = magic == 0x20B
     # Data directory 4 (certificate table) sits at 128 (PE32) or 144 (PE32+) bytes into the optional header.
     cert_dir = opt + (144 if plus else 128)
-    size_of_headers, = struct.unpack_from("<I", data, opt + 60)
+    (size_of_headers,) = struct.unpack_from("<I", data, opt + 60)
     sections = []
     sec = opt + opt_size
     for i in range(nsections):
         off = sec + 40 * i
-        name = data[off:off + 8].rstrip(b"\0").decode("ascii", "replace")
+        name = data[off : off + 8].rstrip(b"\0").decode("ascii", "replace")
         vsize, vaddr, raw_size, raw_ptr = struct.unpack_from("<IIII", data, off + 8)
         sections.append((name, vaddr, vsize, raw_ptr, raw_size))
     return PEHeader(pe, opt, plus, opt + 64, cert_dir, size_of_headers, sections)
@@ -49,14 +49,14 @@ def authenticode_sha256(data: bytes) -> str:
     h = parse(data)
     cert_off, cert_size = struct.unpack_from("<II", data, h.cert_dir_offset)
     md = hashlib.sha256()
-    md.update(data[:h.checksum_offset])
-    md.update(data[h.checksum_offset + 4:h.cert_dir_offset])
-    md.update(data[h.cert_dir_offset + 8:h.size_of_headers])
+    md.update(data[: h.checksum_offset])
+    md.update(data[h.checksum_offset + 4 : h.cert_dir_offset])
+    md.update(data[h.cert_dir_offset + 8 : h.size_of_headers])
     hashed = h.size_of_headers
     for _name, _va, _vs, ptr, size in sorted(h.sections, key=lambda s: s[3]):
         if size == 0:
             continue
-        md.update(data[ptr:ptr + size])
+        md.update(data[ptr : ptr + size])
         hashed = max(hashed, ptr + size)
     end = len(data) - (cert_size if cert_off else 0)
     if end > hashed:
@@ -87,5 +87,5 @@ def section(data: bytes, name: str) -> bytes:
     """Raw bytes of one section, trimmed to its virtual size (how systemd-stub measures it)."""
     for sname, _va, vsize, ptr, size in parse(data).sections:
         if sname == name:
-            return data[ptr:ptr + min(vsize, size)]
+            return data[ptr : ptr + min(vsize, size)]
     raise KeyError(name)

@@ -46,18 +46,62 @@ class PlanStep:
 
 
 STEPS: tuple[PlanStep, ...] = (
-    PlanStep("base", "debootstrap bookworm minbase + node packages, cached by inputs", ("mirror", "package set"), ("cache/rootfs/KEY/tree",)),
+    PlanStep(
+        "base",
+        "debootstrap bookworm minbase + node packages, cached by inputs",
+        ("mirror", "package set"),
+        ("cache/rootfs/KEY/tree",),
+    ),
     PlanStep("wheel", "pip wheel --no-deps of this repository", ("source tree",), ("work/rigbase-*.whl",)),
-    PlanStep("deps", "pip wheel of the minion's pinned dependencies, cached by the pinned set", ("host venv versions",), ("cache/wheelhouse/KEY",)),
-    PlanStep("stage", "hard-link the base tree, add the minion, units, banner, installer ESP", ("base", "wheel"), ("work/stage",)),
-    PlanStep("rootfs", "mkfs.ext4 -d with fixed UUID and hash seed, timestamps pinned", ("stage",), ("work/root.ext4",)),
-    PlanStep("verity", "veritysetup format with a fixed salt → root hash", ("rootfs",), ("work/root.verity",)),
-    PlanStep("initramfs", "busybox + veritysetup + storage modules, reproducible cpio", ("base",), ("work/initrd.cpio",)),
-    PlanStep("uki", "systemd-stub + kernel + initramfs + cmdline (with root hash) + os-release; PE timestamp pinned", ("base", "initramfs", "verity"), (UKI_NAME,)),
-    PlanStep("esp", "FAT ESP: systemd-boot, the UKI, loader.conf, the region bundle", ("uki", "bundle"), ("work/esp.img",)),
+    PlanStep(
+        "deps",
+        "pip wheel of the minion's pinned dependencies, cached by the pinned set",
+        ("host venv versions",),
+        ("cache/wheelhouse/KEY",),
+    ),
+    PlanStep(
+        "stage",
+        "hard-link the base tree, add the minion, units, banner, installer ESP",
+        ("base", "wheel"),
+        ("work/stage",),
+    ),
+    PlanStep(
+        "rootfs",
+        "mkfs.ext4 -d with fixed UUID and hash seed, timestamps pinned",
+        ("stage",),
+        ("work/root.ext4",),
+    ),
+    PlanStep(
+        "verity", "veritysetup format with a fixed salt → root hash", ("rootfs",), ("work/root.verity",)
+    ),
+    PlanStep(
+        "initramfs",
+        "busybox + veritysetup + storage modules, reproducible cpio",
+        ("base",),
+        ("work/initrd.cpio",),
+    ),
+    PlanStep(
+        "uki",
+        "systemd-stub + kernel + initramfs + cmdline (with root hash) + os-release; PE timestamp pinned",
+        ("base", "initramfs", "verity"),
+        (UKI_NAME,),
+    ),
+    PlanStep(
+        "esp",
+        "FAT ESP: systemd-boot, the UKI, loader.conf, the region bundle",
+        ("uki", "bundle"),
+        ("work/esp.img",),
+    ),
     PlanStep("disk", "GPT with fixed GUIDs: ESP, root, verity", ("esp", "rootfs", "verity"), (IMAGE_NAME,)),
-    PlanStep("measure", "PCR 11 per phase (systemd-measure), PCR 12, Authenticode digests for PCR 4", ("uki",), ()),
-    PlanStep("manifest", "manifest.json + Ed25519 detached signature", ("disk", "measure"), (MANIFEST_NAME, MANIFEST_NAME + ".sig")),
+    PlanStep(
+        "measure", "PCR 11 per phase (systemd-measure), PCR 12, Authenticode digests for PCR 4", ("uki",), ()
+    ),
+    PlanStep(
+        "manifest",
+        "manifest.json + Ed25519 detached signature",
+        ("disk", "measure"),
+        (MANIFEST_NAME, MANIFEST_NAME + ".sig"),
+    ),
 )
 
 
@@ -73,5 +117,9 @@ class BuildConfig:
     mirror: str | None = None
 
     def as_plan(self) -> dict[str, Any]:
-        return {"config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()},
-                "ids": IDS, "cmdline": CMDLINE, "steps": [asdict(s) for s in STEPS]}
+        return {
+            "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()},
+            "ids": IDS,
+            "cmdline": CMDLINE,
+            "steps": [asdict(s) for s in STEPS],
+        }

@@ -28,13 +28,23 @@ SUITE = "bookworm"
 #: minbase plus what a rigbase node needs at boot; every package is here for a reason.
 BASE_PACKAGES: tuple[str, ...] = (
     "linux-image-amd64",  # the kernel that goes into the UKI, and its modules
-    "systemd", "systemd-sysv", "udev",  # init, and the systemd-pcrphase units that extend PCR 11
+    "systemd",
+    "systemd-sysv",
+    "udev",  # init, and the systemd-pcrphase units that extend PCR 11
     "kmod",  # modprobe for udev's coldplug
     "busybox-static",  # the initramfs's shell and tools
     "cryptsetup-bin",  # veritysetup, in the initramfs and for the installer
-    "fdisk", "e2fsprogs", "util-linux",  # the installer lays out NVMe drives
-    "tpm2-tools", "libtss2-tcti-device0", "libtss2-rc0", "libtss2-esys-3.0.2-0",  # TPM access
-    "python3", "python3-cryptography", "python3-tpm2-pytss", "python3-yaml",  # the minion's runtime
+    "fdisk",
+    "e2fsprogs",
+    "util-linux",  # the installer lays out NVMe drives
+    "tpm2-tools",
+    "libtss2-tcti-device0",
+    "libtss2-rc0",
+    "libtss2-esys-3.0.2-0",  # TPM access
+    "python3",
+    "python3-cryptography",
+    "python3-tpm2-pytss",
+    "python3-yaml",  # the minion's runtime
     "python3-ply",  # provides python3-ply-lex-3.10, which debootstrap cannot resolve as a virtual package
     "openssl",  # the banner placeholder derives minion_id from the EK certificate
     "ca-certificates",
@@ -64,7 +74,9 @@ class RootfsInputs:
 
 def apt_mirror() -> str:
     """The Debian mirror apt uses on this host (deb822 or one-line sources), else deb.debian.org."""
-    for path in sorted(Path("/etc/apt").glob("sources.list*")) + sorted(Path("/etc/apt/sources.list.d").glob("*")):
+    for path in sorted(Path("/etc/apt").glob("sources.list*")) + sorted(
+        Path("/etc/apt/sources.list.d").glob("*")
+    ):
         if not path.is_file():
             continue
         text = path.read_text(errors="replace")
@@ -88,37 +100,60 @@ def debootstrap_version() -> str:
 def inputs_for(with_nvidia: bool = False, mirror: str | None = None) -> RootfsInputs:
     packages = BASE_PACKAGES + (NVIDIA_PACKAGES if with_nvidia else ())
     components = NVIDIA_COMPONENTS if with_nvidia else ("main",)
-    return RootfsInputs(mirror=mirror or apt_mirror(), packages=packages, components=components,
-                        with_nvidia=with_nvidia)
+    return RootfsInputs(
+        mirror=mirror or apt_mirror(), packages=packages, components=components, with_nvidia=with_nvidia
+    )
 
 
 def chroot(root: Path, *argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run a command inside the tree (plain chroot: systemd-nspawn does not work on this kernel)."""
-    full_env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C.UTF-8", "DEBIAN_FRONTEND": "noninteractive"}
+    full_env = {
+        "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+        "LC_ALL": "C.UTF-8",
+        "DEBIAN_FRONTEND": "noninteractive",
+    }
     full_env.update(env or {})
-    return subprocess.run(["chroot", str(root), *argv], env=full_env, capture_output=True, text=True, check=True)
+    return subprocess.run(
+        ["chroot", str(root), *argv], env=full_env, capture_output=True, text=True, check=True
+    )
 
 
 def _debootstrap(inputs: RootfsInputs, target: Path, log: Path, debs: Path) -> None:
     # The NVIDIA stack comes from non-free: debootstrap installs it like any other package.
     debs.mkdir(parents=True, exist_ok=True)
-    argv = ["debootstrap", "--variant=minbase", f"--cache-dir={debs.resolve()}", f"--components={','.join(inputs.components)}",
-            f"--include={','.join(inputs.packages)}", inputs.suite, str(target), inputs.mirror]
+    argv = [
+        "debootstrap",
+        "--variant=minbase",
+        f"--cache-dir={debs.resolve()}",
+        f"--components={','.join(inputs.components)}",
+        f"--include={','.join(inputs.packages)}",
+        inputs.suite,
+        str(target),
+        inputs.mirror,
+    ]
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive", LC_ALL="C.UTF-8")
     with log.open("w") as fh:
         proc = subprocess.run(argv, stdout=fh, stderr=subprocess.STDOUT, env=env, check=False)
     if proc.returncode != 0:
         tail = log.read_text(errors="replace").splitlines()[-5:]
-        raise BuildError(f"debootstrap failed ({'; '.join(tail)}); check that {inputs.mirror} is reachable "
-                         f"and see {log}.")
+        raise BuildError(
+            f"debootstrap failed ({'; '.join(tail)}); check that {inputs.mirror} is reachable and see {log}."
+        )
 
 
 def _trim(root: Path) -> None:
     """Drop what a node never needs at run time: the initramfs-tools image (the UKI carries our own
     initramfs), apt's caches and lists, docs and man pages, and logs carrying build-time timestamps."""
-    for pattern in ("boot/initrd.img*", "var/cache/apt/*.bin", "var/cache/apt/archives/*.deb",
-                    "var/lib/apt/lists/*_*", "var/log/*.log", "var/log/apt/*", "var/cache/debconf/*-old",
-                    "var/lib/dpkg/*-old"):
+    for pattern in (
+        "boot/initrd.img*",
+        "var/cache/apt/*.bin",
+        "var/cache/apt/archives/*.deb",
+        "var/lib/apt/lists/*_*",
+        "var/log/*.log",
+        "var/log/apt/*",
+        "var/cache/debconf/*-old",
+        "var/lib/dpkg/*-old",
+    ):
         for p in root.glob(pattern):
             if p.is_file() or p.is_symlink():
                 p.unlink()
@@ -127,7 +162,11 @@ def _trim(root: Path) -> None:
         if path.is_dir():
             shutil.rmtree(path)
             path.mkdir()
-    for p in (root / "var/cache/ldconfig/aux-cache", root / "etc/machine-id", root / "var/lib/dbus/machine-id"):
+    for p in (
+        root / "var/cache/ldconfig/aux-cache",
+        root / "etc/machine-id",
+        root / "var/lib/dbus/machine-id",
+    ):
         if p.exists() or p.is_symlink():
             p.unlink()
     (root / "etc/machine-id").write_text("")  # systemd generates one per boot on a read-only root
@@ -179,14 +218,21 @@ def installed_packages(root: Path) -> str:
     status = (root / "var/lib/dpkg/status").read_text(errors="replace")
     pkgs: list[str] = []
     for stanza in status.split("\n\n"):
-        fields = dict(line.split(": ", 1) for line in stanza.splitlines() if ": " in line and not line[0].isspace())
+        fields = dict(
+            line.split(": ", 1) for line in stanza.splitlines() if ": " in line and not line[0].isspace()
+        )
         if fields.get("Status", "").endswith(" installed") and "Package" in fields:
             pkgs.append(f"{fields['Package']} {fields.get('Version', '')}")
     return "\n".join(sorted(pkgs)) + "\n"
 
 
-def simulate_install(root: Path, packages: tuple[str, ...], mirror: str, suite: str = SUITE,
-                     components: tuple[str, ...] = NVIDIA_COMPONENTS) -> str:
+def simulate_install(
+    root: Path,
+    packages: tuple[str, ...],
+    mirror: str,
+    suite: str = SUITE,
+    components: tuple[str, ...] = NVIDIA_COMPONENTS,
+) -> str:
     """Check that `packages` resolve against `root`'s dpkg state, with apt --simulate on a private apt
     configuration (nothing installed, the host's apt state untouched). Returns apt's plan."""
     with tempfile.TemporaryDirectory(prefix="rigbase-apt-") as tmp:
@@ -194,15 +240,33 @@ def simulate_install(root: Path, packages: tuple[str, ...], mirror: str, suite: 
         (t / "lists/partial").mkdir(parents=True)
         (t / "cache/archives/partial").mkdir(parents=True)
         (t / "sources.list").write_text(f"deb {mirror} {suite} {' '.join(components)}\n")
-        opts = ["-o", f"Dir::Etc::SourceList={t / 'sources.list'}", "-o", "Dir::Etc::SourceParts=/nonexistent",
-                "-o", f"Dir::State::Lists={t / 'lists'}", "-o", f"Dir::Cache={t / 'cache'}",
-                "-o", f"Dir::State::status={root / 'var/lib/dpkg/status'}", "-o", "APT::Architecture=amd64",
-                "-o", "Debug::NoLocking=1"]
+        opts = [
+            "-o",
+            f"Dir::Etc::SourceList={t / 'sources.list'}",
+            "-o",
+            "Dir::Etc::SourceParts=/nonexistent",
+            "-o",
+            f"Dir::State::Lists={t / 'lists'}",
+            "-o",
+            f"Dir::Cache={t / 'cache'}",
+            "-o",
+            f"Dir::State::status={root / 'var/lib/dpkg/status'}",
+            "-o",
+            "APT::Architecture=amd64",
+            "-o",
+            "Debug::NoLocking=1",
+        ]
         up = subprocess.run(["apt-get", *opts, "update"], capture_output=True, text=True, check=False)
         if up.returncode != 0:
             raise BuildError(f"apt-get update against {mirror} failed: {up.stderr.strip()[-200:]}")
-        sim = subprocess.run(["apt-get", *opts, "--simulate", "--no-install-recommends", "install", *packages],
-                             capture_output=True, text=True, check=False)
+        sim = subprocess.run(
+            ["apt-get", *opts, "--simulate", "--no-install-recommends", "install", *packages],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         if sim.returncode != 0:
-            raise BuildError(f"the package set does not resolve: {sim.stdout.strip()[-300:]} {sim.stderr.strip()[-300:]}")
+            raise BuildError(
+                f"the package set does not resolve: {sim.stdout.strip()[-300:]} {sim.stderr.strip()[-300:]}"
+            )
         return sim.stdout

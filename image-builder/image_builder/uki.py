@@ -35,8 +35,12 @@ def build(parts: UkiParts, out: Path, epoch: int, stub: Path = STUB) -> Path:
     hdr = pe.parse(stub_bytes)
     vma = _align(max(va + vs for _n, va, vs, _p, _s in hdr.sections))
     argv = ["objcopy"]
-    for name, path in ((".osrel", parts.osrel), (".cmdline", parts.cmdline), (".initrd", parts.initrd),
-                       (".linux", parts.kernel)):
+    for name, path in (
+        (".osrel", parts.osrel),
+        (".cmdline", parts.cmdline),
+        (".initrd", parts.initrd),
+        (".linux", parts.kernel),
+    ):
         argv += ["--add-section", f"{name}={path}", "--change-section-vma", f"{name}={vma:#x}"]
         vma = _align(vma + path.stat().st_size)
     argv += [str(stub), str(out)]

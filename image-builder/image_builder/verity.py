@@ -25,11 +25,25 @@ class Verity:
 def format_hash(data_image: Path, hash_image: Path) -> Verity:
     """`veritysetup format` with pinned salt and UUID; returns the root hash."""
     hash_image.unlink(missing_ok=True)
-    proc = subprocess.run(["veritysetup", "format", f"--salt={SALT}", f"--uuid={HASH_UUID}",
-                           "--data-block-size=4096", "--hash-block-size=4096", str(data_image), str(hash_image)],
-                          capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        [
+            "veritysetup",
+            "format",
+            f"--salt={SALT}",
+            f"--uuid={HASH_UUID}",
+            "--data-block-size=4096",
+            "--hash-block-size=4096",
+            str(data_image),
+            str(hash_image),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if proc.returncode != 0:
-        raise BuildError(f"veritysetup format failed: {proc.stderr.strip()}; check that cryptsetup-bin is installed.")
+        raise BuildError(
+            f"veritysetup format failed: {proc.stderr.strip()}; check that cryptsetup-bin is installed."
+        )
     root = re.search(r"Root hash:\s*([0-9a-f]{64})", proc.stdout)
     blocks = re.search(r"Data blocks:\s*(\d+)", proc.stdout)
     if not root or not blocks:
@@ -39,6 +53,10 @@ def format_hash(data_image: Path, hash_image: Path) -> Verity:
 
 def verify(data_image: Path, hash_image: Path, root_hash: str) -> bool:
     """Whole-image check on the host (the guest checks block by block as it reads)."""
-    proc = subprocess.run(["veritysetup", "verify", str(data_image), str(hash_image), root_hash],
-                          capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        ["veritysetup", "verify", str(data_image), str(hash_image), root_hash],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     return proc.returncode == 0

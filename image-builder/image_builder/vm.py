@@ -39,9 +39,21 @@ class TpmProcess:
     def start(self) -> None:
         self.ctrl.unlink(missing_ok=True)
         self.proc = subprocess.Popen(
-            ["swtpm", "socket", "--tpm2", "--tpmstate", f"dir={self.state_dir}",
-             "--ctrl", f"type=unixio,path={self.ctrl}", "--log", f"file={self.directory / 'qemu-swtpm.log'},level=1",
-             "--terminate"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                "swtpm",
+                "socket",
+                "--tpm2",
+                "--tpmstate",
+                f"dir={self.state_dir}",
+                "--ctrl",
+                f"type=unixio,path={self.ctrl}",
+                "--log",
+                f"file={self.directory / 'qemu-swtpm.log'},level=1",
+                "--terminate",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + 5
         while not self.ctrl.exists():
             if time.monotonic() > deadline or self.proc.poll() is not None:
@@ -75,28 +87,66 @@ class Machine:
         vars_fd = self.workdir / "OVMF_VARS.fd"
         if not vars_fd.exists():
             shutil.copyfile(OVMF_VARS, vars_fd)
-        argv = ["qemu-system-x86_64", "-machine", "q35,accel=tcg", "-cpu", "max", "-smp", "1", "-m", str(self.memory_mb),
-                "-nic", "none", "-display", "none", "-monitor", "none", "-serial", "stdio", "-no-user-config",
-                "-drive", f"if=pflash,format=raw,unit=0,readonly=on,file={OVMF_CODE}",
-                "-drive", f"if=pflash,format=raw,unit=1,file={vars_fd}",
-                "-chardev", f"socket,id=chrtpm,path={self.tpm.ctrl if self.tpm else ''}",
-                "-tpmdev", "emulator,id=tpm0,chardev=chrtpm", "-device", "tpm-crb,tpmdev=tpm0",
-                "-device", "qemu-xhci,id=xhci"]
+        argv = [
+            "qemu-system-x86_64",
+            "-machine",
+            "q35,accel=tcg",
+            "-cpu",
+            "max",
+            "-smp",
+            "1",
+            "-m",
+            str(self.memory_mb),
+            "-nic",
+            "none",
+            "-display",
+            "none",
+            "-monitor",
+            "none",
+            "-serial",
+            "stdio",
+            "-no-user-config",
+            "-drive",
+            f"if=pflash,format=raw,unit=0,readonly=on,file={OVMF_CODE}",
+            "-drive",
+            f"if=pflash,format=raw,unit=1,file={vars_fd}",
+            "-chardev",
+            f"socket,id=chrtpm,path={self.tpm.ctrl if self.tpm else ''}",
+            "-tpmdev",
+            "emulator,id=tpm0,chardev=chrtpm",
+            "-device",
+            "tpm-crb,tpmdev=tpm0",
+            "-device",
+            "qemu-xhci,id=xhci",
+        ]
         if self.usb_image is not None:
             # snapshot=on: the flashed image stays byte-identical to the build output whatever the guest does.
-            argv += ["-drive", f"if=none,id=usb,format=raw,snapshot=on,file={self.usb_image}",
-                     "-device", "usb-storage,bus=xhci.0,drive=usb,bootindex=0"]
+            argv += [
+                "-drive",
+                f"if=none,id=usb,format=raw,snapshot=on,file={self.usb_image}",
+                "-device",
+                "usb-storage,bus=xhci.0,drive=usb,bootindex=0",
+            ]
         for i, img in enumerate(self.nvme_images):
-            argv += ["-drive", f"if=none,id=nvme{i},format=raw,file={img}",
-                     "-device", f"nvme,serial=rigbase{i},drive=nvme{i},bootindex={i + 1}"]
+            argv += [
+                "-drive",
+                f"if=none,id=nvme{i},format=raw,file={img}",
+                "-device",
+                f"nvme,serial=rigbase{i},drive=nvme{i},bootindex={i + 1}",
+            ]
         return argv
 
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.tpm = TpmProcess(self.tpm_state, self.workdir)
         self.tpm.start()
-        self.proc = subprocess.Popen(self.argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            self.argv(),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -174,6 +224,9 @@ def minion_id_from_ek_cert(der: bytes) -> str:
 
     from contracts.identity import minion_id_from_spki
 
-    spki = x509.load_der_x509_certificate(der).public_key().public_bytes(
-        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    spki = (
+        x509.load_der_x509_certificate(der)
+        .public_key()
+        .public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
     return minion_id_from_spki(spki)

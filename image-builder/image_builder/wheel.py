@@ -22,16 +22,30 @@ NODE_PACKAGES = ("contracts/", "minion/", "image_builder/")
 
 #: The minion's third-party imports, pinned to the versions this build host's venv runs its tests with
 #: (Debian's python3-pydantic 1.10 / python3-tpm2-pytss 1.2 are too old for the minion).
-NODE_REQUIREMENTS = ("typer", "rich", "PyYAML", "pydantic", "pyudev", "zeroconf", "miniupnpc", "httpx",
-                     "tpm2-pytss", "nvidia-ml-py", "cryptography")
+NODE_REQUIREMENTS = (
+    "typer",
+    "rich",
+    "PyYAML",
+    "pydantic",
+    "pyudev",
+    "zeroconf",
+    "miniupnpc",
+    "httpx",
+    "tpm2-pytss",
+    "nvidia-ml-py",
+    "cryptography",
+)
 
 #: Where the dependency wheels go on the node; /usr/local/bin/minion puts it first on sys.path.
 NODE_SITE = "usr/lib/rigbase/python"
 
 
 def source_files(repo: Path) -> list[str]:
-    out = subprocess.run(["git", "-C", str(repo), "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
-                         capture_output=True, check=False)
+    out = subprocess.run(
+        ["git", "-C", str(repo), "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        capture_output=True,
+        check=False,
+    )
     if out.returncode != 0:
         raise BuildError(f"{repo} is not a git checkout; run image-builder from the rigbase repository.")
     return sorted(f for f in out.stdout.decode().split("\0") if f and (repo / f).is_file())
@@ -51,9 +65,13 @@ def build_wheel(repo: Path, out_dir: Path, epoch: int) -> Path:
         for f in source_files(repo):
             (src / f).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(repo / f, src / f)
-        proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out_dir), str(src)],
-                              capture_output=True, text=True, check=False,
-                              env=dict(os.environ, SOURCE_DATE_EPOCH=str(max(epoch, 315532800))))
+        proc = subprocess.run(
+            [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out_dir), str(src)],
+            capture_output=True,
+            text=True,
+            check=False,
+            env=dict(os.environ, SOURCE_DATE_EPOCH=str(max(epoch, 315532800))),
+        )
         if proc.returncode != 0:
             raise BuildError(f"pip wheel failed: {proc.stderr.strip()[-300:]}")
     wheels = sorted(out_dir.glob("rigbase-*.whl"))
@@ -95,11 +113,28 @@ def dependency_wheelhouse(cache: Path, log=print) -> Path:
     work = Path(tempfile.mkdtemp(prefix=f"{key}.", dir=house.parent))
     try:
         log(f"pip wheel {len(reqs)} node dependencies ...")
-        proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--only-binary=:all:", "--no-binary=tpm2-pytss",
-                               "-w", str(work), *reqs], capture_output=True, text=True, check=False)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "wheel",
+                "-q",
+                "--only-binary=:all:",
+                "--no-binary=tpm2-pytss",
+                "-w",
+                str(work),
+                *reqs,
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         if proc.returncode != 0:
-            raise BuildError(f"pip wheel of the node's dependencies failed: {proc.stderr.strip()[-300:]}; "
-                             "check that PyPI is reachable and libtss2-dev is installed.")
+            raise BuildError(
+                f"pip wheel of the node's dependencies failed: {proc.stderr.strip()[-300:]}; "
+                "check that PyPI is reachable and libtss2-dev is installed."
+            )
         (work / "done").write_text("\n".join(reqs) + "\n")
         shutil.rmtree(house, ignore_errors=True)
         work.rename(house)

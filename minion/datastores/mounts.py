@@ -50,8 +50,10 @@ class DatastoreMount:
         check_datastore(self.name, self.type, self.root, self.username, self.password)
 
     def __repr__(self) -> str:  # never print the password
-        return (f"DatastoreMount(name={self.name!r}, type={self.type.value!r}, address={self.address!r}, "
-                f"root={self.root!r})")
+        return (
+            f"DatastoreMount(name={self.name!r}, type={self.type.value!r}, address={self.address!r}, "
+            f"root={self.root!r})"
+        )
 
 
 @dataclass(frozen=True)
@@ -100,7 +102,9 @@ def credentials_file(content: str, directory: Path = CREDENTIALS_DIR) -> Iterato
 def _run(argv: list[str], what: str, **kwargs: object) -> None:
     proc = subprocess.run(argv, capture_output=True, text=True, **kwargs)  # type: ignore[call-overload]
     if proc.returncode != 0:
-        raise Unavailable(f"{what} failed ({proc.stderr.strip() or proc.returncode}); check the datastore server and try again")
+        raise Unavailable(
+            f"{what} failed ({proc.stderr.strip() or proc.returncode}); check the datastore server and try again"
+        )
 
 
 def is_mountpoint(path: Path) -> bool:
@@ -109,8 +113,7 @@ def is_mountpoint(path: Path) -> bool:
         return any(line.split()[4] == target for line in info)
 
 
-def mount_root(ds: DatastoreMount, staging: Path,
-               credentials_dir: Path = CREDENTIALS_DIR) -> MountSpec:
+def mount_root(ds: DatastoreMount, staging: Path, credentials_dir: Path = CREDENTIALS_DIR) -> MountSpec:
     """Stage 1: mount the datastore root at `staging` unless it already is."""
     spec = root_mount_spec(ds, staging)
     if is_mountpoint(staging):

@@ -63,7 +63,9 @@ def open_in_root(root_dir: Path, requested: str) -> tuple[int, PurePosixPath]:
                 os.close(fd)
                 links += 1
                 if links > MAX_SYMLINKS:
-                    raise InvalidInput(f"too many symbolic links under {requested!r} (a loop?); fix the links in the datastore")
+                    raise InvalidInput(
+                        f"too many symbolic links under {requested!r} (a loop?); fix the links in the datastore"
+                    )
                 target = os.readlink(name, dir_fd=current())
                 if target.startswith("/"):  # absolute: relative to the datastore root, not the node
                     while stack:

@@ -22,8 +22,7 @@ IPV6_SCOPE_GLOBAL = "00"
 def ipv4(interface: str) -> str | None:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         try:
-            answer = fcntl.ioctl(sock.fileno(), SIOCGIFADDR,
-                                 struct.pack("256s", interface.encode()[:15]))
+            answer = fcntl.ioctl(sock.fileno(), SIOCGIFADDR, struct.pack("256s", interface.encode()[:15]))
         except OSError:
             return None  # no IPv4 address on this interface
     return socket.inet_ntoa(answer[20:24])

@@ -50,7 +50,8 @@ def catalogue_path() -> Path:
             return candidate
     raise CatalogueMissing(
         "no GPU catalogue found; set RIGBASE_GPU_CATALOGUE or install regions/gpus.yaml "
-        "as /usr/share/rigbase/gpus.yaml")
+        "as /usr/share/rigbase/gpus.yaml"
+    )
 
 
 @lru_cache(maxsize=4)

@@ -16,18 +16,35 @@ if TYPE_CHECKING:
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
-HostRoot = Annotated[Path | None, typer.Option(
-    "--host-root", file_okay=False, exists=True,
-    help="Read /proc files under this directory (as node-feature-discovery's host paths); sysfs "
-         "still comes through udev.")]
+HostRoot = Annotated[
+    Path | None,
+    typer.Option(
+        "--host-root",
+        file_okay=False,
+        exists=True,
+        help="Read /proc files under this directory (as node-feature-discovery's host paths); sysfs "
+        "still comes through udev.",
+    ),
+]
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
-StorageModeOption = Annotated[StorageMode | None, typer.Option(
-    "--storage-mode", case_sensitive=False,
-    help="The region's storage mode: local needs 3 SATA drives, central a 10 Gb/s NIC.")]
-PublicJobsFlag = Annotated[bool, typer.Option(
-    "--public-jobs", help="The region sells spare capacity: memory, lane and core rules apply.")]
-InventoryFile = Annotated[Path | None, typer.Option(
-    "--inventory", dir_okay=False, help="Use a saved `minion inventory --json` instead of this machine.")]
+StorageModeOption = Annotated[
+    StorageMode | None,
+    typer.Option(
+        "--storage-mode",
+        case_sensitive=False,
+        help="The region's storage mode: local needs 3 SATA drives, central a 10 Gb/s NIC.",
+    ),
+]
+PublicJobsFlag = Annotated[
+    bool,
+    typer.Option("--public-jobs", help="The region sells spare capacity: memory, lane and core rules apply."),
+]
+InventoryFile = Annotated[
+    Path | None,
+    typer.Option(
+        "--inventory", dir_okay=False, help="Use a saved `minion inventory --json` instead of this machine."
+    ),
+]
 
 
 def fail(message: str, code: int) -> typer.Exit:
@@ -46,17 +63,24 @@ def load_or_collect(inventory_file: Path | None, host_root: Path | None) -> Inve
         try:
             return Inventory.from_json(inventory_file.read_bytes())
         except OSError as exc:
-            raise fail(f"cannot read {inventory_file}: {exc.strerror}; pass a file written by "
-                       "`minion inventory --json`.", EXIT_USAGE) from None
+            raise fail(
+                f"cannot read {inventory_file}: {exc.strerror}; pass a file written by "
+                "`minion inventory --json`.",
+                EXIT_USAGE,
+            ) from None
         except InvalidInventory as exc:
             raise fail(f"{inventory_file}: {exc}.", EXIT_USAGE) from None
     try:
         return collect(host_root)
     except (OSError, ValueError) as exc:
-        hint = ("point --host-root at a directory holding proc/meminfo and proc/cpuinfo"
-                if host_root else "is /proc mounted?")
-        raise fail(f"cannot read the host's /proc files ({exc}); {hint}.",
-                   EXIT_USAGE if host_root else EXIT_FAILED) from None
+        hint = (
+            "point --host-root at a directory holding proc/meminfo and proc/cpuinfo"
+            if host_root
+            else "is /proc mounted?"
+        )
+        raise fail(
+            f"cannot read the host's /proc files ({exc}); {hint}.", EXIT_USAGE if host_root else EXIT_FAILED
+        ) from None
 
 
 def inventory_command(host_root: HostRoot = None, json_output: JsonFlag = False) -> None:
@@ -94,4 +118,3 @@ def check_command(
 def register(app: typer.Typer) -> None:
     app.command("inventory")(inventory_command)
     app.command("check")(check_command)
-

@@ -81,14 +81,16 @@ def gpus(context: Any) -> list[PciGpu]:
             max_width=int_attribute(device, "max_link_width"),
             port_max_speed_gts=port_speed,
         )
-        found.append(PciGpu(
-            pci_address=device.sys_name,
-            vendor_id=vendor_id,
-            device_id=_hex_id(device, "device") or "0000",
-            driver=device.driver,
-            link=link,
-            sysfs_vram_bytes=int_attribute(device, "mem_info_vram_total"),
-        ))
+        found.append(
+            PciGpu(
+                pci_address=device.sys_name,
+                vendor_id=vendor_id,
+                device_id=_hex_id(device, "device") or "0000",
+                driver=device.driver,
+                link=link,
+                sysfs_vram_bytes=int_attribute(device, "mem_info_vram_total"),
+            )
+        )
     return sorted(found, key=lambda gpu: gpu.pci_address)
 
 
@@ -120,14 +122,16 @@ def drives(context: Any) -> list[Drive]:
             continue
         rotational = attribute(device, "queue/rotational")
         rpm = device.properties.get("ID_ATA_ROTATION_RATE_RPM")
-        found.append(Drive(
-            name=name,
-            kind=kind,
-            size_bytes=sectors * SECTOR,
-            rotational=None if rotational is None else rotational == "1",
-            rpm=int(rpm) if rpm and rpm.isdigit() else None,
-            model=device.properties.get("ID_MODEL") or attribute(device, "device/model"),
-        ))
+        found.append(
+            Drive(
+                name=name,
+                kind=kind,
+                size_bytes=sectors * SECTOR,
+                rotational=None if rotational is None else rotational == "1",
+                rpm=int(rpm) if rpm and rpm.isdigit() else None,
+                model=device.properties.get("ID_MODEL") or attribute(device, "device/model"),
+            )
+        )
     return sorted(found, key=lambda drive: (drive.kind.value, drive.name))
 
 
@@ -165,10 +169,12 @@ def nics(context: Any) -> list[Nic]:
             continue
         speed = int_attribute(device, "speed")
         operstate = attribute(device, "operstate")
-        found.append(Nic(
-            name=device.sys_name,
-            speed_mbps=speed if speed and speed > 0 else None,
-            link_up=None if operstate in (None, "unknown") else operstate == "up",
-            mac=attribute(device, "address"),
-        ))
+        found.append(
+            Nic(
+                name=device.sys_name,
+                speed_mbps=speed if speed and speed > 0 else None,
+                link_up=None if operstate in (None, "unknown") else operstate == "up",
+                mac=attribute(device, "address"),
+            )
+        )
     return sorted(found, key=lambda nic: nic.name)

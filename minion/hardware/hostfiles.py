@@ -50,8 +50,7 @@ def cpu(host_root: Path | None) -> Cpu:
         if "physical id" in fields and "core id" in fields:
             cores.add((fields["physical id"], fields["core id"]))
             sockets.add(fields["physical id"])
-    return Cpu(physical_cores=len(cores) or threads, threads=threads,
-               sockets=len(sockets) or 1, model=model)
+    return Cpu(physical_cores=len(cores) or threads, threads=threads, sockets=len(sockets) or 1, model=model)
 
 
 def hostname(host_root: Path | None) -> str:

@@ -45,8 +45,7 @@ def collect(host_root: Path | None = None) -> Inventory:
     )
 
 
-def _merge(found: devices.PciGpu, live: nvml.NvmlFacts | None, use_catalogue: bool,
-           notes: list[str]) -> Gpu:
+def _merge(found: devices.PciGpu, live: nvml.NvmlFacts | None, use_catalogue: bool, notes: list[str]) -> Gpu:
     vendor = devices.GPU_VENDORS[found.vendor_id]
     pci_id = f"{found.vendor_id}:{found.device_id}"
     entry = catalogue.lookup(found.vendor_id, found.device_id) if use_catalogue else None
@@ -67,12 +66,19 @@ def _merge(found: devices.PciGpu, live: nvml.NvmlFacts | None, use_catalogue: bo
         gpu.vram_bytes = entry.vram_gib * GIB
         gpu.gpu_class, gpu.form_factor = entry.gpu_class, entry.form_factor
         gpu.catalogue_pcie_gen = entry.pcie_gen
-        sources.update(name="catalogue", model="catalogue", vram="catalogue", gpu_class="catalogue",
-                       form_factor="catalogue")
+        sources.update(
+            name="catalogue",
+            model="catalogue",
+            vram="catalogue",
+            gpu_class="catalogue",
+            form_factor="catalogue",
+        )
     else:
         sources.update(name="pci id", model="pci id")
-        notes.append(f"GPU {pci_id} at {found.pci_address} is not in the GPU catalogue: its fee class "
-                     "and form factor are unknown (it is treated as a PCIe card).")
+        notes.append(
+            f"GPU {pci_id} at {found.pci_address} is not in the GPU catalogue: its fee class "
+            "and form factor are unknown (it is treated as a PCIe card)."
+        )
     if found.sysfs_vram_bytes:
         gpu.vram_bytes, sources["vram"] = found.sysfs_vram_bytes, "sysfs"
     if live is not None:

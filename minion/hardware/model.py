@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import Enum, StrEnum
 from functools import lru_cache
 from typing import Any
 
@@ -20,7 +20,7 @@ from minion.hardware.units import pcie_generation
 SCHEMA_VERSION = 1
 
 
-class GpuClass(str, Enum):
+class GpuClass(StrEnum):
     """Fee classes of docs/product-rules.md "Usage fee"."""
 
     DATACENTER = "datacenter"
@@ -28,13 +28,13 @@ class GpuClass(str, Enum):
     DEVELOPMENT = "development"
 
 
-class FormFactor(str, Enum):
+class FormFactor(StrEnum):
     PCIE = "pcie"
     SXM = "sxm"
     UNKNOWN = "unknown"
 
 
-class DriveKind(str, Enum):
+class DriveKind(StrEnum):
     NVME = "nvme"
     SATA = "sata"
     SAS = "sas"  # any SCSI-attached, non-ATA, non-USB disk (SAS HBAs, RAID volumes)
@@ -153,13 +153,17 @@ class Inventory:
                 data = json.loads(data)
             return _adapter().validate_python(data)
         except json.JSONDecodeError as exc:
-            raise InvalidInventory(f"the inventory is not JSON ({exc.msg} at line {exc.lineno}); "
-                                   "save it with `minion inventory --json > FILE`") from None
+            raise InvalidInventory(
+                f"the inventory is not JSON ({exc.msg} at line {exc.lineno}); "
+                "save it with `minion inventory --json > FILE`"
+            ) from None
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"]) or "document"
-            raise InvalidInventory(f"the inventory field '{where}' is invalid ({first['msg']}); "
-                                   "save it again with `minion inventory --json > FILE`") from None
+            raise InvalidInventory(
+                f"the inventory field '{where}' is invalid ({first['msg']}); "
+                "save it again with `minion inventory --json > FILE`"
+            ) from None
 
 
 @lru_cache(maxsize=1)

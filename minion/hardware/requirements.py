@@ -11,7 +11,7 @@ import math
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import Enum
+from enum import Enum, StrEnum
 from typing import Any
 
 from contracts.regional import StorageMode
@@ -19,7 +19,7 @@ from minion.hardware.model import FormFactor, Gpu, Inventory
 from minion.hardware.units import TB, gib, link_speed, plural, storage
 
 
-class Applies(str, Enum):
+class Applies(StrEnum):
     ALWAYS = "always"
     PUBLIC_JOBS = "with --public-jobs"
     LOCAL_STORAGE = "with --storage-mode local"
@@ -59,8 +59,13 @@ class RuleResult:
     detail: str
 
     def to_json(self) -> dict[str, Any]:
-        return {"rule": self.rule, "ok": self.ok, "required": self.required, "found": self.found,
-                "detail": self.detail}
+        return {
+            "rule": self.rule,
+            "ok": self.ok,
+            "required": self.required,
+            "found": self.found,
+            "detail": self.detail,
+        }
 
 
 @dataclass(frozen=True)
@@ -107,14 +112,17 @@ def _gpu_summary(gpus: list[Gpu]) -> str:
 def _gpu_single_model(inv: Inventory) -> Measurement:
     models = Counter(g.model for g in inv.gpus)
     if not models:
-        return Measurement(True, "one GPU model", "no GPUs",
-                           "No GPUs are installed, so there are no models to mix.")
+        return Measurement(
+            True, "one GPU model", "no GPUs", "No GPUs are installed, so there are no models to mix."
+        )
     if len(models) == 1:
-        return Measurement(True, "one GPU model", _gpu_summary(inv.gpus),
-                           "All GPUs are the same model.")
-    return Measurement(False, "one GPU model", _gpu_summary(inv.gpus),
-                       f"{len(models)} GPU models are installed; remove or replace GPUs until all are "
-                       "the same model.")
+        return Measurement(True, "one GPU model", _gpu_summary(inv.gpus), "All GPUs are the same model.")
+    return Measurement(
+        False,
+        "one GPU model",
+        _gpu_summary(inv.gpus),
+        f"{len(models)} GPU models are installed; remove or replace GPUs until all are the same model.",
+    )
 
 
 def _nvme_count(inv: Inventory) -> Measurement:
@@ -122,9 +130,12 @@ def _nvme_count(inv: Inventory) -> Measurement:
     required = f">= {MIN_NVME_DRIVES} NVMe drives"
     if n >= MIN_NVME_DRIVES:
         return Measurement(True, required, plural(n, "NVMe drive"), "Enough NVMe drives.")
-    return Measurement(False, required, plural(n, "NVMe drive"),
-                       f"Install {MIN_NVME_DRIVES - n} more NVMe "
-                       f"{'drive' if MIN_NVME_DRIVES - n == 1 else 'drives'}.")
+    return Measurement(
+        False,
+        required,
+        plural(n, "NVMe drive"),
+        f"Install {MIN_NVME_DRIVES - n} more NVMe {'drive' if MIN_NVME_DRIVES - n == 1 else 'drives'}.",
+    )
 
 
 def required_nvme_bytes(gpu_count: int) -> int:
@@ -140,26 +151,40 @@ def _nvme_capacity(inv: Inventory) -> Measurement:
     found = f"{storage(have)} on {plural(len(inv.nvme_drives), 'NVMe drive')}"
     if have >= need:
         return Measurement(True, required, found, "Enough NVMe capacity (decimal TB, as drives are sold).")
-    return Measurement(False, required, found,
-                       f"Add at least {storage(need - have)} of NVMe capacity (decimal, as drives are "
-                       "sold).")
+    return Measurement(
+        False,
+        required,
+        found,
+        f"Add at least {storage(need - have)} of NVMe capacity (decimal, as drives are sold).",
+    )
 
 
 def _tpm2(inv: Inventory) -> Measurement:
     tpm = inv.tpm
     if not tpm.present:
-        return Measurement(False, "TPM 2.0", "no TPM",
-                           "No TPM found; enable the TPM 2.0 (or fTPM / Intel PTT) in the firmware "
-                           "setup, clear it, and reboot.")
+        return Measurement(
+            False,
+            "TPM 2.0",
+            "no TPM",
+            "No TPM found; enable the TPM 2.0 (or fTPM / Intel PTT) in the firmware "
+            "setup, clear it, and reboot.",
+        )
     if tpm.major_version == 2:
         return Measurement(True, "TPM 2.0", f"TPM 2.0 ({tpm.device})", "A TPM 2.0 is present.")
     if tpm.major_version is None:
-        return Measurement(False, "TPM 2.0", f"TPM of unknown version ({tpm.device})",
-                           "The TPM does not report its version; update the kernel or switch the "
-                           "firmware TPM to 2.0 mode.")
-    return Measurement(False, "TPM 2.0", f"TPM {tpm.major_version}.x ({tpm.device})",
-                       f"This TPM is version {tpm.major_version}.x; switch the firmware TPM to 2.0 mode "
-                       "or install a TPM 2.0 module.")
+        return Measurement(
+            False,
+            "TPM 2.0",
+            f"TPM of unknown version ({tpm.device})",
+            "The TPM does not report its version; update the kernel or switch the firmware TPM to 2.0 mode.",
+        )
+    return Measurement(
+        False,
+        "TPM 2.0",
+        f"TPM {tpm.major_version}.x ({tpm.device})",
+        f"This TPM is version {tpm.major_version}.x; switch the firmware TPM to 2.0 mode "
+        "or install a TPM 2.0 module.",
+    )
 
 
 def _memory_vs_vram(inv: Inventory) -> Measurement:
@@ -170,17 +195,28 @@ def _memory_vs_vram(inv: Inventory) -> Measurement:
     required = f">= {gib(need)} RAM ({RAM_PER_VRAM} x {gib(vram)} VRAM)"
     found = f"{gib(have)} RAM"
     if unknown:
-        return Measurement(False, required, found,
-                           f"The memory of {plural(len(unknown), 'GPU')} is unknown; load the GPU driver "
-                           "so NVML can report it.")
+        return Measurement(
+            False,
+            required,
+            found,
+            f"The memory of {plural(len(unknown), 'GPU')} is unknown; load the GPU driver "
+            "so NVML can report it.",
+        )
     if have >= need:
         return Measurement(True, required, found, "Enough system memory for the GPU memory.")
     if have >= need * MEMTOTAL_ALLOWANCE:
-        return Measurement(True, required, found,
-                           "Enough system memory: the kernel reports a few percent less than installed.")
-    return Measurement(False, required, found,
-                       f"Add at least {gib(math.ceil(need - have))} of RAM (twice the total GPU memory "
-                       "is required).")
+        return Measurement(
+            True,
+            required,
+            found,
+            "Enough system memory: the kernel reports a few percent less than installed.",
+        )
+    return Measurement(
+        False,
+        required,
+        found,
+        f"Add at least {gib(math.ceil(need - have))} of RAM (twice the total GPU memory is required).",
+    )
 
 
 def _pcie_lanes(inv: Inventory) -> Measurement:
@@ -188,22 +224,32 @@ def _pcie_lanes(inv: Inventory) -> Measurement:
     pcie = [g for g in inv.gpus if g.form_factor is not FormFactor.SXM]
     if not pcie:
         what = "no GPUs" if not inv.gpus else f"{plural(len(inv.gpus), 'SXM GPU')}"
-        return Measurement(True, required, what,
-                           "No PCIe GPUs; SXM GPUs talk over NVLink, so the lane rule does not apply.")
+        return Measurement(
+            True, required, what, "No PCIe GPUs; SXM GPUs talk over NVLink, so the lane rule does not apply."
+        )
     unreadable = [g for g in pcie if g.link.current_width is None]
-    narrow = [g for g in pcie if g.link.current_width is not None
-              and g.link.current_width < MIN_LANES_PER_GPU]
+    narrow = [
+        g for g in pcie if g.link.current_width is not None and g.link.current_width < MIN_LANES_PER_GPU
+    ]
     widths = Counter(f"x{g.link.current_width}" if g.link.current_width else "x?" for g in pcie)
     found = ", ".join(f"{n} at {w}" for w, n in sorted(widths.items()))
     if unreadable:
-        return Measurement(False, required, found,
-                           f"The link width of {plural(len(unreadable), 'GPU')} is unreadable in sysfs; "
-                           "check the slot and the kernel.")
+        return Measurement(
+            False,
+            required,
+            found,
+            f"The link width of {plural(len(unreadable), 'GPU')} is unreadable in sysfs; "
+            "check the slot and the kernel.",
+        )
     if narrow:
         where = ", ".join(g.pci_address for g in narrow)
-        return Measurement(False, required, found,
-                           f"Move {plural(len(narrow), 'GPU')} ({where}) to x{MIN_LANES_PER_GPU} or wider "
-                           "slots (risers and x4 slots starve the GPU).")
+        return Measurement(
+            False,
+            required,
+            found,
+            f"Move {plural(len(narrow), 'GPU')} ({where}) to x{MIN_LANES_PER_GPU} or wider "
+            "slots (risers and x4 slots starve the GPU).",
+        )
     return Measurement(True, required, found, "Every PCIe GPU has enough lanes.")
 
 
@@ -224,9 +270,13 @@ def _cpu_cores_per_gpu(inv: Inventory) -> Measurement:
     found = f"{inv.cpu.physical_cores} cores / {inv.cpu.threads} threads"
     if inv.cpu.physical_cores >= need:
         return Measurement(True, required, found, "Enough CPU cores for the GPUs.")
-    return Measurement(False, required, found,
-                       f"{need - inv.cpu.physical_cores} more physical cores are needed (2 per PCIe 3.0 "
-                       "GPU, 4 per PCIe 4.0+ GPU; hyper-threads do not count).")
+    return Measurement(
+        False,
+        required,
+        found,
+        f"{need - inv.cpu.physical_cores} more physical cores are needed (2 per PCIe 3.0 "
+        "GPU, 4 per PCIe 4.0+ GPU; hyper-threads do not count).",
+    )
 
 
 def _qualifies_for_local_storage(size_bytes: int, rotational: bool | None, rpm: int | None) -> bool:
@@ -237,52 +287,75 @@ def _qualifies_for_local_storage(size_bytes: int, rotational: bool | None, rpm: 
 
 def _sata_drives(inv: Inventory) -> Measurement:
     good = [d for d in inv.sata_drives if _qualifies_for_local_storage(d.size_bytes, d.rotational, d.rpm)]
-    required = (f">= {MIN_SATA_DRIVES} SATA/SAS drives of >= {storage(MIN_SATA_BYTES)} "
-                f"(SSD or >= {MIN_HDD_RPM} rpm)")
+    required = (
+        f">= {MIN_SATA_DRIVES} SATA/SAS drives of >= {storage(MIN_SATA_BYTES)} (SSD or >= {MIN_HDD_RPM} rpm)"
+    )
     sizes = ", ".join(storage(d.size_bytes) for d in inv.sata_drives) or "none"
     found = f"{len(good)} qualifying of {plural(len(inv.sata_drives), 'SATA/SAS drive')} ({sizes})"
     if len(good) >= MIN_SATA_DRIVES:
         return Measurement(True, required, found, "Enough local storage drives.")
-    return Measurement(False, required, found,
-                       f"Install {MIN_SATA_DRIVES - len(good)} more SATA drives of 2 TB or more, or "
-                       "put this node in a central-storage region.")
+    return Measurement(
+        False,
+        required,
+        found,
+        f"Install {MIN_SATA_DRIVES - len(good)} more SATA drives of 2 TB or more, or "
+        "put this node in a central-storage region.",
+    )
 
 
 def _network_10gbe(inv: Inventory) -> Measurement:
     required = f"a NIC at >= {link_speed(MIN_NIC_MBPS)}"
     known = [n for n in inv.nics if n.speed_mbps]
     if not inv.nics:
-        return Measurement(False, required, "no physical NICs",
-                           "No physical Ethernet interface found; install a 10 Gb/s (100 Gb/s "
-                           "preferred) NIC.")
+        return Measurement(
+            False,
+            required,
+            "no physical NICs",
+            "No physical Ethernet interface found; install a 10 Gb/s (100 Gb/s preferred) NIC.",
+        )
     best = max(known, key=lambda n: n.speed_mbps or 0, default=None)
     found = f"fastest {best.name} at {link_speed(best.speed_mbps)}" if best else "no NIC with link"
     if best and (best.speed_mbps or 0) >= MIN_NIC_MBPS:
         return Measurement(True, required, found, "The network is fast enough for central storage.")
-    return Measurement(False, required, found,
-                       "Connect a 10 Gb/s (100 Gb/s preferred) Ethernet link; a NIC without link "
-                       "reports no speed.")
+    return Measurement(
+        False,
+        required,
+        found,
+        "Connect a 10 Gb/s (100 Gb/s preferred) Ethernet link; a NIC without link reports no speed.",
+    )
 
 
 RULES: tuple[Rule, ...] = (
     Rule("gpu-single-model", Applies.ALWAYS, "All GPUs are the same model.", _gpu_single_model),
     Rule("nvme-count", Applies.ALWAYS, "At least 2 NVMe drives.", _nvme_count),
-    Rule("nvme-capacity", Applies.ALWAYS,
-         "Total NVMe >= 1 TB per 2 GPUs, rounded up (decimal TB).", _nvme_capacity),
+    Rule(
+        "nvme-capacity",
+        Applies.ALWAYS,
+        "Total NVMe >= 1 TB per 2 GPUs, rounded up (decimal TB).",
+        _nvme_capacity,
+    ),
     Rule("tpm2", Applies.ALWAYS, "A TPM 2.0 (or firmware TPM 2.0) is present.", _tpm2),
     Rule("memory-vs-vram", Applies.PUBLIC_JOBS, "RAM >= 2 x total GPU memory.", _memory_vs_vram),
-    Rule("pcie-lanes", Applies.PUBLIC_JOBS,
-         ">= 8 PCIe lanes per GPU (not for SXM GPUs).", _pcie_lanes),
-    Rule("cpu-cores-per-gpu", Applies.PUBLIC_JOBS,
-         ">= 2 physical cores per PCIe 3.0 GPU, >= 4 per PCIe 4.0+ GPU.", _cpu_cores_per_gpu),
-    Rule("sata-drives", Applies.LOCAL_STORAGE,
-         ">= 3 SATA drives of >= 2 TB (SSD or 7200 rpm HDD).", _sata_drives),
+    Rule("pcie-lanes", Applies.PUBLIC_JOBS, ">= 8 PCIe lanes per GPU (not for SXM GPUs).", _pcie_lanes),
+    Rule(
+        "cpu-cores-per-gpu",
+        Applies.PUBLIC_JOBS,
+        ">= 2 physical cores per PCIe 3.0 GPU, >= 4 per PCIe 4.0+ GPU.",
+        _cpu_cores_per_gpu,
+    ),
+    Rule(
+        "sata-drives",
+        Applies.LOCAL_STORAGE,
+        ">= 3 SATA drives of >= 2 TB (SSD or 7200 rpm HDD).",
+        _sata_drives,
+    ),
     Rule("network-10gbe", Applies.CENTRAL_STORAGE, "A NIC of >= 10 Gb/s.", _network_10gbe),
 )
 
 
-def check(inventory: Inventory, storage_mode: str | StorageMode | None = None,
-          public_jobs: bool = False) -> RequirementReport:
+def check(
+    inventory: Inventory, storage_mode: str | StorageMode | None = None, public_jobs: bool = False
+) -> RequirementReport:
     """Evaluate every rule that applies to a node of this region kind."""
     mode = StorageMode(storage_mode) if storage_mode is not None else None
     results = []
@@ -290,7 +363,7 @@ def check(inventory: Inventory, storage_mode: str | StorageMode | None = None,
         if not rule.applies.holds(mode, public_jobs):
             continue
         measured = rule.measure(inventory)
-        results.append(RuleResult(rule.id, measured.ok, measured.required, measured.found,
-                                  measured.detail))
-    return RequirementReport(ok=all(r.ok for r in results), rules=results, storage_mode=mode,
-                             public_jobs=public_jobs)
+        results.append(RuleResult(rule.id, measured.ok, measured.required, measured.found, measured.detail))
+    return RequirementReport(
+        ok=all(r.ok for r in results), rules=results, storage_mode=mode, public_jobs=public_jobs
+    )

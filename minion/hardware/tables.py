@@ -18,19 +18,32 @@ def _console() -> Console:
 
 def print_inventory(inv: Inventory) -> None:
     console = _console()
-    console.print(f"Host {inv.hostname}: {inv.cpu.physical_cores} cores / {inv.cpu.threads} threads "
-                  f"({inv.cpu.sockets} socket(s), {inv.cpu.model or 'CPU model unknown'}), "
-                  f"{gib(inv.memory_total_bytes)} RAM")
+    console.print(
+        f"Host {inv.hostname}: {inv.cpu.physical_cores} cores / {inv.cpu.threads} threads "
+        f"({inv.cpu.sockets} socket(s), {inv.cpu.model or 'CPU model unknown'}), "
+        f"{gib(inv.memory_total_bytes)} RAM"
+    )
     tpm = inv.tpm
-    console.print("TPM: " + (f"{tpm.device}, version {tpm.major_version or 'unknown'} ({tpm.source})"
-                             if tpm.present else "none"))
-    gpus = Table("PCI address", "GPU", "VRAM", "class", "form", "lanes", "PCIe", box=box.ASCII,
-                 title="GPUs")
+    console.print(
+        "TPM: "
+        + (
+            f"{tpm.device}, version {tpm.major_version or 'unknown'} ({tpm.source})"
+            if tpm.present
+            else "none"
+        )
+    )
+    gpus = Table("PCI address", "GPU", "VRAM", "class", "form", "lanes", "PCIe", box=box.ASCII, title="GPUs")
     for g in inv.gpus:
         lanes = f"x{g.link.current_width or '?'}/x{g.link.max_width or '?'}"
-        gpus.add_row(g.pci_address, g.name, gib(g.vram_bytes) if g.vram_bytes else "?",
-                     g.gpu_class.value if g.gpu_class else "?", g.form_factor.value, lanes,
-                     f"{g.pcie_gen}.0" if g.pcie_gen else "?")
+        gpus.add_row(
+            g.pci_address,
+            g.name,
+            gib(g.vram_bytes) if g.vram_bytes else "?",
+            g.gpu_class.value if g.gpu_class else "?",
+            g.form_factor.value,
+            lanes,
+            f"{g.pcie_gen}.0" if g.pcie_gen else "?",
+        )
     console.print(gpus if inv.gpus else "GPUs: none")
     drives = Table("drive", "kind", "size", "media", "model", box=box.ASCII, title="Drives")
     for d in inv.drives:
@@ -39,8 +52,9 @@ def print_inventory(inv: Inventory) -> None:
     console.print(drives if inv.drives else "Drives: none (NVMe, SATA or SAS)")
     nics = Table("NIC", "speed", "link", "MAC", box=box.ASCII, title="Network")
     for n in inv.nics:
-        nics.add_row(n.name, link_speed(n.speed_mbps),
-                     {True: "up", False: "down", None: "?"}[n.link_up], n.mac or "")
+        nics.add_row(
+            n.name, link_speed(n.speed_mbps), {True: "up", False: "down", None: "?"}[n.link_up], n.mac or ""
+        )
     console.print(nics if inv.nics else "NICs: no physical Ethernet interfaces")
     for note in inv.notes:
         console.print(f"note: {note}")
@@ -48,13 +62,16 @@ def print_inventory(inv: Inventory) -> None:
 
 def print_report(report: RequirementReport) -> None:
     console = _console()
-    table = Table("result", "rule", "required", "found", box=box.ASCII,
-                  title=f"Hardware requirements ({report.scope})")
+    table = Table(
+        "result", "rule", "required", "found", box=box.ASCII, title=f"Hardware requirements ({report.scope})"
+    )
     for r in report.rules:
         table.add_row("pass" if r.ok else "FAIL", r.rule, r.required, r.found)
     console.print(table)
     for r in report.failed:
         console.print(f"FAIL {r.rule}: {r.detail}")
     passed = len(report.rules) - len(report.failed)
-    console.print(f"{passed} of {len(report.rules)} requirements pass"
-                  + ("." if report.ok else "; fix the failures above and run `minion check` again."))
+    console.print(
+        f"{passed} of {len(report.rules)} requirements pass"
+        + ("." if report.ok else "; fix the failures above and run `minion check` again.")
+    )

@@ -15,7 +15,12 @@ GIB = 2**30
 
 # Transfer rate per lane (GT/s) -> PCIe generation, from the PCI-SIG generations.
 _GENERATION_BY_SPEED: tuple[tuple[float, int], ...] = (
-    (2.5, 1), (5.0, 2), (8.0, 3), (16.0, 4), (32.0, 5), (64.0, 6),
+    (2.5, 1),
+    (5.0, 2),
+    (8.0, 3),
+    (16.0, 4),
+    (32.0, 5),
+    (64.0, 6),
 )
 _SPEED_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*GT/s")
 

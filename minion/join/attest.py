@@ -24,7 +24,9 @@ from minion.tpm.session import AttestationKey, Quote, TpmSession
 def parse_challenge(body: Mapping[str, Any]) -> JoinChallenge:
     """The body of the control plane's answer to POST /v1/join. Raises ValueError when it is unusable."""
     if body.get("pcr_bank", PCR_BANK) != PCR_BANK:
-        raise ValueError(f"the control plane asks for PCR bank {body.get('pcr_bank')!r}; only sha256 is supported")
+        raise ValueError(
+            f"the control plane asks for PCR bank {body.get('pcr_bank')!r}; only sha256 is supported"
+        )
     try:
         return JoinChallenge.model_validate(body)
     except ValidationError as exc:
@@ -41,24 +43,31 @@ def join_request(
 ) -> dict[str, Any]:
     """POST /v1/join body: identity (minion_id, EK, EK certificate, AK) plus the node's reports."""
     ek = session.endorsement_key()
-    return to_wire(JoinRequest(
-        minion_id=ek.minion_id,
-        ek_public=ek.public,
-        ek_certificate=ek.certificate or None,
-        ak_public=ak.public,
-        join_token=join_token,
-        inventory=dict(inventory or {}),
-        requirements=dict(requirements or {}),
-    ))
+    return to_wire(
+        JoinRequest(
+            minion_id=ek.minion_id,
+            ek_public=ek.public,
+            ek_certificate=ek.certificate or None,
+            ak_public=ak.public,
+            join_token=join_token,
+            inventory=dict(inventory or {}),
+            requirements=dict(requirements or {}),
+        )
+    )
 
 
 def quote_message(quote: Quote) -> QuoteMessage:
-    return QuoteMessage(attest=quote.attest, signature=quote.signature, pcr_bank=PCR_BANK,
-                        pcrs=dict(sorted(quote.pcrs.items())))
+    return QuoteMessage(
+        attest=quote.attest,
+        signature=quote.signature,
+        pcr_bank=PCR_BANK,
+        pcrs=dict(sorted(quote.pcrs.items())),
+    )
 
 
-def quote_payload(session: TpmSession, ak: AttestationKey, nonce: bytes,
-                  pcrs: tuple[int, ...] | list[int] | None = None) -> dict[str, Any]:
+def quote_payload(
+    session: TpmSession, ak: AttestationKey, nonce: bytes, pcrs: tuple[int, ...] | list[int] | None = None
+) -> dict[str, Any]:
     """A quote over `nonce` in wire form (join proof and continuous attestation)."""
     quote = session.quote(ak, nonce, pcrs) if pcrs else session.quote(ak, nonce)
     return to_wire(quote_message(quote))
@@ -67,5 +76,9 @@ def quote_payload(session: TpmSession, ak: AttestationKey, nonce: bytes,
 def proof_payload(session: TpmSession, ak: AttestationKey, challenge: JoinChallenge) -> dict[str, Any]:
     """POST /v1/join/{join_id}/proof body: the activated secret and a quote over the challenge's nonce."""
     secret = session.activate_credential(ak, challenge.credential_blob, challenge.encrypted_secret)
-    quote = session.quote(ak, challenge.nonce, challenge.pcrs) if challenge.pcrs else session.quote(ak, challenge.nonce)
+    quote = (
+        session.quote(ak, challenge.nonce, challenge.pcrs)
+        if challenge.pcrs
+        else session.quote(ak, challenge.nonce)
+    )
     return to_wire(ProofRequest(activated_secret=secret, quote=quote_message(quote)))

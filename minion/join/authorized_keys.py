@@ -26,8 +26,10 @@ def install(path: Path, key_line: str) -> bool:
     replaced atomically with mode 0600, its directory created 0700."""
     key_line = key_line.strip()
     if "\n" in key_line or not key_line.startswith("ssh-") or not _ours(key_line):
-        raise AuthorizedKeyError(f"the control plane sent an unexpected SSH key line ({key_line[:40]!r}); "
-                                 "upgrade the minion or the control plane so they match")
+        raise AuthorizedKeyError(
+            f"the control plane sent an unexpected SSH key line ({key_line[:40]!r}); "
+            "upgrade the minion or the control plane so they match"
+        )
     try:
         old = path.read_text().splitlines()
     except FileNotFoundError:
@@ -53,8 +55,10 @@ def install_from_join(path: Path | None, node: dict[str, object]) -> str | None:
         return None
     key_line = node.get("ssh_authorized_key")
     if not isinstance(key_line, str) or not key_line:
-        return (f"the control plane sent no SSH key, {path} not written: upgrade the control plane, "
-                "or install its key by hand")
+        return (
+            f"the control plane sent no SSH key, {path} not written: upgrade the control plane, "
+            "or install its key by hand"
+        )
     try:
         install(path, key_line)
     except (OSError, AuthorizedKeyError) as exc:

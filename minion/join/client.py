@@ -44,8 +44,14 @@ class Enrollment:
             bundle = read_bundle(path)
         except BundleError as exc:
             raise EnrollmentError(exc.message) from None
-        return cls(bundle.control_plane_url, bundle.join_token, bundle.region, bundle.ca_certificate,
-                   bundle.storage_mode, bundle.public_jobs)
+        return cls(
+            bundle.control_plane_url,
+            bundle.join_token,
+            bundle.region,
+            bundle.ca_certificate,
+            bundle.storage_mode,
+            bundle.public_jobs,
+        )
 
 
 @dataclass(frozen=True)
@@ -69,7 +75,9 @@ class ControlPlane:
             ca.write(enrollment.ca_certificate)
             ca.close()
             verify = ca.name
-        self.http = httpx.Client(base_url=enrollment.control_plane_url.rstrip("/"), verify=verify, timeout=timeout)
+        self.http = httpx.Client(
+            base_url=enrollment.control_plane_url.rstrip("/"), verify=verify, timeout=timeout
+        )
 
     def close(self) -> None:
         self.http.close()
@@ -79,10 +87,14 @@ class ControlPlane:
         try:
             response = self.http.post(path, json=body, headers=headers)
         except httpx.TransportError as exc:
-            raise ConnectionProblem(f"cannot reach the control plane at {self.enrollment.control_plane_url} "
-                                    f"({type(exc).__name__})") from exc
+            raise ConnectionProblem(
+                f"cannot reach the control plane at {self.enrollment.control_plane_url} "
+                f"({type(exc).__name__})"
+            ) from exc
         if response.status_code >= 500:
-            raise ConnectionProblem(f"the control plane answered HTTP {response.status_code}: {_message(response)}")
+            raise ConnectionProblem(
+                f"the control plane answered HTTP {response.status_code}: {_message(response)}"
+            )
         return response
 
 
@@ -101,8 +113,9 @@ def _code(response: httpx.Response) -> str | None:
         return None
 
 
-def attempt_join(cp: ControlPlane, session: Any, ak: Any, *, inventory: Mapping[str, Any],
-                 requirements: Mapping[str, Any]) -> JoinStatus:
+def attempt_join(
+    cp: ControlPlane, session: Any, ak: Any, *, inventory: Mapping[str, Any], requirements: Mapping[str, Any]
+) -> JoinStatus:
     """One complete join attempt with the TPM session `session` and AK `ak`."""
     token = cp.enrollment.join_token
     if not token:
@@ -112,12 +125,16 @@ def attempt_join(cp: ControlPlane, session: Any, ak: Any, *, inventory: Mapping[
     if response.status_code != 201:
         return _refusal(response)
     challenge = parse_challenge(response.json())
-    response = cp.post(f"/v1/join/{challenge.join_id}/proof", proof_payload(session, ak, challenge), token=token)
+    response = cp.post(
+        f"/v1/join/{challenge.join_id}/proof", proof_payload(session, ak, challenge), token=token
+    )
     if response.status_code == 202:
         return JoinStatus("pending", JoinResult.model_validate_json(response.content).message)
     if response.status_code == 200:
         result = JoinResult.model_validate_json(response.content)
-        return JoinStatus("joined", f"joined as node '{result.node_name}' ({result.state})", node=response.json())
+        return JoinStatus(
+            "joined", f"joined as node '{result.node_name}' ({result.state})", node=response.json()
+        )
     return _refusal(response)
 
 

@@ -13,16 +13,45 @@ import typer
 
 from minion.hardware.commands import HostRoot, InventoryFile
 
-Bundle = Annotated[Path | None, typer.Option("--bundle", dir_okay=False, envvar="RIGBASE_BUNDLE",
-                                                help="The region enrollment bundle (provision region bundle).")]
+Bundle = Annotated[
+    Path | None,
+    typer.Option(
+        "--bundle",
+        dir_okay=False,
+        envvar="RIGBASE_BUNDLE",
+        help="The region enrollment bundle (provision region bundle).",
+    ),
+]
 Url = Annotated[str | None, typer.Option("--control-plane", help="Control plane URL (instead of --bundle).")]
-Token = Annotated[str | None, typer.Option("--join-token", envvar="RIGBASE_JOIN_TOKEN", help="Region join token (with --control-plane).")]
-Tcti = Annotated[str | None, typer.Option("--tcti", envvar="RIGBASE_TCTI", help="tpm2-tss TCTI string, e.g. swtpm:path=/run/tpm.sock.")]
-StateOpt = Annotated[Path | None, typer.Option("--state-dir", file_okay=False, help="Where the node credential and AK live (default /var/lib/rigbase/minion).")]
-AuthorizedKeys = Annotated[Path | None, typer.Option(
-    "--authorized-keys", dir_okay=False,
-    help="After a successful join, write the control plane's SSH key into this authorized_keys file (the boot "
-         "image passes /root/.ssh/authorized_keys). Without it nothing is written.")]
+Token = Annotated[
+    str | None,
+    typer.Option(
+        "--join-token", envvar="RIGBASE_JOIN_TOKEN", help="Region join token (with --control-plane)."
+    ),
+]
+Tcti = Annotated[
+    str | None,
+    typer.Option(
+        "--tcti", envvar="RIGBASE_TCTI", help="tpm2-tss TCTI string, e.g. swtpm:path=/run/tpm.sock."
+    ),
+]
+StateOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--state-dir",
+        file_okay=False,
+        help="Where the node credential and AK live (default /var/lib/rigbase/minion).",
+    ),
+]
+AuthorizedKeys = Annotated[
+    Path | None,
+    typer.Option(
+        "--authorized-keys",
+        dir_okay=False,
+        help="After a successful join, write the control plane's SSH key into this authorized_keys file (the boot "
+        "image passes /root/.ssh/authorized_keys). Without it nothing is written.",
+    ),
+]
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:
@@ -57,10 +86,17 @@ def _config(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def join_command(bundle: Bundle = None, control_plane: Url = None, join_token: Token = None, tcti: Tcti = None,
-                 state_dir: StateOpt = None, inventory_file: InventoryFile = None, host_root: HostRoot = None,
-                 authorized_keys: AuthorizedKeys = None,
-                 json_output: Annotated[bool, typer.Option("--json", help="Print the outcome as JSON.")] = False) -> None:
+def join_command(
+    bundle: Bundle = None,
+    control_plane: Url = None,
+    join_token: Token = None,
+    tcti: Tcti = None,
+    state_dir: StateOpt = None,
+    inventory_file: InventoryFile = None,
+    host_root: HostRoot = None,
+    authorized_keys: AuthorizedKeys = None,
+    json_output: Annotated[bool, typer.Option("--json", help="Print the outcome as JSON.")] = False,
+) -> None:
     """Join the region once: attest with the TPM; prints joined, pending or the refusal."""
     os.environ.setdefault("TSS2_LOG", "all+none")
     from minion.join.client import ConnectionProblem, ControlPlane, attempt_join
@@ -73,11 +109,15 @@ def join_command(bundle: Bundle = None, control_plane: Url = None, join_token: T
     if not enrollment.join_token:
         raise _fail("no join token: pass --bundle FILE or --join-token TOKEN", 2)
     state = StateDir(state_dir or DEFAULT_STATE_DIR)
-    inventory, report = collect_report(inventory_file, enrollment.storage_mode, enrollment.public_jobs, host_root)
+    inventory, report = collect_report(
+        inventory_file, enrollment.storage_mode, enrollment.public_jobs, host_root
+    )
     cp = ControlPlane(enrollment)
     try:
         with TpmSession(tcti) as session:
-            outcome = attempt_join(cp, session, load_ak(session, state), inventory=inventory, requirements=report)
+            outcome = attempt_join(
+                cp, session, load_ak(session, state), inventory=inventory, requirements=report
+            )
     except (ConnectionProblem, TpmError) as exc:
         raise _fail(str(exc)) from None
     finally:
@@ -86,12 +126,18 @@ def join_command(bundle: Bundle = None, control_plane: Url = None, join_token: T
     if outcome.state == "joined":
         from minion.join.authorized_keys import install_from_join
 
-        state.save_node({**outcome.node, "control_plane_url": enrollment.control_plane_url, "region": enrollment.region})
+        state.save_node(
+            {**outcome.node, "control_plane_url": enrollment.control_plane_url, "region": enrollment.region}
+        )
         problem = install_from_join(authorized_keys, outcome.node)
     state.save_status(outcome.state, outcome.message, code=outcome.code)
     if json_output:
         shown = {k: v for k, v in outcome.node.items() if k != "node_credential"}
-        print(json.dumps({"state": outcome.state, "message": outcome.message, "code": outcome.code, "node": shown}))
+        print(
+            json.dumps(
+                {"state": outcome.state, "message": outcome.message, "code": outcome.code, "node": shown}
+            )
+        )
     else:
         print(f"{outcome.state}: {outcome.message}")
     if problem:
@@ -100,12 +146,31 @@ def join_command(bundle: Bundle = None, control_plane: Url = None, join_token: T
         raise typer.Exit(1)
 
 
-def run_command(bundle: Bundle = None, control_plane: Url = None, join_token: Token = None, tcti: Tcti = None,
-                state_dir: StateOpt = None, inventory_file: InventoryFile = None, host_root: HostRoot = None,
-                authorized_keys: AuthorizedKeys = None,
-                heartbeat_interval: Annotated[float | None, typer.Option("--heartbeat-interval", min=0.05, help="Seconds between heartbeats (default: the control plane's, 30).")] = None,
-                config: Annotated[Path | None, typer.Option("--config", dir_okay=False, help="minion.yaml written by the finalize playbook.")] = None,
-                max_backoff: Annotated[float, typer.Option("--max-backoff", min=0.1, help="Longest wait between join attempts (s).")] = 15.0) -> None:
+def run_command(
+    bundle: Bundle = None,
+    control_plane: Url = None,
+    join_token: Token = None,
+    tcti: Tcti = None,
+    state_dir: StateOpt = None,
+    inventory_file: InventoryFile = None,
+    host_root: HostRoot = None,
+    authorized_keys: AuthorizedKeys = None,
+    heartbeat_interval: Annotated[
+        float | None,
+        typer.Option(
+            "--heartbeat-interval",
+            min=0.05,
+            help="Seconds between heartbeats (default: the control plane's, 30).",
+        ),
+    ] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option("--config", dir_okay=False, help="minion.yaml written by the finalize playbook."),
+    ] = None,
+    max_backoff: Annotated[
+        float, typer.Option("--max-backoff", min=0.1, help="Longest wait between join attempts (s).")
+    ] = 15.0,
+) -> None:
     """Run the agent: check requirements, join (retrying while pending), then heartbeat until SIGTERM."""
     os.environ.setdefault("TSS2_LOG", "all+none")
     from minion.join.run import RunContext, Runner, collect_report, install_signal_handlers
@@ -117,13 +182,24 @@ def run_command(bundle: Bundle = None, control_plane: Url = None, join_token: To
     state = StateDir(state_dir or DEFAULT_STATE_DIR)
     if not enrollment.join_token and state.node() is None:
         raise _fail(f"no node credential in {state.path} and no join token: pass --bundle FILE", 2)
-    inventory, report = collect_report(inventory_file, enrollment.storage_mode, enrollment.public_jobs, host_root)
+    inventory, report = collect_report(
+        inventory_file, enrollment.storage_mode, enrollment.public_jobs, host_root
+    )
     failing = [r.get("rule") for r in report.get("rules", []) if not r.get("ok", True)]
     if failing:
-        print(f"requirements: FAIL {', '.join(map(str, failing))} (the join will be refused; `minion check` explains)", flush=True)
+        print(
+            f"requirements: FAIL {', '.join(map(str, failing))} (the join will be refused; `minion check` explains)",
+            flush=True,
+        )
     stop = threading.Event()
     install_signal_handlers(stop)
-    runner = Runner(RunContext(enrollment, state, tcti, inventory, authorized_keys=authorized_keys), report, heartbeat_interval, max_backoff, stop)
+    runner = Runner(
+        RunContext(enrollment, state, tcti, inventory, authorized_keys=authorized_keys),
+        report,
+        heartbeat_interval,
+        max_backoff,
+        stop,
+    )
     runner.run()
 
 

@@ -114,14 +114,18 @@ class Runner:
             try:
                 with TpmSession(self.ctx.tcti) as session:
                     ak = load_ak(session, self.ctx.state)
-                    outcome = attempt_join(self.cp, session, ak, inventory=self.ctx.inventory,
-                                           requirements=self.requirements)
+                    outcome = attempt_join(
+                        self.cp, session, ak, inventory=self.ctx.inventory, requirements=self.requirements
+                    )
             except ConnectionProblem as exc:
                 self.say("unreachable", str(exc))
             else:
                 if outcome.state == "joined":
-                    node = {**outcome.node, "control_plane_url": self.ctx.enrollment.control_plane_url,
-                            "region": self.ctx.enrollment.region}
+                    node = {
+                        **outcome.node,
+                        "control_plane_url": self.ctx.enrollment.control_plane_url,
+                        "region": self.ctx.enrollment.region,
+                    }
                     self.ctx.state.save_node(node)
                     problem = install_from_join(self.ctx.authorized_keys, node)
                     if problem:
@@ -150,7 +154,9 @@ class Runner:
                 quote = _quote(self.ctx.tcti, AttestationKey.from_dict(ak or {}), nonce)
             body = HeartbeatRequest(actual=actual, quote=quote).to_wire()
             try:
-                response = self.cp.post(f"/v1/nodes/{node['node_id']}/heartbeat", body, token=node["node_credential"])
+                response = self.cp.post(
+                    f"/v1/nodes/{node['node_id']}/heartbeat", body, token=node["node_credential"]
+                )
             except ConnectionProblem as exc:
                 self.say("unreachable", str(exc))
                 self.stop.wait(min(interval, self.max_backoff_s))
@@ -206,8 +212,9 @@ def install_signal_handlers(stop: threading.Event) -> None:
     signal.signal(signal.SIGINT, handler)
 
 
-def collect_report(inventory_file: Path | None, storage_mode: str | None, public_jobs: bool,
-                   host_root: Path | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+def collect_report(
+    inventory_file: Path | None, storage_mode: str | None, public_jobs: bool, host_root: Path | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """(inventory, requirement report) as JSON; a machine whose inventory cannot be read still joins
     with an empty report (the control plane then shows the verdict as unknown). `host_root` is where
     /proc is read (`--host-root`, as for `minion check`): a simulated node's RAM and cores."""
@@ -225,8 +232,14 @@ def collect_report(inventory_file: Path | None, storage_mode: str | None, public
     except typer.Exit:
         if inventory_file is not None or host_root is not None:
             raise  # the operator's --inventory / --host-root is unusable: load_or_collect said why (exit 2)
-        print("warning: this machine's /proc cannot be read; joining without a hardware inventory", file=sys.stderr)
+        print(
+            "warning: this machine's /proc cannot be read; joining without a hardware inventory",
+            file=sys.stderr,
+        )
         return {}, {}
     except Exception as exc:  # noqa: BLE001 - the join must still happen; the operator sees "unknown"
-        print(f"warning: no hardware inventory ({type(exc).__name__}: {exc}); joining without it", file=sys.stderr)
+        print(
+            f"warning: no hardware inventory ({type(exc).__name__}: {exc}); joining without it",
+            file=sys.stderr,
+        )
         return {}, {}

@@ -68,5 +68,7 @@ class StateDir:
         return read_json(self.status_file)
 
     def save_status(self, state: str, message: str | None = None, **extra: Any) -> None:
-        write_private(self.status_file, {"state": state, "message": message,
-                                         "at": datetime.now(UTC).isoformat(), **extra})
+        write_private(
+            self.status_file,
+            {"state": state, "message": message, "at": datetime.now(UTC).isoformat(), **extra},
+        )

@@ -62,7 +62,10 @@ def serve(args: argparse.Namespace) -> int:
                 print(json.dumps({"closed": True}), flush=True)
                 return 0
             else:
-                print(json.dumps({"error": f"unknown op {op!r}: use apply, set_address, renew, status, close"}), flush=True)
+                print(
+                    json.dumps({"error": f"unknown op {op!r}: use apply, set_address, renew, status, close"}),
+                    flush=True,
+                )
                 continue
         except (KeyError, ValueError) as exc:
             print(json.dumps({"error": f"bad request: {exc}"}), flush=True)

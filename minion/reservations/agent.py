@@ -62,7 +62,9 @@ class ReservationAgent:
         probe_window_s: float = PROBE_WINDOW_S,
     ) -> None:
         self.mdns = MdnsPublisher(lan_address, probe_window_s=probe_window_s)
-        self.upnp = UpnpMapper(lan_address, lease_s=lease_s, igd_url=igd_url, cache_path=igd_cache) if upnp else None
+        self.upnp = (
+            UpnpMapper(lan_address, lease_s=lease_s, igd_url=igd_url, cache_path=igd_cache) if upnp else None
+        )
         self.desired: dict[str, ReservationSpec] = {}
         self._lock = threading.RLock()
         self._renewer: threading.Thread | None = None
@@ -164,6 +166,11 @@ def register_heartbeat_handler(agent: ReservationAgent) -> None:
             try:
                 valid.append(ReservationSpec.from_dict(item))
             except (KeyError, TypeError, ValueError) as exc:
-                rejected.append({"name": item.get("name") if isinstance(item, dict) else None,
-                                 "state": ReportedState.ERROR.value, "reason": f"invalid reservation: {exc}"})
+                rejected.append(
+                    {
+                        "name": item.get("name") if isinstance(item, dict) else None,
+                        "state": ReportedState.ERROR.value,
+                        "reason": f"invalid reservation: {exc}",
+                    }
+                )
         return [s.to_dict() for s in agent.apply(valid)] + rejected

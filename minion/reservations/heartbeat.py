@@ -43,7 +43,9 @@ def multicast_source_address() -> str:
         return s.getsockname()[0]
 
 
-def configure(*, lan_address: str | None = None, upnp: bool | None = None, igd_cache: Path | None = None) -> None:
+def configure(
+    *, lan_address: str | None = None, upnp: bool | None = None, igd_cache: Path | None = None
+) -> None:
     """Called by `minion run` at start (igd_cache under its state dir) and on a DHCP address change."""
     if igd_cache is not None:
         SETTINGS.igd_cache = igd_cache

@@ -172,7 +172,9 @@ class MdnsPublisher:
         out.add_question(DNSQuestion(res.fqdn, _TYPE_ANY, _CLASS_IN | _CLASS_UNIQUE))
         # …and A as well: python-zeroconf answers a host name only for an A/AAAA question, not for ANY.
         out.add_question(DNSQuestion(res.fqdn, _TYPE_A, _CLASS_IN | _CLASS_UNIQUE))
-        proposed = DNSAddress(res.fqdn, _TYPE_A, _CLASS_IN | _CLASS_UNIQUE, _DNS_HOST_TTL, socket.inet_aton(self.address))
+        proposed = DNSAddress(
+            res.fqdn, _TYPE_A, _CLASS_IN | _CLASS_UNIQUE, _DNS_HOST_TTL, socket.inet_aton(self.address)
+        )
         # add_authorative_answer() accepts only PTR records; the list takes any record on the wire
         out.authorities.append(proposed)  # type: ignore[arg-type]
         zc.async_send(out)
@@ -192,7 +194,9 @@ class MdnsPublisher:
         # unique in the region); the host name was probed above. Returns once the first announcement
         # is queued; the two repeats follow in the background.
         # (a Task at run time; ensure_future returns it unchanged and gives it its Future type)
-        entry.announcing = asyncio.ensure_future(await zc.async_register_service(info, cooperating_responders=True))
+        entry.announcing = asyncio.ensure_future(
+            await zc.async_register_service(info, cooperating_responders=True)
+        )
 
     def _async_rival(self, fqdn: str, address: str) -> None:
         """Runs in zeroconf's loop when another address answers for a name we probe or serve.
@@ -208,7 +212,9 @@ class MdnsPublisher:
             log.warning("%s is also answered by %s: reporting a conflict", fqdn, address)
             entry.state, entry.rival = MdnsState.CONFLICT, address
             if entry.info is None:
-                entry.reason = f"another host ({address}) already answers for {fqdn.rstrip('.')}; rename one of them"
+                entry.reason = (
+                    f"another host ({address}) already answers for {fqdn.rstrip('.')}; rename one of them"
+                )
             else:
                 entry.reason = f"another host ({address}) started answering for {fqdn.rstrip('.')} too; rename one of them"
 

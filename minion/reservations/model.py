@@ -17,7 +17,7 @@ from contracts.regional import Protocol, ReportedState
 __all__ = ["MdnsState", "Protocol", "ReportedState", "ReservationSpec", "ReservationStatus", "UpnpState"]
 
 
-class UpnpState(str, enum.Enum):
+class UpnpState(enum.StrEnum):
     OFF = "off"  # the node has UPnP disabled (corporate firewall): nothing is sent
     MAPPED = "mapped"
     HELD_BY_OTHER_HOST = "held-by-other-host"  # UPnP error 718 ConflictInMappingEntry
@@ -26,7 +26,7 @@ class UpnpState(str, enum.Enum):
     ERROR = "error"
 
 
-class MdnsState(str, enum.Enum):
+class MdnsState(enum.StrEnum):
     PUBLISHED = "published"
     CONFLICT = "conflict"
     ERROR = "error"
@@ -43,7 +43,9 @@ class ReservationSpec:
 
     def __post_init__(self) -> None:
         if not is_dns_label(self.hostname):
-            raise ValueError(f"hostname {self.hostname!r} must be a DNS label (a-z, 0-9, '-'), e.g. 'jupyter'")
+            raise ValueError(
+                f"hostname {self.hostname!r} must be a DNS label (a-z, 0-9, '-'), e.g. 'jupyter'"
+            )
         if not 1024 <= self.port <= 65535:
             raise ValueError(f"port {self.port} must be between 1024 and 65535")
         object.__setattr__(self, "protocol", Protocol(self.protocol))

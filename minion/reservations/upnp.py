@@ -33,7 +33,10 @@ ROOT_DESC_PATHS = ("/rootDesc.xml", "/igd.xml", "/gatedesc.xml", "/description.x
 
 # miniupnpc raises Exception(strupnperror(code)); the text is all we get, so map it back to meaning.
 UPNP_ERRORS: dict[str, tuple[UpnpState, str]] = {
-    "ConflictInMappingEntry": (UpnpState.HELD_BY_OTHER_HOST, "UPnP 718: another host already maps external port {port}"),
+    "ConflictInMappingEntry": (
+        UpnpState.HELD_BY_OTHER_HOST,
+        "UPnP 718: another host already maps external port {port}",
+    ),
     "Action not authorized": (UpnpState.REFUSED, "UPnP 606: the router refused to map external port {port}"),
 }
 
@@ -137,7 +140,13 @@ class UpnpMapper:
         proto = res.protocol.value.upper()
         try:
             client.addportmapping(  # type: ignore[attr-defined]
-                res.port, proto, self.lan_address, res.port, f"{self.description} {res.name}", "", self.lease_s
+                res.port,
+                proto,
+                self.lan_address,
+                res.port,
+                f"{self.description} {res.name}",
+                "",
+                self.lease_s,
             )
             external_ip = client.externalipaddress()  # type: ignore[attr-defined]
         except Exception as exc:  # noqa: BLE001 - miniupnpc reports every SOAP error as Exception
@@ -145,8 +154,10 @@ class UpnpMapper:
             if state is UpnpState.HELD_BY_OTHER_HOST and res.name in self._stale:
                 # Our own old mapping, not another host's: transient, so left unsettled and retried.
                 state = UpnpState.ERROR
-                template = (f"the router still maps port {{port}} to this node's previous address "
-                            f"{self._stale[res.name]} until that lease ends (at most {self.lease_s} s); retrying")
+                template = (
+                    f"the router still maps port {{port}} to this node's previous address "
+                    f"{self._stale[res.name]} until that lease ends (at most {self.lease_s} s); retrying"
+                )
             if state is UpnpState.ERROR:
                 self._upnp = None  # the router may have restarted: select it again next time
             return Mapping(res, state, template.format(port=res.port, error=exc))
@@ -174,7 +185,9 @@ class UpnpMapper:
     def renew_due(self, now: float | None = None) -> list[str]:
         """Re-add every mapping past half its lease; returns the names renewed."""
         now = time.monotonic() if now is None else now
-        due = [m.reservation for m in self.mappings.values() if m.state is UpnpState.MAPPED and m.renew_at <= now]
+        due = [
+            m.reservation for m in self.mappings.values() if m.state is UpnpState.MAPPED and m.renew_at <= now
+        ]
         for res in due:
             self.map(res)
         return [r.name for r in due]

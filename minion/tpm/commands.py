@@ -11,10 +11,15 @@ import typer
 
 from minion.tpm.tcti import TCTI_ENV
 
-Tcti = Annotated[str | None, typer.Option(
-    "--tcti", help=f"tpm2-tss TCTI string, e.g. 'swtpm:path=/run/swtpm.sock' (default: ${TCTI_ENV}, "
-                   "else device:/dev/tpmrm0).")]
-JsonFlag = Annotated[bool, typer.Option("--json", help="Print {\"minion_id\": …, \"tcti\": …}.")]
+Tcti = Annotated[
+    str | None,
+    typer.Option(
+        "--tcti",
+        help=f"tpm2-tss TCTI string, e.g. 'swtpm:path=/run/swtpm.sock' (default: ${TCTI_ENV}, "
+        "else device:/dev/tpmrm0).",
+    ),
+]
+JsonFlag = Annotated[bool, typer.Option("--json", help='Print {"minion_id": …, "tcti": …}.')]
 
 
 def id_command(tcti: Tcti = None, json_output: JsonFlag = False) -> None:

@@ -199,7 +199,9 @@ class TpmSession:
             | TPMA_OBJECT.SENSITIVEDATAORIGIN
             | TPMA_OBJECT.USERWITHAUTH
         )
-        template = TPM2B_PUBLIC(publicArea=TPMT_PUBLIC.parse("ecc256:ecdsa-sha256:null", objectAttributes=attrs))
+        template = TPM2B_PUBLIC(
+            publicArea=TPMT_PUBLIC.parse("ecc256:ecdsa-sha256:null", objectAttributes=attrs)
+        )
         with self._loaded_ek() as (ek, _, _), self._ek_authorized() as session:
             private, public, _, _, _ = self.ectx.create(ek, None, template, session1=session)
         return AttestationKey(
@@ -219,7 +221,9 @@ class TpmSession:
         finally:
             self.ectx.flush_context(handle)
 
-    def activate_credential(self, ak: AttestationKey, credential_blob: bytes, encrypted_secret: bytes) -> bytes:
+    def activate_credential(
+        self, ak: AttestationKey, credential_blob: bytes, encrypted_secret: bytes
+    ) -> bytes:
         """Recover the control plane's secret; the TPM only releases it if `ak` lives beside this EK."""
         from tpm2_pytss import TSS2_Exception
         from tpm2_pytss.constants import ESYS_TR
@@ -275,7 +279,9 @@ class TpmSession:
         for _ in range(3):
             with self._loaded_ek() as (ek, _, _), self._loaded_ak(ak, ek) as ak_handle:
                 attest, signature = self.ectx.quote(ak_handle, selection, nonce)
-            attest_bytes = bytes(attest.attestationData) if isinstance(attest, TPM2B_ATTEST) else bytes(attest)
+            attest_bytes = (
+                bytes(attest.attestationData) if isinstance(attest, TPM2B_ATTEST) else bytes(attest)
+            )
             pcrs = self.read_pcrs(indices)
             info, _ = TPMS_ATTEST.unmarshal(attest_bytes)
             quoted = bytes(info.attested.quote.pcrDigest)

@@ -145,8 +145,12 @@ class Finalizer(Protocol):
     """What the finalize reconciler runs for a node in provisioning: AnsibleFinalizer in the control
     plane; tests that only exercise the join inject one that skips the playbook."""
 
-    def finalize(self, request: FinalizeRequest, target: Target,
-                 on_event: Callable[[FinalizeEvent], None] | None = None) -> FinalizeResult: ...
+    def finalize(
+        self,
+        request: FinalizeRequest,
+        target: Target,
+        on_event: Callable[[FinalizeEvent], None] | None = None,
+    ) -> FinalizeResult: ...
 
 
 @dataclass(frozen=True)
@@ -155,14 +159,23 @@ class AnsibleFinalizer:
 
     settings: Settings
 
-    def finalize(self, request: FinalizeRequest, target: Target,
-                 on_event: Callable[[FinalizeEvent], None] | None = None) -> FinalizeResult:
+    def finalize(
+        self,
+        request: FinalizeRequest,
+        target: Target,
+        on_event: Callable[[FinalizeEvent], None] | None = None,
+    ) -> FinalizeResult:
         return run_finalize(request, target, on_event, settings=self.settings)
 
 
-def run_finalize(request: FinalizeRequest, target: Target,
-                 on_event: Callable[[FinalizeEvent], None] | None = None, *,
-                 timeout: int | None = None, settings: Settings | None = None) -> FinalizeResult:
+def run_finalize(
+    request: FinalizeRequest,
+    target: Target,
+    on_event: Callable[[FinalizeEvent], None] | None = None,
+    *,
+    timeout: int | None = None,
+    settings: Settings | None = None,
+) -> FinalizeResult:
     """Run the node's finalize playbook against `target`, streaming task events to `on_event`.
     `settings` locate the home, the playbooks and the collections; a direct caller (the debugging
     entry point below, tests) may leave them to be loaded here."""
@@ -289,8 +302,10 @@ def scratch_drives(inventory: Sequence[Mapping[str, Any] | str]) -> list[dict[st
         if not path and entry.get("name"):
             path = "/dev/" + str(entry["name"]).removeprefix("/dev/")
         if not path:
-            raise InvalidInput(f"an NVMe drive in the inventory has no path or name ({dict(entry)}); "
-                               "re-run the minion's inventory.")
+            raise InvalidInput(
+                f"an NVMe drive in the inventory has no path or name ({dict(entry)}); "
+                "re-run the minion's inventory."
+            )
         if entry.get("system"):
             continue
         drives[path] = {"path": path, "size_bytes": int(entry.get("size_bytes") or 0)}
@@ -314,7 +329,7 @@ def inventory_for(name: str, target: Target, data_dir: Path) -> dict[str, Any]:
             "ansible_user": target.user,
             "ansible_ssh_private_key_file": str(target.key_file),
             "ansible_ssh_common_args": f"-o UserKnownHostsFile={known} -o StrictHostKeyChecking={strict}"
-                                       " -o BatchMode=yes -o ConnectTimeout=15",
+            " -o BatchMode=yes -o ConnectTimeout=15",
             "ansible_become": target.user != "root",
             "ansible_python_interpreter": "auto_silent",
         }
@@ -326,8 +341,9 @@ def ansible_env(data_dir: Path, coll: Path) -> dict[str, str]:
     ansible-playbook: rc 127), our collections (`coll`, where scripts/install-deps.sh unpacked
     community.general), temp files under the node's data dir, no colour."""
     if not (coll / "ansible_collections/community/general/plugins/connection/chroot.py").exists():
-        raise Unavailable(f"the community.general Ansible collection is missing from {coll}; "
-                          "run scripts/install-deps.sh.")
+        raise Unavailable(
+            f"the community.general Ansible collection is missing from {coll}; run scripts/install-deps.sh."
+        )
     path = os.pathsep.join([str(Path(sys.prefix) / "bin"), os.environ.get("PATH", ""), "/usr/sbin:/sbin"])
     return {
         "PATH": path,
@@ -348,18 +364,23 @@ def _service(value: Service | str) -> Service:
     try:
         return Service(value)
     except ValueError:
-        raise InvalidInput(f"{value!r} is not a node service; use one of "
-                           f"{', '.join(s.value for s in Service)}.") from None
+        raise InvalidInput(
+            f"{value!r} is not a node service; use one of {', '.join(s.value for s in Service)}."
+        ) from None
 
 
 def _check_target(target: Target) -> None:
     if isinstance(target, ChrootTarget):
         if not (target.root / "usr/bin/python3").exists():
-            raise InvalidInput(f"{target.root} is not a lab root with python3 in it; "
-                               "build it with provisioner.lab.rootfs.root_for_node().")
+            raise InvalidInput(
+                f"{target.root} is not a lab root with python3 in it; "
+                "build it with provisioner.lab.rootfs.root_for_node()."
+            )
     elif isinstance(target, SshTarget):
         if not Path(target.key_file).is_file():
-            raise InvalidInput(f"SSH key {target.key_file} does not exist; give the control plane's node key.")
+            raise InvalidInput(
+                f"SSH key {target.key_file} does not exist; give the control plane's node key."
+            )
     else:
         raise InvalidInput(f"unknown finalize target {target!r}; use SshTarget or ChrootTarget.")
 
@@ -454,12 +475,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         target = SshTarget(args.ssh, args.key, user=args.user)
 
     def emit(event: FinalizeEvent) -> None:
-        print(json.dumps({"task": event.task, "status": event.status.value, "host": event.host,
-                          "message": event.message}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "task": event.task,
+                    "status": event.status.value,
+                    "host": event.host,
+                    "message": event.message,
+                }
+            ),
+            flush=True,
+        )
 
     result = run_finalize(request, target, emit)
-    print(json.dumps({"ok": result.ok, "failed_task": result.failed_task, "message": result.message,
-                      "changed": result.changed, "seconds": round(result.seconds, 2)}), flush=True)
+    print(
+        json.dumps(
+            {
+                "ok": result.ok,
+                "failed_task": result.failed_task,
+                "message": result.message,
+                "changed": result.changed,
+                "seconds": round(result.seconds, 2),
+            }
+        ),
+        flush=True,
+    )
     return 0 if result.ok else 1
 
 

@@ -15,13 +15,20 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI
 from sqlalchemy import Engine
 
+from provisioner.adapters.ansible import Finalizer
 from provisioner.api import errors
 from provisioner.api.deps import require_operator
-from provisioner.api.routes import enrollment, join, nodes, providers, regions
-from provisioner.api.routes import datastores, reservations
-from provisioner.api.routes import gcp
-from provisioner.api.routes import images
-from provisioner.adapters.ansible import Finalizer
+from provisioner.api.routes import (
+    datastores,
+    enrollment,
+    gcp,
+    images,
+    join,
+    nodes,
+    providers,
+    regions,
+    reservations,
+)
 from provisioner.providers.base import ProviderDriver
 from provisioner.reconcilers.loop import ReconcilerLoop
 from provisioner.services.heartbeat_timing import HeartbeatTiming
@@ -53,10 +60,16 @@ async def _reconciler_lifespan(app: FastAPI) -> AsyncIterator[None]:
         loop.stop()
 
 
-def create_app(settings: Settings | str | None = None, *, engine: Engine | None = None, migrate: bool = True,
-               reconcilers: bool = False, heartbeat_timing: HeartbeatTiming | None = None,
-               finalizer: Finalizer | None = None,
-               providers: Mapping[str, ProviderDriver] | None = None) -> FastAPI:
+def create_app(
+    settings: Settings | str | None = None,
+    *,
+    engine: Engine | None = None,
+    migrate: bool = True,
+    reconcilers: bool = False,
+    heartbeat_timing: HeartbeatTiming | None = None,
+    finalizer: Finalizer | None = None,
+    providers: Mapping[str, ProviderDriver] | None = None,
+) -> FastAPI:
     """`reconcilers=True` (what `provision serve` passes) runs the reconciler loop for the app's lifetime;
     unit tests leave it off and step the world with `ReconcilerLoop(sessions).run_once()`.
 
@@ -74,7 +87,7 @@ def create_app(settings: Settings | str | None = None, *, engine: Engine | None 
         title="rigbase control plane",
         version="1",
         description="Providers, regions and nodes of a rigbase fleet. Every /v1/ route needs "
-                    "`Authorization: Bearer <token>`; /openapi.json and /healthz do not.",
+        "`Authorization: Bearer <token>`; /openapi.json and /healthz do not.",
         lifespan=_reconciler_lifespan if reconcilers else None,
     )
     runtime = Runtime.from_settings(settings, finalizer=finalizer, providers=providers)

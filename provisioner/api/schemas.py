@@ -35,8 +35,15 @@ class ProviderOut(BaseModel):
 
     @classmethod
     def of(cls, p: Provider) -> ProviderOut:
-        return cls(id=p.id, kind=p.kind, payment_mode=p.payment_mode, state=p.state, reason=p.reason,
-                   config=p.public_config or {}, created_at=p.created_at)
+        return cls(
+            id=p.id,
+            kind=p.kind,
+            payment_mode=p.payment_mode,
+            state=p.state,
+            reason=p.reason,
+            config=p.public_config or {},
+            created_at=p.created_at,
+        )
 
 
 class RegionIn(BaseModel):
@@ -61,9 +68,18 @@ class RegionOut(BaseModel):
 
     @classmethod
     def of(cls, r: Region) -> RegionOut:
-        return cls(id=r.id, name=r.name, provider=r.provider.kind, provider_id=r.provider_id,
-                   storage_mode=r.storage_mode, public_jobs=r.public_jobs, state=r.state, reason=r.reason,
-                   settings=r.settings or {}, created_at=r.created_at)
+        return cls(
+            id=r.id,
+            name=r.name,
+            provider=r.provider.kind,
+            provider_id=r.provider_id,
+            storage_mode=r.storage_mode,
+            public_jobs=r.public_jobs,
+            state=r.state,
+            reason=r.reason,
+            settings=r.settings or {},
+            created_at=r.created_at,
+        )
 
 
 class NodeIn(BaseModel):
@@ -100,11 +116,26 @@ class NodeOut(BaseModel):
     def of(cls, n: Node | Any) -> NodeOut:
         """From a Node or a list_page row (same attribute names)."""
         # model_construct: the store's typed columns need no re-validation (pages of 500 stay cheap)
-        return cls.model_construct(id=n.id, name=n.name, region=n.region_name, region_id=n.region_id, minion_id=n.minion_id,
-                   service=n.service, hostname=n.hostname, upnp=n.upnp, mining=n.mining, state=n.state,
-                   reason=n.reason, online=is_online(n.last_heartbeat_at), last_heartbeat_at=n.last_heartbeat_at,
-                   inventory=n.inventory, requirements=n.requirements, created_at=n.created_at,
-                   updated_at=n.updated_at, version=n.version)
+        return cls.model_construct(
+            id=n.id,
+            name=n.name,
+            region=n.region_name,
+            region_id=n.region_id,
+            minion_id=n.minion_id,
+            service=n.service,
+            hostname=n.hostname,
+            upnp=n.upnp,
+            mining=n.mining,
+            state=n.state,
+            reason=n.reason,
+            online=is_online(n.last_heartbeat_at),
+            last_heartbeat_at=n.last_heartbeat_at,
+            inventory=n.inventory,
+            requirements=n.requirements,
+            created_at=n.created_at,
+            updated_at=n.updated_at,
+            version=n.version,
+        )
 
 
 class ReplaceIn(BaseModel):
@@ -130,5 +161,14 @@ class EventOut(BaseModel):
 
     @classmethod
     def of(cls, e: AuditEvent) -> EventOut:
-        return cls(id=e.id, at=e.at, actor=e.actor, resource_id=e.resource_id, name=e.resource_name,
-                   from_state=e.from_state, to_state=e.to_state, reason=e.reason, state=e.to_state)
+        return cls(
+            id=e.id,
+            at=e.at,
+            actor=e.actor,
+            resource_id=e.resource_id,
+            name=e.resource_name,
+            from_state=e.from_state,
+            to_state=e.to_state,
+            reason=e.reason,
+            state=e.to_state,
+        )

@@ -25,7 +25,12 @@ try:  # cryptography >= 47 keeps CFB among the "decrepit" modes; TPM credential 
 except ImportError:  # pragma: no cover - older cryptography
     from cryptography.hazmat.primitives.ciphers.modes import CFB
 
-_HASH_CLASSES: dict[Alg, type[hashes.SHA256 | hashes.SHA384 | hashes.SHA512 | hashes.SHA1]] = {Alg.SHA256: hashes.SHA256, Alg.SHA384: hashes.SHA384, Alg.SHA512: hashes.SHA512, Alg.SHA1: hashes.SHA1}
+_HASH_CLASSES: dict[Alg, type[hashes.SHA256 | hashes.SHA384 | hashes.SHA512 | hashes.SHA1]] = {
+    Alg.SHA256: hashes.SHA256,
+    Alg.SHA384: hashes.SHA384,
+    Alg.SHA512: hashes.SHA512,
+    Alg.SHA1: hashes.SHA1,
+}
 
 
 @dataclass(frozen=True)
@@ -39,8 +44,15 @@ class CredentialChallenge:
 def kdfa(hash_alg: Alg, key: bytes, label: bytes, context_u: bytes, context_v: bytes, bits: int) -> bytes:
     """TPM KDFa = SP 800-108 counter-mode HMAC with `label || 0x00 || contextU || contextV || bits`."""
     return KBKDFHMAC(
-        algorithm=_HASH_CLASSES[hash_alg](), mode=Mode.CounterMode, length=bits // 8, rlen=4, llen=4,
-        location=CounterLocation.BeforeFixed, label=label, context=context_u + context_v, fixed=None,
+        algorithm=_HASH_CLASSES[hash_alg](),
+        mode=Mode.CounterMode,
+        length=bits // 8,
+        rlen=4,
+        llen=4,
+        location=CounterLocation.BeforeFixed,
+        label=label,
+        context=context_u + context_v,
+        fixed=None,
     ).derive(key)
 
 

@@ -35,6 +35,7 @@ class TrustStore:
     @classmethod
     def from_pems(cls, anchors: Iterable[bytes], intermediates: Iterable[bytes] = ()) -> TrustStore:
         """Build from PEM blobs; each blob may hold several certificates."""
+
         def load(blobs: Iterable[bytes]) -> tuple[x509.Certificate, ...]:
             return tuple(c for blob in blobs for c in x509.load_pem_x509_certificates(blob))
 
@@ -69,7 +70,9 @@ def _check_validity(cert: x509.Certificate, now: datetime) -> None:
         raise ChainError(f"certificate {cert.subject.rfc4514_string()!r} is outside its validity period")
 
 
-def verify_chain(leaf: x509.Certificate, store: TrustStore, now: datetime | None = None) -> list[x509.Certificate]:
+def verify_chain(
+    leaf: x509.Certificate, store: TrustStore, now: datetime | None = None
+) -> list[x509.Certificate]:
     """Return the path leaf → anchor, or raise ChainError naming where the path broke."""
     now = now or datetime.now(UTC)
     if not store.anchors:

@@ -29,7 +29,9 @@ PublicKey = rsa.RSAPublicKey | ec.EllipticCurvePublicKey
 def public_key(public: TpmPublic) -> PublicKey:
     """The `cryptography` key for a TPM public area."""
     if public.type == Alg.RSA:
-        return rsa.RSAPublicNumbers(public.rsa_exponent, int.from_bytes(public.rsa_modulus, "big")).public_key()
+        return rsa.RSAPublicNumbers(
+            public.rsa_exponent, int.from_bytes(public.rsa_modulus, "big")
+        ).public_key()
     assert public.curve is not None
     return ec.EllipticCurvePublicNumbers(
         int.from_bytes(public.ecc_x, "big"), int.from_bytes(public.ecc_y, "big"), _CURVES[public.curve]()
@@ -52,12 +54,16 @@ def signature_valid(key: PublicKey, signature: Signature, message: bytes) -> boo
         return False
     try:
         if signature.alg == Alg.ECDSA and isinstance(key, ec.EllipticCurvePublicKey):
-            der = encode_dss_signature(int.from_bytes(signature.ecc_r, "big"), int.from_bytes(signature.ecc_s, "big"))
+            der = encode_dss_signature(
+                int.from_bytes(signature.ecc_r, "big"), int.from_bytes(signature.ecc_s, "big")
+            )
             key.verify(der, message, ec.ECDSA(hash_cls()))
         elif signature.alg == Alg.RSASSA and isinstance(key, rsa.RSAPublicKey):
             key.verify(signature.rsa, message, padding.PKCS1v15(), hash_cls())
         elif signature.alg == Alg.RSAPSS and isinstance(key, rsa.RSAPublicKey):
-            key.verify(signature.rsa, message, padding.PSS(padding.MGF1(hash_cls()), padding.PSS.AUTO), hash_cls())
+            key.verify(
+                signature.rsa, message, padding.PSS(padding.MGF1(hash_cls()), padding.PSS.AUTO), hash_cls()
+            )
         else:
             return False
     except InvalidSignature:

@@ -101,5 +101,7 @@ class NonceIssuer:
         now = self.clock()
         if now > record.expires_at:
             late = (now - record.expires_at).total_seconds()
-            return refuse(RefusalCode.nonce_expired, f"{late:.0f} s past its {self.ttl.total_seconds():.0f} s lifetime")
+            return refuse(
+                RefusalCode.nonce_expired, f"{late:.0f} s past its {self.ttl.total_seconds():.0f} s lifetime"
+            )
         return None

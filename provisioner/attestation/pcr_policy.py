@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import Enum, StrEnum
 from typing import Protocol
 
 from provisioner.attestation.refusals import Refusal, RefusalCode, refuse
 
 
-class PcrPolicyMode(str, Enum):
+class PcrPolicyMode(StrEnum):
     manifest = "manifest"
     record = "record"
 
@@ -57,7 +57,9 @@ class ManifestPolicy:
     def check(self, pcrs: Mapping[int, bytes]) -> PcrVerdict:
         bad = _differing(self.expected, pcrs)
         if bad:
-            return PcrVerdict(refuse(RefusalCode.pcr_manifest_mismatch, _summary(bad), pcrs=list(bad)), differing=bad)
+            return PcrVerdict(
+                refuse(RefusalCode.pcr_manifest_mismatch, _summary(bad), pcrs=list(bad)), differing=bad
+            )
         return PcrVerdict()
 
 

@@ -49,7 +49,11 @@ def verify_quote(
     if not hmac.compare_digest(info.extra_data, nonce):
         return refuse(RefusalCode.nonce_mismatch)
     wanted = tuple(sorted(set(required)))
-    if len(info.pcr_select) != 1 or info.pcr_select[0].bank != Alg.SHA256 or info.pcr_select[0].indices != wanted:
+    if (
+        len(info.pcr_select) != 1
+        or info.pcr_select[0].bank != Alg.SHA256
+        or info.pcr_select[0].indices != wanted
+    ):
         got = ", ".join(f"{s.bank.name.lower()}:{list(s.indices)}" for s in info.pcr_select) or "none"
         return refuse(RefusalCode.pcr_selection_mismatch, f"wanted sha256:{list(wanted)}, quoted {got}")
     if sorted(evidence.pcrs) != list(wanted):

@@ -8,13 +8,13 @@ minion_id, which step), and only then turns it into an HTTP answer with `Refusal
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import Enum, StrEnum
 from typing import Any
 
 from contracts.errors import Forbidden, InvalidInput, RigbaseError
 
 
-class RefusalCode(str, Enum):
+class RefusalCode(StrEnum):
     """Each value is the machine-readable `code` in the API error and the audit entry."""
 
     malformed_request = "attestation_malformed_request"

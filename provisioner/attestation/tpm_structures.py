@@ -80,7 +80,9 @@ class _Reader:
 
     def take(self, n: int) -> bytes:
         if self.pos + n > len(self.data):
-            raise MalformedStructure(f"truncated: wanted {n} bytes at offset {self.pos}, have {len(self.data) - self.pos}")
+            raise MalformedStructure(
+                f"truncated: wanted {n} bytes at offset {self.pos}, have {len(self.data) - self.pos}"
+            )
         out = bytes(self.data[self.pos : self.pos + n])
         self.pos += n
         return out
@@ -172,8 +174,16 @@ def parse_public(data: bytes, *, sized: bool = True) -> TpmPublic:
     auth_policy = r.tpm2b()
     symmetric = _sym_def(r)
     scheme, scheme_hash = _scheme(r)
-    common = TpmPublic(raw=body, type=kind, name_alg=name_alg, attributes=attributes, auth_policy=auth_policy,
-                       symmetric=symmetric, scheme=scheme, scheme_hash=scheme_hash)
+    common = TpmPublic(
+        raw=body,
+        type=kind,
+        name_alg=name_alg,
+        attributes=attributes,
+        auth_policy=auth_policy,
+        symmetric=symmetric,
+        scheme=scheme,
+        scheme_hash=scheme_hash,
+    )
     if kind == Alg.RSA:
         bits, exponent = r.u16(), r.u32()
         modulus = r.tpm2b()
@@ -231,9 +241,14 @@ def parse_quote(attest: bytes) -> QuoteInfo:
     for _ in range(r.u32()):
         bank = r.alg()
         bitmap = r.take(r.u8())
-        selections.append(PcrSelection(bank, tuple(
-            byte_i * 8 + bit for byte_i, b in enumerate(bitmap) for bit in range(8) if b & (1 << bit)
-        )))
+        selections.append(
+            PcrSelection(
+                bank,
+                tuple(
+                    byte_i * 8 + bit for byte_i, b in enumerate(bitmap) for bit in range(8) if b & (1 << bit)
+                ),
+            )
+        )
     digest = r.tpm2b()
     r.end()
     return QuoteInfo(signer, extra, clock, resets, restarts, bool(safe), firmware, tuple(selections), digest)

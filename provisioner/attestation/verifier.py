@@ -42,8 +42,20 @@ from provisioner.attestation.wire import PendingJoin, quote_evidence
 SECRET_BYTES = 32
 # Attributes of the standard TCG EK template, and of any AK we accept (a restricted signing key that
 # cannot leave the TPM and whose private part the TPM generated).
-EK_ATTRS = ObjectAttr.FIXED_TPM | ObjectAttr.FIXED_PARENT | ObjectAttr.SENSITIVE_DATA_ORIGIN | ObjectAttr.RESTRICTED | ObjectAttr.DECRYPT
-AK_ATTRS = ObjectAttr.FIXED_TPM | ObjectAttr.FIXED_PARENT | ObjectAttr.SENSITIVE_DATA_ORIGIN | ObjectAttr.RESTRICTED | ObjectAttr.SIGN_ENCRYPT
+EK_ATTRS = (
+    ObjectAttr.FIXED_TPM
+    | ObjectAttr.FIXED_PARENT
+    | ObjectAttr.SENSITIVE_DATA_ORIGIN
+    | ObjectAttr.RESTRICTED
+    | ObjectAttr.DECRYPT
+)
+AK_ATTRS = (
+    ObjectAttr.FIXED_TPM
+    | ObjectAttr.FIXED_PARENT
+    | ObjectAttr.SENSITIVE_DATA_ORIGIN
+    | ObjectAttr.RESTRICTED
+    | ObjectAttr.SIGN_ENCRYPT
+)
 
 
 @dataclass(frozen=True)
@@ -75,38 +87,61 @@ class JoinVerifier:
 
     # -- step 1 ---------------------------------------------------------------------------------------
     def begin(
-        self, request: JoinRequest, trust: RegionTrust, *, join_id: str | None = None, now: datetime | None = None
+        self,
+        request: JoinRequest,
+        trust: RegionTrust,
+        *,
+        join_id: str | None = None,
+        now: datetime | None = None,
     ) -> tuple[JoinChallenge, PendingJoin] | Refusal:
         ek = _parse_key(request.ek_public, RefusalCode.ek_invalid)
         if isinstance(ek, Refusal):
             return ek
         if ek.type != Alg.RSA or ek.rsa_bits != 2048 or not ek.has(EK_ATTRS):
-            return refuse(RefusalCode.ek_invalid, "not an RSA-2048 restricted decryption key from the EK template")
+            return refuse(
+                RefusalCode.ek_invalid, "not an RSA-2048 restricted decryption key from the EK template"
+            )
         ek_key = public_key(ek)
         refusal = _check_ek_certificate(request.ek_certificate, spki_der(ek_key), trust, now)
         if refusal:
             return refusal
         actual_id = minion_id_for(ek_key)
         if actual_id != request.minion_id:
-            return refuse(RefusalCode.minion_id_mismatch, f"claimed {request.minion_id}, EK gives {actual_id}",
-                          claimed=request.minion_id, actual=actual_id)
+            return refuse(
+                RefusalCode.minion_id_mismatch,
+                f"claimed {request.minion_id}, EK gives {actual_id}",
+                claimed=request.minion_id,
+                actual=actual_id,
+            )
         ak = _parse_key(request.ak_public, RefusalCode.ak_invalid)
         if isinstance(ak, Refusal):
             return ak
         if not ak.has(AK_ATTRS) or ak.has(ObjectAttr.DECRYPT) or ak.name_alg != Alg.SHA256:
-            return refuse(RefusalCode.ak_invalid, "needs fixedTPM, fixedParent, sensitiveDataOrigin, restricted, sign")
+            return refuse(
+                RefusalCode.ak_invalid, "needs fixedTPM, fixedParent, sensitiveDataOrigin, restricted, sign"
+            )
 
         join_id = join_id or secrets.token_urlsafe(16)
         secret = secrets.token_bytes(SECRET_BYTES)
         challenge = make_credential(ek, secret, ak.name)
         nonce = self.nonces.issue(f"join:{join_id}")
         message = JoinChallenge(
-            join_id=join_id, credential_blob=challenge.credential_blob, encrypted_secret=challenge.encrypted_secret,
-            nonce=nonce.nonce, pcr_bank=PCR_BANK, pcrs=sorted(self.required_pcrs), expires_at=nonce.expires_at,
+            join_id=join_id,
+            credential_blob=challenge.credential_blob,
+            encrypted_secret=challenge.encrypted_secret,
+            nonce=nonce.nonce,
+            pcr_bank=PCR_BANK,
+            pcrs=sorted(self.required_pcrs),
+            expires_at=nonce.expires_at,
         )
         pending = PendingJoin(
-            join_id=join_id, minion_id=actual_id, ek_public=request.ek_public, ek_certificate=request.ek_certificate,
-            ak_public=request.ak_public, secret_sha256=hashlib.sha256(secret).digest(), nonce=nonce.nonce,
+            join_id=join_id,
+            minion_id=actual_id,
+            ek_public=request.ek_public,
+            ek_certificate=request.ek_certificate,
+            ak_public=request.ak_public,
+            secret_sha256=hashlib.sha256(secret).digest(),
+            nonce=nonce.nonce,
             expires_at=nonce.expires_at,
         )
         return message, pending
@@ -118,19 +153,30 @@ class JoinVerifier:
             return refusal
         if not hmac.compare_digest(hashlib.sha256(proof.activated_secret).digest(), pending.secret_sha256):
             return refuse(RefusalCode.wrong_secret)
-        result = check_quote(pending.ak_public, quote_evidence(proof.quote), pending.nonce, policy, self.required_pcrs)
+        result = check_quote(
+            pending.ak_public, quote_evidence(proof.quote), pending.nonce, policy, self.required_pcrs
+        )
         if isinstance(result, Refusal):
             return result
         verified, record = result
         return Attested(
-            minion_id=pending.minion_id, ek_public=pending.ek_public, ek_certificate=pending.ek_certificate,
-            ak_public=pending.ak_public, pcrs=verified.pcrs, pcr_record=record,
-            reset_count=verified.info.reset_count, restart_count=verified.info.restart_count,
+            minion_id=pending.minion_id,
+            ek_public=pending.ek_public,
+            ek_certificate=pending.ek_certificate,
+            ak_public=pending.ak_public,
+            pcrs=verified.pcrs,
+            pcr_record=record,
+            reset_count=verified.info.reset_count,
+            restart_count=verified.info.restart_count,
         )
 
 
 def check_quote(
-    ak_public: bytes, evidence: QuoteEvidence, nonce: bytes, policy: PcrPolicy, required: Sequence[int] = ATTESTED_PCRS
+    ak_public: bytes,
+    evidence: QuoteEvidence,
+    nonce: bytes,
+    policy: PcrPolicy,
+    required: Sequence[int] = ATTESTED_PCRS,
 ) -> tuple[VerifiedQuote, dict[int, bytes] | None] | Refusal:
     """Quote checks + PCR policy, shared by the join proof and continuous attestation."""
     ak = _parse_key(ak_public, RefusalCode.ak_invalid)
@@ -152,7 +198,9 @@ def _parse_key(data: bytes, code: RefusalCode) -> TpmPublic | Refusal:
         return refuse(code, str(exc))
 
 
-def _check_ek_certificate(cert_der: bytes | None, ek_spki: bytes, trust: RegionTrust, now: datetime | None) -> Refusal | None:
+def _check_ek_certificate(
+    cert_der: bytes | None, ek_spki: bytes, trust: RegionTrust, now: datetime | None
+) -> Refusal | None:
     if cert_der is None:
         return None if trust.allow_ek_without_certificate else refuse(RefusalCode.ek_certificate_missing)
     try:

@@ -17,16 +17,28 @@ from provisioner.cli.errors import EXIT_REFUSED, EXIT_USAGE, CliError, fail, fro
 from provisioner.cli.settings import connect
 from provisioner.client import ControlPlaneError
 
-__all__ = ["EXIT_REFUSED", "EXIT_USAGE", "CliError", "fail", "from_refusal", "group", "confirm", "show_one",
-           "remove_one"]
+__all__ = [
+    "EXIT_REFUSED",
+    "EXIT_USAGE",
+    "CliError",
+    "fail",
+    "from_refusal",
+    "group",
+    "confirm",
+    "show_one",
+    "remove_one",
+]
 
 Json = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of a table.")]
 Yes = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
-Wait = Annotated[bool, typer.Option("--wait",
-                                    help="Wait, showing progress, until the state change completes.")]
+Wait = Annotated[
+    bool, typer.Option("--wait", help="Wait, showing progress, until the state change completes.")
+]
 Timeout = Annotated[float, typer.Option("--timeout", help="Seconds --wait waits before giving up.", min=1)]
-RegionOpt = Annotated[str | None, typer.Option(
-    "--region", "-r", help="Region (needed only when a name is used in several regions).")]
+RegionOpt = Annotated[
+    str | None,
+    typer.Option("--region", "-r", help="Region (needed only when a name is used in several regions)."),
+]
 
 
 class _ClientErrorsAsOneLine(TyperGroup):
@@ -41,8 +53,13 @@ class _ClientErrorsAsOneLine(TyperGroup):
 
 
 def group(help_text: str) -> typer.Typer:
-    return typer.Typer(help=help_text, no_args_is_help=True, add_completion=False, rich_markup_mode=None,
-                       cls=_ClientErrorsAsOneLine)
+    return typer.Typer(
+        help=help_text,
+        no_args_is_help=True,
+        add_completion=False,
+        rich_markup_mode=None,
+        cls=_ClientErrorsAsOneLine,
+    )
 
 
 def confirm(question: str, yes: bool) -> None:
@@ -60,8 +77,9 @@ def show_one(path: str, *, as_json: bool, fields: Sequence[str] | None = None, *
     render.detail(connect().get(path, **params), as_json=as_json, fields=fields)
 
 
-def remove_one(question: str, path: str, *, yes: bool, as_json: bool, fields: Sequence[str] | None = None,
-               **params: Any) -> None:
+def remove_one(
+    question: str, path: str, *, yes: bool, as_json: bool, fields: Sequence[str] | None = None, **params: Any
+) -> None:
     """`remove NAME`: confirm, DELETE, print what the server answered (the row, now `removed`)."""
     confirm(question, yes)
     render.detail(connect().delete(path, **params), as_json=as_json, fields=fields)

@@ -13,8 +13,16 @@ from provisioner.cli.common import EXIT_USAGE, Json, RegionOpt, Yes, fail, group
 from provisioner.cli.settings import connect
 
 app = group("Datastores: NFS or SMB shares of a region; jobs get paths below the root, never above.")
-COLUMNS = [("id", "ID"), ("name", "NAME"), ("region", "REGION"), ("type", "TYPE"), ("address", "ADDRESS"),
-           ("root", "ROOT"), ("username", "USER"), ("state", "STATE")]
+COLUMNS = [
+    ("id", "ID"),
+    ("name", "NAME"),
+    ("region", "REGION"),
+    ("type", "TYPE"),
+    ("address", "ADDRESS"),
+    ("root", "ROOT"),
+    ("username", "USER"),
+    ("state", "STATE"),
+]
 
 
 def _read_password(path: Path) -> str:
@@ -22,8 +30,10 @@ def _read_password(path: Path) -> str:
     try:
         return path.read_text().rstrip("\r\n")
     except (OSError, UnicodeDecodeError) as exc:
-        fail(f"cannot read password file {path} ({exc.__class__.__name__}): give a readable text file",
-             exit_code=EXIT_USAGE)
+        fail(
+            f"cannot read password file {path} ({exc.__class__.__name__}): give a readable text file",
+            exit_code=EXIT_USAGE,
+        )
 
 
 @app.command("add")
@@ -33,27 +43,43 @@ def add(
     type_: Annotated[DatastoreType, typer.Option("--type", help="nfs or smb.")],
     address: Annotated[str, typer.Option("--address", help="Server host name or IP address.")],
     root: Annotated[str, typer.Option("--root", help="Absolute path on the server (SMB: /share[/dir]).")],
-    username: Annotated[str | None, typer.Option(
-        "--username", help="SMB user (required for smb, refused for nfs).")] = None,
-    password_file: Annotated[Path | None, typer.Option(
-        "--password-file", help="File holding the SMB password (never on the command line).")] = None,
+    username: Annotated[
+        str | None, typer.Option("--username", help="SMB user (required for smb, refused for nfs).")
+    ] = None,
+    password_file: Annotated[
+        Path | None,
+        typer.Option("--password-file", help="File holding the SMB password (never on the command line)."),
+    ] = None,
     json_out: Json = False,
 ) -> None:
     """Add a datastore; prints its id. The password is stored encrypted and never shown again."""
-    body = {"name": name, "region": region, "type": type_.value, "address": address, "root": root,
-            "username": username, "password": _read_password(password_file) if password_file else None}
+    body = {
+        "name": name,
+        "region": region,
+        "type": type_.value,
+        "address": address,
+        "root": root,
+        "username": username,
+        "password": _read_password(password_file) if password_file else None,
+    }
     render.created(connect().post("/v1/datastores", body), as_json=json_out)
 
 
 @app.command("list")
-def list_(region: Annotated[str | None, typer.Option(
-              "--region", "-r", help="Only this region's datastores.")] = None,
-          json_out: Json = False) -> None:
+def list_(
+    region: Annotated[
+        str | None, typer.Option("--region", "-r", help="Only this region's datastores.")
+    ] = None,
+    json_out: Json = False,
+) -> None:
     """List datastores."""
     rows = connect().get("/v1/datastores", region=region)["items"]
-    render.table(rows, COLUMNS, as_json=json_out,
-                 empty="no datastore yet: "
-                       "`provision datastore add NAME --region R --type nfs --address H --root /P`")
+    render.table(
+        rows,
+        COLUMNS,
+        as_json=json_out,
+        empty="no datastore yet: `provision datastore add NAME --region R --type nfs --address H --root /P`",
+    )
 
 
 @app.command("show")
@@ -65,5 +91,6 @@ def show(name: str, region: RegionOpt = None, json_out: Json = False) -> None:
 @app.command("remove")
 def remove(name: str, region: RegionOpt = None, yes: Yes = False, json_out: Json = False) -> None:
     """Remove a datastore (kept as `removed` in the audit trail)."""
-    remove_one(f"remove datastore '{name}'?", f"/v1/datastores/{name}", yes=yes, as_json=json_out,
-               region=region)
+    remove_one(
+        f"remove datastore '{name}'?", f"/v1/datastores/{name}", yes=yes, as_json=json_out, region=region
+    )

@@ -14,12 +14,24 @@ from provisioner.cli import nodes, regions, render
 from provisioner.cli.common import EXIT_USAGE, Json, RegionOpt, Yes, confirm, fail, group
 from provisioner.cli.settings import connect
 
-TOKEN_COLUMNS = [("id", "ID"), ("region", "REGION"), ("state", "STATE"), ("created_at", "CREATED"),
-                 ("expires_at", "EXPIRES"), ("revoked_at", "REVOKED")]
+TOKEN_COLUMNS = [
+    ("id", "ID"),
+    ("region", "REGION"),
+    ("state", "STATE"),
+    ("created_at", "CREATED"),
+    ("expires_at", "EXPIRES"),
+    ("revoked_at", "REVOKED"),
+]
 CA_COLUMNS = [("id", "ID"), ("subject", "SUBJECT"), ("sha256", "SHA256"), ("not_after", "NOT AFTER")]
-PENDING_COLUMNS = [("minion_id", "MINION ID"), ("region", "REGION"), ("first_seen", "FIRST SEEN"),
-                   ("attested", "ATTESTED"), ("inventory", "INVENTORY"), ("requirements", "REQUIREMENTS"),
-                   ("refusal", "LAST REFUSAL")]
+PENDING_COLUMNS = [
+    ("minion_id", "MINION ID"),
+    ("region", "REGION"),
+    ("first_seen", "FIRST SEEN"),
+    ("attested", "ATTESTED"),
+    ("inventory", "INVENTORY"),
+    ("requirements", "REQUIREMENTS"),
+    ("refusal", "LAST REFUSAL"),
+]
 Ttl = Annotated[str, typer.Option("--ttl", help="Token lifetime: 30m, 24h, 7d, 2w or 'never'.")]
 
 
@@ -28,11 +40,14 @@ Ttl = Annotated[str, typer.Option("--ttl", help="Token lifetime: 30m, 24h, 7d, 2
 
 @regions.app.command("join-token")
 def join_token(
-    region: str, ttl: Ttl = "7d",
-    revoke: Annotated[bool, typer.Option(
-        "--revoke", help="Revoke every live join token of the region instead.")] = False,
-    list_: Annotated[bool, typer.Option(
-        "--list", help="List the region's join tokens (never the secrets).")] = False,
+    region: str,
+    ttl: Ttl = "7d",
+    revoke: Annotated[
+        bool, typer.Option("--revoke", help="Revoke every live join token of the region instead.")
+    ] = False,
+    list_: Annotated[
+        bool, typer.Option("--list", help="List the region's join tokens (never the secrets).")
+    ] = False,
     json_out: Json = False,
 ) -> None:
     """Issue a region join token (printed once; only its hash is stored), or --revoke / --list them."""
@@ -44,8 +59,12 @@ def join_token(
         else:
             print(f"revoked {out['revoked']} join token(s) of region '{region}'")
     elif list_:
-        render.table(client.get(f"/v1/regions/{region}/join-tokens")["items"], TOKEN_COLUMNS,
-                     as_json=json_out, empty=f"no join token yet: `provision region join-token {region}`")
+        render.table(
+            client.get(f"/v1/regions/{region}/join-tokens")["items"],
+            TOKEN_COLUMNS,
+            as_json=json_out,
+            empty=f"no join token yet: `provision region join-token {region}`",
+        )
     else:
         out = client.post(f"/v1/regions/{region}/join-tokens", {"ttl": ttl})
         render.print_json(out) if json_out else print(out["token"])
@@ -54,14 +73,20 @@ def join_token(
 @regions.app.command("bundle")
 def bundle(
     region: str,
-    output: Annotated[Path, typer.Option(
-        "--output", "-o", help="File to write (mode 0600: it holds a join token).")],
+    output: Annotated[
+        Path, typer.Option("--output", "-o", help="File to write (mode 0600: it holds a join token).")
+    ],
     ttl: Ttl = "7d",
-    control_plane_url: Annotated[str | None, typer.Option(
-        "--control-plane-url", help="URL the nodes reach the API at (default: the URL this CLI "
-                                    "uses).")] = None,
-    ca_certificate: Annotated[Path | None, typer.Option(
-        "--ca-certificate", dir_okay=False, help="PEM of the CA of the API's TLS certificate.")] = None,
+    control_plane_url: Annotated[
+        str | None,
+        typer.Option(
+            "--control-plane-url", help="URL the nodes reach the API at (default: the URL this CLI uses)."
+        ),
+    ] = None,
+    ca_certificate: Annotated[
+        Path | None,
+        typer.Option("--ca-certificate", dir_okay=False, help="PEM of the CA of the API's TLS certificate."),
+    ] = None,
 ) -> None:
     """Write the region's enrollment bundle (docs/enrollment-bundle.md) with a fresh join token."""
     client = connect()
@@ -70,8 +95,10 @@ def bundle(
         try:
             ca = ca_certificate.read_text()
         except OSError as exc:
-            fail(f"cannot read {ca_certificate} ({exc.strerror}): pass the CA certificate in PEM",
-                 exit_code=EXIT_USAGE)
+            fail(
+                f"cannot read {ca_certificate} ({exc.strerror}): pass the CA certificate in PEM",
+                exit_code=EXIT_USAGE,
+            )
     body = {"control_plane_url": control_plane_url or client.url, "ca_certificate": ca, "ttl": ttl}
     out = client.post(f"/v1/regions/{region}/bundle", body)
     write_bundle(output, EnrollmentBundle.model_validate(out))
@@ -81,14 +108,19 @@ def bundle(
 @regions.app.command("update")
 def update(
     region: str,
-    allow_ek_without_cert: Annotated[bool, typer.Option(
-        "--allow-ek-without-cert/--require-ek-cert",
-        help="Accept TPMs whose EK has no vendor certificate (opt-in; trust the hardware's origin first).")],
+    allow_ek_without_cert: Annotated[
+        bool,
+        typer.Option(
+            "--allow-ek-without-cert/--require-ek-cert",
+            help="Accept TPMs whose EK has no vendor certificate (opt-in; trust the hardware's origin first).",
+        ),
+    ],
     json_out: Json = False,
 ) -> None:
     """Change a region's attestation settings."""
-    out = connect().post(f"/v1/regions/{region}/attestation",
-                                 {"allow_ek_without_cert": allow_ek_without_cert})
+    out = connect().post(
+        f"/v1/regions/{region}/attestation", {"allow_ek_without_cert": allow_ek_without_cert}
+    )
     render.detail(out, as_json=json_out)
 
 
@@ -113,16 +145,25 @@ def refusals(
 ) -> None:
     """Refused joins and failed continuous attestations (the audit trail), newest first."""
     rows = connect().get("/v1/join-refusals", minion_id=minion_id, limit=limit)["items"]
-    render.table(rows, [("at", "WHEN"), ("minion_id", "MINION ID"), ("name", "NODE"), ("reason", "WHY")],
-                 as_json=json_out, empty="no refused join")
+    render.table(
+        rows,
+        [("at", "WHEN"), ("minion_id", "MINION ID"), ("name", "NODE"), ("reason", "WHY")],
+        as_json=json_out,
+        empty="no refused join",
+    )
 
 
 @nodes.app.command("retry")
 def retry(
-    name: str, region: RegionOpt = None,
-    accept_pcrs: Annotated[bool, typer.Option(
-        "--accept-pcrs", help="Forget the recorded PCR baseline: the next join records the current "
-                              "values.")] = False,
+    name: str,
+    region: RegionOpt = None,
+    accept_pcrs: Annotated[
+        bool,
+        typer.Option(
+            "--accept-pcrs",
+            help="Forget the recorded PCR baseline: the next join records the current values.",
+        ),
+    ] = False,
     json_out: Json = False,
 ) -> None:
     """Retry an errored node: it goes back to new and joins again at the minion's next attempt."""
@@ -137,9 +178,12 @@ tpm_ca = group("Trusted TPM vendor CAs: EK certificates must chain to one of the
 
 
 @tpm_ca.command("add")
-def ca_add(file: Annotated[Path, typer.Argument(
-               dir_okay=False, help="PEM file: the vendor's root and/or intermediate CA.")],
-           json_out: Json = False) -> None:
+def ca_add(
+    file: Annotated[
+        Path, typer.Argument(dir_okay=False, help="PEM file: the vendor's root and/or intermediate CA.")
+    ],
+    json_out: Json = False,
+) -> None:
     """Trust the CA certificate(s) in FILE; prints their ids."""
     try:
         pem = file.read_text()
@@ -156,13 +200,20 @@ def ca_add(file: Annotated[Path, typer.Argument(
 @tpm_ca.command("list")
 def ca_list(json_out: Json = False) -> None:
     """List trusted TPM vendor CAs."""
-    render.table(connect().get("/v1/tpm-cas")["items"], CA_COLUMNS, as_json=json_out,
-                 empty="no TPM vendor CA trusted yet: `provision tpm-ca add VENDOR-CA.pem`")
+    render.table(
+        connect().get("/v1/tpm-cas")["items"],
+        CA_COLUMNS,
+        as_json=json_out,
+        empty="no TPM vendor CA trusted yet: `provision tpm-ca add VENDOR-CA.pem`",
+    )
 
 
 @tpm_ca.command("remove")
-def ca_remove(ref: Annotated[str, typer.Argument(help="Id or SHA-256 prefix (8+ characters).")],
-              yes: Yes = False, json_out: Json = False) -> None:
+def ca_remove(
+    ref: Annotated[str, typer.Argument(help="Id or SHA-256 prefix (8+ characters).")],
+    yes: Yes = False,
+    json_out: Json = False,
+) -> None:
     """Stop trusting a TPM vendor CA (joined nodes keep their credentials)."""
     confirm(f"stop trusting TPM CA '{ref}'?", yes)
     render.detail(connect().delete(f"/v1/tpm-cas/{ref}"), as_json=json_out)

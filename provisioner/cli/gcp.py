@@ -42,23 +42,40 @@ def read_credentials(source: str) -> str:
     try:
         return Path(source).read_text()
     except (OSError, UnicodeDecodeError) as exc:
-        raise CliError(f"cannot read credentials file {source} ({exc.__class__.__name__}): "
-                       "pass the service-account JSON key file, or - to read it from stdin",
-                       exit_code=EXIT_USAGE) from None
+        raise CliError(
+            f"cannot read credentials file {source} ({exc.__class__.__name__}): "
+            "pass the service-account JSON key file, or - to read it from stdin",
+            exit_code=EXIT_USAGE,
+        ) from None
 
 
 def _plan_table(plan: list[dict[str, Any]], as_json: bool) -> None:
-    render.table(plan, [("verb", "ACTION"), ("kind", "KIND"), ("name", "NAME"), ("detail", "DETAIL")],
-                 as_json=as_json)
+    render.table(
+        plan, [("verb", "ACTION"), ("kind", "KIND"), ("name", "NAME"), ("detail", "DETAIL")], as_json=as_json
+    )
 
 
-def enable(credentials: str | None, prefix: str | None, payment_mode: str | None, dry_run: bool,
-           json_out: bool, wait: bool = False, timeout: float = 600) -> None:
+def enable(
+    credentials: str | None,
+    prefix: str | None,
+    payment_mode: str | None,
+    dry_run: bool,
+    json_out: bool,
+    wait: bool = False,
+    timeout: float = 600,
+) -> None:
     if not credentials:
-        fail("gcp needs --credentials FILE (a service-account JSON key) or --credentials - to read it "
-             "from stdin", exit_code=EXIT_USAGE)
-    body = {"credentials": read_credentials(credentials), "prefix": prefix, "payment_mode": payment_mode,
-            "dry_run": dry_run}
+        fail(
+            "gcp needs --credentials FILE (a service-account JSON key) or --credentials - to read it "
+            "from stdin",
+            exit_code=EXIT_USAGE,
+        )
+    body = {
+        "credentials": read_credentials(credentials),
+        "prefix": prefix,
+        "payment_mode": payment_mode,
+        "dry_run": dry_run,
+    }
     client = connect()
     result = client.post("/v1/gcp/enable", body)
     if json_out:
@@ -73,13 +90,20 @@ def enable(credentials: str | None, prefix: str | None, payment_mode: str | None
         return
     _say(f"bootstrapping the project ({len(result['plan'])} resources)")
     if wait:
-        _poll(client, "/v1/gcp/provider", lambda st: (st["provider"]["state"], st["progress"]),
-              done={ProviderState.ENABLED}, failed=PROVIDER_FAILED_OR_GONE, timeout=timeout)
+        _poll(
+            client,
+            "/v1/gcp/provider",
+            lambda st: (st["provider"]["state"], st["progress"]),
+            done={ProviderState.ENABLED},
+            failed=PROVIDER_FAILED_OR_GONE,
+            timeout=timeout,
+        )
     print(result["provider"]["id"])
 
 
-def _poll(client: Client, path: str, read: Any, *, done: Collection[str], failed: Collection[str],
-          timeout: float) -> dict[str, Any]:
+def _poll(
+    client: Client, path: str, read: Any, *, done: Collection[str], failed: Collection[str], timeout: float
+) -> dict[str, Any]:
     """Poll `path` until read(answer)'s state is in done (or failed), printing each new progress line
     (one line per change rather than a status spinner: `--wait` on a VM takes minutes and ends up in logs)."""
     last: list[tuple[str, str | None]] = []
@@ -89,16 +113,29 @@ def _poll(client: Client, path: str, read: Any, *, done: Collection[str], failed
             _say(f"[{elapsed:4.0f} s] {state}: {progress}")
             last.append((state, progress))
 
-    return poll(client, path, lambda answer: (path.rsplit("/", 1)[-1], *read(answer)), done=done,
-                failed=failed, timeout=timeout, show=say_changes)
+    return poll(
+        client,
+        path,
+        lambda answer: (path.rsplit("/", 1)[-1], *read(answer)),
+        done=done,
+        failed=failed,
+        timeout=timeout,
+        show=say_changes,
+    )
 
 
 def quota(
-    region: Annotated[str, typer.Argument(
-        help="GCP region, e.g. us-central1 (one of the ten in the catalogue).")],
-    from_json: Annotated[Path | None, typer.Option(
-        "--from-json", help="A saved Region resource (`gcloud compute regions describe REGION "
-                            "--format=json`): works offline, without any provider.")] = None,
+    region: Annotated[
+        str, typer.Argument(help="GCP region, e.g. us-central1 (one of the ten in the catalogue).")
+    ],
+    from_json: Annotated[
+        Path | None,
+        typer.Option(
+            "--from-json",
+            help="A saved Region resource (`gcloud compute regions describe REGION "
+            "--format=json`): works offline, without any provider.",
+        ),
+    ] = None,
     json_out: Json = False,
 ) -> None:
     """GPU capacity of a GCP region from its quotas: runnable 1-GPU jobs per GPU type and what limits them."""
@@ -122,25 +159,34 @@ def _n(x: float) -> str:
     return f"{x:g}"
 
 
-QUOTA_COLUMNS = [("gpu", "GPU"), ("gpus", "GPUS LIMIT/USED/FREE"), ("cpus", "FREE CPUS (METRIC) ÷ PER GPU"),
-                 ("ssd", "FREE LOCAL SSD GB ÷ 375"), ("runnable_jobs", "RUNNABLE JOBS"),
-                 ("limited_by", "LIMITED BY")]
+QUOTA_COLUMNS = [
+    ("gpu", "GPU"),
+    ("gpus", "GPUS LIMIT/USED/FREE"),
+    ("cpus", "FREE CPUS (METRIC) ÷ PER GPU"),
+    ("ssd", "FREE LOCAL SSD GB ÷ 375"),
+    ("runnable_jobs", "RUNNABLE JOBS"),
+    ("limited_by", "LIMITED BY"),
+]
 
 
 def quota_table(gpus: list[dict[str, Any]], err: bool = False) -> None:
     """CloudBender's rule, one row per GPU type: each factor with the jobs it allows."""
-    rows = [{
-        "gpu": g["gpu"],
-        "gpus": f"{_n(g['gpu_limit'])}/{_n(g['gpu_usage'])}/{_n(g['gpu_free'])}",
-        "cpus": f"{_n(g['cpus_free'])} ({g['cpu_metric']}) ÷ {g['cpus_per_gpu']} = {g['jobs_by_cpus']:.4g}",
-        "ssd": f"{_n(g['local_ssd_free_gb'])} ÷ 375 = {g['jobs_by_local_ssd']:.4g}",
-        "runnable_jobs": g["runnable_jobs"],
-        "limited_by": g["limited_by"],
-    } for g in gpus]
+    rows = [
+        {
+            "gpu": g["gpu"],
+            "gpus": f"{_n(g['gpu_limit'])}/{_n(g['gpu_usage'])}/{_n(g['gpu_free'])}",
+            "cpus": f"{_n(g['cpus_free'])} ({g['cpu_metric']}) ÷ {g['cpus_per_gpu']} = {g['jobs_by_cpus']:.4g}",
+            "ssd": f"{_n(g['local_ssd_free_gb'])} ÷ 375 = {g['jobs_by_local_ssd']:.4g}",
+            "runnable_jobs": g["runnable_jobs"],
+            "limited_by": g["limited_by"],
+        }
+        for g in gpus
+    ]
     columns = QUOTA_COLUMNS
     if not rows:
-        print("(no GPU type of the catalogue is offered in this region)",
-              file=sys.stderr if err else sys.stdout)
+        print(
+            "(no GPU type of the catalogue is offered in this region)", file=sys.stderr if err else sys.stdout
+        )
         return
     if err:
         from contextlib import redirect_stdout
@@ -151,14 +197,29 @@ def quota_table(gpus: list[dict[str, Any]], err: bool = False) -> None:
         render.table(rows, columns, as_json=False)
 
 
-def create_region(name: str, gcp_region: str | None, storage_class: str | None, public_jobs: bool,
-                  dry_run: bool, wait: bool, timeout: float, json_out: bool) -> None:
+def create_region(
+    name: str,
+    gcp_region: str | None,
+    storage_class: str | None,
+    public_jobs: bool,
+    dry_run: bool,
+    wait: bool,
+    timeout: float,
+    json_out: bool,
+) -> None:
     if not storage_class:
-        fail("a GCP region needs --storage-class: small, medium, large or xlarge (see docs/gcp.md)",
-             exit_code=EXIT_USAGE)
+        fail(
+            "a GCP region needs --storage-class: small, medium, large or xlarge (see docs/gcp.md)",
+            exit_code=EXIT_USAGE,
+        )
     client = connect()
-    body = {"name": name, "gcp_region": gcp_region, "storage_class": storage_class,
-            "public_jobs": public_jobs, "dry_run": dry_run}
+    body = {
+        "name": name,
+        "gcp_region": gcp_region,
+        "storage_class": storage_class,
+        "public_jobs": public_jobs,
+        "dry_run": dry_run,
+    }
     result = client.post("/v1/gcp/regions", body)
     if dry_run:
         if json_out:
@@ -181,13 +242,17 @@ def create_region(name: str, gcp_region: str | None, storage_class: str | None, 
 
 def wait_ready(client: Client, region_id: str, timeout: float) -> dict[str, Any]:
     """Poll the storage VM until it is ready to join (the region is healthy once the node is active)."""
+
     def read(st: dict[str, Any]) -> tuple[str, str]:
         vm = st["vm"] or {}
         failed = st["region"]["state"] == RegionState.ERRORED and VmStatus.FAILED.value
         return failed or vm.get("status", "?"), vm.get("error") or vm.get("progress") or ""
 
-    status = _poll(client, f"/v1/gcp/regions/{region_id}", read, done=VM_DONE, failed=VM_FAILED,
-                   timeout=timeout)
-    _say(f"region {status['region']['name']} is {status['region']['state']}; it turns healthy when "
-         f"{status['node']['name']} has joined and is active")
+    status = _poll(
+        client, f"/v1/gcp/regions/{region_id}", read, done=VM_DONE, failed=VM_FAILED, timeout=timeout
+    )
+    _say(
+        f"region {status['region']['name']} is {status['region']['state']}; it turns healthy when "
+        f"{status['node']['name']} has joined and is active"
+    )
     return status

@@ -14,16 +14,40 @@ from provisioner.cli import render
 from provisioner.cli.common import EXIT_USAGE, Json, Yes, confirm, fail, group
 from provisioner.cli.settings import connect
 
-app = group("Image manifests: trusted image-builder keys and the signed manifests joining nodes are "
-            "checked against.")
+app = group(
+    "Image manifests: trusted image-builder keys and the signed manifests joining nodes are checked against."
+)
 
-KEY_COLUMNS = [("id", "ID"), ("name", "NAME"), ("fingerprint", "FINGERPRINT (SHA-256)"),
-               ("created_at", "TRUSTED")]
-IMAGE_COLUMNS = [("id", "ID"), ("region", "REGION"), ("manifest_sha256", "MANIFEST SHA-256"),
-                 ("signed_by", "SIGNED BY"), ("checked_pcrs", "CHECKED PCRS"), ("created_at", "REGISTERED")]
-SHOW_FIELDS = ["id", "region", "manifest_sha256", "signed_by", "key_fingerprint", "image_sha256",
-               "uki_sha256", "verity_root_hash", "pcr11", "pcr12", "pcr4", "checked_pcrs", "packages",
-               "created_at"]
+KEY_COLUMNS = [
+    ("id", "ID"),
+    ("name", "NAME"),
+    ("fingerprint", "FINGERPRINT (SHA-256)"),
+    ("created_at", "TRUSTED"),
+]
+IMAGE_COLUMNS = [
+    ("id", "ID"),
+    ("region", "REGION"),
+    ("manifest_sha256", "MANIFEST SHA-256"),
+    ("signed_by", "SIGNED BY"),
+    ("checked_pcrs", "CHECKED PCRS"),
+    ("created_at", "REGISTERED"),
+]
+SHOW_FIELDS = [
+    "id",
+    "region",
+    "manifest_sha256",
+    "signed_by",
+    "key_fingerprint",
+    "image_sha256",
+    "uki_sha256",
+    "verity_root_hash",
+    "pcr11",
+    "pcr12",
+    "pcr4",
+    "checked_pcrs",
+    "packages",
+    "created_at",
+]
 SIGNATURE_SUFFIX = ".sig"  # contracts.manifest.SIGNATURE_SUFFIX: the builder writes manifest.json.sig
 
 
@@ -36,11 +60,16 @@ def _read(path: Path, what: str, hint: str, exit_code: int = EXIT_USAGE) -> byte
 
 @app.command("trust-key")
 def trust_key(
-    public_key: Annotated[Path, typer.Argument(
-        dir_okay=False, help="The builder's Ed25519 public key (builder.pub from `image-builder "
-                             "keygen`/build).")],
-    name: Annotated[str | None, typer.Option(
-        "--name", help="A name for the key (default: builder-<fingerprint prefix>).")] = None,
+    public_key: Annotated[
+        Path,
+        typer.Argument(
+            dir_okay=False,
+            help="The builder's Ed25519 public key (builder.pub from `image-builder keygen`/build).",
+        ),
+    ],
+    name: Annotated[
+        str | None, typer.Option("--name", help="A name for the key (default: builder-<fingerprint prefix>).")
+    ] = None,
     json_out: Json = False,
 ) -> None:
     """Trust an image builder's signing key; prints its id and SHA-256 fingerprint."""
@@ -57,16 +86,22 @@ def trust_key(
 @app.command("list-keys")
 def list_keys(json_out: Json = False) -> None:
     """List trusted image-builder keys."""
-    render.table(connect().get("/v1/image-keys")["items"], KEY_COLUMNS, as_json=json_out,
-                 empty="no image builder key trusted yet: `provision image trust-key builder.pub`")
+    render.table(
+        connect().get("/v1/image-keys")["items"],
+        KEY_COLUMNS,
+        as_json=json_out,
+        empty="no image builder key trusted yet: `provision image trust-key builder.pub`",
+    )
 
 
 @app.command("untrust-key")
 def untrust_key(
     ref: Annotated[str, typer.Argument(help="Key id, name or fingerprint prefix (8+ characters).")],
-    force: Annotated[bool, typer.Option(
-        "--force", help="Also remove the manifests this key signed.")] = False,
-    yes: Yes = False, json_out: Json = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Also remove the manifests this key signed.")
+    ] = False,
+    yes: Yes = False,
+    json_out: Json = False,
 ) -> None:
     """Stop trusting an image-builder key (refused while manifests it signed are registered, unless
     --force)."""
@@ -77,17 +112,33 @@ def untrust_key(
 
 @app.command("register")
 def register(
-    manifest: Annotated[Path, typer.Argument(
-        dir_okay=False, help="DIR/manifest.json as `image-builder build` wrote it.")],
-    signature: Annotated[Path | None, typer.Option(
-        "--signature", dir_okay=False, help="Detached signature (default: MANIFEST.sig, e.g. "
-                                            "manifest.json.sig).")] = None,
-    region: Annotated[str | None, typer.Option(
-        "--region", "-r", help="Region to bind it to (default: the region named in the manifest; must agree "
-                               "with it).")] = None,
-    pin_pcr4: Annotated[bool, typer.Option(
-        "--pin-pcr4", help="Also require the manifest's PCR 4 (only for a fixed firmware boot path, e.g. a "
-                           "direct USB boot).")] = False,
+    manifest: Annotated[
+        Path, typer.Argument(dir_okay=False, help="DIR/manifest.json as `image-builder build` wrote it.")
+    ],
+    signature: Annotated[
+        Path | None,
+        typer.Option(
+            "--signature",
+            dir_okay=False,
+            help="Detached signature (default: MANIFEST.sig, e.g. manifest.json.sig).",
+        ),
+    ] = None,
+    region: Annotated[
+        str | None,
+        typer.Option(
+            "--region",
+            "-r",
+            help="Region to bind it to (default: the region named in the manifest; must agree with it).",
+        ),
+    ] = None,
+    pin_pcr4: Annotated[
+        bool,
+        typer.Option(
+            "--pin-pcr4",
+            help="Also require the manifest's PCR 4 (only for a fixed firmware boot path, e.g. a "
+            "direct USB boot).",
+        ),
+    ] = False,
     json_out: Json = False,
 ) -> None:
     """Verify a signed image manifest against the trusted keys and register it for its region; prints
@@ -95,11 +146,18 @@ def register(
     data = _read(manifest, "manifest", "pass the manifest.json `image-builder build` wrote")
     sig_path = signature or manifest.with_name(manifest.name + SIGNATURE_SUFFIX)
     # A missing signature is a refusal (exit 1), not a typo: unsigned manifests are never registered.
-    sig = _read(sig_path, "signature", "pass --signature FILE; an unsigned manifest is never registered",
-                exit_code=1)
-    out = connect().post("/v1/images", {"manifest": base64.b64encode(data).decode(),
-                                                "signature": sig.decode(errors="replace"), "region": region,
-                                                "pin_pcr4": pin_pcr4})
+    sig = _read(
+        sig_path, "signature", "pass --signature FILE; an unsigned manifest is never registered", exit_code=1
+    )
+    out = connect().post(
+        "/v1/images",
+        {
+            "manifest": base64.b64encode(data).decode(),
+            "signature": sig.decode(errors="replace"),
+            "region": region,
+            "pin_pcr4": pin_pcr4,
+        },
+    )
     render.created(out, as_json=json_out)
 
 
@@ -109,23 +167,30 @@ def list_images(
     json_out: Json = False,
 ) -> None:
     """List registered image manifests (several per region are a rollout: a node matching any one joins)."""
-    render.table(connect().get("/v1/images", region=region)["items"],
-                 IMAGE_COLUMNS, as_json=json_out,
-                 empty="no image registered: joins use record mode; "
-                       "`provision image register DIR/manifest.json`")
+    render.table(
+        connect().get("/v1/images", region=region)["items"],
+        IMAGE_COLUMNS,
+        as_json=json_out,
+        empty="no image registered: joins use record mode; `provision image register DIR/manifest.json`",
+    )
 
 
 @app.command("show")
-def show(ref: Annotated[str, typer.Argument(help="Image id or manifest SHA-256 prefix (8+ characters).")],
-         json_out: Json = False) -> None:
+def show(
+    ref: Annotated[str, typer.Argument(help="Image id or manifest SHA-256 prefix (8+ characters).")],
+    json_out: Json = False,
+) -> None:
     """Show a registered manifest: signer, digests and the PCR values joining nodes must show."""
     out = connect().get(f"/v1/images/{ref}")
     render.detail(out, as_json=json_out, fields=None if json_out else SHOW_FIELDS)
 
 
 @app.command("remove")
-def remove(ref: Annotated[str, typer.Argument(help="Image id or manifest SHA-256 prefix (8+ characters).")],
-           yes: Yes = False, json_out: Json = False) -> None:
+def remove(
+    ref: Annotated[str, typer.Argument(help="Image id or manifest SHA-256 prefix (8+ characters).")],
+    yes: Yes = False,
+    json_out: Json = False,
+) -> None:
     """Unregister a manifest (with none left, the region's joins fall back to record mode)."""
     confirm(f"unregister image '{ref}'?", yes)
     out = connect().delete(f"/v1/images/{ref}")

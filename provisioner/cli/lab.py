@@ -16,11 +16,19 @@ from provisioner.cli.enrollment import PENDING_COLUMNS
 if TYPE_CHECKING:
     from provisioner.lab.lifecycle import LabAdoption
 
-app = group("Local lab: a control plane and simulated nodes (swtpm, umockdev, network namespaces) "
-            "on this machine.")
-NODE_COLUMNS = [("name", "NODE"), ("minion_id", "MINION ID"), ("state", "STATE"), ("online", "ONLINE"),
-                ("netns", "NAMESPACE"), ("address", "ADDRESS"), ("join_seconds", "JOIN S"),
-                ("reason", "REASON")]
+app = group(
+    "Local lab: a control plane and simulated nodes (swtpm, umockdev, network namespaces) on this machine."
+)
+NODE_COLUMNS = [
+    ("name", "NODE"),
+    ("minion_id", "MINION ID"),
+    ("state", "STATE"),
+    ("online", "ONLINE"),
+    ("netns", "NAMESPACE"),
+    ("address", "ADDRESS"),
+    ("join_seconds", "JOIN S"),
+    ("reason", "REASON"),
+]
 NS_COLUMNS = [("name", "NAMESPACE"), ("address", "ADDRESS"), ("exists", "EXISTS")]
 PROC_COLUMNS = [("kind", "PROCESS"), ("node", "NODE"), ("pid", "PID"), ("alive", "ALIVE")]
 
@@ -56,9 +64,15 @@ def _adopt_with_lab_root(adoption: LabAdoption) -> str:
     engine = make_engine(adoption.database_url)
     try:
         with session_scope(make_sessionmaker(engine)) as session:
-            row = node_service.add(session, adoption.name, region=adoption.region,
-                                   minion_id=adoption.minion_id, hostname=adoption.hostname,
-                                   upnp=adoption.upnp, actor="operator:lab")
+            row = node_service.add(
+                session,
+                adoption.name,
+                region=adoption.region,
+                minion_id=adoption.minion_id,
+                hostname=adoption.hostname,
+                upnp=adoption.upnp,
+                actor="operator:lab",
+            )
             row.lab_root = adoption.root
             return str(row.id)
     finally:
@@ -72,10 +86,12 @@ def _show_nodes(nodes: list[dict[str, Any]]) -> None:
 @app.command("up")
 def up(
     nodes: Annotated[int, typer.Option("--nodes", "-n", help="How many simulated nodes (1-16).")] = 2,
-    upnp: Annotated[bool, typer.Option(
-        "--upnp", help="Also a router (miniupnpd) and a WAN namespace.")] = False,
-    timeout: Annotated[float, typer.Option(
-        "--timeout", help="Seconds to wait for the nodes to reach maintenance.", min=1)] = 600,
+    upnp: Annotated[
+        bool, typer.Option("--upnp", help="Also a router (miniupnpd) and a WAN namespace.")
+    ] = False,
+    timeout: Annotated[
+        float, typer.Option("--timeout", help="Seconds to wait for the nodes to reach maintenance.", min=1)
+    ] = 600,
     json_out: Json = False,
 ) -> None:
     """Start the lab (or finish starting it): control plane, region `lab`, N nodes joined and in
@@ -87,20 +103,28 @@ def up(
         plan = LabPlan(nodes=nodes, upnp=upnp)
     except ValueError as exc:
         fail(str(exc), exit_code=EXIT_USAGE)
-    _run(lifecycle.up, plan, adopt=_adopt_with_lab_root, progress=_progress, pending=_pending_table,
-         timeout=timeout)
+    _run(
+        lifecycle.up,
+        plan,
+        adopt=_adopt_with_lab_root,
+        progress=_progress,
+        pending=_pending_table,
+        timeout=timeout,
+    )
     report = _run(lifecycle.status)
     if json_out:
         render.print_json(report)
         return
     _show_nodes(report["nodes"])
     first = report["nodes"][0]["name"] if report["nodes"] else "node-1"
-    print(f"\nThe lab is up. Plain `provision …` commands in this RIGBASE_HOME ({report['home']}) "
-          "use its control plane.\n"
-          f"Next: activate a node       provision node maintenance {first} off\n"
-          f"      see its history       provision node history {first}\n"
-          f"      a laptop on the LAN   ip netns exec rigbase-lab-client bash\n"
-          f"      status / tear down    provision lab status | provision lab down --yes")
+    print(
+        f"\nThe lab is up. Plain `provision …` commands in this RIGBASE_HOME ({report['home']}) "
+        "use its control plane.\n"
+        f"Next: activate a node       provision node maintenance {first} off\n"
+        f"      see its history       provision node history {first}\n"
+        f"      a laptop on the LAN   ip netns exec rigbase-lab-client bash\n"
+        f"      status / tear down    provision lab status | provision lab down --yes"
+    )
 
 
 @app.command("status")
@@ -113,8 +137,14 @@ def status(json_out: Json = False) -> None:
         render.print_json(report)
         return
     if not report["up"]:
-        leftovers = (f" (leftover namespaces: {', '.join(report['namespaces'])}; "
-                     "`provision lab down --yes` removes them)") if report["namespaces"] else ""
+        leftovers = (
+            (
+                f" (leftover namespaces: {', '.join(report['namespaces'])}; "
+                "`provision lab down --yes` removes them)"
+            )
+            if report["namespaces"]
+            else ""
+        )
         print(f"no lab in {report['home']}{leftovers}")
         return
     reach = "reachable" if report["control_plane_reachable"] else "NOT reachable"

@@ -5,14 +5,26 @@ from __future__ import annotations
 
 import typer
 
-from provisioner.cli import gcp, lab, nodes, providers, regions, serve
-from provisioner.cli import datastores, reservations
-from provisioner.cli import enrollment
-from provisioner.cli import images
+from provisioner.cli import (
+    datastores,
+    enrollment,
+    gcp,
+    images,
+    lab,
+    nodes,
+    providers,
+    regions,
+    reservations,
+    serve,
+)
 
-app = typer.Typer(help="rigbase control plane: providers, regions and nodes of your GPU fleet.",
-                  no_args_is_help=True, add_completion=False, rich_markup_mode=None,
-                  pretty_exceptions_enable=False)
+app = typer.Typer(
+    help="rigbase control plane: providers, regions and nodes of your GPU fleet.",
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode=None,
+    pretty_exceptions_enable=False,
+)
 
 app.command("serve")(serve.serve)
 app.add_typer(providers.app, name="provider")
@@ -22,5 +34,7 @@ app.add_typer(nodes.app, name="node")
 app.add_typer(lab.app, name="lab")
 app.add_typer(reservations.app, name="reservation")
 app.add_typer(datastores.app, name="datastore")
-app.add_typer(enrollment.tpm_ca, name="tpm-ca")  # also adds region join-token|bundle|update, node pending|retry
+app.add_typer(
+    enrollment.tpm_ca, name="tpm-ca"
+)  # also adds region join-token|bundle|update, node pending|retry
 app.add_typer(images.app, name="image")

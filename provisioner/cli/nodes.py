@@ -14,10 +14,24 @@ from provisioner.client import Client
 from provisioner.domain.states import NODE_READY, NODE_STOPPED, Maintenance, Service
 
 app = group("Nodes: servers added by the minion_id shown on their console.")
-COLUMNS = [("id", "ID"), ("name", "NAME"), ("region", "REGION"), ("service", "SERVICE"),
-           ("minion_id", "MINION ID"), ("state", "STATE"), ("online", "ONLINE"), ("reason", "REASON")]
-HISTORY_COLUMNS = [("at", "WHEN"), ("actor", "WHO"), ("from_state", "FROM"), ("to_state", "TO"),
-                   ("reason", "WHY"), ("resource_id", "NODE ID")]
+COLUMNS = [
+    ("id", "ID"),
+    ("name", "NAME"),
+    ("region", "REGION"),
+    ("service", "SERVICE"),
+    ("minion_id", "MINION ID"),
+    ("state", "STATE"),
+    ("online", "ONLINE"),
+    ("reason", "REASON"),
+]
+HISTORY_COLUMNS = [
+    ("at", "WHEN"),
+    ("actor", "WHO"),
+    ("from_state", "FROM"),
+    ("to_state", "TO"),
+    ("reason", "WHY"),
+    ("resource_id", "NODE ID"),
+]
 # a freshly added node is ready (or failed) once its minion has joined and playbooks have run
 READY, FAILED = NODE_READY, NODE_STOPPED  # what `--wait` stops at
 
@@ -30,22 +44,37 @@ def _wait_ready(client: Client, node: dict, timeout: float) -> dict:
 def add(
     name: Annotated[str, typer.Argument(help="DNS label, unique in its region.")],
     region: Annotated[str, typer.Option("--region", "-r", help="Region to add the node to.")],
-    minion_id: Annotated[str, typer.Option(
-        "--minion-id", help="32 hex characters shown on the node's console.")],
-    service: Annotated[Service, typer.Option(
-        "--service", help="compute or storage (one storage node per region).")] = Service.COMPUTE,
-    hostname: Annotated[str | None, typer.Option(
-        "--hostname", help="DNS name the node is reached at.")] = None,
-    upnp: Annotated[bool, typer.Option(
-        "--upnp/--no-upnp", help="Open ports with UPnP (off behind corporate firewalls).")] = True,
+    minion_id: Annotated[
+        str, typer.Option("--minion-id", help="32 hex characters shown on the node's console.")
+    ],
+    service: Annotated[
+        Service, typer.Option("--service", help="compute or storage (one storage node per region).")
+    ] = Service.COMPUTE,
+    hostname: Annotated[
+        str | None, typer.Option("--hostname", help="DNS name the node is reached at.")
+    ] = None,
+    upnp: Annotated[
+        bool, typer.Option("--upnp/--no-upnp", help="Open ports with UPnP (off behind corporate firewalls).")
+    ] = True,
     mining: Annotated[bool, typer.Option("--mining/--no-mining", help="Mine when idle.")] = False,
-    wait: Wait = False, timeout: Timeout = 1800, json_out: Json = False,
+    wait: Wait = False,
+    timeout: Timeout = 1800,
+    json_out: Json = False,
 ) -> None:
     """Add a node by minion_id; prints its id. With --wait, waits until it has joined."""
     client = connect()
-    node = client.post("/v1/nodes", {"name": name, "region": region, "minion_id": minion_id,
-                                     "service": service.value, "hostname": hostname, "upnp": upnp,
-                                     "mining": mining})
+    node = client.post(
+        "/v1/nodes",
+        {
+            "name": name,
+            "region": region,
+            "minion_id": minion_id,
+            "service": service.value,
+            "hostname": hostname,
+            "upnp": upnp,
+            "mining": mining,
+        },
+    )
     if wait:
         node = _wait_ready(client, node, timeout)
     render.created(node, as_json=json_out)
@@ -59,8 +88,12 @@ def list_(
 ) -> None:
     """List nodes (every page)."""
     rows = list(connect().pages("/v1/nodes", region=region, include_removed=removed or None))
-    render.table(rows, COLUMNS, as_json=json_out,
-                 empty="no node yet: `provision node add NAME --region R --minion-id ID`")
+    render.table(
+        rows,
+        COLUMNS,
+        as_json=json_out,
+        empty="no node yet: `provision node add NAME --region R --minion-id ID`",
+    )
 
 
 @app.command("show")
@@ -79,7 +112,10 @@ def remove(name: str, region: RegionOpt = None, yes: Yes = False, json_out: Json
 def replace(
     old: Annotated[str, typer.Argument(help="The storage node to replace.")],
     minion_id: Annotated[str, typer.Option("--minion-id", help="minion_id of the new hardware.")],
-    region: RegionOpt = None, yes: Yes = False, wait: Wait = False, timeout: Timeout = 1800,
+    region: RegionOpt = None,
+    yes: Yes = False,
+    wait: Wait = False,
+    timeout: Timeout = 1800,
     json_out: Json = False,
 ) -> None:
     """Swap a storage node's hardware: same name and settings, new minion_id; prints the new id."""
@@ -96,11 +132,13 @@ def maintenance(
     name: str,
     mode: Annotated[Maintenance, typer.Argument(help="on, off, or toggle.")],
     reason: Annotated[str | None, typer.Option("--reason", help="Why, for the history.")] = None,
-    region: RegionOpt = None, json_out: Json = False,
+    region: RegionOpt = None,
+    json_out: Json = False,
 ) -> None:
     """Put a node into maintenance (on) or back to active (off)."""
-    node = connect().post(f"/v1/nodes/{name}/maintenance", {"mode": mode.value, "reason": reason},
-                                  region=region)
+    node = connect().post(
+        f"/v1/nodes/{name}/maintenance", {"mode": mode.value, "reason": reason}, region=region
+    )
     fields = None if json_out else ["id", "name", "region", "state", "online"]
     render.detail(node, as_json=json_out, fields=fields)
 

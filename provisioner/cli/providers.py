@@ -11,23 +11,37 @@ from provisioner.cli.common import Json, Timeout, Wait, Yes, group, remove_one, 
 from provisioner.cli.settings import connect
 
 app = group("Providers: where nodes come from (physical servers, GCP).")
-COLUMNS = [("id", "ID"), ("kind", "KIND"), ("payment_mode", "PAYMENT"), ("state", "STATE"),
-           ("reason", "REASON")]
+COLUMNS = [
+    ("id", "ID"),
+    ("kind", "KIND"),
+    ("payment_mode", "PAYMENT"),
+    ("state", "STATE"),
+    ("reason", "REASON"),
+]
 
 
 @app.command("enable")
 def enable(
     kind: Annotated[str, typer.Argument(help="Provider kind: physical or gcp.")],
-    payment_mode: Annotated[str | None, typer.Option(
-        "--payment-mode", help="How usage is paid (physical: credits).")] = None,
-    credentials: Annotated[str | None, typer.Option(
-        "--credentials", help="gcp: service-account JSON key file, or - for stdin.")] = None,
-    prefix: Annotated[str | None, typer.Option(
-        "--prefix", help="gcp: name prefix of everything rigbase creates (default rigbase).")] = None,
-    dry_run: Annotated[bool, typer.Option(
-        "--dry-run", help="gcp: check the key and permissions, list what would be created, create "
-                          "nothing.")] = False,
-    wait: Wait = False, timeout: Timeout = 600,
+    payment_mode: Annotated[
+        str | None, typer.Option("--payment-mode", help="How usage is paid (physical: credits).")
+    ] = None,
+    credentials: Annotated[
+        str | None, typer.Option("--credentials", help="gcp: service-account JSON key file, or - for stdin.")
+    ] = None,
+    prefix: Annotated[
+        str | None,
+        typer.Option("--prefix", help="gcp: name prefix of everything rigbase creates (default rigbase)."),
+    ] = None,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="gcp: check the key and permissions, list what would be created, create nothing.",
+        ),
+    ] = False,
+    wait: Wait = False,
+    timeout: Timeout = 600,
     json_out: Json = False,
 ) -> None:
     """Enable a provider; prints its id."""
@@ -42,8 +56,12 @@ def enable(
 @app.command("list")
 def list_(json_out: Json = False) -> None:
     """List enabled providers."""
-    render.table(connect().get("/v1/providers")["items"], COLUMNS, as_json=json_out,
-                 empty="no provider enabled: `provision provider enable physical`")
+    render.table(
+        connect().get("/v1/providers")["items"],
+        COLUMNS,
+        as_json=json_out,
+        empty="no provider enabled: `provision provider enable physical`",
+    )
 
 
 @app.command("show")

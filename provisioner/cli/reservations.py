@@ -11,13 +11,28 @@ from provisioner.cli import render
 from provisioner.cli.common import Json, RegionOpt, Yes, group, remove_one, show_one
 from provisioner.cli.settings import connect
 
-app = group("Reservations: a HOST.local name and a port, published over mDNS (and UPnP) by a node of the "
-            "region.")
-COLUMNS = [("id", "ID"), ("name", "NAME"), ("region", "REGION"), ("fqdn", "HOST"), ("port", "PORT"),
-           ("protocol", "PROTO"), ("node", "NODE"), ("state", "STATE"), ("external_address", "EXTERNAL"),
-           ("reason", "REASON")]
-HISTORY_COLUMNS = [("at", "WHEN"), ("actor", "WHO"), ("from_state", "FROM"), ("to_state", "TO"),
-                   ("reason", "WHY")]
+app = group(
+    "Reservations: a HOST.local name and a port, published over mDNS (and UPnP) by a node of the region."
+)
+COLUMNS = [
+    ("id", "ID"),
+    ("name", "NAME"),
+    ("region", "REGION"),
+    ("fqdn", "HOST"),
+    ("port", "PORT"),
+    ("protocol", "PROTO"),
+    ("node", "NODE"),
+    ("state", "STATE"),
+    ("external_address", "EXTERNAL"),
+    ("reason", "REASON"),
+]
+HISTORY_COLUMNS = [
+    ("at", "WHEN"),
+    ("actor", "WHO"),
+    ("from_state", "FROM"),
+    ("to_state", "TO"),
+    ("reason", "WHY"),
+]
 SHOW_FIELDS = ["id", "name", "region", "fqdn", "port", "protocol", "node", "state", "desired", "actual"]
 
 
@@ -30,8 +45,9 @@ def _row(r: dict) -> dict:
 def add(
     name: Annotated[str, typer.Argument(help="DNS label, unique in its region.")],
     region: Annotated[str, typer.Option("--region", "-r", help="Region of the reservation.")],
-    hostname: Annotated[str, typer.Option(
-        "--hostname", help="DNS label published as HOSTNAME.local; unique in the region.")],
+    hostname: Annotated[
+        str, typer.Option("--hostname", help="DNS label published as HOSTNAME.local; unique in the region.")
+    ],
     port: Annotated[int, typer.Option("--port", help="1024-65535; unique in the region.")],
     protocol: Annotated[Protocol, typer.Option("--protocol", help="tcp or udp.")] = Protocol.TCP,
     json_out: Json = False,
@@ -42,34 +58,50 @@ def add(
 
 
 @app.command("list")
-def list_(region: Annotated[str | None, typer.Option(
-              "--region", "-r", help="Only this region's reservations.")] = None,
-          json_out: Json = False) -> None:
+def list_(
+    region: Annotated[
+        str | None, typer.Option("--region", "-r", help="Only this region's reservations.")
+    ] = None,
+    json_out: Json = False,
+) -> None:
     """List reservations with their node and state (the node's report once it has one)."""
     rows = connect().get("/v1/reservations", region=region)["items"]
-    render.table(rows if json_out else [_row(r) for r in rows], COLUMNS, as_json=json_out,
-                 empty="no reservation yet: "
-                       "`provision reservation add NAME --region R --hostname H --port P`")
+    render.table(
+        rows if json_out else [_row(r) for r in rows],
+        COLUMNS,
+        as_json=json_out,
+        empty="no reservation yet: `provision reservation add NAME --region R --hostname H --port P`",
+    )
 
 
 @app.command("show")
 def show(name: str, region: RegionOpt = None, json_out: Json = False) -> None:
     """Show one reservation: `desired` (operator) and `actual` (node report) side by side."""
-    show_one(f"/v1/reservations/{name}", as_json=json_out, fields=None if json_out else SHOW_FIELDS,
-             region=region)
+    show_one(
+        f"/v1/reservations/{name}", as_json=json_out, fields=None if json_out else SHOW_FIELDS, region=region
+    )
 
 
 @app.command("remove")
 def remove(name: str, region: RegionOpt = None, yes: Yes = False, json_out: Json = False) -> None:
     """Remove a reservation (its node withdraws the name on its next heartbeat)."""
-    remove_one(f"remove reservation '{name}'?", f"/v1/reservations/{name}", yes=yes, as_json=json_out,
-               fields=None if json_out else ["id", "name", "state"], region=region)
+    remove_one(
+        f"remove reservation '{name}'?",
+        f"/v1/reservations/{name}",
+        yes=yes,
+        as_json=json_out,
+        fields=None if json_out else ["id", "name", "state"],
+        region=region,
+    )
 
 
 @app.command("assign")
-def assign(name: str, node: Annotated[str, typer.Option(
-               "--node", "-n", help="A compute node of the reservation's region.")],
-           region: RegionOpt = None, json_out: Json = False) -> None:
+def assign(
+    name: str,
+    node: Annotated[str, typer.Option("--node", "-n", help="A compute node of the reservation's region.")],
+    region: RegionOpt = None,
+    json_out: Json = False,
+) -> None:
     """Assign (or move) a reservation to a compute node; the node publishes it on its next heartbeat."""
     body = connect().post(f"/v1/reservations/{name}/assign", {"node": node}, region=region)
     render.detail(body, as_json=json_out, fields=None if json_out else ["id", "name", "node", "state"])

@@ -37,9 +37,15 @@ def _tune_gc() -> None:
     gc.set_threshold(20_000, 20, 50)
 
 
-def run_control_plane(settings: Settings, host: str, port: int, fds: Sequence[int] = (), *,
-                      finalizer: Finalizer | None = None,
-                      providers: Mapping[str, ProviderDriver] | None = None) -> None:
+def run_control_plane(
+    settings: Settings,
+    host: str,
+    port: int,
+    fds: Sequence[int] = (),
+    *,
+    finalizer: Finalizer | None = None,
+    providers: Mapping[str, ProviderDriver] | None = None,
+) -> None:
     """Build the app from `settings`, bootstrap the admin token and client config, serve until stopped.
     `finalizer` / `providers`: fakes a test injects (create_app)."""
     import uvicorn  # heavy imports only for this command, so `provision --help` stays instant
@@ -66,10 +72,16 @@ def run_control_plane(settings: Settings, host: str, port: int, fds: Sequence[in
         write_client_config(client_url, token, client_config)
         print(f"client config: {client_config} (URL and admin token, mode 0600)", file=sys.stderr)
     else:
-        print(f"note: an admin token exists but {client_config} does not hold it: "
-              "set RIGBASE_URL and RIGBASE_TOKEN", file=sys.stderr)
-    print(f"rigbase control plane on {client_url} (OpenAPI: {client_url}/openapi.json)", file=sys.stderr,
-          flush=True)
+        print(
+            f"note: an admin token exists but {client_config} does not hold it: "
+            "set RIGBASE_URL and RIGBASE_TOKEN",
+            file=sys.stderr,
+        )
+    print(
+        f"rigbase control plane on {client_url} (OpenAPI: {client_url}/openapi.json)",
+        file=sys.stderr,
+        flush=True,
+    )
     _tune_gc()
     if not fds:
         uvicorn.run(app, host=host, port=port, log_level="warning")
@@ -86,12 +98,20 @@ def run_control_plane(settings: Settings, host: str, port: int, fds: Sequence[in
 def serve(
     host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="TCP port.", min=1, max=65535)] = DEFAULT_PORT,
-    database: Annotated[str | None, typer.Option(
-        "--database",
-        help="Database URL (default: RIGBASE_DATABASE_URL or SQLite under RIGBASE_HOME).")] = None,
-    fds: Annotated[list[int] | None, typer.Option(
-        "--fd", help="Also serve on this inherited listening socket (socket activation; `provision lab up` "
-                     "passes one bound inside the lab's LAN namespace).")] = None,
+    database: Annotated[
+        str | None,
+        typer.Option(
+            "--database", help="Database URL (default: RIGBASE_DATABASE_URL or SQLite under RIGBASE_HOME)."
+        ),
+    ] = None,
+    fds: Annotated[
+        list[int] | None,
+        typer.Option(
+            "--fd",
+            help="Also serve on this inherited listening socket (socket activation; `provision lab up` "
+            "passes one bound inside the lab's LAN namespace).",
+        ),
+    ] = None,
 ) -> None:
     """Run the control plane. The first start creates an admin token and writes the client config."""
     from contracts.errors import RigbaseError

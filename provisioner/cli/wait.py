@@ -20,8 +20,18 @@ Read = Callable[[Answer], tuple[str, str, str | None]]
 Show = Callable[[str, str, str | None, float], None]
 
 
-def poll(client: Client, path: str, read: Read, *, done: Collection[str], failed: Collection[str] = (),
-         timeout: float, show: Show, interval: float = 1.0, **params: Any) -> Answer:
+def poll(
+    client: Client,
+    path: str,
+    read: Read,
+    *,
+    done: Collection[str],
+    failed: Collection[str] = (),
+    timeout: float,
+    show: Show,
+    interval: float = 1.0,
+    **params: Any,
+) -> Answer:
     """GET `path` until its state is in `done` (the answer is returned); refused (exit 1) naming the state
     when it lands in `failed`, or when `timeout` seconds pass."""
     started = time.monotonic()
@@ -38,8 +48,16 @@ def poll(client: Client, path: str, read: Read, *, done: Collection[str], failed
         time.sleep(interval)
 
 
-def wait_for_state(client: Client, path: str, *, done: Collection[str], failed: Collection[str] = (),
-                   timeout: float, interval: float = 1.0, **params: Any) -> Answer:
+def wait_for_state(
+    client: Client,
+    path: str,
+    *,
+    done: Collection[str],
+    failed: Collection[str] = (),
+    timeout: float,
+    interval: float = 1.0,
+    **params: Any,
+) -> Answer:
     """A resource answering {name, state, reason}, shown as one Rich status line."""
     from rich.console import Console
 
@@ -47,8 +65,18 @@ def wait_for_state(client: Client, path: str, *, done: Collection[str], failed: 
         return obj.get("name", path), obj.get("state", "?"), obj.get("reason")
 
     with Console(stderr=True).status("waiting") as status:
+
         def show(name: str, state: str, _detail: str | None, elapsed: float) -> None:
             status.update(f"{name}: {state} ({elapsed:.0f} s)")
 
-        return poll(client, path, read, done=done, failed=failed, timeout=timeout, show=show,
-                    interval=interval, **params)
+        return poll(
+            client,
+            path,
+            read,
+            done=done,
+            failed=failed,
+            timeout=timeout,
+            show=show,
+            interval=interval,
+            **params,
+        )

@@ -33,8 +33,9 @@ def read_client_config(path: Path) -> dict[str, str]:
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as exc:
-        raise ControlPlaneError(f"client config {path} is unreadable ({exc}): "
-                                "delete it and restart `provision serve`") from exc
+        raise ControlPlaneError(
+            f"client config {path} is unreadable ({exc}): delete it and restart `provision serve`"
+        ) from exc
 
 
 class Client:
@@ -53,16 +54,20 @@ class Client:
         url = settings.url or saved.get("url")
         token = given or saved.get("token")
         if not url:
-            raise ControlPlaneError(f"no control plane configured: start one with `provision serve` (it "
-                                    f"writes {settings.client_config}) or set RIGBASE_URL and RIGBASE_TOKEN")
+            raise ControlPlaneError(
+                f"no control plane configured: start one with `provision serve` (it "
+                f"writes {settings.client_config}) or set RIGBASE_URL and RIGBASE_TOKEN"
+            )
         return cls(url, token)
 
     def request(self, method: str, path: str, **kwargs: Any) -> Any:
         try:
             response = self.http.request(method, path, **kwargs)
         except httpx.TransportError as exc:
-            raise ControlPlaneError(f"cannot reach the control plane at {self.url} ({type(exc).__name__}): "
-                                    "start it with `provision serve` or fix RIGBASE_URL") from exc
+            raise ControlPlaneError(
+                f"cannot reach the control plane at {self.url} ({type(exc).__name__}): "
+                "start it with `provision serve` or fix RIGBASE_URL"
+            ) from exc
         if response.is_success:
             return response.json()
         try:
@@ -77,8 +82,9 @@ class Client:
         return self.request("GET", path, params={k: v for k, v in params.items() if v is not None})
 
     def post(self, path: str, body: dict[str, Any], **params: Any) -> Any:
-        return self.request("POST", path, json=body,
-                            params={k: v for k, v in params.items() if v is not None})
+        return self.request(
+            "POST", path, json=body, params={k: v for k, v in params.items() if v is not None}
+        )
 
     def delete(self, path: str, **params: Any) -> Any:
         return self.request("DELETE", path, params={k: v for k, v in params.items() if v is not None})

@@ -18,8 +18,8 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any, TypeVar
 
-from contracts.regional import ReportedState
 from contracts.errors import RuleViolation
+from contracts.regional import ReportedState
 
 # A node whose last heartbeat is older than this is shown offline. The minion heartbeats every
 # 30 s; three missed beats is the usual threshold before paging anyone.
@@ -71,8 +71,9 @@ class Maintenance(StrEnum):
 
 PROVIDER_TRANSITIONS: dict[ProviderState, frozenset[ProviderState]] = {
     # NEW → REMOVING: removed while its bootstrap runs; the teardown deletes whatever was made already
-    ProviderState.NEW: frozenset({ProviderState.ENABLED, ProviderState.ERRORED, ProviderState.REMOVING,
-                                  ProviderState.REMOVED}),
+    ProviderState.NEW: frozenset(
+        {ProviderState.ENABLED, ProviderState.ERRORED, ProviderState.REMOVING, ProviderState.REMOVED}
+    ),
     ProviderState.ENABLED: frozenset({ProviderState.REMOVING, ProviderState.REMOVED, ProviderState.ERRORED}),
     ProviderState.ERRORED: frozenset({ProviderState.NEW, ProviderState.REMOVING, ProviderState.REMOVED}),
     ProviderState.REMOVING: frozenset({ProviderState.REMOVED, ProviderState.ERRORED}),
@@ -80,8 +81,9 @@ PROVIDER_TRANSITIONS: dict[ProviderState, frozenset[ProviderState]] = {
 }
 
 REGION_TRANSITIONS: dict[RegionState, frozenset[RegionState]] = {
-    RegionState.NEW: frozenset({RegionState.HEALTHY, RegionState.OFFLINE, RegionState.ERRORED,
-                                RegionState.REMOVING}),
+    RegionState.NEW: frozenset(
+        {RegionState.HEALTHY, RegionState.OFFLINE, RegionState.ERRORED, RegionState.REMOVING}
+    ),
     RegionState.HEALTHY: frozenset({RegionState.OFFLINE, RegionState.ERRORED, RegionState.REMOVING}),
     RegionState.OFFLINE: frozenset({RegionState.HEALTHY, RegionState.ERRORED, RegionState.REMOVING}),
     RegionState.ERRORED: frozenset({RegionState.HEALTHY, RegionState.OFFLINE, RegionState.REMOVING}),
@@ -132,8 +134,9 @@ class DatastoreState(StrEnum):
 RESERVATION_TRANSITIONS: dict[ReservationState, frozenset[ReservationState]] = {
     ReservationState.UNASSIGNED: frozenset({ReservationState.ASSIGNED, ReservationState.REMOVED}),
     # assigned → assigned is a move to another node (one audit line naming both nodes)
-    ReservationState.ASSIGNED: frozenset({ReservationState.ASSIGNED, ReservationState.UNASSIGNED,
-                                          ReservationState.REMOVED}),
+    ReservationState.ASSIGNED: frozenset(
+        {ReservationState.ASSIGNED, ReservationState.UNASSIGNED, ReservationState.REMOVED}
+    ),
     ReservationState.REMOVED: frozenset(),
 }
 
@@ -238,8 +241,9 @@ TABLES: dict[type[StrEnum], Mapping[Any, frozenset[Any]]] = {
 
 # The states whose `reason` is kept: errored says why it failed; offline says why it went away
 # (e.g. a GCP storage node was preempted). Any other transition clears the reason.
-KEEPS_REASON: frozenset[StrEnum] = frozenset({ProviderState.ERRORED, RegionState.ERRORED, RegionState.OFFLINE,
-                                              NodeState.ERRORED})
+KEEPS_REASON: frozenset[StrEnum] = frozenset(
+    {ProviderState.ERRORED, RegionState.ERRORED, RegionState.OFFLINE, NodeState.ERRORED}
+)
 
 # A region on its way out or gone: no join, no new node, no storage VM.
 REGION_LEAVING: frozenset[RegionState] = frozenset({RegionState.REMOVING, RegionState.REMOVED})
@@ -253,14 +257,16 @@ NODE_SCHEDULABLE: frozenset[NodeState] = frozenset({NodeState.ACTIVE})
 NODE_STOPPED: frozenset[NodeState] = frozenset({NodeState.ERRORED, NodeState.REMOVED})
 
 # A provider whose bootstrap will not end enabled without an operator (`gcp enable --wait` gives up).
-PROVIDER_FAILED_OR_GONE: frozenset[ProviderState] = frozenset({ProviderState.ERRORED, ProviderState.REMOVING,
-                                                                ProviderState.REMOVED})
+PROVIDER_FAILED_OR_GONE: frozenset[ProviderState] = frozenset(
+    {ProviderState.ERRORED, ProviderState.REMOVING, ProviderState.REMOVED}
+)
 # A storage VM that will not become ready without an operator (`region create --wait` gives up).
 VM_FAILED_OR_GONE: frozenset[VmStatus] = frozenset({VmStatus.FAILED, VmStatus.DELETING, VmStatus.DELETED})
 
 # The final state of each lifecycle: the row stays for the audit trail and frees its unique names.
-TERMINAL: frozenset[StrEnum] = frozenset(state for table in TABLES.values()
-                                         for state, out in table.items() if not out)
+TERMINAL: frozenset[StrEnum] = frozenset(
+    state for table in TABLES.values() for state, out in table.items() if not out
+)
 
 E = TypeVar("E", bound=StrEnum)
 

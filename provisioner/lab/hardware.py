@@ -23,9 +23,14 @@ import yaml
 
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
 SECTOR = 512
-GPU_BUS, NVME_BUS, NIC_BUS, SAS_BUS = 0x01, 0x40, 0x80, 0xa0
-PCIE_GEN_SPEED = {1: "2.5 GT/s PCIe", 2: "5.0 GT/s PCIe", 3: "8.0 GT/s PCIe", 4: "16.0 GT/s PCIe",
-                  5: "32.0 GT/s PCIe"}
+GPU_BUS, NVME_BUS, NIC_BUS, SAS_BUS = 0x01, 0x40, 0x80, 0xA0
+PCIE_GEN_SPEED = {
+    1: "2.5 GT/s PCIe",
+    2: "5.0 GT/s PCIe",
+    3: "8.0 GT/s PCIe",
+    4: "16.0 GT/s PCIe",
+    5: "32.0 GT/s PCIe",
+}
 
 
 class _Record:
@@ -34,8 +39,15 @@ class _Record:
     def __init__(self) -> None:
         self.blocks: list[str] = []
 
-    def add(self, devpath: str, subsystem: str, *, attrs: dict[str, Any] | None = None,
-            props: dict[str, Any] | None = None, driver: str | None = None) -> str:
+    def add(
+        self,
+        devpath: str,
+        subsystem: str,
+        *,
+        attrs: dict[str, Any] | None = None,
+        props: dict[str, Any] | None = None,
+        driver: str | None = None,
+    ) -> str:
         lines = [f"P: {devpath}", f"E: SUBSYSTEM={subsystem}"]
         for key, value in (props or {}).items():
             if value is not None:
@@ -59,24 +71,54 @@ class _Record:
 
 
 def _root_port(rec: _Record, bus: int, gen: int, width: int) -> str:
-    return rec.add(f"/devices/pci0000:00/0000:00:{bus:02x}.0", "pci", attrs={
-        "class": "0x060400", "vendor": "0x8086", "device": "0x347a",
-        "max_link_speed": PCIE_GEN_SPEED[gen], "max_link_width": width,
-        "current_link_speed": PCIE_GEN_SPEED[gen], "current_link_width": width})
+    return rec.add(
+        f"/devices/pci0000:00/0000:00:{bus:02x}.0",
+        "pci",
+        attrs={
+            "class": "0x060400",
+            "vendor": "0x8086",
+            "device": "0x347a",
+            "max_link_speed": PCIE_GEN_SPEED[gen],
+            "max_link_width": width,
+            "current_link_speed": PCIE_GEN_SPEED[gen],
+            "current_link_width": width,
+        },
+    )
 
 
-def _pci_function(rec: _Record, port: str, bus: int, vendor: str, device: str, pci_class: str,
-                  *, link_gen: int | None = None, width: int | None = None, max_gen: int | None = None,
-                  max_width: int | None = None, driver: str | None = None,
-                  extra: dict[str, Any] | None = None) -> str:
+def _pci_function(
+    rec: _Record,
+    port: str,
+    bus: int,
+    vendor: str,
+    device: str,
+    pci_class: str,
+    *,
+    link_gen: int | None = None,
+    width: int | None = None,
+    max_gen: int | None = None,
+    max_width: int | None = None,
+    driver: str | None = None,
+    extra: dict[str, Any] | None = None,
+) -> str:
     attrs: dict[str, Any] = {"class": pci_class, "vendor": f"0x{vendor}", "device": f"0x{device}"}
     if link_gen is not None:
-        attrs.update({
-            "current_link_speed": PCIE_GEN_SPEED[link_gen], "current_link_width": width,
-            "max_link_speed": PCIE_GEN_SPEED[max_gen or link_gen], "max_link_width": max_width or width})
+        attrs.update(
+            {
+                "current_link_speed": PCIE_GEN_SPEED[link_gen],
+                "current_link_width": width,
+                "max_link_speed": PCIE_GEN_SPEED[max_gen or link_gen],
+                "max_link_width": max_width or width,
+            }
+        )
     attrs.update(extra or {})
-    return rec.add(f"{port}/0000:{bus:02x}:00.0", "pci", attrs=attrs, driver=driver,
-                   props={"PCI_ID": f"{vendor.upper()}:{device.upper()}", "DRIVER": driver})
+    return rec.add(
+        f"{port}/0000:{bus:02x}:00.0",
+        "pci",
+        attrs=attrs,
+        driver=driver,
+        props={"PCI_ID": f"{vendor.upper()}:{device.upper()}", "DRIVER": driver},
+    )
 
 
 def _disk_letters() -> Any:
@@ -103,10 +145,20 @@ def record_text(profile: dict[str, Any]) -> str:
         vendor, device = gpu["id"].split(":")
         gen = int(gpu["gen"])
         port = _root_port(rec, bus, int(gpu.get("port_gen", gen)), int(gpu.get("port_width", 16)))
-        _pci_function(rec, port, bus, vendor, device, gpu.get("class", "0x030200"), link_gen=gen,
-                      width=int(gpu.get("width", 16)), max_width=int(gpu.get("max_width", 16)),
-                      max_gen=int(gpu.get("max_gen", gen)), driver=gpu.get("driver"),
-                      extra={"mem_info_vram_total": gpu.get("sysfs_vram_bytes")})
+        _pci_function(
+            rec,
+            port,
+            bus,
+            vendor,
+            device,
+            gpu.get("class", "0x030200"),
+            link_gen=gen,
+            width=int(gpu.get("width", 16)),
+            max_width=int(gpu.get("max_width", 16)),
+            max_gen=int(gpu.get("max_gen", gen)),
+            driver=gpu.get("driver"),
+            extra={"mem_info_vram_total": gpu.get("sysfs_vram_bytes")},
+        )
         bus += 1
     for extra in profile.get("other_pci", []):  # BMC VGA, NVSwitch, ...: must not count as GPUs
         vendor, device = extra["id"].split(":")
@@ -115,41 +167,62 @@ def record_text(profile: dict[str, Any]) -> str:
         bus += 1
     for i, nvme in enumerate(_expand(profile.get("nvme"))):
         port = _root_port(rec, NVME_BUS + i, 4, 4)
-        ctrl = _pci_function(rec, port, NVME_BUS + i, "144d", "a80a", "0x010802", link_gen=4, width=4,
-                             driver="nvme")
+        ctrl = _pci_function(
+            rec, port, NVME_BUS + i, "144d", "a80a", "0x010802", link_gen=4, width=4, driver="nvme"
+        )
         ctrl_dev = rec.add(f"{ctrl}/nvme/nvme{i}", "nvme", attrs={"model": nvme.get("model", "NVMe SSD")})
-        nvme_disk = rec.add(f"{ctrl_dev}/nvme{i}n1", "block",
-                            attrs={"size": nvme["bytes"] // SECTOR, "queue/rotational": 0, "removable": 0},
-                            props={"DEVTYPE": "disk", "DEVNAME": f"/dev/nvme{i}n1",
-                                   "ID_MODEL": nvme.get("model")})
+        nvme_disk = rec.add(
+            f"{ctrl_dev}/nvme{i}n1",
+            "block",
+            attrs={"size": nvme["bytes"] // SECTOR, "queue/rotational": 0, "removable": 0},
+            props={"DEVTYPE": "disk", "DEVNAME": f"/dev/nvme{i}n1", "ID_MODEL": nvme.get("model")},
+        )
         rec.add(f"{nvme_disk}/nvme{i}n1p1", "block", attrs={"size": 2048}, props={"DEVTYPE": "partition"})
     letters = _disk_letters()
     ahci = "/devices/pci0000:00/0000:00:17.0"
     rec.add(ahci, "pci", attrs={"class": "0x010601", "vendor": "0x8086", "device": "0xa352"}, driver="ahci")
     for i, disk in enumerate(_expand(profile.get("sata"))):
         name = next(letters)
-        rec.add(f"{ahci}/ata{i + 1}/host{i}/target{i}:0:0/{i}:0:0:0/block/{name}", "block",
-                attrs={"size": disk["bytes"] // SECTOR,
-                       "queue/rotational": int(disk.get("rotational", False)),
-                       "removable": 0},
-                props={"DEVTYPE": "disk", "ID_BUS": "ata", "ID_ATA": 1, "ID_MODEL": disk.get("model"),
-                       "ID_ATA_ROTATION_RATE_RPM": disk.get("rpm")})
+        rec.add(
+            f"{ahci}/ata{i + 1}/host{i}/target{i}:0:0/{i}:0:0:0/block/{name}",
+            "block",
+            attrs={
+                "size": disk["bytes"] // SECTOR,
+                "queue/rotational": int(disk.get("rotational", False)),
+                "removable": 0,
+            },
+            props={
+                "DEVTYPE": "disk",
+                "ID_BUS": "ata",
+                "ID_ATA": 1,
+                "ID_MODEL": disk.get("model"),
+                "ID_ATA_ROTATION_RATE_RPM": disk.get("rpm"),
+            },
+        )
     sas_host = 32
     for i, disk in enumerate(_expand(profile.get("sas"))):
         name = next(letters)
-        rec.add(f"/devices/pci0000:00/0000:00:1c.0/0000:{SAS_BUS:02x}:00.0/host{sas_host}/port-{sas_host}:{i}"
-                f"/end_device-{sas_host}:{i}/target{sas_host}:0:{i}/{sas_host}:0:{i}:0/block/{name}", "block",
-                attrs={"size": disk["bytes"] // SECTOR,
-                       "queue/rotational": int(disk.get("rotational", False)),
-                       "removable": 0},
-                props={"DEVTYPE": "disk", "ID_BUS": "scsi", "ID_MODEL": disk.get("model")})
+        rec.add(
+            f"/devices/pci0000:00/0000:00:1c.0/0000:{SAS_BUS:02x}:00.0/host{sas_host}/port-{sas_host}:{i}"
+            f"/end_device-{sas_host}:{i}/target{sas_host}:0:{i}/{sas_host}:0:{i}:0/block/{name}",
+            "block",
+            attrs={
+                "size": disk["bytes"] // SECTOR,
+                "queue/rotational": int(disk.get("rotational", False)),
+                "removable": 0,
+            },
+            props={"DEVTYPE": "disk", "ID_BUS": "scsi", "ID_MODEL": disk.get("model")},
+        )
     for i, stick in enumerate(_expand(profile.get("usb"))):  # the rigbase boot drive: never counted
         name = next(letters)
         port = f"usb1/1-{i + 1}/1-{i + 1}:1.0"
-        rec.add(f"/devices/pci0000:00/0000:00:14.0/{port}/host{40 + i}/target{40 + i}:0:0"
-                f"/{40 + i}:0:0:0/block/{name}", "block",
-                attrs={"size": stick["bytes"] // SECTOR, "queue/rotational": 0, "removable": 1},
-                props={"DEVTYPE": "disk", "ID_BUS": "usb"})
+        rec.add(
+            f"/devices/pci0000:00/0000:00:14.0/{port}/host{40 + i}/target{40 + i}:0:0"
+            f"/{40 + i}:0:0:0/block/{name}",
+            "block",
+            attrs={"size": stick["bytes"] // SECTOR, "queue/rotational": 0, "removable": 1},
+            props={"DEVTYPE": "disk", "ID_BUS": "usb"},
+        )
     tpm = profile.get("tpm")
     if tpm:
         base = "/devices/platform/MSFT0101:00"
@@ -158,8 +231,7 @@ def record_text(profile: dict[str, Any]) -> str:
         if style == "major":
             attrs["tpm_version_major"] = tpm["version"]
         elif style == "caps":  # pre-5.6 kernels: only TPM 1.2 has caps
-            attrs["caps"] = ("Manufacturer: 0x49465800\nTCG version: 1.2\n"
-                             "Firmware version: 6.40\n")
+            attrs["caps"] = "Manufacturer: 0x49465800\nTCG version: 1.2\nFirmware version: 6.40\n"
         rec.add(f"{base}/tpm/tpm0", "tpm", attrs=attrs, props={"DEVNAME": "/dev/tpm0"})
         if tpm["version"] == 2:
             rec.add(f"{base}/tpmrm/tpmrm0", "tpmrm", props={"DEVNAME": "/dev/tpmrm0"})
@@ -167,9 +239,17 @@ def record_text(profile: dict[str, Any]) -> str:
         port = _root_port(rec, NIC_BUS + i, 3, 8)
         fn = _pci_function(rec, port, NIC_BUS + i, "15b3", "1017", "0x020000", link_gen=3, width=8)
         up = nic.get("up", True)
-        rec.add(f"{fn}/net/{nic['name']}", "net", props={"INTERFACE": nic["name"]}, attrs={
-            "type": 1, "speed": nic.get("speed") if up else None, "operstate": "up" if up else "down",
-            "address": f"0c:42:a1:00:00:{i:02x}"})
+        rec.add(
+            f"{fn}/net/{nic['name']}",
+            "net",
+            props={"INTERFACE": nic["name"]},
+            attrs={
+                "type": 1,
+                "speed": nic.get("speed") if up else None,
+                "operstate": "up" if up else "down",
+                "address": f"0c:42:a1:00:00:{i:02x}",
+            },
+        )
     rec.add("/devices/virtual/net/lo", "net", attrs={"type": 772, "operstate": "unknown"})
     rec.add("/devices/virtual/net/br0", "net", attrs={"type": 1, "speed": 100000, "operstate": "up"})
     return rec.text()
@@ -192,7 +272,8 @@ def write_host_root(profile: dict[str, Any], root: Path) -> Path:
                     f"processor\t: {processor}\nvendor_id\t: GenuineIntel\n"
                     f"model name\t: {host.get('cpu_model', 'Test CPU')}\nphysical id\t: {socket}\n"
                     f"siblings\t: {cores * threads}\ncore id\t\t: {core}\ncpu cores\t: {cores}\n"
-                    f"flags\t\t: fpu sse2 ht\n")
+                    f"flags\t\t: fpu sse2 ht\n"
+                )
                 processor += 1
     (proc / "cpuinfo").write_text("\n".join(blocks) + "\n")
     return root

@@ -91,8 +91,13 @@ class AdoptWithRoot(Protocol):
 
 
 BIN = Path(sys.executable).parent  # provision, minion and python of this installation
-TOOLS = {"ip": "iproute2", "swtpm": "swtpm", "swtpm_setup": "swtpm-tools", "umockdev-run": "umockdev",
-         "debootstrap": "debootstrap"}
+TOOLS = {
+    "ip": "iproute2",
+    "swtpm": "swtpm",
+    "swtpm_setup": "swtpm-tools",
+    "umockdev-run": "umockdev",
+    "debootstrap": "debootstrap",
+}
 UPNP_TOOLS = {"miniupnpd": "miniupnpd", "nft": "nftables"}
 # the lab's control plane is its own: never the one an operator's environment points at
 CLIENT_VARIABLES = ("RIGBASE_URL", "RIGBASE_TOKEN", "RIGBASE_DATABASE_URL")
@@ -110,6 +115,7 @@ def _minion_ids(rows: list[dict[str, Any]]) -> str:
 
 # -- preflight -------------------------------------------------------------------------------------------
 
+
 def _preflight(plan: LabPlan, home: Path, state: LabState | None) -> None:
     """Refuse before anything is made: wrong user, missing tools, a home that holds something else."""
     if os.geteuid() != 0:
@@ -119,26 +125,35 @@ def _preflight(plan: LabPlan, home: Path, state: LabState | None) -> None:
     if missing:
         raise Unavailable(f"missing packages {', '.join(missing)}: run scripts/install-deps.sh")
     if state is None and (home / "client.json").exists():
-        raise Conflict(f"{home} already belongs to a control plane (client.json): start the lab in its own "
-                       "home, e.g. RIGBASE_HOME=/var/tmp/rigbase-lab provision lab up")
+        raise Conflict(
+            f"{home} already belongs to a control plane (client.json): start the lab in its own "
+            "home, e.g. RIGBASE_HOME=/var/tmp/rigbase-lab provision lab up"
+        )
     if state is not None:
         have = len(state.nodes)
         if plan.nodes < have:
-            raise Conflict(f"the lab has {have} nodes and cannot shrink to {plan.nodes}: "
-                           f"run `provision lab down --yes` first, or `provision lab up --nodes {have}`")
+            raise Conflict(
+                f"the lab has {have} nodes and cannot shrink to {plan.nodes}: "
+                f"run `provision lab down --yes` first, or `provision lab up --nodes {have}`"
+            )
         if state.upnp and not plan.upnp:
-            raise Conflict("the lab is up with a UPnP router: pass --upnp again, "
-                           "or `provision lab down --yes` first")
+            raise Conflict(
+                "the lab is up with a UPnP router: pass --upnp again, or `provision lab down --yes` first"
+            )
     recorded = set(state.namespaces) if state else set()
-    foreign = sorted(n for n in netns.list_namespaces(NETNS_PREFIX)
-                     if NAME_PATTERN.match(n) and n not in recorded)
+    foreign = sorted(
+        n for n in netns.list_namespaces(NETNS_PREFIX) if NAME_PATTERN.match(n) and n not in recorded
+    )
     if foreign:
-        raise Conflict(f"namespace {foreign[0]} exists but is not this lab's ({home}): another lab is up or "
-                       "one crashed; run `provision lab down --yes` with its RIGBASE_HOME (or this one, to "
-                       "clean up leftovers)")
+        raise Conflict(
+            f"namespace {foreign[0]} exists but is not this lab's ({home}): another lab is up or "
+            "one crashed; run `provision lab down --yes` with its RIGBASE_HOME (or this one, to "
+            "clean up leftovers)"
+        )
 
 
 # -- network ---------------------------------------------------------------------------------------------
+
 
 class _FixedNames(netns.Lab):
     """netns.Lab hands out random names; the lab's namespaces have fixed, documented ones."""
@@ -161,7 +176,8 @@ def _create_netns(state: LabState, name: str) -> netns.Netns:
 def _ensure_network(plan: LabPlan, state: LabState, progress: Progress) -> netns.VirtualLan:
     recorded = [n for n in state.namespaces if n in plan.namespaces() or NAME_PATTERN.match(n)]
     if any(not netns.Netns(n).exists() for n in recorded) or (
-            netns_name(Role.LAN) in state.namespaces and len(state.lan_members) < len(recorded) - 1):
+        netns_name(Role.LAN) in state.namespaces and len(state.lan_members) < len(recorded) - 1
+    ):
         # after a reboot (/run/netns is a tmpfs) or a crash mid-attach: rebuild the whole LAN
         progress("rebuilding the lab network (some namespaces were missing)")
         _delete_namespaces(state)
@@ -227,12 +243,15 @@ def _listen_in(ns_name: str, host: str, port: int) -> socket.socket:
     t.start()
     t.join()
     if "error" in box:
-        raise Unavailable(f"cannot listen on {host}:{port} in {ns_name} ({box['error']}): "
-                          "run `provision lab down --yes` and retry")
+        raise Unavailable(
+            f"cannot listen on {host}:{port} in {ns_name} ({box['error']}): "
+            "run `provision lab down --yes` and retry"
+        )
     return box["sock"]
 
 
 # -- control plane ---------------------------------------------------------------------------------------
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -257,15 +276,33 @@ def _ensure_control_plane(state: LabState, progress: Progress) -> None:
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k not in CLIENT_VARIABLES}
     # RIGBASE_PUBLIC_URL: the URL finalize writes into each node's minion.yaml (the LAN one, not loopback)
-    env |= {"RIGBASE_HOME": state.home, "TSS2_LOG": "all+none",
-            "RIGBASE_PUBLIC_URL": f"http://{address(Role.CP)}:{CP_PORT}"}
+    env |= {
+        "RIGBASE_HOME": state.home,
+        "TSS2_LOG": "all+none",
+        "RIGBASE_PUBLIC_URL": f"http://{address(Role.CP)}:{CP_PORT}",
+    }
     log = open(lab_dir() / "serve.log", "ab")  # noqa: SIM115 - handed to the server process
     try:
         proc = subprocess.Popen(
-            [str(BIN / "provision"), "serve", "--host", "127.0.0.1", "--port", str(port),
-             "--database", f"sqlite:///{lab_dir() / 'rigbase.db'}", "--fd", str(lan_sock.fileno())],
-            pass_fds=[lan_sock.fileno()], env=env, stdin=subprocess.DEVNULL, stdout=log,
-            stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                str(BIN / "provision"),
+                "serve",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--database",
+                f"sqlite:///{lab_dir() / 'rigbase.db'}",
+                "--fd",
+                str(lan_sock.fileno()),
+            ],
+            pass_fds=[lan_sock.fileno()],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     finally:
         lan_sock.close()
         log.close()
@@ -276,11 +313,14 @@ def _ensure_control_plane(state: LabState, progress: Progress) -> None:
     while not _healthy(state.host_url):
         if proc.poll() is not None or time.monotonic() > deadline:
             tail = (lab_dir() / "serve.log").read_text(errors="replace").strip().splitlines()[-3:]
-            raise Unavailable(f"the lab's control plane did not start ({' / '.join(tail)}): "
-                              f"see {lab_dir() / 'serve.log'}")
+            raise Unavailable(
+                f"the lab's control plane did not start ({' / '.join(tail)}): see {lab_dir() / 'serve.log'}"
+            )
         time.sleep(0.1)
-    progress(f"control plane: {state.host_url} for you, {state.lan_url} on the lab LAN "
-             f"(SQLite {lab_dir() / 'rigbase.db'})")
+    progress(
+        f"control plane: {state.host_url} for you, {state.lan_url} on the lab LAN "
+        f"(SQLite {lab_dir() / 'rigbase.db'})"
+    )
 
 
 def _client(state: LabState) -> Client:
@@ -298,8 +338,10 @@ def _ensure_region(state: LabState, ca: VendorCA, progress: Progress) -> Path:
     if not any(r["name"] == REGION for r in client.get("/v1/regions")["items"]):
         # No public jobs (the lab's region is the smallest rule set). Nodes read the profile's /proc through
         # `minion run --host-root` (RAM, cores); every other rule reads the umockdev sysfs.
-        client.post("/v1/regions", {"name": REGION, "provider": PROVIDER, "storage_mode": "local",
-                                    "public_jobs": False})
+        client.post(
+            "/v1/regions",
+            {"name": REGION, "provider": PROVIDER, "storage_mode": "local", "public_jobs": False},
+        )
         progress(f"region: {REGION} (provider {PROVIDER}, storage mode local, no public jobs)")
     marker = lab_dir() / "tpm-ca" / ".trusted"
     if not marker.exists():
@@ -318,6 +360,7 @@ def _ensure_region(state: LabState, ca: VendorCA, progress: Progress) -> Path:
 
 # -- nodes -----------------------------------------------------------------------------------------------
 
+
 def _node_dir(name: str, home: Path | None = None) -> Path:
     return lab_dir(home) / "nodes" / name
 
@@ -334,8 +377,9 @@ def _prepare_node(plan: NodePlan, node: LabNodeRecord, ca: VendorCA) -> Swtpm:
 
 
 def _minion_id(tcti: str) -> str:
-    proc = subprocess.run([str(BIN / "minion"), "id", "--tcti", tcti, "--json"], capture_output=True,
-                          text=True, timeout=60)
+    proc = subprocess.run(
+        [str(BIN / "minion"), "id", "--tcti", tcti, "--json"], capture_output=True, text=True, timeout=60
+    )
     if proc.returncode != 0:
         raise Unavailable(f"`minion id` failed on the lab TPM ({proc.stderr.strip()}): see the swtpm log")
     return str(json.loads(proc.stdout)["minion_id"])
@@ -344,16 +388,37 @@ def _minion_id(tcti: str) -> str:
 def _start_minion(node: LabNodeRecord, tpm: Swtpm, bundle: Path) -> None:
     d = _node_dir(node.name)
     record = d / "hardware" / f"{HARDWARE_PROFILE}.umockdev"
-    argv = ["umockdev-run", "-d", str(record), "--", str(BIN / "minion"), "run", "--bundle", str(bundle),
-            "--tcti", tpm.tcti, "--state-dir", str(d / "minion"),
-            "--heartbeat-interval", str(HEARTBEAT_SECONDS),
-            "--max-backoff", str(JOIN_RETRY_SECONDS),
-            "--host-root", str(d / "hardware" / "host")]  # the profile's RAM and cores, not this machine's
+    argv = [
+        "umockdev-run",
+        "-d",
+        str(record),
+        "--",
+        str(BIN / "minion"),
+        "run",
+        "--bundle",
+        str(bundle),
+        "--tcti",
+        tpm.tcti,
+        "--state-dir",
+        str(d / "minion"),
+        "--heartbeat-interval",
+        str(HEARTBEAT_SECONDS),
+        "--max-backoff",
+        str(JOIN_RETRY_SECONDS),
+        "--host-root",
+        str(d / "hardware" / "host"),
+    ]  # the profile's RAM and cores, not this machine's
     (d / "minion").mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("RIGBASE_")} | {"TSS2_LOG": "all+none"}
     with open(d / "minion.log", "ab") as log:
-        proc = netns.Netns(node.netns).popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                             stderr=subprocess.STDOUT, start_new_session=True)
+        proc = netns.Netns(node.netns).popen(
+            argv,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     node.minion = Proc.of("minion", proc.pid)  # `ip netns exec` execs umockdev-run, which forwards SIGTERM
     node.started_at = time.time()
 
@@ -381,13 +446,16 @@ def _check_minions(state: LabState, nodes: list[LabNodeRecord]) -> None:
         if node.minion and not node.minion.alive():
             log = _node_dir(node.name) / "minion.log"
             tail = log.read_text(errors="replace").strip().splitlines()[-2:] if log.exists() else []
-            raise Unavailable(f"the minion of {node.name} exited ({' / '.join(tail) or 'no output'}): "
-                              f"see {log}, "
-                              "then run `provision lab up` again")
+            raise Unavailable(
+                f"the minion of {node.name} exited ({' / '.join(tail) or 'no output'}): "
+                f"see {log}, "
+                "then run `provision lab up` again"
+            )
 
 
-def _show_pending(state: LabState, todo: list[LabNodeRecord], progress: Progress, view: PendingView,
-                  timeout: float) -> None:
+def _show_pending(
+    state: LabState, todo: list[LabNodeRecord], progress: Progress, view: PendingView, timeout: float
+) -> None:
     """Wait until every new minion shows up as pending, then show the operator's view of them."""
     want = {n.minion_id or "" for n in todo}  # set by _prepare_node before any minion starts
     client = _client(state)
@@ -399,8 +467,10 @@ def _show_pending(state: LabState, todo: list[LabNodeRecord], progress: Progress
         _check_minions(state, todo)
         if time.monotonic() > deadline:
             logs = ", ".join(str(_node_dir(n.name) / "minion.log") for n in todo if n.minion_id not in seen)
-            raise Unavailable(f"minions {', '.join(sorted(want - seen))} did not show up as pending within "
-                              f"{timeout:.0f} s: see {logs}")
+            raise Unavailable(
+                f"minions {', '.join(sorted(want - seen))} did not show up as pending within "
+                f"{timeout:.0f} s: see {logs}"
+            )
         time.sleep(0.25)
     rows = client.get("/v1/pending-minions", region=REGION)["items"]
     progress("pending minions (what `provision node pending` shows):\n" + view(rows).rstrip())
@@ -414,10 +484,17 @@ def _add_nodes(state: LabState, adopt: AdoptWithRoot, progress: Progress) -> lis
     for node in sorted(state.nodes.values(), key=lambda n: n.k):
         if node.name in existing:
             continue
-        node_id = adopt(LabAdoption(database_url=f"sqlite:///{lab_dir() / 'rigbase.db'}", name=node.name,
-                                    region=REGION, minion_id=node.minion_id or "",
-                                    hostname=f"{node.name}.{REGION}.rigbase.test", upnp=state.upnp,
-                                    root=node.root or ""))
+        node_id = adopt(
+            LabAdoption(
+                database_url=f"sqlite:///{lab_dir() / 'rigbase.db'}",
+                name=node.name,
+                region=REGION,
+                minion_id=node.minion_id or "",
+                hostname=f"{node.name}.{REGION}.rigbase.test",
+                upnp=state.upnp,
+                root=node.root or "",
+            )
+        )
         node.added_at = time.time()
         state.save()
         added.append(node)
@@ -440,28 +517,41 @@ def _wait_ready(state: LabState, progress: Progress, timeout: float) -> None:
                 lab_node.ready_at = time.time()
                 state.save()
             if node["state"] in FAILED_STATES:
-                raise RigbaseError(f"{name} is {node['state']}: {node.get('reason') or '-'}; see "
-                                   f"`provision node history {name}` and {_node_dir(name) / 'minion.log'}")
+                raise RigbaseError(
+                    f"{name} is {node['state']}: {node.get('reason') or '-'}; see "
+                    f"`provision node history {name}` and {_node_dir(name) / 'minion.log'}"
+                )
         waiting = [n for n in state.nodes if nodes.get(n, {}).get("state") not in READY_STATES]
         if not waiting:
             return
         _check_minions(state, [state.nodes[n] for n in waiting])
         if time.monotonic() - started > timeout:
-            raise Unavailable(f"{', '.join(waiting)} did not reach maintenance within {timeout:.0f} s: "
-                              f"see `provision lab status` and the minion logs under {lab_dir() / 'nodes'}")
+            raise Unavailable(
+                f"{', '.join(waiting)} did not reach maintenance within {timeout:.0f} s: "
+                f"see `provision lab status` and the minion logs under {lab_dir() / 'nodes'}"
+            )
         time.sleep(0.5)
 
 
 # -- up / status / down ----------------------------------------------------------------------------------
 
-def up(plan: LabPlan, *, adopt: AdoptWithRoot, progress: Progress = _quiet,
-       pending: PendingView = _minion_ids, timeout: float = 600, home: Path | None = None) -> LabState:
+
+def up(
+    plan: LabPlan,
+    *,
+    adopt: AdoptWithRoot,
+    progress: Progress = _quiet,
+    pending: PendingView = _minion_ids,
+    timeout: float = 600,
+    home: Path | None = None,
+) -> LabState:
     home = home or default_home()
     state = LabState.load(home)
     _preflight(plan, home, state)
     if state is None:
-        state = LabState(home=str(home), upnp=plan.upnp,
-                         home_entries_before=sorted(e for e in os.listdir(home)))
+        state = LabState(
+            home=str(home), upnp=plan.upnp, home_entries_before=sorted(e for e in os.listdir(home))
+        )
     state.upnp = plan.upnp
     lab_dir().mkdir(parents=True, exist_ok=True, mode=0o700)
     state.save()
@@ -514,14 +604,18 @@ def status(home: Path | None = None) -> dict[str, Any]:
     present = [n for n in netns.list_namespaces(NETNS_PREFIX) if NAME_PATTERN.match(n)]
     if state is None:
         return {"up": False, "home": str(home), "namespaces": present, "processes": [], "nodes": []}
-    procs = [{"kind": p.kind, "pid": p.pid, "alive": p.alive(), "node": None}
-             for p in (state.serve, state.miniupnpd) if p]
+    procs = [
+        {"kind": p.kind, "pid": p.pid, "alive": p.alive(), "node": None}
+        for p in (state.serve, state.miniupnpd)
+        if p
+    ]
     for node in state.nodes.values():
         tpm = Swtpm(_node_dir(node.name, home) / "swtpm")
         procs.append({"kind": "swtpm", "pid": tpm.pid(), "alive": tpm.pid() is not None, "node": node.name})
         if node.minion:
-            procs.append({"kind": "minion", "pid": node.minion.pid, "alive": node.minion.alive(),
-                          "node": node.name})
+            procs.append(
+                {"kind": "minion", "pid": node.minion.pid, "alive": node.minion.alive(), "node": node.name}
+            )
     nodes: list[dict[str, Any]] = []
     reachable = bool(state.host_url and _healthy(state.host_url))
     if reachable:
@@ -531,15 +625,28 @@ def status(home: Path | None = None) -> dict[str, Any]:
     for row in nodes:
         lab = state.nodes.get(row["name"])
         if lab:
-            row |= {"netns": lab.netns, "address": lab.address, "lab_root": lab.root,
-                    "join_seconds": (round(lab.ready_at - lab.added_at, 1)
-                                     if lab.ready_at and lab.added_at else None)}
-    return {"up": True, "home": str(home), "upnp": state.upnp, "host_url": state.host_url,
-            "lan_url": state.lan_url,
-            "control_plane_reachable": reachable,
-            "namespaces": [{"name": n, "exists": netns.Netns(n).exists(), "address": state.lan_members.get(n)}
-                           for n in state.namespaces],
-            "processes": procs, "nodes": nodes}
+            row |= {
+                "netns": lab.netns,
+                "address": lab.address,
+                "lab_root": lab.root,
+                "join_seconds": (
+                    round(lab.ready_at - lab.added_at, 1) if lab.ready_at and lab.added_at else None
+                ),
+            }
+    return {
+        "up": True,
+        "home": str(home),
+        "upnp": state.upnp,
+        "host_url": state.host_url,
+        "lan_url": state.lan_url,
+        "control_plane_reachable": reachable,
+        "namespaces": [
+            {"name": n, "exists": netns.Netns(n).exists(), "address": state.lan_members.get(n)}
+            for n in state.namespaces
+        ],
+        "processes": procs,
+        "nodes": nodes,
+    }
 
 
 def down(*, progress: Progress = _quiet, home: Path | None = None) -> dict[str, Any]:
@@ -574,8 +681,12 @@ def down(*, progress: Progress = _quiet, home: Path | None = None) -> dict[str, 
     left_ns = [n for n in netns.list_namespaces(NETNS_PREFIX) if NAME_PATTERN.match(n)]
     left_procs = _stray_processes(home) + [p.pid for p in (state.processes() if state else []) if p.alive()]
     if left_ns or left_procs or state_path(home).exists():
-        raise Unavailable(f"lab down left namespaces {left_ns or '-'} and processes {left_procs or '-'}: "
-                          "run `provision lab down --yes` again")
-    progress(f"removed {len(removed['namespaces'])} namespaces, {len(removed['processes'])} processes, "
-             f"{len(removed['files'])} entries of {home} (kept: the rootfs cache)")
+        raise Unavailable(
+            f"lab down left namespaces {left_ns or '-'} and processes {left_procs or '-'}: "
+            "run `provision lab down --yes` again"
+        )
+    progress(
+        f"removed {len(removed['namespaces'])} namespaces, {len(removed['processes'])} processes, "
+        f"{len(removed['files'])} entries of {home} (kept: the rootfs cache)"
+    )
     return removed

@@ -349,21 +349,31 @@ def add_upnp_router(
     conf = state_dir / "miniupnpd.conf"
     conf.write_text(
         MINIUPNPD_CONF.format(
-            wan_if="wan0", lan_if="lan0", reported_ip=reported_ip, http_port=http_port,
-            uuid_tail=secrets.token_hex(5), state_dir=state_dir, rules=rules,
+            wan_if="wan0",
+            lan_if="lan0",
+            reported_ip=reported_ip,
+            http_port=http_port,
+            uuid_tail=secrets.token_hex(5),
+            state_dir=state_dir,
+            rules=rules,
         )
     )
     log = open(state_dir / "miniupnpd.log", "w")  # noqa: SIM115 - owned by the daemon for its lifetime
     # its own session: the lab's router outlives the `provision lab up` that started it (and its terminal)
-    proc = router.popen(["miniupnpd", "-f", str(conf), "-d", "-P", str(state_dir / "miniupnpd.pid")],
-                        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = router.popen(
+        ["miniupnpd", "-f", str(conf), "-d", "-P", str(state_dir / "miniupnpd.pid")],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     gw = UpnpRouter(router, wan, lan_ip, "192.0.2.1", "192.0.2.2", reported_ip, http_port, state_dir, proc)
     _wait_for_tcp(router, lan_ip, http_port, proc, state_dir / "miniupnpd.log")
     return gw
 
 
-def _wait_for_tcp(ns: Netns, host: str, port: int, proc: subprocess.Popen[Any], log: Path,
-                  timeout: float = 10) -> None:
+def _wait_for_tcp(
+    ns: Netns, host: str, port: int, proc: subprocess.Popen[Any], log: Path, timeout: float = 10
+) -> None:
     def connect() -> bool:
         import socket
 

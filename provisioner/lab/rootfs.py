@@ -101,8 +101,9 @@ def _deb822(stanza: str) -> dict[str, str]:
 
 def _dpkg_arch() -> str:
     try:
-        return subprocess.run(["dpkg", "--print-architecture"], capture_output=True, text=True,
-                              check=True).stdout.strip()
+        return subprocess.run(
+            ["dpkg", "--print-architecture"], capture_output=True, text=True, check=True
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
 
@@ -131,8 +132,9 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def ensure_base(spec: RootfsSpec | None = None, *, cache: Path | None = None,
-                log: Path | None = None) -> Path:
+def ensure_base(
+    spec: RootfsSpec | None = None, *, cache: Path | None = None, log: Path | None = None
+) -> Path:
     """The cached base root for `spec`, built with debootstrap when missing. Returns its path."""
     spec = spec or RootfsSpec()
     if shutil.which("debootstrap") is None:
@@ -162,15 +164,18 @@ def ensure_base(spec: RootfsSpec | None = None, *, cache: Path | None = None,
         if proc.returncode != 0:
             shutil.rmtree(partial, ignore_errors=True)
             tail = log_path.read_text(errors="replace").strip().splitlines()[-3:]
-            raise Unavailable(f"debootstrap of {spec.suite} from {spec.mirror} failed "
-                              f"({' / '.join(tail)}); see {log_path} and check the mirror is reachable.")
+            raise Unavailable(
+                f"debootstrap of {spec.suite} from {spec.mirror} failed "
+                f"({' / '.join(tail)}); see {log_path} and check the mirror is reachable."
+            )
         # downloaded .debs and package lists are a quarter of a minbase root and a node needs neither
         # (`apt-get update` restores the lists)
         for sub in ("var/cache/apt/archives", "var/lib/apt/lists"):
             shutil.rmtree(partial / "root" / sub, ignore_errors=True)
             (partial / "root" / sub / "partial").mkdir(parents=True, exist_ok=True)
-        (partial / "spec.json").write_text(json.dumps(asdict(spec) | {"key": key,
-                                           "build_seconds": round(time.monotonic() - started, 1)}))
+        (partial / "spec.json").write_text(
+            json.dumps(asdict(spec) | {"key": key, "build_seconds": round(time.monotonic() - started, 1)})
+        )
         (partial / COMPLETE_MARKER).touch()
         partial.rename(base)
     return root
@@ -188,8 +193,9 @@ def clone(base: Path, dest: Path) -> Path:
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             shutil.rmtree(tmp, ignore_errors=True)
-            raise RigbaseError(f"copying the lab root to {dest} failed ({proc.stderr.strip()}); "
-                               "free disk space and retry.")
+            raise RigbaseError(
+                f"copying the lab root to {dest} failed ({proc.stderr.strip()}); free disk space and retry."
+            )
     shutil.copystat(base, tmp)
     (tmp / CLONE_MARKER).write_text(str(base) + "\n")
     tmp.rename(dest)
@@ -203,8 +209,10 @@ def _clone_commands(base: Path, tmp: Path) -> list[list[str]]:
     if os.stat(base).st_dev != os.stat(tmp.parent).st_dev:  # hardlinks can't cross filesystems
         return [["cp", "-a", str(base), str(tmp)]]
     tmp.mkdir()
-    return [["cp", "-al" if entry.name == "usr" else "-a", str(entry), str(tmp / entry.name)]
-            for entry in sorted(base.iterdir())]
+    return [
+        ["cp", "-al" if entry.name == "usr" else "-a", str(entry), str(tmp / entry.name)]
+        for entry in sorted(base.iterdir())
+    ]
 
 
 def _can_reflink(base: Path, dest_dir: Path) -> bool:
@@ -226,8 +234,9 @@ def node_root(node_name: str, *, home: Path | None = None) -> Path:
     return (home or default_home()) / "lab" / "roots" / node_name
 
 
-def root_for_node(node_name: str, spec: RootfsSpec | None = None, *, home: Path | None = None,
-                  cache: Path | None = None) -> Path:
+def root_for_node(
+    node_name: str, spec: RootfsSpec | None = None, *, home: Path | None = None, cache: Path | None = None
+) -> Path:
     """The node's root, cloned from the cached base the first time. Idempotent."""
     dest = node_root(node_name, home=home)
     if (dest / CLONE_MARKER).exists():

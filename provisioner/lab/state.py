@@ -118,7 +118,13 @@ class LabState:
         except ValueError:
             return None  # a torn write: `lab down` still cleans by name
         proc = lambda d: Proc(**d) if d else None  # noqa: E731
-        nodes = {name: LabNodeRecord(**(n | {"minion": proc(n.get("minion"))}))
-                 for name, n in data.pop("nodes", {}).items()}
-        return cls(**(data | {"serve": proc(data.get("serve")), "miniupnpd": proc(data.get("miniupnpd")),
-                              "nodes": nodes}))
+        nodes = {
+            name: LabNodeRecord(**(n | {"minion": proc(n.get("minion"))}))
+            for name, n in data.pop("nodes", {}).items()
+        }
+        return cls(
+            **(
+                data
+                | {"serve": proc(data.get("serve")), "miniupnpd": proc(data.get("miniupnpd")), "nodes": nodes}
+            )
+        )

@@ -47,8 +47,10 @@ def _run(cmd: list[str], *, tmp: Path, what: str) -> None:
         log = next((Path(a) for a in cmd if a.endswith(".log")), None)
         text = log.read_text() if log and log.exists() else (proc.stderr or proc.stdout)
         tail = text.strip().splitlines()[-2:]
-        raise Unavailable(f"{what} failed ({' / '.join(tail) or f'exit {proc.returncode}'}); "
-                          "check the swtpm-tools installation")
+        raise Unavailable(
+            f"{what} failed ({' / '.join(tail) or f'exit {proc.returncode}'}); "
+            "check the swtpm-tools installation"
+        )
 
 
 @dataclass(frozen=True)
@@ -98,12 +100,36 @@ def create_vendor_ca(directory: Path) -> VendorCA:
     scratch = d / "bootstrap"
     scratch.mkdir(exist_ok=True)
     _run(
-        ["swtpm_localca", "--type", "ek", "--ek", f"{modulus:x}", "--dir", str(scratch),
-         "--vmid", "bootstrap",
-         "--tpm2", "--tpm-spec-family", "2.0", "--tpm-spec-revision", "164", "--tpm-spec-level", "0",
-         "--tpm-manufacturer", "id:00001014", "--tpm-model", "swtpm", "--tpm-version", "id:20191023",
-         "--configfile", str(ca.config), "--optsfile", str(ca.options)],
-        tmp=d / "tmp", what="swtpm_localca (creating the vendor CA)",
+        [
+            "swtpm_localca",
+            "--type",
+            "ek",
+            "--ek",
+            f"{modulus:x}",
+            "--dir",
+            str(scratch),
+            "--vmid",
+            "bootstrap",
+            "--tpm2",
+            "--tpm-spec-family",
+            "2.0",
+            "--tpm-spec-revision",
+            "164",
+            "--tpm-spec-level",
+            "0",
+            "--tpm-manufacturer",
+            "id:00001014",
+            "--tpm-model",
+            "swtpm",
+            "--tpm-version",
+            "id:20191023",
+            "--configfile",
+            str(ca.config),
+            "--optsfile",
+            str(ca.options),
+        ],
+        tmp=d / "tmp",
+        what="swtpm_localca (creating the vendor CA)",
     )
     shutil.rmtree(scratch, ignore_errors=True)
     shutil.rmtree(d / "tmp", ignore_errors=True)
@@ -157,17 +183,34 @@ class Swtpm:
         for stale in (self.socket, self.ctrl_socket, self.pid_file):
             stale.unlink(missing_ok=True)
         subprocess.run(
-            ["swtpm", "socket", "--tpm2", "--tpmstate", f"dir={self.state_dir}",
-             "--server", f"type=unixio,path={self.socket}", "--ctrl", f"type=unixio,path={self.ctrl_socket}",
-             "--flags", "not-need-init,startup-clear", "--pid", f"file={self.pid_file}",
-             "--log", f"file={self.directory / 'swtpm.log'},level=1", "--daemon"],
-            check=True, capture_output=True,
+            [
+                "swtpm",
+                "socket",
+                "--tpm2",
+                "--tpmstate",
+                f"dir={self.state_dir}",
+                "--server",
+                f"type=unixio,path={self.socket}",
+                "--ctrl",
+                f"type=unixio,path={self.ctrl_socket}",
+                "--flags",
+                "not-need-init,startup-clear",
+                "--pid",
+                f"file={self.pid_file}",
+                "--log",
+                f"file={self.directory / 'swtpm.log'},level=1",
+                "--daemon",
+            ],
+            check=True,
+            capture_output=True,
         )
         deadline = time.monotonic() + _START_TIMEOUT_S
         while not (self.socket.exists() and self.pid() is not None):
             if time.monotonic() > deadline:
-                raise Unavailable(f"swtpm did not come up within {_START_TIMEOUT_S:.0f} s; "
-                                  f"see {self.directory / 'swtpm.log'}")
+                raise Unavailable(
+                    f"swtpm did not come up within {_START_TIMEOUT_S:.0f} s; "
+                    f"see {self.directory / 'swtpm.log'}"
+                )
             time.sleep(0.005)
         return self.tcti
 
@@ -209,11 +252,25 @@ def provision_swtpm(directory: Path, ca: VendorCA, *, overwrite: bool = False) -
         "active_pcr_banks = sha256\n"
     )
     _run(
-        ["swtpm_setup", "--tpm2", "--tpm-state", f"dir://{tpm.state_dir}", "--config", str(setup_conf),
-         "--create-ek-cert", "--create-platform-cert", "--pcr-banks", "sha256",
-         "--write-ek-cert-files", str(tpm.directory / "ekcerts"), "--overwrite",
-         "--logfile", str(tpm.directory / "swtpm_setup.log")],
-        tmp=tpm.directory / "tmp", what="swtpm_setup",
+        [
+            "swtpm_setup",
+            "--tpm2",
+            "--tpm-state",
+            f"dir://{tpm.state_dir}",
+            "--config",
+            str(setup_conf),
+            "--create-ek-cert",
+            "--create-platform-cert",
+            "--pcr-banks",
+            "sha256",
+            "--write-ek-cert-files",
+            str(tpm.directory / "ekcerts"),
+            "--overwrite",
+            "--logfile",
+            str(tpm.directory / "swtpm_setup.log"),
+        ],
+        tmp=tpm.directory / "tmp",
+        what="swtpm_setup",
     )
     shutil.rmtree(tpm.directory / "tmp", ignore_errors=True)
     return tpm

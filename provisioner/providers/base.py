@@ -67,7 +67,7 @@ class ProvisionFailed(Unavailable):
     refused, say); the message names the reasons."""
 
 
-class NodeEventKind(str, enum.Enum):
+class NodeEventKind(enum.StrEnum):
     OFFLINE = "offline"  # the node's machine stopped running: its region goes offline
     STARTED = "started"  # it runs again; the node comes back when its minion heartbeats
     DELETED = "deleted"  # it is gone
@@ -132,7 +132,9 @@ class ProviderDriver(ABC):
         """Delete what bootstrap made, and only that; returns what it deleted."""
         return []
 
-    def create_region_node(self, config: ProviderConfig, spec: RegionNodeSpec, on_progress: Progress) -> RegionNode:
+    def create_region_node(
+        self, config: ProviderConfig, spec: RegionNodeSpec, on_progress: Progress
+    ) -> RegionNode:
         """Make (or adopt) the region's node; raise ProvisionFailed when it cannot be made."""
         raise NotImplementedError(f"{self.kind} regions own no node outside the store")
 
@@ -144,7 +146,9 @@ class ProviderDriver(ABC):
         """Delete the region's node and its disks; False when there was none."""
         raise NotImplementedError(f"{self.kind} regions own no node outside the store")
 
-    def watch_events(self, config: ProviderConfig, on_event: Callable[[NodeEvent], None]) -> EventWatch | None:
+    def watch_events(
+        self, config: ProviderConfig, on_event: Callable[[NodeEvent], None]
+    ) -> EventWatch | None:
         """A subscription to the provider's node events (not started), or None when it has none."""
         return None
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from contracts.errors import Conflict, RigbaseError
 from provisioner.adapters.ansible import (
     ChrootTarget,
     FinalizeEvent,
@@ -30,7 +31,6 @@ from provisioner.adapters.ansible import (
     TaskStatus,
 )
 from provisioner.domain.states import NodeState
-from contracts.errors import Conflict, RigbaseError
 from provisioner.reconcilers.loop import register
 from provisioner.services import audit, node_address
 from provisioner.services import nodes as node_service
@@ -60,10 +60,15 @@ DEFAULT_NFS_CLIENTS = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16")
 
 def request_for(node: Node, control_plane_url: str) -> FinalizeRequest:
     inventory = node.inventory or {}
-    return FinalizeRequest(node_name=node.name, hostname=node.hostname or node.name, service=node.service,
-                           region=node.region.name, control_plane_url=control_plane_url,
-                           nvme_drives=inventory.get("drives") or [],
-                           nfs_clients=(node.region.settings or {}).get("nfs_clients") or DEFAULT_NFS_CLIENTS)
+    return FinalizeRequest(
+        node_name=node.name,
+        hostname=node.hostname or node.name,
+        service=node.service,
+        region=node.region.name,
+        control_plane_url=control_plane_url,
+        nvme_drives=inventory.get("drives") or [],
+        nfs_clients=(node.region.settings or {}).get("nfs_clients") or DEFAULT_NFS_CLIENTS,
+    )
 
 
 def _finish(sessions: sessionmaker[Session], node_id: str, to: NodeState, reason: str) -> None:
@@ -83,16 +88,26 @@ def finalize_node(sessions: sessionmaker[Session], node_id: str, runtime: Runtim
         try:
             request, target = request_for(node, runtime.node_url()), target_for(node, runtime.ssh_key)
         except RigbaseError as exc:
-            node_service.transition(session, node, NodeState.ERRORED, actor=ACTOR, reason=f"finalize: {exc.message}")
+            node_service.transition(
+                session, node, NodeState.ERRORED, actor=ACTOR, reason=f"finalize: {exc.message}"
+            )
             return
 
     def on_event(event: FinalizeEvent) -> None:
         if event.status not in RECORDED:
             return
         with session_scope(sessions) as s:
-            audit.record(s, kind=node_service.KIND, resource_id=node_id, name=name, actor=ACTOR,
-                         from_state=NodeState.PROVISIONING.value, to_state=NodeState.PROVISIONING.value,
-                         reason=f"task {event.task!r}: {event.status.value}" + (f": {event.message}" if event.message else ""))
+            audit.record(
+                s,
+                kind=node_service.KIND,
+                resource_id=node_id,
+                name=name,
+                actor=ACTOR,
+                from_state=NodeState.PROVISIONING.value,
+                to_state=NodeState.PROVISIONING.value,
+                reason=f"task {event.task!r}: {event.status.value}"
+                + (f": {event.message}" if event.message else ""),
+            )
 
     try:
         result = runtime.finalizer.finalize(request, target, on_event)
@@ -102,17 +117,29 @@ def finalize_node(sessions: sessionmaker[Session], node_id: str, runtime: Runtim
         _finish(sessions, node_id, NodeState.ERRORED, f"finalize: {exc.message}")
         return
     if result.ok:
-        _finish(sessions, node_id, NodeState.MAINTENANCE,
-                f"finalized in {result.seconds:.1f} s ({result.changed} task(s) changed)")
+        _finish(
+            sessions,
+            node_id,
+            NodeState.MAINTENANCE,
+            f"finalized in {result.seconds:.1f} s ({result.changed} task(s) changed)",
+        )
     else:
-        _finish(sessions, node_id, NodeState.ERRORED,
-                f"finalize failed at task {result.failed_task!r}: {result.message or result.status}")
+        _finish(
+            sessions,
+            node_id,
+            NodeState.ERRORED,
+            f"finalize failed at task {result.failed_task!r}: {result.message or result.status}",
+        )
 
 
 @register(Wake.FINALIZE, period_s=10.0)
 def reconcile(sessions: sessionmaker[Session]) -> None:
     with session_scope(sessions) as session:
-        ids = list(session.scalars(select(Node.id).where(Node.state == NodeState.PROVISIONING).order_by(Node.updated_at)))
+        ids = list(
+            session.scalars(
+                select(Node.id).where(Node.state == NodeState.PROVISIONING).order_by(Node.updated_at)
+            )
+        )
     runtime = runtime_of(sessions)
     for node_id in ids:
         try:

@@ -20,6 +20,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from contracts.errors import RigbaseError
+from contracts.identity import minion_id_from_spki
 from provisioner.domain.states import (
     NODE_TRANSITIONS,
     ONLINE_WINDOW,
@@ -32,8 +34,6 @@ from provisioner.domain.states import (
     VmStatus,
     is_online,
 )
-from contracts.errors import RigbaseError
-from contracts.identity import minion_id_from_spki
 from provisioner.providers.base import (
     EventWatch,
     Progress,
@@ -225,7 +225,11 @@ def _create_vm(
     sessions: sessionmaker[Session], region_id: str, config: ProviderConfig, spec: RegionNodeSpec
 ) -> None:
     try:
-        made = runtime_of(sessions).provider(KIND).create_region_node(config, spec, _save_progress(sessions, region_id))
+        made = (
+            runtime_of(sessions)
+            .provider(KIND)
+            .create_region_node(config, spec, _save_progress(sessions, region_id))
+        )
     except ProvisionFailed as exc:
         _fail(sessions, region_id, exc.message)
         return
@@ -360,7 +364,11 @@ class EventWatchSupervisor:
             self.stop()
         if wanted is not None and self._watch is None:
             provider_id, config = wanted
-            watch = runtime_of(sessions).provider(KIND).watch_events(config, lambda ev: gcp_events.apply_event(sessions, ev))
+            watch = (
+                runtime_of(sessions)
+                .provider(KIND)
+                .watch_events(config, lambda ev: gcp_events.apply_event(sessions, ev))
+            )
             if watch is None:
                 return
             watch.start()

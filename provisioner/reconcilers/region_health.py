@@ -5,7 +5,7 @@ nonces."""
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
@@ -23,21 +23,37 @@ ACTOR = "reconciler:region-health"
 
 
 def refresh(session: Session, now: datetime | None = None) -> None:
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     cutoff = now - ONLINE_WINDOW
-    regions = list(session.scalars(select(Region).where(
-        Region.state.in_([RegionState.NEW, RegionState.HEALTHY, RegionState.OFFLINE]))))
+    regions = list(
+        session.scalars(
+            select(Region).where(
+                Region.state.in_([RegionState.NEW, RegionState.HEALTHY, RegionState.OFFLINE])
+            )
+        )
+    )
     for region in regions:
         if provider_for(region.provider.kind).owns_region_health:
             continue  # e.g. GCP: reconcilers/gcp.py's health step (storage node + VM events) decides
-        online = session.scalar(select(func.count()).select_from(Node).where(
-            Node.region_id == region.id, Node.state != NodeState.REMOVED, Node.last_heartbeat_at >= cutoff))
+        online = session.scalar(
+            select(func.count())
+            .select_from(Node)
+            .where(
+                Node.region_id == region.id, Node.state != NodeState.REMOVED, Node.last_heartbeat_at >= cutoff
+            )
+        )
         if online and region.state != RegionState.HEALTHY:
-            region_service.transition(session, region, RegionState.HEALTHY, actor=ACTOR,
-                                      reason=f"{online} node(s) reporting")
+            region_service.transition(
+                session, region, RegionState.HEALTHY, actor=ACTOR, reason=f"{online} node(s) reporting"
+            )
         elif not online and region.state == RegionState.HEALTHY:
-            region_service.transition(session, region, RegionState.OFFLINE, actor=ACTOR,
-                                      reason=f"no node reported in the last {ONLINE_WINDOW.total_seconds():.0f} s")
+            region_service.transition(
+                session,
+                region,
+                RegionState.OFFLINE,
+                actor=ACTOR,
+                reason=f"no node reported in the last {ONLINE_WINDOW.total_seconds():.0f} s",
+            )
     join_service.purge_stale(session)
 
 

@@ -9,18 +9,34 @@ from provisioner.store.models import AuditEvent
 
 
 def record(
-    session: Session, *, kind: str, resource_id: str, name: str, actor: str,
-    from_state: str | None, to_state: str, reason: str | None = None,
+    session: Session,
+    *,
+    kind: str,
+    resource_id: str,
+    name: str,
+    actor: str,
+    from_state: str | None,
+    to_state: str,
+    reason: str | None = None,
 ) -> AuditEvent:
-    event = AuditEvent(resource_kind=kind, resource_id=resource_id, resource_name=name, actor=actor,
-                       from_state=from_state, to_state=to_state, reason=reason)
+    event = AuditEvent(
+        resource_kind=kind,
+        resource_id=resource_id,
+        resource_name=name,
+        actor=actor,
+        from_state=from_state,
+        to_state=to_state,
+        reason=reason,
+    )
     session.add(event)
     return event
 
 
 def history(session: Session, kind: str, resource_ids: list[str]) -> list[AuditEvent]:
     """Events of one or more resources (a node and the nodes it replaced), oldest first."""
-    stmt = (select(AuditEvent)
-            .where(AuditEvent.resource_kind == kind, AuditEvent.resource_id.in_(resource_ids))
-            .order_by(AuditEvent.id))
+    stmt = (
+        select(AuditEvent)
+        .where(AuditEvent.resource_kind == kind, AuditEvent.resource_id.in_(resource_ids))
+        .order_by(AuditEvent.id)
+    )
     return list(session.scalars(stmt))

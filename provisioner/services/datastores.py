@@ -9,9 +9,9 @@ import ipaddress
 
 from sqlalchemy.orm import Session
 
+from contracts.errors import Conflict, InvalidInput
 from contracts.regional import DatastoreType, check_datastore, normalize_root
 from provisioner.domain.states import DATASTORE_TRANSITIONS, DatastoreState
-from contracts.errors import Conflict, InvalidInput
 from provisioner.services import lifecycle, names, regional_lookup
 from provisioner.services import regions as region_service
 from provisioner.services.runtime import runtime_of
@@ -21,8 +21,12 @@ from provisioner.store.regional_models import Datastore
 KIND = "datastore"
 
 
-def transition(session: Session, ds: Datastore, to: DatastoreState, *, actor: str, reason: str | None = None) -> None:
-    lifecycle.apply(session, ds, to, kind=KIND, name=ds.name, table=DATASTORE_TRANSITIONS, actor=actor, reason=reason)
+def transition(
+    session: Session, ds: Datastore, to: DatastoreState, *, actor: str, reason: str | None = None
+) -> None:
+    lifecycle.apply(
+        session, ds, to, kind=KIND, name=ds.name, table=DATASTORE_TRANSITIONS, actor=actor, reason=reason
+    )
 
 
 def _check_address(address: str) -> str:
@@ -32,26 +36,52 @@ def _check_address(address: str) -> str:
         return names.hostname(address)
 
 
-def add(session: Session, name: str, *, region: str, type: str, address: str, root: str,
-        username: str | None = None, password: str | None = None, actor: str) -> Datastore:
+def add(
+    session: Session,
+    name: str,
+    *,
+    region: str,
+    type: str,
+    address: str,
+    root: str,
+    username: str | None = None,
+    password: str | None = None,
+    actor: str,
+) -> Datastore:
     names.dns_label("datastore", name)
     try:
         kind = DatastoreType(type)
     except ValueError:
-        raise InvalidInput(f"datastore type '{type}' is not known: use nfs or smb", code="invalid_type") from None
+        raise InvalidInput(
+            f"datastore type '{type}' is not known: use nfs or smb", code="invalid_type"
+        ) from None
     _check_address(address)
     # the node's rules, verbatim: root absolute without '..', SMB needs credentials, NFS refuses them
     check_datastore(name, kind, root, username or None, password)
     reg = region_service.get(session, region)
     if regional_lookup.holder(session, Datastore, reg.id, name=name) is not None:
-        raise Conflict(f"datastore '{name}' already exists in region '{reg.name}': choose another name",
-                       code="duplicate_name")
-    ds = Datastore(id=new_id("ds"), name=name, region=reg, type=kind.value, address=address,
-                   root=str(normalize_root(root)), username=username or None,
-                   sealed_password=runtime_of(session).sealer.seal(password.encode()) if password is not None else None)
+        raise Conflict(
+            f"datastore '{name}' already exists in region '{reg.name}': choose another name",
+            code="duplicate_name",
+        )
+    ds = Datastore(
+        id=new_id("ds"),
+        name=name,
+        region=reg,
+        type=kind.value,
+        address=address,
+        root=str(normalize_root(root)),
+        username=username or None,
+        sealed_password=runtime_of(session).sealer.seal(password.encode()) if password is not None else None,
+    )
     session.add(ds)
-    transition(session, ds, DatastoreState.ACTIVE, actor=actor,
-               reason=f"added by operator: {kind.value} {address}:{ds.root}")
+    transition(
+        session,
+        ds,
+        DatastoreState.ACTIVE,
+        actor=actor,
+        reason=f"added by operator: {kind.value} {address}:{ds.root}",
+    )
     return ds
 
 
@@ -64,7 +94,9 @@ def get(session: Session, ref: str, region: str | None = None) -> Datastore:
     return regional_lookup.get_live(session, Datastore, KIND, ref, region)
 
 
-def remove_row(session: Session, ds: Datastore, *, actor: str, reason: str = "removed by operator") -> Datastore:
+def remove_row(
+    session: Session, ds: Datastore, *, actor: str, reason: str = "removed by operator"
+) -> Datastore:
     transition(session, ds, DatastoreState.REMOVED, actor=actor, reason=reason)
     return ds
 

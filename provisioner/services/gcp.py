@@ -13,9 +13,9 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from contracts.errors import Conflict, RuleViolation
 from contracts.regional import StorageMode
 from provisioner.domain.states import VM_TRANSITIONS, NodeState, ProviderState, Service, VmStatus
-from contracts.errors import Conflict, RuleViolation
 from provisioner.providers.gcp import GcpContext, GcpProvider, naming, permissions, quota
 from provisioner.services import join_tokens, lifecycle, names
 from provisioner.services import nodes as node_service

@@ -6,14 +6,14 @@ made by the AK recorded at join — moves the node to errored with the refusal's
 from __future__ import annotations
 
 import base64
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy.orm import Session
 
+from contracts.messages import HeartbeatRequest, HeartbeatResponse
 from provisioner.attestation.continuous import issue_quote_nonce, quote_due, verify_fresh_quote
 from provisioner.attestation.refusals import Refusal
-from contracts.messages import HeartbeatRequest, HeartbeatResponse
 from provisioner.attestation.wire import quote_evidence
 from provisioner.domain.states import NODE_STOPPED, JoinOutcome, NodeState, RegionState
 from provisioner.services import audit, desired_state, node_address, node_credentials, nonce_store
@@ -29,26 +29,43 @@ def _maintenance(session: Session, node: Any) -> bool:
     return node.state != NodeState.ACTIVE
 
 
-def beat(session: Session, node_id: str, credential: str | None, body: HeartbeatRequest, *,
-         observed_address: str | None = None, timing: HeartbeatTiming = HeartbeatTiming()) -> dict[str, Any]:
+def beat(
+    session: Session,
+    node_id: str,
+    credential: str | None,
+    body: HeartbeatRequest,
+    *,
+    observed_address: str | None = None,
+    timing: HeartbeatTiming = HeartbeatTiming(),
+) -> dict[str, Any]:
     """`observed_address`: where this beat came from (the finalize playbook's SSH host without a hostname)."""
     node, att = node_credentials.node_for_credential(session, node_id, credential)
-    now = datetime.now(timezone.utc)
-    node_service.record_report(session, node, at=now, inventory=body.inventory, requirements=body.requirements)
+    now = datetime.now(UTC)
+    node_service.record_report(
+        session, node, at=now, inventory=body.inventory, requirements=body.requirements
+    )
     node_address.record(node, observed_address)
     att.heartbeats += 1
     issuer = nonce_store.issuer(session)
     actor = f"minion:{node.minion_id}"
     if body.quote is not None and att.quote_nonce:
         policy = join_service.pcr_policy_for(session, node.region, att.pcr_record)
-        result = verify_fresh_quote(issuer, node.id, att.ak_public, bytes.fromhex(att.quote_nonce),
-                                    quote_evidence(body.quote), policy)
+        result = verify_fresh_quote(
+            issuer, node.id, att.ak_public, bytes.fromhex(att.quote_nonce), quote_evidence(body.quote), policy
+        )
         att.quote_nonce = None
         if isinstance(result, Refusal):
             reason = f"continuous attestation: {result.message}"
-            audit.record(session, kind="join", resource_id=node.minion_id, name=node.name, actor=actor,
-                         from_state=None, to_state=JoinOutcome.REFUSED.value,
-                         reason=f"{result.code.value}: {result.message}")
+            audit.record(
+                session,
+                kind="join",
+                resource_id=node.minion_id,
+                name=node.name,
+                actor=actor,
+                from_state=None,
+                to_state=JoinOutcome.REFUSED.value,
+                reason=f"{result.code.value}: {result.message}",
+            )
             if node.state not in NODE_STOPPED:
                 node_service.transition(session, node, NodeState.ERRORED, actor=actor, reason=reason)
         else:
@@ -63,6 +80,11 @@ def beat(session: Session, node_id: str, credential: str | None, body: Heartbeat
         wake_after_commit(session, Wake.REGION_HEALTH)
     desired_state.record_actual(session, node, body.actual)
     session.flush()
-    return HeartbeatResponse(node_id=node.id, state=node.state, reason=node.reason,
-                             desired=desired_state.desired_for(session, node), quote_nonce=quote_nonce,
-                             heartbeat_interval_s=timing.interval_s).model_dump(mode="json")
+    return HeartbeatResponse(
+        node_id=node.id,
+        state=node.state,
+        reason=node.reason,
+        desired=desired_state.desired_for(session, node),
+        quote_nonce=quote_nonce,
+        heartbeat_interval_s=timing.interval_s,
+    ).model_dump(mode="json")

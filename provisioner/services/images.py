@@ -17,15 +17,16 @@ import base64
 import hashlib
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from contracts.errors import Conflict, InvalidInput, NotFound, RuleViolation
 from provisioner.attestation.pcr_policy import ManifestPolicy, PcrPolicy, PcrPolicyMode, PcrVerdict
 from provisioner.domain.states import IMAGE_TRANSITIONS, TRUST_TRANSITIONS, ImageState, TrustState
-from contracts.errors import Conflict, InvalidInput, NotFound, RuleViolation
 from provisioner.services import lifecycle
 from provisioner.services import regions as region_service
 from provisioner.store.image_models import ImageKey, RegisteredManifest
@@ -49,8 +50,10 @@ def trust_key(session: Session, public_key: bytes, *, name: str | None, actor: s
         fingerprint = public_key_fingerprint(public_key)
     except (ManifestError, ValueError, TypeError) as exc:
         message = str(exc) if isinstance(exc, ManifestError) else "the file holds no Ed25519 public key"
-        raise InvalidInput(f"{message.rstrip('.')}: pass the builder.pub (or signing-key.pub) that "
-                           "`image-builder keygen` wrote") from None
+        raise InvalidInput(
+            f"{message.rstrip('.')}: pass the builder.pub (or signing-key.pub) that "
+            "`image-builder keygen` wrote"
+        ) from None
     row = session.scalar(select(ImageKey).where(ImageKey.fingerprint == fingerprint))
     if row is not None:
         return row
@@ -61,12 +64,25 @@ def trust_key(session: Session, public_key: bytes, *, name: str | None, actor: s
         stored = base64.b64encode(public_key).decode()
     else:
         stored = public_key.decode().strip()
-    row = ImageKey(name=(name or f"builder-{fingerprint[:12]}")[:128], fingerprint=fingerprint, public_key=stored,
-                   created_by=actor[:128])
+    row = ImageKey(
+        name=(name or f"builder-{fingerprint[:12]}")[:128],
+        fingerprint=fingerprint,
+        public_key=stored,
+        created_by=actor[:128],
+    )
     session.add(row)
     session.flush()
-    lifecycle.record(session, kind=KEY_KIND, resource_id=row.id, name=row.name, actor=actor,
-                     table=TRUST_TRANSITIONS, frm=None, to=TrustState.TRUSTED, reason=f"sha256 {fingerprint}")
+    lifecycle.record(
+        session,
+        kind=KEY_KIND,
+        resource_id=row.id,
+        name=row.name,
+        actor=actor,
+        table=TRUST_TRANSITIONS,
+        frm=None,
+        to=TrustState.TRUSTED,
+        reason=f"sha256 {fingerprint}",
+    )
     return row
 
 
@@ -76,29 +92,45 @@ def list_keys(session: Session) -> list[ImageKey]:
 
 def get_key(session: Session, ref: str) -> ImageKey:
     """By id, name, or a fingerprint prefix of at least 8 characters."""
-    rows = [k for k in list_keys(session)
-            if ref in (k.id, k.name) or (len(ref) >= 8 and k.fingerprint.startswith(ref.lower()))]
+    rows = [
+        k
+        for k in list_keys(session)
+        if ref in (k.id, k.name) or (len(ref) >= 8 and k.fingerprint.startswith(ref.lower()))
+    ]
     if len(rows) != 1:
-        raise NotFound(f"no single trusted image key matches '{ref}': see `provision image list-keys`",
-                       code="image_key_not_found")
+        raise NotFound(
+            f"no single trusted image key matches '{ref}': see `provision image list-keys`",
+            code="image_key_not_found",
+        )
     return rows[0]
 
 
-def untrust_key(session: Session, ref: str, *, force: bool = False,
-                actor: str) -> tuple[ImageKey, list[RegisteredManifest]]:
+def untrust_key(
+    session: Session, ref: str, *, force: bool = False, actor: str
+) -> tuple[ImageKey, list[RegisteredManifest]]:
     """Stop trusting a key. Its manifests would otherwise stay trusted without a trusted signer, so they
     are removed with it — only with `force`, because that changes what nodes of those regions must show."""
     key = get_key(session, ref)
     signed = list(session.scalars(select(RegisteredManifest).where(RegisteredManifest.key_id == key.id)))
     if signed and not force:
-        raise RuleViolation(f"key '{key.name}' signed {len(signed)} registered manifest(s): remove them with "
-                            f"`provision image remove ID` or pass --force to remove them with the key",
-                            code="image_key_in_use")
+        raise RuleViolation(
+            f"key '{key.name}' signed {len(signed)} registered manifest(s): remove them with "
+            f"`provision image remove ID` or pass --force to remove them with the key",
+            code="image_key_in_use",
+        )
     for manifest in signed:
         _delete_manifest(session, manifest, actor=actor, reason=f"its signing key '{key.name}' was untrusted")
-    lifecycle.record(session, kind=KEY_KIND, resource_id=key.id, name=key.name, actor=actor,
-                     table=TRUST_TRANSITIONS, frm=TrustState.TRUSTED, to=TrustState.REMOVED,
-                     reason="untrusted by operator")
+    lifecycle.record(
+        session,
+        kind=KEY_KIND,
+        resource_id=key.id,
+        name=key.name,
+        actor=actor,
+        table=TRUST_TRANSITIONS,
+        frm=TrustState.TRUSTED,
+        to=TrustState.REMOVED,
+        reason="untrusted by operator",
+    )
     session.delete(key)
     session.flush()
     return key, signed
@@ -125,8 +157,11 @@ def _hex(doc: dict[str, Any], *path: str) -> str:
     for part in path:
         value = value.get(part) if isinstance(value, dict) else None
     if not isinstance(value, str) or not _HEX64.match(value):
-        raise InvalidInput(f"the manifest has no valid {'.'.join(path)} (64 lowercase hex characters): rebuild "
-                           "the image with the current image-builder", code="manifest_incomplete")
+        raise InvalidInput(
+            f"the manifest has no valid {'.'.join(path)} (64 lowercase hex characters): rebuild "
+            "the image with the current image-builder",
+            code="manifest_incomplete",
+        )
     return value
 
 
@@ -135,12 +170,19 @@ def _expected(doc: dict[str, Any]) -> _Expected:
     pcr4 = (doc.get("pcr4") or {}).get("sha256") if isinstance(doc.get("pcr4"), dict) else None
     root = (doc.get("verity") or {}).get("root_hash") if isinstance(doc.get("verity"), dict) else None
     if not isinstance(root, str) or not re.fullmatch(r"[0-9a-f]{64,128}", root):
-        raise InvalidInput("the manifest has no verity.root_hash: rebuild the image with the current image-builder",
-                           code="manifest_incomplete")
-    return _Expected(pcr11=_hex({"pcr11": phases}, "pcr11", RUNNING_PHASE), pcr12=_hex(doc, "pcr12", "sha256"),
-                     pcr4=pcr4 if isinstance(pcr4, str) and _HEX64.match(pcr4) else None,
-                     image_sha256=_hex(doc, "image", "sha256"), uki_sha256=_hex(doc, "uki", "sha256"),
-                     verity_root_hash=root, packages=len(doc.get("packages") or []))
+        raise InvalidInput(
+            "the manifest has no verity.root_hash: rebuild the image with the current image-builder",
+            code="manifest_incomplete",
+        )
+    return _Expected(
+        pcr11=_hex({"pcr11": phases}, "pcr11", RUNNING_PHASE),
+        pcr12=_hex(doc, "pcr12", "sha256"),
+        pcr4=pcr4 if isinstance(pcr4, str) and _HEX64.match(pcr4) else None,
+        image_sha256=_hex(doc, "image", "sha256"),
+        uki_sha256=_hex(doc, "uki", "sha256"),
+        verity_root_hash=root,
+        packages=len(doc.get("packages") or []),
+    )
 
 
 def _verified(session: Session, manifest: bytes, signature: bytes) -> tuple[dict[str, Any], ImageKey]:
@@ -148,12 +190,16 @@ def _verified(session: Session, manifest: bytes, signature: bytes) -> tuple[dict
     from contracts.manifest import ManifestError, verify
 
     if not signature.strip():
-        raise RuleViolation("the manifest is unsigned (empty signature): pass the manifest.json.sig the builder "
-                           "wrote", code="manifest_unsigned")
+        raise RuleViolation(
+            "the manifest is unsigned (empty signature): pass the manifest.json.sig the builder wrote",
+            code="manifest_unsigned",
+        )
     keys = list_keys(session)
     if not keys:
-        raise RuleViolation("no image builder key is trusted yet: run `provision image trust-key builder.pub` "
-                            "first", code="image_key_untrusted")
+        raise RuleViolation(
+            "no image builder key is trusted yet: run `provision image trust-key builder.pub` first",
+            code="image_key_untrusted",
+        )
     named = _claimed_signer(manifest)
     last: ManifestError | None = None
     for key in sorted(keys, key=lambda k: k.fingerprint != named):  # the key the manifest names first
@@ -162,11 +208,17 @@ def _verified(session: Session, manifest: bytes, signature: bytes) -> tuple[dict
         except ManifestError as exc:
             last = exc
     if named and any(k.fingerprint == named for k in keys):
-        raise RuleViolation(f"{str(last).rstrip('.')}: rebuild the image or register the untouched "
-                            "manifest.json with its .sig", code="manifest_signature_invalid")
-    raise RuleViolation(f"the manifest is not signed by a trusted image builder key (it names "
-                        f"{(named or 'no key')[:16]}…): trust the builder's key with `provision image trust-key "
-                        f"builder.pub` if you trust that builder", code="image_key_untrusted")
+        raise RuleViolation(
+            f"{str(last).rstrip('.')}: rebuild the image or register the untouched "
+            "manifest.json with its .sig",
+            code="manifest_signature_invalid",
+        )
+    raise RuleViolation(
+        f"the manifest is not signed by a trusted image builder key (it names "
+        f"{(named or 'no key')[:16]}…): trust the builder's key with `provision image trust-key "
+        f"builder.pub` if you trust that builder",
+        code="image_key_untrusted",
+    )
 
 
 def _claimed_signer(manifest: bytes) -> str | None:
@@ -193,49 +245,86 @@ def _region_for(session: Session, doc: dict[str, Any], region_ref: str | None) -
     if region_ref is None:
         if in_manifest is None:
             where = f"region '{named.get('name')}'" if named.get("name") else "no region"
-            raise InvalidInput(f"the manifest names {where} this control plane knows: pass --region REGION",
-                               code="manifest_region_unknown")
+            raise InvalidInput(
+                f"the manifest names {where} this control plane knows: pass --region REGION",
+                code="manifest_region_unknown",
+            )
         return in_manifest
     given = region_service.get(session, region_ref)
     if in_manifest is not None and in_manifest.id != given.id:
-        raise InvalidInput(f"the image was built for region '{in_manifest.name}', not '{given.name}': its nodes "
-                           f"join with '{in_manifest.name}''s bundle; drop --region or rebuild the image",
-                           code="manifest_region_mismatch")
+        raise InvalidInput(
+            f"the image was built for region '{in_manifest.name}', not '{given.name}': its nodes "
+            f"join with '{in_manifest.name}''s bundle; drop --region or rebuild the image",
+            code="manifest_region_mismatch",
+        )
     return given
 
 
-def register(session: Session, manifest: bytes, signature: bytes, *, region: str | None = None,
-             pin_pcr4: bool = False, actor: str) -> RegisteredManifest:
+def register(
+    session: Session,
+    manifest: bytes,
+    signature: bytes,
+    *,
+    region: str | None = None,
+    pin_pcr4: bool = False,
+    actor: str,
+) -> RegisteredManifest:
     """Verify, check shape, bind to a region, store. Every check runs before the first write, so a
     refused manifest leaves nothing behind."""
     doc, key = _verified(session, manifest, signature)
     expected = _expected(doc)
     if pin_pcr4 and expected.pcr4 is None:
-        raise InvalidInput("--pin-pcr4 needs a manifest with pcr4.sha256: rebuild with the current image-builder "
-                           "or register without --pin-pcr4", code="manifest_incomplete")
+        raise InvalidInput(
+            "--pin-pcr4 needs a manifest with pcr4.sha256: rebuild with the current image-builder "
+            "or register without --pin-pcr4",
+            code="manifest_incomplete",
+        )
     target = _region_for(session, doc, region)
     sha = hashlib.sha256(manifest).hexdigest()
-    existing = session.scalar(select(RegisteredManifest).where(RegisteredManifest.region_id == target.id,
-                                                               RegisteredManifest.manifest_sha256 == sha))
+    existing = session.scalar(
+        select(RegisteredManifest).where(
+            RegisteredManifest.region_id == target.id, RegisteredManifest.manifest_sha256 == sha
+        )
+    )
     if existing is not None:
-        raise Conflict(f"this manifest is already registered for region '{target.name}' as {existing.id}: "
-                       "nothing to do", code="manifest_exists")
+        raise Conflict(
+            f"this manifest is already registered for region '{target.name}' as {existing.id}: nothing to do",
+            code="manifest_exists",
+        )
     try:
         text = manifest.decode("ascii")
     except UnicodeDecodeError:  # canonical JSON is ASCII; keep other bytes exact all the same
         text = "base64:" + base64.b64encode(manifest).decode()
-    row = RegisteredManifest(region_id=target.id, key_id=key.id, manifest_sha256=sha, manifest=text,
-                        signature=base64.b64encode(_raw_signature(signature)).decode(),
-                        image_sha256=expected.image_sha256, uki_sha256=expected.uki_sha256,
-                        verity_root_hash=expected.verity_root_hash, pcr11=expected.pcr11, pcr12=expected.pcr12,
-                        pcr4=expected.pcr4, pin_pcr4=pin_pcr4, packages=expected.packages, created_by=actor[:128])
+    row = RegisteredManifest(
+        region_id=target.id,
+        key_id=key.id,
+        manifest_sha256=sha,
+        manifest=text,
+        signature=base64.b64encode(_raw_signature(signature)).decode(),
+        image_sha256=expected.image_sha256,
+        uki_sha256=expected.uki_sha256,
+        verity_root_hash=expected.verity_root_hash,
+        pcr11=expected.pcr11,
+        pcr12=expected.pcr12,
+        pcr4=expected.pcr4,
+        pin_pcr4=pin_pcr4,
+        packages=expected.packages,
+        created_by=actor[:128],
+    )
     session.add(row)
     session.flush()
     pcrs = "PCR 4, 11, 12" if pin_pcr4 else "PCR 11, 12"
-    lifecycle.record(session, kind=KIND, resource_id=row.id, name=f"{target.name}:{sha[:12]}", actor=actor,
-                     table=IMAGE_TRANSITIONS, frm=None, to=ImageState.REGISTERED,
-                     reason=f"manifest sha256 {sha} signed by '{key.name}' ({key.fingerprint[:16]}); "
-                            f"joins check {pcrs}")
+    lifecycle.record(
+        session,
+        kind=KIND,
+        resource_id=row.id,
+        name=f"{target.name}:{sha[:12]}",
+        actor=actor,
+        table=IMAGE_TRANSITIONS,
+        frm=None,
+        to=ImageState.REGISTERED,
+        reason=f"manifest sha256 {sha} signed by '{key.name}' ({key.fingerprint[:16]}); joins check {pcrs}",
+    )
     return row
 
 
@@ -252,11 +341,15 @@ def list_manifests(session: Session, region: str | None = None) -> list[Register
 
 def get_manifest(session: Session, ref: str) -> RegisteredManifest:
     """By id or a manifest SHA-256 prefix of at least 8 characters (unique across regions)."""
-    rows = [m for m in list_manifests(session)
-            if m.id == ref or (len(ref) >= 8 and m.manifest_sha256.startswith(ref.lower()))]
+    rows = [
+        m
+        for m in list_manifests(session)
+        if m.id == ref or (len(ref) >= 8 and m.manifest_sha256.startswith(ref.lower()))
+    ]
     if len(rows) != 1:
-        raise NotFound(f"no single registered image matches '{ref}': see `provision image list`",
-                       code="image_not_found")
+        raise NotFound(
+            f"no single registered image matches '{ref}': see `provision image list`", code="image_not_found"
+        )
     return rows[0]
 
 
@@ -274,8 +367,17 @@ def remove(session: Session, ref: str, *, actor: str) -> RegisteredManifest:
 
 def _delete_manifest(session: Session, row: RegisteredManifest, *, actor: str, reason: str) -> None:
     name = f"{row.region.name}:{row.manifest_sha256[:12]}"
-    lifecycle.record(session, kind=KIND, resource_id=row.id, name=name, actor=actor, table=IMAGE_TRANSITIONS,
-                     frm=ImageState.REGISTERED, to=ImageState.REMOVED, reason=reason)
+    lifecycle.record(
+        session,
+        kind=KIND,
+        resource_id=row.id,
+        name=name,
+        actor=actor,
+        table=IMAGE_TRANSITIONS,
+        frm=ImageState.REGISTERED,
+        to=ImageState.REMOVED,
+        reason=reason,
+    )
     session.delete(row)
 
 
@@ -291,8 +393,11 @@ def expected_pcrs(row: RegisteredManifest) -> dict[int, bytes]:
 
 def manifest_pcr_sets(session: Session, region: Region) -> list[dict[int, bytes]]:
     """One expectation per registered manifest of the region, oldest first (distinct ones only)."""
-    rows = session.scalars(select(RegisteredManifest).where(RegisteredManifest.region_id == region.id)
-                           .order_by(RegisteredManifest.created_at, RegisteredManifest.id))
+    rows = session.scalars(
+        select(RegisteredManifest)
+        .where(RegisteredManifest.region_id == region.id)
+        .order_by(RegisteredManifest.created_at, RegisteredManifest.id)
+    )
     sets: list[dict[int, bytes]] = []
     for row in rows:
         expected = expected_pcrs(row)

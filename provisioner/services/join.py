@@ -10,24 +10,25 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
-from typing import Any, Mapping, NoReturn, TypeVar
+from datetime import UTC, datetime, timedelta
+from typing import Any, NoReturn, TypeVar
 
 from cryptography.hazmat.primitives import serialization
 from pydantic import BaseModel, ValidationError
 from sqlalchemy import delete
 from sqlalchemy.orm import Session
 
+from contracts.errors import Conflict, Unauthorized
+from contracts.messages import JoinChallenge, JoinRequest, JoinResult, ProofRequest
 from provisioner.attestation.keys import public_key, spki_der
 from provisioner.attestation.pcr_policy import PcrPolicy, RecordPolicy
 from provisioner.attestation.refusals import Refusal, RefusalCode, refuse
 from provisioner.attestation.tpm_structures import MalformedStructure, parse_public
 from provisioner.attestation.verifier import Attested, JoinVerifier, RegionTrust
-from contracts.messages import JoinChallenge, JoinRequest, JoinResult, ProofRequest
 from provisioner.attestation.wire import PendingJoin
 from provisioner.domain.states import NODE_STOPPED, JoinOutcome, NodeState
-from contracts.errors import Conflict, Unauthorized
 from provisioner.services import (
     audit,
     images,
@@ -55,13 +56,18 @@ ALLOW_EK_WITHOUT_CERT = "allow_ek_without_certificate"
 # node's (public) EK but not its TPM and so cannot activate the credential — never error the node:
 # they are audited and the minion starts over. Every other proof refusal comes from the node's own TPM
 # (a bad quote, changed PCRs) and moves it to errored.
-TRANSIENT = {RefusalCode.nonce_unknown, RefusalCode.nonce_replayed, RefusalCode.nonce_expired,
-             RefusalCode.nonce_mismatch, RefusalCode.wrong_secret}
+TRANSIENT = {
+    RefusalCode.nonce_unknown,
+    RefusalCode.nonce_replayed,
+    RefusalCode.nonce_expired,
+    RefusalCode.nonce_mismatch,
+    RefusalCode.wrong_secret,
+}
 JOIN_ATTEMPT_TTL = timedelta(minutes=10)
 
 
 def _now() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def _sha(data: bytes | str) -> str:
@@ -91,22 +97,40 @@ class _Context:
     node: Node | None = None
 
 
-def _refused(session: Session, refusal: Refusal, ctx: _Context, *, step: str, error_node: bool = False) -> NoReturn:
+def _refused(
+    session: Session, refusal: Refusal, ctx: _Context, *, step: str, error_node: bool = False
+) -> NoReturn:
     actor = f"minion:{ctx.minion_id or 'unknown'}"
     where = f" (region {ctx.region.name})" if ctx.region else ""
     reason = f"{step} refused{where}: {refusal.code.value}: {refusal.message}"
     detail = {k: v for k, v in refusal.detail.items() if k != "summary"}
     if detail:
         reason += " " + json.dumps(detail, sort_keys=True, default=str)
-    audit.record(session, kind="join", resource_id=ctx.minion_id or "-", name=ctx.node.name if ctx.node else (ctx.minion_id or "-"),
-                 actor=actor, from_state=None, to_state=JoinOutcome.REFUSED.value, reason=reason)
+    audit.record(
+        session,
+        kind="join",
+        resource_id=ctx.minion_id or "-",
+        name=ctx.node.name if ctx.node else (ctx.minion_id or "-"),
+        actor=actor,
+        from_state=None,
+        to_state=JoinOutcome.REFUSED.value,
+        reason=reason,
+    )
     node = ctx.node
     if node is not None:
         if error_node and refusal.code not in TRANSIENT and node.state not in NODE_STOPPED:
             node_service.transition(session, node, NodeState.ERRORED, actor=actor, reason=refusal.message)
         else:
-            audit.record(session, kind=node_service.KIND, resource_id=node.id, name=node.name, actor=actor,
-                         from_state=node.state, to_state=node.state, reason=reason)
+            audit.record(
+                session,
+                kind=node_service.KIND,
+                resource_id=node.id,
+                name=node.name,
+                actor=actor,
+                from_state=node.state,
+                to_state=node.state,
+                reason=reason,
+            )
     elif ctx.minion_id:
         pending = session.get(PendingMinion, ctx.minion_id)
         if pending is not None:
@@ -121,8 +145,12 @@ def _parse(session: Session, model: type[_Body], body: Any, ctx: _Context, *, st
         return model.model_validate(body)
     except ValidationError as exc:
         first = exc.errors()[0]
-        _refused(session, refuse(RefusalCode.malformed_request, f"{'.'.join(map(str, first['loc']))}: {first['msg']}"),
-                 ctx, step=step)
+        _refused(
+            session,
+            refuse(RefusalCode.malformed_request, f"{'.'.join(map(str, first['loc']))}: {first['msg']}"),
+            ctx,
+            step=step,
+        )
 
 
 # ---------------------------------------------------------------- step 1: POST /v1/join
@@ -148,7 +176,11 @@ def _pinned_spki(pinned: bytes) -> bytes:
 
 
 def begin(session: Session, body: Any) -> JoinChallenge:
-    ctx = _Context(minion_id=body.get("minion_id") if isinstance(body, dict) and isinstance(body.get("minion_id"), str) else None)
+    ctx = _Context(
+        minion_id=body.get("minion_id")
+        if isinstance(body, dict) and isinstance(body.get("minion_id"), str)
+        else None
+    )
     if ctx.minion_id and len(ctx.minion_id) > 32:
         ctx.minion_id = None
     request = _parse(session, JoinRequest, body, ctx, step="join")
@@ -165,8 +197,11 @@ def begin(session: Session, body: Any) -> JoinChallenge:
     spki = _ek_spki(request.ek_public)
     if pinned is not None and spki is not None and _pinned_spki(pinned) != spki:
         _refused(session, refuse(RefusalCode.pinned_ek_mismatch, f"node '{node.name}'"), ctx, step="join")  # type: ignore[union-attr]
-    trust = RegionTrust(tpm_cas.trust_store(session),
-                        allow_ek_without_certificate=bool((region.settings or {}).get(ALLOW_EK_WITHOUT_CERT)) or pinned is not None)
+    trust = RegionTrust(
+        tpm_cas.trust_store(session),
+        allow_ek_without_certificate=bool((region.settings or {}).get(ALLOW_EK_WITHOUT_CERT))
+        or pinned is not None,
+    )
     outcome = JoinVerifier(nonce_store.issuer(session)).begin(request, trust)
     if isinstance(outcome, Refusal):
         _refused(session, outcome, ctx, step="join")
@@ -174,32 +209,69 @@ def begin(session: Session, body: Any) -> JoinChallenge:
     ek_sha = _sha(spki or request.ek_public)
     # Identity checks that need the store.
     if node is not None and node.region_id != region.id:
-        _refused(session, refuse(RefusalCode.wrong_region,
-                                 f"node '{node.name}' is in region '{node.region.name}', the token is for '{region.name}'",
-                                 node=node.name, node_region=node.region.name), ctx, step="join")
+        _refused(
+            session,
+            refuse(
+                RefusalCode.wrong_region,
+                f"node '{node.name}' is in region '{node.region.name}', the token is for '{region.name}'",
+                node=node.name,
+                node_region=node.region.name,
+            ),
+            ctx,
+            step="join",
+        )
     known_ek = _known_ek(session, request.minion_id, node)
     if known_ek is not None and known_ek != ek_sha:
-        _refused(session, refuse(RefusalCode.duplicate_minion_id, f"recorded EK sha256 {known_ek[:16]}…, presented {ek_sha[:16]}…"),
-                 ctx, step="join")
+        _refused(
+            session,
+            refuse(
+                RefusalCode.duplicate_minion_id,
+                f"recorded EK sha256 {known_ek[:16]}…, presented {ek_sha[:16]}…",
+            ),
+            ctx,
+            step="join",
+        )
     failing = failed_rules(request.requirements)
     if node is not None:
-        node_service.record_report(session, node, inventory=request.inventory or None,
-                                   requirements=request.requirements or None)
+        node_service.record_report(
+            session, node, inventory=request.inventory or None, requirements=request.requirements or None
+        )
     else:
         _upsert_pending(session, request, region, ek_sha)
     if request.requirements.get("ok") is False or failing:
-        _refused(session, refuse(RefusalCode.requirements_failed, ", ".join(failing) or "see the node's report",
-                                 rules=failing), ctx, step="join")
+        _refused(
+            session,
+            refuse(
+                RefusalCode.requirements_failed, ", ".join(failing) or "see the node's report", rules=failing
+            ),
+            ctx,
+            step="join",
+        )
     if node is not None:
         if node.state == NodeState.ERRORED:
             session.commit()
-            raise Conflict(f"node '{node.name}' is errored ({node.reason}): fix the cause and run "
-                           f"`provision node retry {node.name}`", code="node_errored")
+            raise Conflict(
+                f"node '{node.name}' is errored ({node.reason}): fix the cause and run "
+                f"`provision node retry {node.name}`",
+                code="node_errored",
+            )
         if node.state == NodeState.NEW:
-            node_service.transition(session, node, NodeState.ENROLLING, actor=f"minion:{node.minion_id}",
-                                    reason="join started: EK verified, credential challenge sent")
-    session.add(JoinAttempt(join_id=pending.join_id, region_id=region.id, minion_id=pending.minion_id,
-                            token_sha256=token.token_sha256, pending=pending.model_dump_json()))
+            node_service.transition(
+                session,
+                node,
+                NodeState.ENROLLING,
+                actor=f"minion:{node.minion_id}",
+                reason="join started: EK verified, credential challenge sent",
+            )
+    session.add(
+        JoinAttempt(
+            join_id=pending.join_id,
+            region_id=region.id,
+            minion_id=pending.minion_id,
+            token_sha256=token.token_sha256,
+            pending=pending.model_dump_json(),
+        )
+    )
     session.flush()
     return challenge
 
@@ -217,8 +289,9 @@ def _upsert_pending(session: Session, request: JoinRequest, region: Region, ek_s
     row = session.get(PendingMinion, request.minion_id)
     now = _now()
     if row is None:
-        row = PendingMinion(minion_id=request.minion_id, region_id=region.id, ek_sha256=ek_sha, first_seen=now,
-                            attested=False)
+        row = PendingMinion(
+            minion_id=request.minion_id, region_id=region.id, ek_sha256=ek_sha, first_seen=now, attested=False
+        )
         session.add(row)
     row.region_id = region.id
     row.last_seen = now
@@ -231,16 +304,25 @@ def _upsert_pending(session: Session, request: JoinRequest, region: Region, ek_s
 # ---------------------------------------------------------------- step 2: POST /v1/join/{id}/proof
 
 
-def finish(session: Session, join_id: str, join_token: str | None, body: Any, *, observed_address: str | None = None,
-           timing: HeartbeatTiming = HeartbeatTiming()) -> JoinResult:
+def finish(
+    session: Session,
+    join_id: str,
+    join_token: str | None,
+    body: Any,
+    *,
+    observed_address: str | None = None,
+    timing: HeartbeatTiming = HeartbeatTiming(),
+) -> JoinResult:
     attempt = session.get(JoinAttempt, join_id)
     ctx = _Context()
     if attempt is None:
         _refused(session, refuse(RefusalCode.nonce_unknown, f"no join {join_id}"), ctx, step="proof")
     ctx.minion_id = attempt.minion_id
     if not join_token or join_tokens.digest(join_token) != attempt.token_sha256:
-        raise Unauthorized("the proof must carry the join token that started this join: restart the join",
-                           code="join_token_invalid")
+        raise Unauthorized(
+            "the proof must carry the join token that started this join: restart the join",
+            code="join_token_invalid",
+        )
     resolved = join_tokens.resolve(session, join_token)
     if isinstance(resolved, Refusal):
         _refused(session, resolved, ctx, step="proof")
@@ -265,31 +347,52 @@ def finish(session: Session, join_id: str, join_token: str | None, body: Any, *,
             row.attested = True
             row.refusal = None
             row.last_seen = _now()
-        return JoinResult(state=JoinOutcome.PENDING.value,
-                          message="attested; waiting for an operator to run `provision node add NAME "
-                          f"--region {region.name} --minion-id {pending.minion_id}`",
-                          heartbeat_interval_s=timing.interval_s)
+        return JoinResult(
+            state=JoinOutcome.PENDING.value,
+            message="attested; waiting for an operator to run `provision node add NAME "
+            f"--region {region.name} --minion-id {pending.minion_id}`",
+            heartbeat_interval_s=timing.interval_s,
+        )
     if node.state == NodeState.ERRORED:
         session.commit()
-        raise Conflict(f"node '{node.name}' is errored ({node.reason}): fix the cause and run "
-                       f"`provision node retry {node.name}`", code="node_errored")
+        raise Conflict(
+            f"node '{node.name}' is errored ({node.reason}): fix the cause and run "
+            f"`provision node retry {node.name}`",
+            code="node_errored",
+        )
     credential = _record_attestation(session, node, outcome, att)
     waiting = session.get(PendingMinion, node.minion_id)
     if waiting is not None:  # adopted while it waited (or between its two calls): keep what it reported
         if node.inventory is None:
-            node_service.record_report(session, node, inventory=waiting.inventory, requirements=waiting.requirements)
+            node_service.record_report(
+                session, node, inventory=waiting.inventory, requirements=waiting.requirements
+            )
         session.delete(waiting)
-    node_address.record(node, observed_address)  # before finalize is woken: its SSH host when no hostname is set
+    node_address.record(
+        node, observed_address
+    )  # before finalize is woken: its SSH host when no hostname is set
     if node.state == NodeState.NEW:  # added between the two calls
-        node_service.transition(session, node, NodeState.ENROLLING, actor=f"minion:{node.minion_id}", reason="join started")
+        node_service.transition(
+            session, node, NodeState.ENROLLING, actor=f"minion:{node.minion_id}", reason="join started"
+        )
     if node.state == NodeState.ENROLLING:
-        node_service.transition(session, node, NodeState.PROVISIONING, actor=f"minion:{node.minion_id}",
-                                reason=f"attested: EK, AK and PCRs verified ({policy.mode.value} policy)")
+        node_service.transition(
+            session,
+            node,
+            NodeState.PROVISIONING,
+            actor=f"minion:{node.minion_id}",
+            reason=f"attested: EK, AK and PCRs verified ({policy.mode.value} policy)",
+        )
         wake_after_commit(session, Wake.FINALIZE)
-    return JoinResult(state=node.state, message="attested", node_id=node.id, node_name=node.name,
-                      node_credential=credential,
-                      ssh_authorized_key=ssh_keys.authorized_key_line(runtime_of(session).ssh_key),
-                      heartbeat_interval_s=timing.interval_s)
+    return JoinResult(
+        state=node.state,
+        message="attested",
+        node_id=node.id,
+        node_name=node.name,
+        node_credential=credential,
+        ssh_authorized_key=ssh_keys.authorized_key_line(runtime_of(session).ssh_key),
+        heartbeat_interval_s=timing.interval_s,
+    )
 
 
 def _record_attestation(session: Session, node: Node, attested: Attested, att: NodeAttestation | None) -> str:
@@ -314,5 +417,3 @@ def purge_stale(session: Session) -> None:
     cutoff = _now() - JOIN_ATTEMPT_TTL
     session.execute(delete(JoinAttempt).where(JoinAttempt.created_at < cutoff))
     DbNonceStore(session).purge(cutoff)
-
-

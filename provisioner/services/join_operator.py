@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
-from provisioner.domain.states import NodeState
 from contracts.errors import Conflict
+from provisioner.domain.states import NodeState
 from provisioner.services import audit
 from provisioner.services import nodes as node_service
 from provisioner.services import regions as region_service

@@ -6,16 +6,16 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from provisioner.attestation.refusals import Refusal, RefusalCode, refuse
-from provisioner.domain.states import JOIN_TOKEN_TRANSITIONS, REGION_LEAVING, JoinTokenState
 from contracts.bundle import EnrollmentBundle
 from contracts.errors import InvalidInput
+from provisioner.attestation.refusals import Refusal, RefusalCode, refuse
+from provisioner.domain.states import JOIN_TOKEN_TRANSITIONS, REGION_LEAVING, JoinTokenState
 from provisioner.services import lifecycle
 from provisioner.services import regions as region_service
 from provisioner.store.join_models import JoinToken
@@ -38,7 +38,9 @@ def parse_ttl(text: str) -> timedelta | None:
         return None
     m = _TTL.match(text.strip())
     if not m or int(m.group(1)) == 0:
-        raise InvalidInput(f"TTL '{text}' is not valid: use a number with s, m, h, d or w (e.g. 24h, 7d) or 'never'")
+        raise InvalidInput(
+            f"TTL '{text}' is not valid: use a number with s, m, h, d or w (e.g. 24h, 7d) or 'never'"
+        )
     return timedelta(seconds=int(m.group(1)) * _UNITS[m.group(2)])
 
 
@@ -47,40 +49,68 @@ def issue(session: Session, region: str, *, ttl: str = DEFAULT_TTL, actor: str) 
     lifetime = parse_ttl(ttl)
     reg = region_service.get(session, region)
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    now = datetime.now(timezone.utc)
-    row = JoinToken(region_id=reg.id, token_sha256=digest(token), created_by=actor, created_at=now,
-                    expires_at=now + lifetime if lifetime else None)
+    now = datetime.now(UTC)
+    row = JoinToken(
+        region_id=reg.id,
+        token_sha256=digest(token),
+        created_by=actor,
+        created_at=now,
+        expires_at=now + lifetime if lifetime else None,
+    )
     session.add(row)
     session.flush()
     expires = row.expires_at.isoformat() if row.expires_at else "never"
-    lifecycle.record(session, kind=KIND, resource_id=row.id, name=reg.name, actor=actor,
-                     table=JOIN_TOKEN_TRANSITIONS, frm=None, to=JoinTokenState.ISSUED,
-                     reason=f"expires {expires}")
+    lifecycle.record(
+        session,
+        kind=KIND,
+        resource_id=row.id,
+        name=reg.name,
+        actor=actor,
+        table=JOIN_TOKEN_TRANSITIONS,
+        frm=None,
+        to=JoinTokenState.ISSUED,
+        reason=f"expires {expires}",
+    )
     return row, token
 
 
 def revoke(session: Session, region: str, *, actor: str) -> int:
     """Revoke every live token of `region`; minions holding one are refused from now on."""
     reg = region_service.get(session, region)
-    now = datetime.now(timezone.utc)
-    ids = list(session.scalars(select(JoinToken.id).where(JoinToken.region_id == reg.id, JoinToken.revoked_at.is_(None))))
+    now = datetime.now(UTC)
+    ids = list(
+        session.scalars(
+            select(JoinToken.id).where(JoinToken.region_id == reg.id, JoinToken.revoked_at.is_(None))
+        )
+    )
     if ids:
         session.execute(update(JoinToken).where(JoinToken.id.in_(ids)).values(revoked_at=now))
     for token_id in ids:
-        lifecycle.record(session, kind=KIND, resource_id=token_id, name=reg.name, actor=actor,
-                         table=JOIN_TOKEN_TRANSITIONS, frm=JoinTokenState.ISSUED, to=JoinTokenState.REVOKED,
-                         reason="revoked by operator")
+        lifecycle.record(
+            session,
+            kind=KIND,
+            resource_id=token_id,
+            name=reg.name,
+            actor=actor,
+            table=JOIN_TOKEN_TRANSITIONS,
+            frm=JoinTokenState.ISSUED,
+            to=JoinTokenState.REVOKED,
+            reason="revoked by operator",
+        )
     session.flush()
     return len(ids)
 
 
 def list_for(session: Session, region: str) -> list[JoinToken]:
     reg = region_service.get(session, region)
-    return list(session.scalars(select(JoinToken).where(JoinToken.region_id == reg.id).order_by(JoinToken.created_at)))
+    return list(
+        session.scalars(select(JoinToken).where(JoinToken.region_id == reg.id).order_by(JoinToken.created_at))
+    )
 
 
-def bundle(session: Session, region: Region, token: str, *, control_plane_url: str,
-           ca_certificate: str | None = None) -> dict[str, Any]:
+def bundle(
+    session: Session, region: Region, token: str, *, control_plane_url: str, ca_certificate: str | None = None
+) -> dict[str, Any]:
     """The region enrollment bundle wrapping `token` (docs/enrollment-bundle.md, the contract with the
     image builder and the minion). The one place it is built: `POST /v1/regions/{ref}/bundle` and the
     GCP storage node's instance metadata both call this, so the two can never drift apart."""
@@ -105,12 +135,18 @@ def resolve(session: Session, token: str, now: datetime | None = None) -> tuple[
     if row is None:
         return refuse(RefusalCode.join_token_invalid)
     if row.revoked_at is not None:
-        return refuse(RefusalCode.join_token_revoked, f"token {row.id} revoked at {row.revoked_at.isoformat()}",
-                      token_id=row.id)
-    now = now or datetime.now(timezone.utc)
+        return refuse(
+            RefusalCode.join_token_revoked,
+            f"token {row.id} revoked at {row.revoked_at.isoformat()}",
+            token_id=row.id,
+        )
+    now = now or datetime.now(UTC)
     if row.expires_at is not None and now > row.expires_at:
-        return refuse(RefusalCode.join_token_expired, f"token {row.id} expired at {row.expires_at.isoformat()}",
-                      token_id=row.id)
+        return refuse(
+            RefusalCode.join_token_expired,
+            f"token {row.id} expired at {row.expires_at.isoformat()}",
+            token_id=row.id,
+        )
     region = session.get(Region, row.region_id)
     if region is None or region.state in REGION_LEAVING:
         return refuse(RefusalCode.join_token_revoked, "its region was removed", token_id=row.id)

@@ -15,9 +15,19 @@ from provisioner.services import audit
 from provisioner.services.errors import flush
 
 
-def apply(session: Session, row: Any, to: StrEnum, *, kind: str, name: str,
-          table: Mapping[Any, frozenset[Any]], actor: str, reason: str | None,
-          column: str = "state", resource_id: str | None = None) -> None:
+def apply(
+    session: Session,
+    row: Any,
+    to: StrEnum,
+    *,
+    kind: str,
+    name: str,
+    table: Mapping[Any, frozenset[Any]],
+    actor: str,
+    reason: str | None,
+    column: str = "state",
+    resource_id: str | None = None,
+) -> None:
     """`row` has `id` (or pass `resource_id`) and the `column` holding its state; `table` is its
     transition table. A row with a `reason` column keeps `reason` only for the states that explain
     themselves (errored, offline)."""
@@ -28,16 +38,42 @@ def apply(session: Session, row: Any, to: StrEnum, *, kind: str, name: str,
     setattr(row, column, to.value)
     if hasattr(row, "reason"):
         row.reason = reason if to in KEEPS_REASON else None
-    audit.record(session, kind=kind, resource_id=resource_id or row.id, name=name, actor=actor,
-                 from_state=current.value if current else None, to_state=to.value, reason=reason)
+    audit.record(
+        session,
+        kind=kind,
+        resource_id=resource_id or row.id,
+        name=name,
+        actor=actor,
+        from_state=current.value if current else None,
+        to_state=to.value,
+        reason=reason,
+    )
     flush(session, f"{kind} '{name}'")
 
 
-def record(session: Session, *, kind: str, resource_id: str, name: str, actor: str,
-           table: Mapping[Any, frozenset[Any]], frm: StrEnum | None, to: StrEnum, reason: str | None) -> None:
+def record(
+    session: Session,
+    *,
+    kind: str,
+    resource_id: str,
+    name: str,
+    actor: str,
+    table: Mapping[Any, frozenset[Any]],
+    frm: StrEnum | None,
+    to: StrEnum,
+    reason: str | None,
+) -> None:
     """The audited path of resources whose state is not a column (trusted keys and CAs, whose rows are
     deleted; join tokens, stamped `revoked_at`): check the table, write the audit line."""
     if frm is not None:
         check(kind, name, table, frm, to)
-    audit.record(session, kind=kind, resource_id=resource_id, name=name, actor=actor,
-                 from_state=frm.value if frm else None, to_state=to.value, reason=reason)
+    audit.record(
+        session,
+        kind=kind,
+        resource_id=resource_id,
+        name=name,
+        actor=actor,
+        from_state=frm.value if frm else None,
+        to_state=to.value,
+        reason=reason,
+    )

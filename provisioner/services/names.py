@@ -12,7 +12,9 @@ from contracts.identity import is_dns_label, is_minion_id
 
 T = TypeVar("T")
 
-HOSTNAME = re.compile(r"^(?=.{1,253}$)[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$")
+HOSTNAME = re.compile(
+    r"^(?=.{1,253}$)[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$"
+)
 
 
 def dns_label(kind: str, name: str) -> str:
@@ -38,16 +40,22 @@ def minion_id(value: str) -> str:
 
 def hostname(value: str) -> str:
     if not HOSTNAME.fullmatch(value):
-        raise InvalidInput(f"hostname '{value}' is not a valid DNS name: use lowercase labels separated by dots")
+        raise InvalidInput(
+            f"hostname '{value}' is not a valid DNS name: use lowercase labels separated by dots"
+        )
     return value
 
 
-def one_named(found: Sequence[T], *, kind: str, ref: str, place: Callable[[T], str], scope: str, option: str) -> T:
+def one_named(
+    found: Sequence[T], *, kind: str, ref: str, place: Callable[[T], str], scope: str, option: str
+) -> T:
     """The one live row a name-or-id reference picks. A name is unique only within its scope (a node's
     region, a region's provider), so the same name in several scopes is refused listing them, with the
     option that disambiguates, instead of guessing."""
     if not found:
-        raise NotFound(f"{kind} '{ref}' does not exist: see `provision {kind} list`", code=f"{kind}_not_found")
+        raise NotFound(
+            f"{kind} '{ref}' does not exist: see `provision {kind} list`", code=f"{kind}_not_found"
+        )
     if len(found) > 1:
         where = ", ".join(sorted(place(row) for row in found))
         raise InvalidInput(f"{kind} name '{ref}' exists in several {scope} ({where}): pass {option}")

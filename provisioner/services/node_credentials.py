@@ -9,8 +9,8 @@ import secrets
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from provisioner.domain.states import NodeState
 from contracts.errors import NotFound, Unauthorized
+from provisioner.domain.states import NodeState
 from provisioner.store.join_models import NodeAttestation
 from provisioner.store.models import Node
 

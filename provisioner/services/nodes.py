@@ -7,15 +7,15 @@ go through `record_report()`; they never touch `state`."""
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import inspect, select
 from sqlalchemy.orm import Session
 
+from contracts.errors import Conflict, InvalidInput, RuleViolation
 from contracts.regional import StorageMode
 from provisioner.domain.states import NODE_TRANSITIONS, Maintenance, NodeState, RegionState, Service
-from contracts.errors import Conflict, InvalidInput, RuleViolation
 from provisioner.services import audit, lifecycle, names, regional_lookup, reservations
 from provisioner.services import regions as region_service
 from provisioner.services.errors import flush
@@ -31,8 +31,12 @@ def lock(session: Session, node: Node) -> Node:
     version column catches anything that slips past (e.g. a node loaded in an earlier unit of work)."""
     if inspect(node).persistent:
         # of=Node: lock only the node row, not its (eagerly joined) region and provider
-        session.execute(select(Node).where(Node.id == node.id).with_for_update(of=Node)
-                        .execution_options(populate_existing=True))
+        session.execute(
+            select(Node)
+            .where(Node.id == node.id)
+            .with_for_update(of=Node)
+            .execution_options(populate_existing=True)
+        )
     return node
 
 
@@ -40,7 +44,9 @@ def transition(session: Session, node: Node, to: NodeState, *, actor: str, reaso
     """Move `node` to `to`: refused naming the current state when the table forbids it; recorded in
     the audit trail (who, when, from, to, why); flushed so that a lost race is a Conflict here."""
     lock(session, node)
-    lifecycle.apply(session, node, to, kind=KIND, name=node.name, table=NODE_TRANSITIONS, actor=actor, reason=reason)
+    lifecycle.apply(
+        session, node, to, kind=KIND, name=node.name, table=NODE_TRANSITIONS, actor=actor, reason=reason
+    )
     if to == NodeState.REMOVED:
         # every removal path (operator, replace, forced region removal, a provider deleting its VM)
         # comes through here: a removed node serves nothing, so its reservations must not stay
@@ -50,11 +56,15 @@ def transition(session: Session, node: Node, to: NodeState, *, actor: str, reaso
 
 
 def record_report(
-    session: Session, node: Node, *, at: datetime | None = None,
-    inventory: dict[str, Any] | None = None, requirements: dict[str, Any] | None = None,
+    session: Session,
+    node: Node,
+    *,
+    at: datetime | None = None,
+    inventory: dict[str, Any] | None = None,
+    requirements: dict[str, Any] | None = None,
 ) -> Node:
     """A heartbeat or join report: updates last_heartbeat_at (hence `online`), inventory, verdict."""
-    node.last_heartbeat_at = at or datetime.now(timezone.utc)
+    node.last_heartbeat_at = at or datetime.now(UTC)
     if inventory is not None:
         node.inventory = inventory
     if requirements is not None:
@@ -71,9 +81,11 @@ def by_minion_id(session: Session, minion_id: str) -> Node | None:
 def _refuse_taken_minion_id(session: Session, minion_id: str) -> None:
     holder = by_minion_id(session, minion_id)
     if holder is not None:
-        raise Conflict(f"minion_id {minion_id} is already held by node '{holder.name}' in region "
-                       f"'{holder.region.name}': remove that node first or check the id on the banner",
-                       code="duplicate_minion_id")
+        raise Conflict(
+            f"minion_id {minion_id} is already held by node '{holder.name}' in region "
+            f"'{holder.region.name}': remove that node first or check the id on the banner",
+            code="duplicate_minion_id",
+        )
 
 
 def storage_node(session: Session, region: Region) -> Node | None:
@@ -81,8 +93,16 @@ def storage_node(session: Session, region: Region) -> Node | None:
 
 
 def add(
-    session: Session, name: str, *, region: str, minion_id: str, service: str = Service.COMPUTE.value,
-    hostname: str | None = None, upnp: bool = True, mining: bool = False, actor: str,
+    session: Session,
+    name: str,
+    *,
+    region: str,
+    minion_id: str,
+    service: str = Service.COMPUTE.value,
+    hostname: str | None = None,
+    upnp: bool = True,
+    mining: bool = False,
+    actor: str,
 ) -> Node:
     names.dns_label("node", name)
     names.minion_id(minion_id)
@@ -96,26 +116,46 @@ def add(
     if reg.state == RegionState.REMOVING:
         raise RuleViolation(f"region '{reg.name}' is being removed: add the node to another region")
     if regional_lookup.holder(session, Node, reg.id, name=name) is not None:
-        raise Conflict(f"node '{name}' already exists in region '{reg.name}': choose another name",
-                       code="duplicate_name")
+        raise Conflict(
+            f"node '{name}' already exists in region '{reg.name}': choose another name", code="duplicate_name"
+        )
     _refuse_taken_minion_id(session, minion_id)
     existing_storage = storage_node(session, reg)
     if svc == Service.STORAGE and existing_storage is not None:
-        raise Conflict(f"region '{reg.name}' already has storage node '{existing_storage.name}': swap it with "
-                       f"`provision node replace {existing_storage.name} --minion-id NEW`", code="second_storage_node")
+        raise Conflict(
+            f"region '{reg.name}' already has storage node '{existing_storage.name}': swap it with "
+            f"`provision node replace {existing_storage.name} --minion-id NEW`",
+            code="second_storage_node",
+        )
     if svc == Service.COMPUTE and reg.storage_mode == StorageMode.CENTRAL and existing_storage is None:
-        raise RuleViolation(f"region '{reg.name}' uses central storage and has no storage node yet: add it first "
-                            f"with `provision node add NAME --region {reg.name} --service storage --minion-id ID`",
-                            code="storage_node_first")
-    node = Node(id=new_id("node"), name=name, region=reg, minion_id=minion_id, service=svc.value, hostname=hostname,
-                upnp=upnp, mining=mining)
+        raise RuleViolation(
+            f"region '{reg.name}' uses central storage and has no storage node yet: add it first "
+            f"with `provision node add NAME --region {reg.name} --service storage --minion-id ID`",
+            code="storage_node_first",
+        )
+    node = Node(
+        id=new_id("node"),
+        name=name,
+        region=reg,
+        minion_id=minion_id,
+        service=svc.value,
+        hostname=hostname,
+        upnp=upnp,
+        mining=mining,
+    )
     session.add(node)
-    transition(session, node, NodeState.NEW, actor=actor, reason=f"added by operator with minion_id {minion_id}")
+    transition(
+        session, node, NodeState.NEW, actor=actor, reason=f"added by operator with minion_id {minion_id}"
+    )
     return node
 
 
 def list_page(
-    session: Session, *, region: str | None = None, limit: int = 100, after: str | None = None,
+    session: Session,
+    *,
+    region: str | None = None,
+    limit: int = 100,
+    after: str | None = None,
     include_removed: bool = False,
 ) -> tuple[list[Any], str | None]:
     """One page ordered by id (keyset pagination: page N costs the same as page 1) and the cursor
@@ -123,8 +163,12 @@ def list_page(
     `region_name` — no ORM objects, so a page of 500 stays cheap; use get() to change a node."""
     if not 1 <= limit <= MAX_PAGE:
         raise InvalidInput(f"limit {limit} is out of range: use 1 to {MAX_PAGE}")
-    stmt = (select(*Node.__table__.c, Region.name.label("region_name"))
-            .join(Region, Region.id == Node.region_id).order_by(Node.id).limit(limit + 1))
+    stmt = (
+        select(*Node.__table__.c, Region.name.label("region_name"))
+        .join(Region, Region.id == Node.region_id)
+        .order_by(Node.id)
+        .limit(limit + 1)
+    )
     if not include_removed:
         stmt = stmt.where(Node.state != NodeState.REMOVED)
     if region:
@@ -145,7 +189,9 @@ def get(session: Session, ref: str, region: str | None = None, *, include_remove
     found = list(session.scalars(stmt.where(Node.state != NodeState.REMOVED)))
     if not found and include_removed:
         found = list(session.scalars(stmt.order_by(Node.created_at.desc()).limit(1)))
-    return names.one_named(found, kind=KIND, ref=ref, place=lambda n: n.region.name, scope="regions", option="--region")
+    return names.one_named(
+        found, kind=KIND, ref=ref, place=lambda n: n.region.name, scope="regions", option="--region"
+    )
 
 
 def remove(session: Session, ref: str, *, region: str | None = None, actor: str) -> Node:
@@ -159,20 +205,33 @@ def replace(session: Session, ref: str, *, minion_id: str, region: str | None = 
     names.minion_id(minion_id)
     old = get(session, ref, region)
     if old.service != Service.STORAGE:
-        raise RuleViolation(f"node '{old.name}' is a compute node; only storage nodes are replaced: "
-                            "remove it and add the new node instead", code="replace_compute")
+        raise RuleViolation(
+            f"node '{old.name}' is a compute node; only storage nodes are replaced: "
+            "remove it and add the new node instead",
+            code="replace_compute",
+        )
     _refuse_taken_minion_id(session, minion_id)
     transition(session, old, NodeState.REMOVED, actor=actor, reason=f"replaced by minion_id {minion_id}")
-    new = Node(id=new_id("node"), name=old.name, region=old.region, minion_id=minion_id, service=old.service,
-               hostname=old.hostname, upnp=old.upnp, mining=old.mining)
+    new = Node(
+        id=new_id("node"),
+        name=old.name,
+        region=old.region,
+        minion_id=minion_id,
+        service=old.service,
+        hostname=old.hostname,
+        upnp=old.upnp,
+        mining=old.mining,
+    )
     session.add(new)
-    transition(session, new, NodeState.NEW, actor=actor,
-               reason=f"replaces node {old.id} (minion_id {old.minion_id})")
+    transition(
+        session, new, NodeState.NEW, actor=actor, reason=f"replaces node {old.id} (minion_id {old.minion_id})"
+    )
     return new
 
 
-def maintenance(session: Session, ref: str, mode: str, *, region: str | None = None, actor: str,
-                reason: str | None = None) -> Node:
+def maintenance(
+    session: Session, ref: str, mode: str, *, region: str | None = None, actor: str, reason: str | None = None
+) -> Node:
     """on: active → maintenance; off: maintenance → active; toggle picks by the current state."""
     try:
         wanted = Maintenance(mode)
@@ -189,5 +248,7 @@ def maintenance(session: Session, ref: str, mode: str, *, region: str | None = N
 def history(session: Session, ref: str, region: str | None = None) -> tuple[Node, list[AuditEvent]]:
     """The node's events plus those of the nodes it replaced (same name in the same region)."""
     node = get(session, ref, region, include_removed=True)
-    ids = list(session.scalars(select(Node.id).where(Node.region_id == node.region_id, Node.name == node.name)))
+    ids = list(
+        session.scalars(select(Node.id).where(Node.region_id == node.region_id, Node.name == node.name))
+    )
     return node, audit.history(session, KIND, ids)

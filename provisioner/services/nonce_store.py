@@ -19,23 +19,38 @@ class DbNonceStore:
         self.session = session
 
     def put(self, record: NonceRecord) -> None:
-        self.session.add(AttestationNonce(nonce=record.nonce.hex(), subject=record.subject, issued_at=record.issued_at,
-                                          expires_at=record.expires_at, used=record.used))
+        self.session.add(
+            AttestationNonce(
+                nonce=record.nonce.hex(),
+                subject=record.subject,
+                issued_at=record.issued_at,
+                expires_at=record.expires_at,
+                used=record.used,
+            )
+        )
         self.session.flush()
 
     def consume(self, nonce: bytes) -> NonceRecord | None:
         key = nonce.hex()
         spent = self.session.execute(
-            update(AttestationNonce).where(AttestationNonce.nonce == key, AttestationNonce.used.is_(False))
-            .values(used=True).execution_options(synchronize_session=False))
-        row = self.session.execute(select(AttestationNonce.subject, AttestationNonce.issued_at,
-                                          AttestationNonce.expires_at).where(AttestationNonce.nonce == key)).first()
+            update(AttestationNonce)
+            .where(AttestationNonce.nonce == key, AttestationNonce.used.is_(False))
+            .values(used=True)
+            .execution_options(synchronize_session=False)
+        )
+        row = self.session.execute(
+            select(AttestationNonce.subject, AttestationNonce.issued_at, AttestationNonce.expires_at).where(
+                AttestationNonce.nonce == key
+            )
+        ).first()
         if row is None:
             return None
         return NonceRecord(nonce, row.subject, row.issued_at, row.expires_at, used=spent.rowcount == 0)
 
     def purge(self, before: datetime) -> int:
-        return self.session.execute(delete(AttestationNonce).where(AttestationNonce.expires_at < before)).rowcount
+        return self.session.execute(
+            delete(AttestationNonce).where(AttestationNonce.expires_at < before)
+        ).rowcount
 
 
 def issuer(session: Session) -> NonceIssuer:

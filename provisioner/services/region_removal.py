@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
-from provisioner.domain.states import NodeState, RegionState
 from contracts.errors import Conflict
+from provisioner.domain.states import NodeState, RegionState
 from provisioner.providers.base import provider_for
 from provisioner.services import datastores as datastore_service
 from provisioner.services import nodes as node_service

@@ -28,10 +28,17 @@ def list_live(session: Session, model: type[M], region: str | None = None) -> li
 
 
 def get_live(session: Session, model: type[M], kind: str, ref: str, region: str | None = None) -> M:
-    found = list(session.scalars(_live(session, model, region).where(
-        (model.name == ref) | (model.id == ref))))  # type: ignore[attr-defined]
-    return names.one_named(found, kind=kind, ref=ref, place=lambda row: row.region.name,  # type: ignore[attr-defined]
-                           scope="regions", option="--region")
+    found = list(
+        session.scalars(_live(session, model, region).where((model.name == ref) | (model.id == ref)))
+    )  # type: ignore[attr-defined]
+    return names.one_named(
+        found,
+        kind=kind,
+        ref=ref,
+        place=lambda row: row.region.name,  # type: ignore[attr-defined]
+        scope="regions",
+        option="--region",
+    )
 
 
 def holder(session: Session, model: type[M], region_id: str, **where: Any) -> M | None:

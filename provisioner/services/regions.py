@@ -10,9 +10,9 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from contracts.errors import Conflict, InvalidInput
 from contracts.regional import StorageMode
 from provisioner.domain.states import REGION_TRANSITIONS, NodeState, ProviderState, RegionState
-from contracts.errors import Conflict, InvalidInput
 from provisioner.services import lifecycle, names
 from provisioner.services import providers as provider_service
 from provisioner.services.runtime import runtime_of
@@ -21,15 +21,24 @@ from provisioner.store.models import Node, Provider, Region, new_id
 KIND = "region"
 
 
-def transition(session: Session, region: Region, to: RegionState, *, actor: str, reason: str | None = None) -> None:
+def transition(
+    session: Session, region: Region, to: RegionState, *, actor: str, reason: str | None = None
+) -> None:
     """The only way a region's state changes: checked against the table, recorded in the audit trail."""
-    lifecycle.apply(session, region, to, kind=KIND, name=region.name, table=REGION_TRANSITIONS,
-                    actor=actor, reason=reason)
+    lifecycle.apply(
+        session, region, to, kind=KIND, name=region.name, table=REGION_TRANSITIONS, actor=actor, reason=reason
+    )
 
 
 def create(
-    session: Session, name: str, *, provider: str, storage_mode: str = StorageMode.LOCAL.value,
-    public_jobs: bool = True, options: Mapping[str, Any] | None = None, actor: str,
+    session: Session,
+    name: str,
+    *,
+    provider: str,
+    storage_mode: str = StorageMode.LOCAL.value,
+    public_jobs: bool = True,
+    options: Mapping[str, Any] | None = None,
+    actor: str,
 ) -> Region:
     names.dns_label("region", name)
     try:
@@ -38,14 +47,31 @@ def create(
         raise InvalidInput(f"storage mode '{storage_mode}' is not known: use local or central") from None
     prov = provider_service.get(session, provider)
     if prov.state != ProviderState.ENABLED:
-        raise Conflict(f"provider '{prov.kind}' is {prov.state}, not enabled: wait for it or see `provision provider show {prov.kind}`")
-    settings = runtime_of(session).provider(prov.kind).validate_region(
-        name, {**(options or {}), "storage_mode": mode.value, "public_jobs": public_jobs})
-    if session.scalar(select(Region.id).where(Region.provider_id == prov.id, Region.name == name,
-                                              Region.state != RegionState.REMOVED)):
-        raise Conflict(f"region '{name}' already exists for provider '{prov.kind}': choose another name",
-                       code="duplicate_name")
-    region = Region(id=new_id("reg"), name=name, provider=prov, storage_mode=mode.value, public_jobs=public_jobs, settings=settings)
+        raise Conflict(
+            f"provider '{prov.kind}' is {prov.state}, not enabled: wait for it or see `provision provider show {prov.kind}`"
+        )
+    settings = (
+        runtime_of(session)
+        .provider(prov.kind)
+        .validate_region(name, {**(options or {}), "storage_mode": mode.value, "public_jobs": public_jobs})
+    )
+    if session.scalar(
+        select(Region.id).where(
+            Region.provider_id == prov.id, Region.name == name, Region.state != RegionState.REMOVED
+        )
+    ):
+        raise Conflict(
+            f"region '{name}' already exists for provider '{prov.kind}': choose another name",
+            code="duplicate_name",
+        )
+    region = Region(
+        id=new_id("reg"),
+        name=name,
+        provider=prov,
+        storage_mode=mode.value,
+        public_jobs=public_jobs,
+        settings=settings,
+    )
     session.add(region)
     transition(session, region, RegionState.NEW, actor=actor, reason="created by operator")
     return region
@@ -60,13 +86,26 @@ def list_all(session: Session, provider: str | None = None) -> list[Region]:
 
 def get(session: Session, ref: str, provider: str | None = None) -> Region:
     """By id, or by name (unique per provider; `provider` disambiguates when two providers share it)."""
-    stmt = select(Region).where((Region.name == ref) | (Region.id == ref), Region.state != RegionState.REMOVED)
+    stmt = select(Region).where(
+        (Region.name == ref) | (Region.id == ref), Region.state != RegionState.REMOVED
+    )
     if provider:
         stmt = stmt.join(Provider).where((Provider.kind == provider) | (Provider.id == provider))
-    return names.one_named(list(session.scalars(stmt)), kind=KIND, ref=ref, place=lambda r: r.provider.kind,
-                           scope="providers", option="--provider")
+    return names.one_named(
+        list(session.scalars(stmt)),
+        kind=KIND,
+        ref=ref,
+        place=lambda r: r.provider.kind,
+        scope="providers",
+        option="--provider",
+    )
 
 
 def live_nodes(session: Session, region: Region) -> list[Node]:
-    return list(session.scalars(select(Node).where(Node.region_id == region.id, Node.state != NodeState.REMOVED)
-                                .order_by(Node.name)))
+    return list(
+        session.scalars(
+            select(Node)
+            .where(Node.region_id == region.id, Node.state != NodeState.REMOVED)
+            .order_by(Node.name)
+        )
+    )

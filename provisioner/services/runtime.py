@@ -34,19 +34,26 @@ class Runtime:
     providers: Mapping[str, ProviderDriver] = field(default_factory=dict)
 
     @classmethod
-    def from_settings(cls, settings: Settings, *, finalizer: Finalizer | None = None,
-                      providers: Mapping[str, ProviderDriver] | None = None) -> Runtime:
+    def from_settings(
+        cls,
+        settings: Settings,
+        *,
+        finalizer: Finalizer | None = None,
+        providers: Mapping[str, ProviderDriver] | None = None,
+    ) -> Runtime:
         settings.ensure_home()
         built: dict[str, ProviderDriver] = {}
         if settings.regions_dir is not None:
             from provisioner.providers.gcp import GcpProvider
 
             built["gcp"] = GcpProvider(regions_dir=settings.regions_dir)
-        return cls(settings=settings, sealer=Sealer(settings.secret_key),
-                   finalizer=finalizer or AnsibleFinalizer(settings),
-                   heartbeat=HeartbeatTiming(interval_s=settings.heartbeat_s,
-                                             quote_every=settings.quote_every),
-                   providers={**built, **(providers or {})})
+        return cls(
+            settings=settings,
+            sealer=Sealer(settings.secret_key),
+            finalizer=finalizer or AnsibleFinalizer(settings),
+            heartbeat=HeartbeatTiming(interval_s=settings.heartbeat_s, quote_every=settings.quote_every),
+            providers={**built, **(providers or {})},
+        )
 
     def provider(self, kind: str) -> ProviderDriver:
         """The driver for `kind`: the one this runtime was given, else the plain one."""

@@ -32,12 +32,16 @@ def bootstrap_admin(session: Session) -> str | None:
 def authenticate(session: Session, token: str | None) -> ApiToken:
     """The token's row, or Unauthorized; the actor in the audit trail is `operator:<name>`."""
     if not token:
-        raise Unauthorized("no bearer token: set RIGBASE_TOKEN or use the client config written by `provision serve`",
-                           code="token_missing")
+        raise Unauthorized(
+            "no bearer token: set RIGBASE_TOKEN or use the client config written by `provision serve`",
+            code="token_missing",
+        )
     row = session.scalar(select(ApiToken).where(ApiToken.token_sha256 == _digest(token)))
     if row is None:
-        raise Unauthorized("the bearer token is not valid: use the token in the client config written by `provision serve`",
-                           code="token_invalid")
+        raise Unauthorized(
+            "the bearer token is not valid: use the token in the client config written by `provision serve`",
+            code="token_invalid",
+        )
     return row
 
 

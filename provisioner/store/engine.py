@@ -22,7 +22,9 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     try:
         parsed = make_url(url)
     except Exception as exc:  # noqa: BLE001
-        raise InvalidInput(f"database URL '{url}' is not valid: use sqlite:///PATH or postgresql://USER@HOST/DB") from exc
+        raise InvalidInput(
+            f"database URL '{url}' is not valid: use sqlite:///PATH or postgresql://USER@HOST/DB"
+        ) from exc
     if parsed.drivername in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
     if parsed.get_backend_name() == "sqlite":
@@ -38,7 +40,9 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
 
         return engine
     if parsed.get_backend_name() != "postgresql":
-        raise InvalidInput(f"database '{parsed.get_backend_name()}' is not supported: use SQLite or PostgreSQL")
+        raise InvalidInput(
+            f"database '{parsed.get_backend_name()}' is not supported: use SQLite or PostgreSQL"
+        )
     kwargs.setdefault("pool_pre_ping", True)
     kwargs.setdefault("pool_size", 10)
     return create_engine(parsed, connect_args={"connect_timeout": 5}, **kwargs)

@@ -48,7 +48,9 @@ class RegisteredManifest(Base):
     verity_root_hash: Mapped[str] = mapped_column(String(128))
     pcr11: Mapped[str] = mapped_column(String(64))  # phase sysinit:ready, what a running node reports
     pcr12: Mapped[str] = mapped_column(String(64))
-    pcr4: Mapped[str | None] = mapped_column(String(64))  # the manifest's direct-USB-boot value, if it has one
+    pcr4: Mapped[str | None] = mapped_column(
+        String(64)
+    )  # the manifest's direct-USB-boot value, if it has one
     pin_pcr4: Mapped[bool] = mapped_column(Boolean, default=False)  # operator opted in to a fixed boot path
     packages: Mapped[int] = mapped_column(Integer, default=0)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

@@ -99,5 +99,7 @@ class NodeAttestation(Base):
     credential_sha256: Mapped[str | None] = mapped_column(String(64), unique=True)
     attested_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     heartbeats: Mapped[int] = mapped_column(Integer, default=0)
-    quote_nonce: Mapped[str | None] = mapped_column(String(64))  # hex; outstanding continuous-attestation nonce
+    quote_nonce: Mapped[str | None] = mapped_column(
+        String(64)
+    )  # hex; outstanding continuous-attestation nonce
     last_quote_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

@@ -9,7 +9,7 @@ SQLAlchemy checks on UPDATE, so two workers can never both apply a change read f
 from __future__ import annotations
 
 import secrets
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import JSON, Boolean, DateTime, ForeignKey, Index, Integer, LargeBinary, String, Text, text
@@ -18,7 +18,7 @@ from sqlalchemy.types import TypeDecorator
 
 
 def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def new_id(prefix: str) -> str:
@@ -34,12 +34,12 @@ class UTCDateTime(TypeDecorator[datetime]):
 
     def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
         if value is not None and value.tzinfo is None:
-            value = value.replace(tzinfo=timezone.utc)
+            value = value.replace(tzinfo=UTC)
         return value
 
     def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
         if value is not None and value.tzinfo is None:
-            value = value.replace(tzinfo=timezone.utc)
+            value = value.replace(tzinfo=UTC)
         return value
 
 
@@ -53,7 +53,13 @@ NOT_REMOVED = text("state != 'removed'")
 class Provider(Base):
     __tablename__ = "providers"
     __table_args__ = (
-        Index("uq_providers_kind_live", "kind", unique=True, sqlite_where=NOT_REMOVED, postgresql_where=NOT_REMOVED),
+        Index(
+            "uq_providers_kind_live",
+            "kind",
+            unique=True,
+            sqlite_where=NOT_REMOVED,
+            postgresql_where=NOT_REMOVED,
+        ),
     )
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=lambda: new_id("prv"))
@@ -76,8 +82,12 @@ class Region(Base):
     __tablename__ = "regions"
     __table_args__ = (
         Index(
-            "uq_regions_provider_name_live", "provider_id", "name", unique=True,
-            sqlite_where=NOT_REMOVED, postgresql_where=NOT_REMOVED,
+            "uq_regions_provider_name_live",
+            "provider_id",
+            "name",
+            unique=True,
+            sqlite_where=NOT_REMOVED,
+            postgresql_where=NOT_REMOVED,
         ),
     )
 
@@ -105,13 +115,29 @@ NODE_STORAGE_LIVE = text("service = 'storage' AND state != 'removed'")
 class Node(Base):
     __tablename__ = "nodes"
     __table_args__ = (
-        Index("uq_nodes_region_name_live", "region_id", "name", unique=True,
-              sqlite_where=NOT_REMOVED, postgresql_where=NOT_REMOVED),
-        Index("uq_nodes_minion_id_live", "minion_id", unique=True,
-              sqlite_where=NOT_REMOVED, postgresql_where=NOT_REMOVED),
+        Index(
+            "uq_nodes_region_name_live",
+            "region_id",
+            "name",
+            unique=True,
+            sqlite_where=NOT_REMOVED,
+            postgresql_where=NOT_REMOVED,
+        ),
+        Index(
+            "uq_nodes_minion_id_live",
+            "minion_id",
+            unique=True,
+            sqlite_where=NOT_REMOVED,
+            postgresql_where=NOT_REMOVED,
+        ),
         # one storage node per region, enforced by the database too (races between workers)
-        Index("uq_nodes_region_storage_live", "region_id", unique=True,
-              sqlite_where=NODE_STORAGE_LIVE, postgresql_where=NODE_STORAGE_LIVE),
+        Index(
+            "uq_nodes_region_storage_live",
+            "region_id",
+            unique=True,
+            sqlite_where=NODE_STORAGE_LIVE,
+            postgresql_where=NODE_STORAGE_LIVE,
+        ),
     )
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=lambda: new_id("node"))

@@ -19,13 +19,31 @@ from provisioner.store.models import NOT_REMOVED, Base, Node, Region, UTCDateTim
 class Reservation(Base):
     __tablename__ = "reservations"
     __table_args__ = (
-        Index("uq_reservations_region_name_live", "region_id", "name", unique=True,
-              sqlite_where=NOT_REMOVED, postgresql_where=NOT_REMOVED),
-        Index("uq_reservations_region_hostname_live", "region_id", "hostname", unique=True,
-              sqlite_where=NOT_REMOVED, postgresql_where=NOT_REMOVED),
+        Index(
+            "uq_reservations_region_name_live",
+            "region_id",
+            "name",
+            unique=True,
+            sqlite_where=NOT_REMOVED,
+            postgresql_where=NOT_REMOVED,
+        ),
+        Index(
+            "uq_reservations_region_hostname_live",
+            "region_id",
+            "hostname",
+            unique=True,
+            sqlite_where=NOT_REMOVED,
+            postgresql_where=NOT_REMOVED,
+        ),
         # one port per region whatever the protocol: the router maps external PORT for the region
-        Index("uq_reservations_region_port_live", "region_id", "port", unique=True,
-              sqlite_where=NOT_REMOVED, postgresql_where=NOT_REMOVED),
+        Index(
+            "uq_reservations_region_port_live",
+            "region_id",
+            "port",
+            unique=True,
+            sqlite_where=NOT_REMOVED,
+            postgresql_where=NOT_REMOVED,
+        ),
     )
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=lambda: new_id("rsv"))
@@ -61,8 +79,14 @@ class Datastore(Base):
 
     __tablename__ = "datastores"
     __table_args__ = (
-        Index("uq_datastores_region_name_live", "region_id", "name", unique=True,
-              sqlite_where=NOT_REMOVED, postgresql_where=NOT_REMOVED),
+        Index(
+            "uq_datastores_region_name_live",
+            "region_id",
+            "name",
+            unique=True,
+            sqlite_where=NOT_REMOVED,
+            postgresql_where=NOT_REMOVED,
+        ),
     )
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=lambda: new_id("ds"))

@@ -134,7 +134,9 @@ def test_minion_builders_produce_the_recorded_shapes(swtpm: Any, tpm_vendor_ca: 
 
 
 def test_control_plane_answers_have_the_recorded_fields() -> None:
-    pending = JoinResult(state="pending", message="attested; waiting for an operator", heartbeat_interval_s=30)
+    pending = JoinResult(
+        state="pending", message="attested; waiting for an operator", heartbeat_interval_s=30
+    )
     assert list(pending.model_dump(mode="json")) == list(recorded("join_pending.json"))
     assert list(JoinResult.model_fields) == list(recorded("join_result.json"))
     assert list(HeartbeatResponse.model_fields) == list(recorded("heartbeat_response.json"))

@@ -20,9 +20,16 @@ from image_builder.plan import BuildConfig
 
 REPO = Path(__file__).resolve().parents[2]
 EPOCH = 1700000000
-BUNDLE = {"version": 1, "control_plane_url": "http://cp.rigbase.test:8470", "ca_certificate": None,
-          "region": "lab", "region_id": "rg-imagetest", "provider": "physical",
-          "join_token": "test-join-token", "expires_at": None}
+BUNDLE = {
+    "version": 1,
+    "control_plane_url": "http://cp.rigbase.test:8470",
+    "ca_certificate": None,
+    "region": "lab",
+    "region_id": "rg-imagetest",
+    "provider": "physical",
+    "join_token": "test-join-token",
+    "expires_at": None,
+}
 
 
 @dataclass(frozen=True)
@@ -61,12 +68,24 @@ def built_image(tmp_path_factory: pytest.TempPathFactory, source_snapshot: Path)
     cache = _cache_dir()
     outs, docs = [], []
     for name in ("out", "again"):
-        cfg = BuildConfig(bundle=bundle, output=d / name, cache=cache, key=priv, source_date_epoch=EPOCH,
-                          repo=source_snapshot)
+        cfg = BuildConfig(
+            bundle=bundle,
+            output=d / name,
+            cache=cache,
+            key=priv,
+            source_date_epoch=EPOCH,
+            repo=source_snapshot,
+        )
         docs.append(build.build(cfg, log=lambda m: None))
         outs.append(d / name)
-    return Built(outs[0], outs[1], json.loads((outs[0] / "manifest.json").read_bytes()), pub, cache,
-                 docs[1]["_timings"])
+    return Built(
+        outs[0],
+        outs[1],
+        json.loads((outs[0] / "manifest.json").read_bytes()),
+        pub,
+        cache,
+        docs[1]["_timings"],
+    )
 
 
 @pytest.fixture(scope="session")

@@ -16,8 +16,14 @@ IMAGE_BUILDER = Path(sys.executable).parent / "image-builder"
 
 
 def _run(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(IMAGE_BUILDER), *args], capture_output=True, text=True, check=False,
-                          env={**os.environ, "RIGBASE_HOME": str(home)}, timeout=60)
+    return subprocess.run(
+        [str(IMAGE_BUILDER), *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "RIGBASE_HOME": str(home)},
+        timeout=60,
+    )
 
 
 def test_help_lists_every_command(tmp_path: Path) -> None:
@@ -55,8 +61,19 @@ def test_missing_or_malformed_bundle_is_refused_in_one_line(tmp_path: Path) -> N
     bad = tmp_path / "bundle.json"
     bad.write_text("{not json")
     for bundle in (bad, tmp_path / "absent.json"):
-        r = _run("build", "--bundle", str(bundle), "--output", str(tmp_path / "out"),
-                 "--cache", str(tmp_path / "c"), "--key", str(tmp_path / "k.pem"), "--json", home=tmp_path)
+        r = _run(
+            "build",
+            "--bundle",
+            str(bundle),
+            "--output",
+            str(tmp_path / "out"),
+            "--cache",
+            str(tmp_path / "c"),
+            "--key",
+            str(tmp_path / "k.pem"),
+            "--json",
+            home=tmp_path,
+        )
         assert r.returncode == 1, r.stderr
         assert r.stdout == "" and r.stderr.count("\n") == 1 and "provision region bundle" in r.stderr
         assert not (tmp_path / "out").exists()
@@ -64,17 +81,26 @@ def test_missing_or_malformed_bundle_is_refused_in_one_line(tmp_path: Path) -> N
 
 def test_verify_json_on_a_signed_manifest_and_a_refusal_on_a_changed_one(tmp_path: Path) -> None:
     priv, pub = manifest.keygen(tmp_path / "k.pem")
-    doc = {"schema": manifest.SCHEMA, "builder": {"key_sha256": "cd" * 32}, "image": {"sha256": "ab" * 32},
-           "verity": {"root_hash": "ef" * 32}}
+    doc = {
+        "schema": manifest.SCHEMA,
+        "builder": {"key_sha256": "cd" * 32},
+        "image": {"sha256": "ab" * 32},
+        "verity": {"root_hash": "ef" * 32},
+    }
     raw = manifest.canonical(doc)
     path = tmp_path / "manifest.json"
     path.write_bytes(raw)
     path.with_name("manifest.json.sig").write_bytes(manifest.sign(raw, manifest.load_private_key(priv)))
     r = _run("verify", str(path), "--public-key", str(pub), "--json", home=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout) == {"manifest": str(path), "verified": True, "schema": manifest.SCHEMA,
-                                    "builder_key_sha256": "cd" * 32, "image_sha256": "ab" * 32,
-                                    "root_hash": "ef" * 32}
+    assert json.loads(r.stdout) == {
+        "manifest": str(path),
+        "verified": True,
+        "schema": manifest.SCHEMA,
+        "builder_key_sha256": "cd" * 32,
+        "image_sha256": "ab" * 32,
+        "root_hash": "ef" * 32,
+    }
     path.write_bytes(raw.replace(b"abab", b"abac", 1))
     r = _run("verify", str(path), "--public-key", str(pub), "--json", home=tmp_path)
     assert r.returncode == 1 and r.stdout == "" and r.stderr.count("\n") == 1 and "altered" in r.stderr

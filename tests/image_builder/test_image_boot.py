@@ -11,7 +11,6 @@ import base64
 import json
 import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -37,8 +36,11 @@ def test_two_builds_from_one_cache_are_byte_identical_and_signed(built_image) ->
     a, b = built_image.out, built_image.again
     for name in ("rigbase-usb.img", "rigbase.efi", "manifest.json", "manifest.json.sig"):
         assert (a / name).read_bytes() == (b / name).read_bytes(), f"{name} differs between two builds"
-    doc = manifest.verify((a / "manifest.json").read_bytes(), (a / "manifest.json.sig").read_bytes(),
-                          built_image.key_pub.read_bytes())
+    doc = manifest.verify(
+        (a / "manifest.json").read_bytes(),
+        (a / "manifest.json.sig").read_bytes(),
+        built_image.key_pub.read_bytes(),
+    )
     assert doc["verity"]["root_hash"] in doc["kernel"]["cmdline"]
     assert [p["phase"] for p in doc["pcr11"]] == list(measure.PHASES)
     assert "join_token" not in json.dumps(doc)  # the bundle's secret stays off the manifest
@@ -56,7 +58,9 @@ def test_nvidia_package_set_resolves(built_image) -> None:
     assert "nvidia-driver" in installs and "nvidia-kernel-dkms" in installs
 
 
-def test_usb_boot_installs_to_nvme_and_node_shows_banner_and_manifest_pcrs(built_image, lab_tpm, tmp_path: Path) -> None:
+def test_usb_boot_installs_to_nvme_and_node_shows_banner_and_manifest_pcrs(
+    built_image, lab_tpm, tmp_path: Path
+) -> None:
     doc = built_image.manifest
     image = built_image.out / "rigbase-usb.img"
     nvme = vm.blank_disk(tmp_path / "nvme0.img", 2 * GiB)
@@ -81,8 +85,9 @@ def test_usb_boot_installs_to_nvme_and_node_shows_banner_and_manifest_pcrs(built
     assert check.loaded_images == doc["pcr4"]["boot_path"] and pcrs[4] == doc["pcr4"]["sha256"]
     assert measure.replay(events, 11) == {p["phase"]: p["sha256"] for p in doc["pcr11"]}[""]
     # The installed OS on NVMe is a verbatim copy of the USB drive's verity-protected root.
-    parts = json.loads(subprocess.run(["sfdisk", "--json", str(nvme)], capture_output=True, text=True,
-                                      check=True).stdout)["partitiontable"]["partitions"]
+    parts = json.loads(
+        subprocess.run(["sfdisk", "--json", str(nvme)], capture_output=True, text=True, check=True).stdout
+    )["partitiontable"]["partitions"]
     by_name = {p["name"]: p for p in parts}
     usb_root = doc["image"]["partitions"]["rigbase-usb-root"]
     with image.open("rb") as u, nvme.open("rb") as n:
@@ -113,11 +118,14 @@ def test_modified_uki_changes_pcr11_and_no_writes_nothing(built_image, lab_tpm, 
     uki = bytearray((built_image.out / "rigbase.efi").read_bytes())
     osrel = pe.section(bytes(uki), ".osrel")
     at = bytes(uki).index(osrel) + osrel.index(b"rigbase node")
-    uki[at:at + 12] = b"RIGBASE NODE"  # same length: only the measured .osrel content changes
+    uki[at : at + 12] = b"RIGBASE NODE"  # same length: only the measured .osrel content changes
     (tmp_path / "rigbase.efi").write_bytes(bytes(uki))
     esp = doc["image"]["partitions"]["rigbase-esp"]["offset"]
-    subprocess.run(["mcopy", "-o", "-i", f"{image}@@{esp}", str(tmp_path / "rigbase.efi"), "::/EFI/Linux/rigbase.efi"],
-                   check=True, env={**os.environ, "MTOOLS_SKIP_CHECK": "1"})
+    subprocess.run(
+        ["mcopy", "-o", "-i", f"{image}@@{esp}", str(tmp_path / "rigbase.efi"), "::/EFI/Linux/rigbase.efi"],
+        check=True,
+        env={**os.environ, "MTOOLS_SKIP_CHECK": "1"},
+    )
     sections = {n: pe.section(bytes(uki), n) for n in (".linux", ".osrel", ".cmdline", ".initrd")}
     nvme = vm.blank_disk(tmp_path / "nvme0.img", 2 * GiB)
     with vm.Machine(tmp_path / "vm", image, [nvme], lab_tpm.state_dir) as m:

@@ -24,11 +24,17 @@ EPOCH = 1700000000
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """The installed `image-builder` command (pyproject.toml's console script), as an operator runs it."""
-    return subprocess.run([str(Path(sys.executable).parent / "image-builder"), *args],
-                          capture_output=True, text=True, env={**os.environ, **(env or {})}, check=False)
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "image-builder"), *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        check=False,
+    )
 
 
 # --- manifest signing -------------------------------------------------------------------------------
+
 
 def test_keygen_writes_private_key_0600_and_refuses_to_overwrite(tmp_path: Path) -> None:
     priv, pub = manifest.keygen(tmp_path / "k.pem")
@@ -61,8 +67,17 @@ def test_cli_usage_errors_exit_2_and_bad_bundle_exits_1_without_output(tmp_path:
     manifest.keygen(tmp_path / "k.pem")
     for text in ("{not json", "42", '{"version": 1}'):  # not JSON, JSON but not an object, fields missing
         bad.write_text(text)
-        r = _cli("build", "--bundle", str(bad), "--output", str(tmp_path / "out"), "--cache", str(tmp_path / "c"),
-                 "--key", str(tmp_path / "k.pem"))
+        r = _cli(
+            "build",
+            "--bundle",
+            str(bad),
+            "--output",
+            str(tmp_path / "out"),
+            "--cache",
+            str(tmp_path / "c"),
+            "--key",
+            str(tmp_path / "k.pem"),
+        )
         assert r.returncode == 1, r.stderr
         assert "provision region bundle" in r.stderr and r.stderr.count("\n") == 1
         assert not (tmp_path / "out").exists()
@@ -83,6 +98,7 @@ def test_plan_is_plain_data_with_fixed_identifiers(tmp_path: Path) -> None:
 
 # --- filesystems and disk ---------------------------------------------------------------------------
 
+
 def _small_tree(root: Path) -> Path:
     for i in range(40):
         d = root / f"dir{i % 5}"
@@ -99,7 +115,9 @@ def test_ext4_image_is_byte_identical_for_the_same_tree_built_at_different_times
     (tree / "dir2" / "file2").chmod(0o644)  # bumps ctime
     b = ext4.make(tree, tmp_path / "b.ext4", IDS["root_fs_uuid"], "t", EPOCH)
     assert a.read_bytes() == b.read_bytes()
-    out = subprocess.run(["debugfs", "-R", "stat /dir1/file1", str(a)], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["debugfs", "-R", "stat /dir1/file1", str(a)], capture_output=True, text=True, check=True
+    ).stdout
     assert "0x6553f100" in out  # EPOCH in hex: ctime/atime/mtime pinned
     assert subprocess.run(["e2fsck", "-fn", str(a)], capture_output=True).returncode == 0
 
@@ -120,13 +138,20 @@ def test_verity_root_hash_is_stable_and_detects_one_flipped_byte(tmp_path: Path)
 def test_disk_image_has_fixed_gpt_ids_and_partition_contents(tmp_path: Path) -> None:
     payload = tmp_path / "p.img"
     payload.write_bytes(b"rigbase" * 1000)
-    esp = disk.make_esp(tmp_path / "esp.img", 40 * disk.MiB, {"EFI/BOOT/BOOTX64.EFI": payload}, "12345678", EPOCH)
-    layout = disk.Layout(IDS["disk_guid"], (
-        disk.Partition("rigbase-esp", disk.ESP_TYPE, IDS["esp_partuuid"], esp, 40 * disk.MiB),
-        disk.Partition("rigbase-usb-root", disk.ROOT_TYPE, IDS["root_partuuid"], payload, disk.MiB),
-    ))
+    esp = disk.make_esp(
+        tmp_path / "esp.img", 40 * disk.MiB, {"EFI/BOOT/BOOTX64.EFI": payload}, "12345678", EPOCH
+    )
+    layout = disk.Layout(
+        IDS["disk_guid"],
+        (
+            disk.Partition("rigbase-esp", disk.ESP_TYPE, IDS["esp_partuuid"], esp, 40 * disk.MiB),
+            disk.Partition("rigbase-usb-root", disk.ROOT_TYPE, IDS["root_partuuid"], payload, disk.MiB),
+        ),
+    )
     a = disk.write_image(layout, tmp_path / "a.img")
-    table = json.loads(subprocess.run(["sfdisk", "--json", str(a)], capture_output=True, text=True, check=True).stdout)
+    table = json.loads(
+        subprocess.run(["sfdisk", "--json", str(a)], capture_output=True, text=True, check=True).stdout
+    )
     parts = table["partitiontable"]["partitions"]
     assert table["partitiontable"]["id"].lower() == IDS["disk_guid"]
     assert [p["name"] for p in parts] == ["rigbase-esp", "rigbase-usb-root"]
@@ -135,21 +160,32 @@ def test_disk_image_has_fixed_gpt_ids_and_partition_contents(tmp_path: Path) -> 
     with a.open("rb") as fh:
         fh.seek(off)
         assert fh.read(payload.stat().st_size) == payload.read_bytes()
-    listing = subprocess.run(["mdir", "-i", f"{a}@@{disk.MiB}", "::/EFI/BOOT"], capture_output=True, text=True,
-                             env={**os.environ, "MTOOLS_SKIP_CHECK": "1"}, check=True).stdout
+    listing = subprocess.run(
+        ["mdir", "-i", f"{a}@@{disk.MiB}", "::/EFI/BOOT"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "MTOOLS_SKIP_CHECK": "1"},
+        check=True,
+    ).stdout
     assert "BOOTX64" in listing
     b = disk.write_image(layout, tmp_path / "b.img")
     assert a.read_bytes() == b.read_bytes()
 
 
 def test_cpio_archive_is_readable_by_cpio_and_deterministic(tmp_path: Path) -> None:
-    entries = [cpio.Entry("bin", stat.S_IFDIR | 0o755), cpio.Entry("bin/x", stat.S_IFREG | 0o755, b"hello"),
-               cpio.Entry("bin/y", stat.S_IFLNK | 0o777, b"x")]
+    entries = [
+        cpio.Entry("bin", stat.S_IFDIR | 0o755),
+        cpio.Entry("bin/x", stat.S_IFREG | 0o755, b"hello"),
+        cpio.Entry("bin/y", stat.S_IFLNK | 0o777, b"x"),
+    ]
     a = cpio.archive(entries, EPOCH)
     assert a == cpio.archive(list(reversed(entries)), EPOCH)
     got = _read_newc(a)
-    assert [(n, m) for n, m, _ in got] == [("bin", stat.S_IFDIR | 0o755), ("bin/x", stat.S_IFREG | 0o755),
-                                           ("bin/y", stat.S_IFLNK | 0o777)]
+    assert [(n, m) for n, m, _ in got] == [
+        ("bin", stat.S_IFDIR | 0o755),
+        ("bin/x", stat.S_IFREG | 0o755),
+        ("bin/y", stat.S_IFLNK | 0o777),
+    ]
     assert got[1][2] == b"hello" and got[2][2] == b"x"
 
 
@@ -157,12 +193,12 @@ def _read_newc(blob: bytes) -> list[tuple[str, int, bytes]]:
     """An independent reader of the newc format (the kernel's initramfs unpacker reads the same layout)."""
     out, off = [], 0
     while True:
-        assert blob[off:off + 6] == b"070701"
-        f = [int(blob[off + 6 + 8 * i: off + 14 + 8 * i], 16) for i in range(13)]
+        assert blob[off : off + 6] == b"070701"
+        f = [int(blob[off + 6 + 8 * i : off + 14 + 8 * i], 16) for i in range(13)]
         mode, size, namesize = f[1], f[6], f[11]
-        name = blob[off + 110: off + 110 + namesize - 1].decode()
+        name = blob[off + 110 : off + 110 + namesize - 1].decode()
         off = (off + 110 + namesize + 3) & ~3
-        data = blob[off: off + size]
+        data = blob[off : off + size]
         off = (off + size + 3) & ~3
         if name == "TRAILER!!!":
             return out
@@ -172,15 +208,23 @@ def _read_newc(blob: bytes) -> list[tuple[str, int, bytes]]:
 
 # --- UKI and measurements ---------------------------------------------------------------------------
 
+
 def _uki(tmp_path: Path, osrel: bytes = b"ID=rigbase\n") -> tuple[Path, dict[str, Path]]:
-    files = {".linux": tmp_path / "vmlinuz", ".osrel": tmp_path / "osrel", ".cmdline": tmp_path / "cmdline",
-             ".initrd": tmp_path / "initrd"}
+    files = {
+        ".linux": tmp_path / "vmlinuz",
+        ".osrel": tmp_path / "osrel",
+        ".cmdline": tmp_path / "cmdline",
+        ".initrd": tmp_path / "initrd",
+    }
     files[".linux"].write_bytes(uki.SYSTEMD_BOOT.read_bytes())  # any PE stands in for a kernel here
     files[".osrel"].write_bytes(osrel)
     files[".cmdline"].write_bytes(b"console=ttyS0 rigbase.roothash=" + b"ab" * 32)
     files[".initrd"].write_bytes(b"\x1f\x8b" + b"x" * 5000)
-    out = uki.build(uki.UkiParts(files[".linux"], files[".initrd"], files[".cmdline"], files[".osrel"]),
-                    tmp_path / "uki.efi", EPOCH)
+    out = uki.build(
+        uki.UkiParts(files[".linux"], files[".initrd"], files[".cmdline"], files[".osrel"]),
+        tmp_path / "uki.efi",
+        EPOCH,
+    )
     return out, files
 
 
@@ -214,19 +258,29 @@ def test_authenticode_digest_ignores_checksum_and_covers_sections() -> None:
 
 
 def _event_log(events: list[tuple[int, int, bytes, bytes]]) -> bytes:
-    spec = b"Spec ID Event03\0" + struct.pack("<IBBBBI", 0, 0, 2, 0, 2, 1) + struct.pack("<HH", 0x0B, 32) + b"\0"
+    spec = (
+        b"Spec ID Event03\0" + struct.pack("<IBBBBI", 0, 0, 2, 0, 2, 1) + struct.pack("<HH", 0x0B, 32) + b"\0"
+    )
     out = struct.pack("<II", 0, 3) + b"\0" * 20 + struct.pack("<I", len(spec)) + spec
     for pcr, etype, digest, data in events:
-        out += struct.pack("<III", pcr, etype, 1) + struct.pack("<H", 0x0B) + digest + struct.pack("<I", len(data)) + data
+        out += (
+            struct.pack("<III", pcr, etype, 1)
+            + struct.pack("<H", 0x0B)
+            + digest
+            + struct.pack("<I", len(data))
+            + data
+        )
     return out
 
 
 def test_pcr4_replay_accepts_the_manifest_path_and_rejects_an_unknown_image() -> None:
     known = {"systemd-boot": "11" * 32, "uki": "22" * 32, "kernel": "33" * 32}
-    events = [(4, measure.EV_EFI_ACTION, hashlib.sha256(measure.CALLING_EFI_APP).digest(), measure.CALLING_EFI_APP),
-              (4, measure.EV_SEPARATOR, hashlib.sha256(b"\0" * 4).digest(), b"\0" * 4),
-              (0, measure.EV_NO_ACTION, b"\0" * 32, b"ignored"),
-              *[(4, measure.EV_EFI_BOOT_SERVICES_APPLICATION, bytes.fromhex(known[n]), b"") for n in known]]
+    events = [
+        (4, measure.EV_EFI_ACTION, hashlib.sha256(measure.CALLING_EFI_APP).digest(), measure.CALLING_EFI_APP),
+        (4, measure.EV_SEPARATOR, hashlib.sha256(b"\0" * 4).digest(), b"\0" * 4),
+        (0, measure.EV_NO_ACTION, b"\0" * 32, b"ignored"),
+        *[(4, measure.EV_EFI_BOOT_SERVICES_APPLICATION, bytes.fromhex(known[n]), b"") for n in known],
+    ]
     log = measure.parse_event_log(_event_log(events))
     expected = measure.pcr4_for_path(list(known.values()))
     ok = measure.check_pcr4(log, expected, known)
@@ -247,6 +301,7 @@ def test_pcr12_is_the_command_line_measured_by_boot_loader_and_stub() -> None:
 
 # --- installer decisions ----------------------------------------------------------------------------
 
+
 def test_installer_decisions_are_a_table() -> None:
     p = [installer.BlockPart("/dev/nvme0n1p2", "nvme0n1", installer.OS_ROOT)]
     assert installer.situation("nvme", ["nvme0n1"], p) is installer.Situation.BOOTED_FROM_NVME
@@ -264,11 +319,17 @@ def test_installer_layout_is_accepted_by_sfdisk(tmp_path: Path) -> None:
         with img.open("wb") as fh:
             fh.truncate(2 * 2**30)
         subprocess.run(["sfdisk", "-q", str(img)], input=script, text=True, check=True)
-        parts = json.loads(subprocess.run(["sfdisk", "--json", str(img)], capture_output=True, text=True,
-                                          check=True).stdout)["partitiontable"]["partitions"]
+        parts = json.loads(
+            subprocess.run(["sfdisk", "--json", str(img)], capture_output=True, text=True, check=True).stdout
+        )["partitiontable"]["partitions"]
         names = [p["name"] for p in parts]
         if name == "nvme0n1":
-            assert names == [installer.OS_ESP, installer.OS_ROOT, installer.OS_VERITY, installer.OS_STATE + "-new"]
+            assert names == [
+                installer.OS_ESP,
+                installer.OS_ROOT,
+                installer.OS_VERITY,
+                installer.OS_STATE + "-new",
+            ]
             assert parts[1]["size"] * 512 == 800 * disk.MiB
         else:
             assert names == ["rigbase-data-1"]

@@ -24,8 +24,17 @@ def main() -> int:
             return 0
         t0 = time.monotonic()
         actual = desired.apply(msg["desired"])
-        print(json.dumps({"t0": t0, "t1": time.monotonic(), "actual": actual,
-                          "zeroconf_loaded": "zeroconf" in sys.modules}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "t0": t0,
+                    "t1": time.monotonic(),
+                    "actual": actual,
+                    "zeroconf_loaded": "zeroconf" in sys.modules,
+                }
+            ),
+            flush=True,
+        )
     desired.shutdown()
     return 0
 

@@ -20,9 +20,17 @@ MINION_ID = "0123456789abcdef0123456789abcdef"
 
 
 def _bundle(path: Path, **overrides: Any) -> Path:
-    data = {"version": 1, "control_plane_url": "http://127.0.0.1:8470", "ca_certificate": None,
-            "region": "lab-east", "region_id": "reg_1", "provider": "physical", "join_token": "secret",
-            "expires_at": None, **overrides}
+    data = {
+        "version": 1,
+        "control_plane_url": "http://127.0.0.1:8470",
+        "ca_certificate": None,
+        "region": "lab-east",
+        "region_id": "reg_1",
+        "provider": "physical",
+        "join_token": "secret",
+        "expires_at": None,
+        **overrides,
+    }
     path.write_text(json.dumps(data))
     return path
 
@@ -39,8 +47,15 @@ def test_worst_case_banner_fits_80x25(profile_inventory: Cached, tmp_path: Path)
     inventory = Inventory.from_json(profile_inventory("pcie3-x4-few-cores"))
     report = check(inventory, "local", public_jobs=True)
     addresses = [(f"enp{i}s0f{i}", f"2001:db8:{i:x}::{i:x}:1234:5678") for i in range(10)]
-    text = render(minion_id=None, tpm_problem="x" * 300, enrollment=read_bundle(tmp_path / "none.json"),
-                  addresses=addresses, report=report, inventory=inventory, version="9.9.9")
+    text = render(
+        minion_id=None,
+        tpm_problem="x" * 300,
+        enrollment=read_bundle(tmp_path / "none.json"),
+        addresses=addresses,
+        report=report,
+        inventory=inventory,
+        version="9.9.9",
+    )
     lines = _assert_fits(text)
     assert lines[0].startswith("rigbase minion 9.9.9") and lines[0].endswith("riser-rig")
     assert "TPM missing or unreadable: xxx" in text
@@ -53,8 +68,14 @@ def test_worst_case_banner_fits_80x25(profile_inventory: Cached, tmp_path: Path)
 def test_ready_node_says_where_to_add_it(profile_inventory: Cached, tmp_path: Path) -> None:
     inventory = Inventory.from_json(profile_inventory("h100-sxm-server"))
     enrollment = read_bundle(_bundle(tmp_path / "bundle.json"))
-    text = render(minion_id=MINION_ID, tpm_problem=None, enrollment=enrollment,
-                  addresses=[("eno1", "192.168.1.20")], report=check(inventory), inventory=inventory)
+    text = render(
+        minion_id=MINION_ID,
+        tpm_problem=None,
+        enrollment=enrollment,
+        addresses=[("eno1", "192.168.1.20")],
+        report=check(inventory),
+        inventory=inventory,
+    )
     lines = _assert_fits(text)
     assert f"minion_id  {MINION_ID}" in lines
     assert any(line.startswith("region     lab-east (physical)") for line in lines)
@@ -70,7 +91,10 @@ def test_bundle_problems_are_one_line_each(tmp_path: Path) -> None:
     assert "unsupported version 2" in (read_bundle(_bundle(tmp_path / "v2.json", version=2)).problem or "")
     kind = read_bundle(_bundle(tmp_path / "kind.json", storage_mode="central", public_jobs=True))
     assert (kind.region, kind.storage_mode and kind.storage_mode.value, kind.public_jobs) == (
-        "lab-east", "central", True)
+        "lab-east",
+        "central",
+        True,
+    )
 
 
 def test_unreachable_tpm_gives_a_reason() -> None:
@@ -84,7 +108,8 @@ def test_banner_command_with_a_real_swtpm(umockdev_testbed: Make, swtpm: Any, tm
 
     bundle = _bundle(tmp_path / "bundle.json")
     result = umockdev_testbed("h100-sxm-server").run(
-        "banner", env={"RIGBASE_BUNDLE": str(bundle), "RIGBASE_TCTI": swtpm.tcti})
+        "banner", env={"RIGBASE_BUNDLE": str(bundle), "RIGBASE_TCTI": swtpm.tcti}
+    )
     assert result.returncode == 0, result.stderr
     lines = _assert_fits(result.stdout)
     expected = minion_id(swtpm.tcti)
@@ -97,8 +122,14 @@ def test_banner_command_with_a_real_swtpm(umockdev_testbed: Make, swtpm: Any, tm
 def test_banner_command_flags_and_missing_tpm(umockdev_testbed: Make, tmp_path: Path) -> None:
     bundle = _bundle(tmp_path / "bundle.json")
     result = umockdev_testbed("central-1gbe").run(
-        "banner", "--bundle", str(bundle), "--tcti", "swtpm:path=/nonexistent/rigbase.sock",
-        "--storage-mode", "central")
+        "banner",
+        "--bundle",
+        str(bundle),
+        "--tcti",
+        "swtpm:path=/nonexistent/rigbase.sock",
+        "--storage-mode",
+        "central",
+    )
     assert result.returncode == 0, result.stderr
     lines = _assert_fits(result.stdout)
     assert any(line.startswith("minion_id  TPM missing or unreadable: ") for line in lines)
@@ -109,8 +140,14 @@ def test_banner_command_flags_and_missing_tpm(umockdev_testbed: Make, tmp_path: 
 
 def test_next_step_without_a_tpm(profile_inventory: Cached, tmp_path: Path) -> None:
     inventory = Inventory.from_json(profile_inventory("no-tpm"))
-    text = render(minion_id=None, tpm_problem="no TPM reachable", enrollment=read_bundle(_bundle(tmp_path / "b")),
-                  addresses=[], report=check(inventory), inventory=inventory)
+    text = render(
+        minion_id=None,
+        tpm_problem="no TPM reachable",
+        enrollment=read_bundle(_bundle(tmp_path / "b")),
+        addresses=[],
+        report=check(inventory),
+        inventory=inventory,
+    )
     lines = _assert_fits(text)
     assert "[FAIL] tpm2               no TPM; need TPM 2.0" in lines
     assert "addresses  none (no interface has an IP address)" in lines
@@ -118,8 +155,13 @@ def test_next_step_without_a_tpm(profile_inventory: Cached, tmp_path: Path) -> N
 
 
 def test_banner_on_this_machine() -> None:
-    result = subprocess.run([str(minion_executable()), "banner", "--bundle", "/nonexistent/bundle.json"],
-                            capture_output=True, text=True, timeout=60, check=False)
+    result = subprocess.run(
+        [str(minion_executable()), "banner", "--bundle", "/nonexistent/bundle.json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
     lines = _assert_fits(result.stdout)
     assert any(line.startswith("region     unknown: no enrollment bundle at /nonexistent") for line in lines)
@@ -130,14 +172,23 @@ def test_addresses_match_the_kernel() -> None:
     """Cross-check the stdlib address reader against iproute2 on this machine."""
     from minion.hardware.addresses import local_addresses
 
-    shown = json.loads(subprocess.run(["ip", "-j", "addr"], capture_output=True, text=True,
-                                      check=True).stdout)
-    expected_v4 = {(i["ifname"], a["local"]) for i in shown for a in i.get("addr_info", [])
-                   if a["family"] == "inet" and i["ifname"] != "lo"}
+    shown = json.loads(
+        subprocess.run(["ip", "-j", "addr"], capture_output=True, text=True, check=True).stdout
+    )
+    expected_v4 = {
+        (i["ifname"], a["local"])
+        for i in shown
+        for a in i.get("addr_info", [])
+        if a["family"] == "inet" and i["ifname"] != "lo"
+    }
     found = set(local_addresses())
     # SIOCGIFADDR gives the primary IPv4 address of each interface
     assert {name for name, _ in expected_v4} == {n for n, a in found if "." in a}
     assert {(n, a) for n, a in found if "." in a} <= expected_v4
-    expected_v6 = {(i["ifname"], a["local"]) for i in shown for a in i.get("addr_info", [])
-                   if a["family"] == "inet6" and a.get("scope") == "global"}
+    expected_v6 = {
+        (i["ifname"], a["local"])
+        for i in shown
+        for a in i.get("addr_info", [])
+        if a["family"] == "inet6" and a.get("scope") == "global"
+    }
     assert {(n, a) for n, a in found if ":" in a} == expected_v6

@@ -23,15 +23,24 @@ from minion.datastores.mounts import DatastoreMount, credentials_file, root_moun
 
 REPO = Path(__file__).resolve().parents[2]
 NAS = DatastoreMount("nas", "nfs", "nas.lan", "/dir2")
-SHARE = DatastoreMount("share", "smb", "files.lan", "/team/dir2", username="jobs",
-                       password="s3cret,with=odd;chars")
+SHARE = DatastoreMount(
+    "share", "smb", "files.lan", "/team/dir2", username="jobs", password="s3cret,with=odd;chars"
+)
 
 
 def test_nfs_spec_mounts_the_root_with_v4_options(tmp_path: Path) -> None:
     spec = root_mount_spec(NAS, tmp_path / "stage")
     assert (spec.source, spec.fstype, spec.credentials) == ("nas.lan:/dir2", "nfs4", None)
     assert {"vers=4", "hard", "nosuid", "nodev"} <= set(spec.options)
-    assert spec.argv() == ["mount", "-t", "nfs4", "-o", ",".join(spec.options), "nas.lan:/dir2", str(tmp_path / "stage")]
+    assert spec.argv() == [
+        "mount",
+        "-t",
+        "nfs4",
+        "-o",
+        ",".join(spec.options),
+        "nas.lan:/dir2",
+        str(tmp_path / "stage"),
+    ]
 
 
 def test_smb_spec_keeps_the_password_off_the_command_line(tmp_path: Path) -> None:
@@ -74,12 +83,23 @@ def test_failed_smb_mount_reports_and_leaves_no_credentials(tmp_path: Path) -> N
     server is unreachable from the empty network namespace (-n). The credentials file must be gone."""
     creds = tmp_path / "creds"
     proc = subprocess.run(
-        ["unshare", "-m", "-n", "--propagation", "private", sys.executable, "-c",
-         "import sys; from pathlib import Path; from minion.datastores.mounts import *\n"
-         f"from tests.minion.test_datastore_mounts import SHARE\n"
-         f"try: mount_root(SHARE, Path({str(tmp_path / 'stage')!r}), Path({str(creds)!r}))\n"
-         "except Exception as e: print(type(e).__name__, e); sys.exit(3)"],
-        capture_output=True, text=True, cwd=REPO, timeout=30,
+        [
+            "unshare",
+            "-m",
+            "-n",
+            "--propagation",
+            "private",
+            sys.executable,
+            "-c",
+            "import sys; from pathlib import Path; from minion.datastores.mounts import *\n"
+            f"from tests.minion.test_datastore_mounts import SHARE\n"
+            f"try: mount_root(SHARE, Path({str(tmp_path / 'stage')!r}), Path({str(creds)!r}))\n"
+            "except Exception as e: print(type(e).__name__, e); sys.exit(3)",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=30,
     )
     assert proc.returncode == 3 and proc.stdout.startswith("Unavailable"), proc.stdout + proc.stderr
     assert creds.is_dir() and list(creds.iterdir()) == []
@@ -113,8 +133,21 @@ def test_job_path_bind_mount_in_a_private_mount_namespace(tmp_path: Path) -> Non
     os.symlink("/etc", stage / "evil")  # absolute: must land in the datastore's etc, not the node's
     os.symlink("../../../..", stage / "up")
     proc = subprocess.run(
-        ["unshare", "-m", "--propagation", "private", sys.executable, "-c", BIND_SCRIPT, str(stage), str(tmp_path / "mnt")],
-        capture_output=True, text=True, cwd=REPO, timeout=30,
+        [
+            "unshare",
+            "-m",
+            "--propagation",
+            "private",
+            sys.executable,
+            "-c",
+            BIND_SCRIPT,
+            str(stage),
+            str(tmp_path / "mnt"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=30,
     )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)

@@ -49,8 +49,12 @@ def test_profile_inventory_matches_the_mocked_hardware(profile_inventory: Cached
 def test_server_details_come_from_sysfs_catalogue_and_proc(profile_inventory: Cached) -> None:
     inv = Inventory.from_json(profile_inventory("h100-sxm-server"))
     gpu = inv.gpus[0]
-    assert (gpu.pci_address, gpu.vendor, gpu.device_id, gpu.driver) == ("0000:01:00.0", "NVIDIA", "2330",
-                                                                         "nvidia")
+    assert (gpu.pci_address, gpu.vendor, gpu.device_id, gpu.driver) == (
+        "0000:01:00.0",
+        "NVIDIA",
+        "2330",
+        "nvidia",
+    )
     assert gpu.name == "H100 SXM5 80GB" and gpu.vram_bytes == 80 * 2**30
     assert gpu.link.current_width == 16 and gpu.link.max_speed_gts == 32.0
     assert gpu.sources["vram"] == "catalogue" and gpu.sources["link"] == "sysfs"
@@ -58,7 +62,11 @@ def test_server_details_come_from_sysfs_catalogue_and_proc(profile_inventory: Ca
     assert any(note.startswith("NVML unavailable") for note in inv.notes)
     nvme = inv.nvme_drives[0]
     assert (nvme.name, nvme.size_bytes, nvme.rotational, nvme.model) == (
-        "nvme0n1", 3840755982336, False, "SAMSUNG MZQL23T8HCLS")
+        "nvme0n1",
+        3840755982336,
+        False,
+        "SAMSUNG MZQL23T8HCLS",
+    )
     assert inv.memory_total_bytes == int(2015.3 * 1024 * 1024) * 1024
     assert inv.hostname == "dgx-h100-01" and inv.cpu.sockets == 2
     assert [n.name for n in inv.nics] == ["eno1", "ens1f0np0", "ens1f1np1"]  # no lo, no br0
@@ -68,48 +76,92 @@ def test_server_details_come_from_sysfs_catalogue_and_proc(profile_inventory: Ca
 def test_rotation_rate_and_down_links_are_reported(profile_inventory: Cached) -> None:
     inv = Inventory.from_json(profile_inventory("local-two-sata"))
     assert [(d.size_bytes, d.rotational, d.rpm) for d in inv.sata_drives] == [
-        (4000787030016, True, 7200), (4000787030016, True, 7200), (500107862016, False, None),
-        (4000787030016, True, 5400)]
+        (4000787030016, True, 7200),
+        (4000787030016, True, 7200),
+        (500107862016, False, None),
+        (4000787030016, True, 5400),
+    ]
     central = Inventory.from_json(profile_inventory("central-1gbe"))
     assert [(n.name, n.speed_mbps, n.link_up) for n in central.nics] == [
-        ("eno1", 1000, True), ("ens2f0", None, False)]
+        ("eno1", 1000, True),
+        ("ens2f0", None, False),
+    ]
 
 
 def test_tpm_version_from_each_kernel_interface(profile_inventory: Cached) -> None:
-    sources = {name: Inventory.from_json(profile_inventory(name)).tpm
-               for name in ("h100-sxm-server", "rtx3090-workstation", "tpm12", "no-tpm")}
+    sources = {
+        name: Inventory.from_json(profile_inventory(name)).tpm
+        for name in ("h100-sxm-server", "rtx3090-workstation", "tpm12", "no-tpm")
+    }
     assert (sources["h100-sxm-server"].major_version, sources["h100-sxm-server"].source) == (
-        2, "sysfs tpm_version_major")
+        2,
+        "sysfs tpm_version_major",
+    )
     assert (sources["rtx3090-workstation"].major_version, sources["rtx3090-workstation"].source) == (
-        2, "sysfs tpmrm device")
+        2,
+        "sysfs tpmrm device",
+    )
     assert (sources["tpm12"].major_version, sources["tpm12"].source) == (1, "sysfs caps")
     assert not sources["no-tpm"].present
 
 
 def _profile(name: str, gpus: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"name": name, "host": {"memory_gib": 64, "sockets": 1, "cores_per_socket": 8},
-            "gpus": gpus, "nvme": [{"count": 2, "bytes": 1000204886016}], "tpm": {"version": 2},
-            "nics": [{"name": "eno1", "speed": 10000}]}
+    return {
+        "name": name,
+        "host": {"memory_gib": 64, "sockets": 1, "cores_per_socket": 8},
+        "gpus": gpus,
+        "nvme": [{"count": 2, "bytes": 1000204886016}],
+        "tpm": {"version": 2},
+        "nics": [{"name": "eno1", "speed": 10000}],
+    }
 
 
 def test_unknown_and_amd_gpus(umockdev_testbed: Make) -> None:
-    inv = Inventory.from_json(_inventory(umockdev_testbed(_profile("odd-gpus", [
-        {"id": "10de:ffff", "gen": 4, "width": 16},
-        {"id": "1002:740f", "gen": 4, "width": 16, "driver": "amdgpu", "sysfs_vram_bytes": 68702699520},
-    ]))))
+    inv = Inventory.from_json(
+        _inventory(
+            umockdev_testbed(
+                _profile(
+                    "odd-gpus",
+                    [
+                        {"id": "10de:ffff", "gen": 4, "width": 16},
+                        {
+                            "id": "1002:740f",
+                            "gen": 4,
+                            "width": 16,
+                            "driver": "amdgpu",
+                            "sysfs_vram_bytes": 68702699520,
+                        },
+                    ],
+                )
+            )
+        )
+    )
     unknown, amd = sorted(inv.gpus, key=lambda g: g.vendor, reverse=True)
     assert (unknown.vendor, unknown.name, unknown.model) == ("NVIDIA", "NVIDIA 10de:ffff", "10de:ffff")
     assert unknown.form_factor is FormFactor.UNKNOWN and unknown.vram_bytes is None
     assert any("10de:ffff" in note and "not in the GPU catalogue" in note for note in inv.notes)
     assert (amd.vendor, amd.vram_bytes, amd.sources["vram"], amd.driver) == (
-        "AMD", 68702699520, "sysfs", "amdgpu")
+        "AMD",
+        68702699520,
+        "sysfs",
+        "amdgpu",
+    )
 
 
 def test_inventory_table_lists_the_hardware(umockdev_testbed: Make) -> None:
     result = umockdev_testbed("mixed-models").run("inventory")
     assert result.returncode == 0, result.stderr
-    for text in ("GeForce RTX", "RTX A6000", "x16/x16", "nvme0n1", "4.00 TB", "HDD 7200 rpm", "enp65s0f0", "25 Gb/s",
-                 "tpm0, version 2"):
+    for text in (
+        "GeForce RTX",
+        "RTX A6000",
+        "x16/x16",
+        "nvme0n1",
+        "4.00 TB",
+        "HDD 7200 rpm",
+        "enp65s0f0",
+        "25 Gb/s",
+        "tpm0, version 2",
+    ):
         assert text in result.stdout
 
 
@@ -124,8 +176,13 @@ def _sysfs_gpu_count() -> int:
 
 def test_this_machine_inventory_runs_and_reports_what_sysfs_shows() -> None:
     """No udevd, GPU, NVMe or TPM here: the inventory still runs and says so."""
-    result = subprocess.run([str(minion_executable()), "inventory", "--json"], capture_output=True,
-                            text=True, timeout=60, check=False)
+    result = subprocess.run(
+        [str(minion_executable()), "inventory", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
     inv = Inventory.from_json(result.stdout)
     assert len(inv.gpus) == _sysfs_gpu_count()
@@ -134,23 +191,30 @@ def test_this_machine_inventory_runs_and_reports_what_sysfs_shows() -> None:
     tpm_class = Path("/sys/class/tpm")
     assert inv.tpm.present == (tpm_class.exists() and any(tpm_class.iterdir()))
     assert inv.cpu.threads == os.cpu_count()
-    table = subprocess.run([str(minion_executable()), "inventory"], capture_output=True, text=True,
-                           timeout=60, check=False)
+    table = subprocess.run(
+        [str(minion_executable()), "inventory"], capture_output=True, text=True, timeout=60, check=False
+    )
     assert table.returncode == 0 and "Traceback" not in table.stderr
     assert f"{inv.cpu.threads} threads" in table.stdout
 
 
 def test_host_root_without_proc_files_is_a_usage_error(tmp_path: Path) -> None:
-    result = subprocess.run([str(minion_executable()), "inventory", "--host-root", str(tmp_path)],
-                            capture_output=True, text=True, timeout=60, check=False)
+    result = subprocess.run(
+        [str(minion_executable()), "inventory", "--host-root", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "--host-root" in result.stderr
 
 
 def test_cpuinfo_without_topology_counts_threads_as_cores(tmp_path: Path) -> None:
     (tmp_path / "proc").mkdir()
-    (tmp_path / "proc" / "cpuinfo").write_text("processor\t: 0\nmodel name\t: vcpu\n\n"
-                                               "processor\t: 1\nmodel name\t: vcpu\n")
+    (tmp_path / "proc" / "cpuinfo").write_text(
+        "processor\t: 0\nmodel name\t: vcpu\n\nprocessor\t: 1\nmodel name\t: vcpu\n"
+    )
     cpu = hostfiles.cpu(tmp_path)
     assert (cpu.physical_cores, cpu.threads, cpu.sockets, cpu.model) == (2, 2, 1, "vcpu")
 
@@ -161,28 +225,61 @@ def test_from_json_rejects_bad_documents_with_one_sentence() -> None:
     with pytest.raises(InvalidInventory, match="'cpu'"):
         Inventory.from_json({"hostname": "x", "memory_total_bytes": 1, "tpm": {"present": False}})
     with pytest.raises(InvalidInventory, match="kind"):
-        Inventory.from_json({"hostname": "x", "memory_total_bytes": 1, "tpm": {"present": False},
-                             "cpu": {"physical_cores": 1, "threads": 1},
-                             "drives": [{"name": "sda", "kind": "floppy", "size_bytes": 1}]})
+        Inventory.from_json(
+            {
+                "hostname": "x",
+                "memory_total_bytes": 1,
+                "tpm": {"present": False},
+                "cpu": {"physical_cores": 1, "threads": 1},
+                "drives": [{"name": "sda", "kind": "floppy", "size_bytes": 1}],
+            }
+        )
 
 
-@pytest.mark.parametrize(("text", "speed", "generation"), [
-    ("8.0 GT/s PCIe", 8.0, 3), ("16 GT/s", 16.0, 4), ("32.0 GT/s PCIe", 32.0, 5), ("2.5 GT/s PCIe", 2.5, 1),
-    ("Unknown", None, None), ("", None, None)])
+@pytest.mark.parametrize(
+    ("text", "speed", "generation"),
+    [
+        ("8.0 GT/s PCIe", 8.0, 3),
+        ("16 GT/s", 16.0, 4),
+        ("32.0 GT/s PCIe", 32.0, 5),
+        ("2.5 GT/s PCIe", 2.5, 1),
+        ("Unknown", None, None),
+        ("", None, None),
+    ],
+)
 def test_link_speed_parsing(text: str, speed: float | None, generation: int | None) -> None:
     assert parse_link_speed(text) == speed
     assert pcie_generation(speed) == generation
 
 
-TRAINML_GPU_TYPES = ["GTX 1060", "RTX 2060 Super", "RTX 2070 Super", "RTX 2080 Ti", "RTX 3090", "RTX A4000",
-                     "RTX A6000", "T4", "P100", "V100", "A100 40GB", "A100 80GB"]
+TRAINML_GPU_TYPES = [
+    "GTX 1060",
+    "RTX 2060 Super",
+    "RTX 2070 Super",
+    "RTX 2080 Ti",
+    "RTX 3090",
+    "RTX A4000",
+    "RTX A6000",
+    "T4",
+    "P100",
+    "V100",
+    "A100 40GB",
+    "A100 80GB",
+]
 
 
 def test_catalogue_covers_the_required_gpus_with_sources() -> None:
     entries = catalogue.load()
     assert set(TRAINML_GPU_TYPES) <= {e.model for e in entries.values()}
     names = {e.name for e in entries.values()}
-    assert {"L4", "H100 PCIe", "H100 SXM5 80GB", "H200 SXM 141GB", "A100 PCIe 80GB", "A100 SXM4 80GB"} <= names
+    assert {
+        "L4",
+        "H100 PCIe",
+        "H100 SXM5 80GB",
+        "H200 SXM 141GB",
+        "A100 PCIe 80GB",
+        "A100 SXM4 80GB",
+    } <= names
     by_name = {e.name: e for e in entries.values()}
     assert by_name["H100 SXM5 80GB"].form_factor is FormFactor.SXM
     assert by_name["H100 PCIe"].form_factor is FormFactor.PCIE and by_name["H100 PCIe"].pcie_gen == 5

@@ -58,9 +58,9 @@ def test_move_between_nodes_reaches_resolvers(mdns_lan: MdnsLan, tmp_path: Path)
     try:
         a.apply(JUPYTER)
         assert avahi.resolve("jupyter.local") == mdns_lan.addr_a
-        assert resolve(mdns_lan.peer, mdns_lan.addr_peer, "jupyter", until=mdns_lan.addr_a)[-1]["addresses"] == [
-            mdns_lan.addr_a
-        ]
+        assert resolve(mdns_lan.peer, mdns_lan.addr_peer, "jupyter", until=mdns_lan.addr_a)[-1][
+            "addresses"
+        ] == [mdns_lan.addr_a]
         a.apply()
         [status] = b.apply(JUPYTER)
         assert status["state"] == "published", status  # A's goodbye is not mistaken for a rival
@@ -85,7 +85,9 @@ def test_conflict_with_another_agent_is_reported_not_fought(mdns_lan: MdnsLan) -
         assert mdns_lan.addr_b in status["reason"]
         assert status["address"] is None
         # B keeps the name: A never announced it.
-        assert resolve(mdns_lan.peer, mdns_lan.addr_peer, "jupyter", timeout=1)[-1]["addresses"] == [mdns_lan.addr_b]
+        assert resolve(mdns_lan.peer, mdns_lan.addr_peer, "jupyter", timeout=1)[-1]["addresses"] == [
+            mdns_lan.addr_b
+        ]
         # The conflict is settled state: the next heartbeat's apply does not re-probe or flip it.
         assert a.apply({**JUPYTER, "name": "other"})[0]["state"] == "conflict"
     finally:

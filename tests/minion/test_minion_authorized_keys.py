@@ -28,7 +28,9 @@ from tests.fixtures.umockdev import minion_executable
 from tests.minion.test_minion_run import _wait, region_lab
 
 OTHER = "ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQC7operator operator@laptop"
-STALE = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIStaleStaleStaleStaleStaleStaleStaleStaleSt rigbase-control-plane"
+STALE = (
+    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIStaleStaleStaleStaleStaleStaleStaleStaleSt rigbase-control-plane"
+)
 
 
 def control_plane_key(home: Path) -> str:
@@ -43,7 +45,9 @@ def _digest(path: Path) -> str | None:
 
 
 def test_minion_run_installs_the_key_and_finalize_targets_the_observed_address(
-    tmp_path: Path, swtpm: Swtpm, tpm_vendor_ca: VendorCA,
+    tmp_path: Path,
+    swtpm: Swtpm,
+    tpm_vendor_ca: VendorCA,
     profile_inventory: Callable[[str], dict[str, Any]],
 ) -> None:
     inventory = tmp_path / "inventory.json"
@@ -54,19 +58,51 @@ def test_minion_run_installs_the_key_and_finalize_targets_the_observed_address(
     keys.chmod(0o644)
     with region_lab(tmp_path, tpm_vendor_ca) as cp:
         log = open(tmp_path / "minion.log", "w+")
-        proc = subprocess.Popen([str(minion_executable()), "run", "--bundle", str(tmp_path / "bundle.json"),
-                                 "--tcti", swtpm.tcti, "--state-dir", str(tmp_path / "state"), "--inventory",
-                                 str(inventory), "--heartbeat-interval", "0.2", "--max-backoff", "0.5",
-                                 "--authorized-keys", str(keys)],
-                                stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "TSS2_LOG": "all+none"})
+        proc = subprocess.Popen(
+            [
+                str(minion_executable()),
+                "run",
+                "--bundle",
+                str(tmp_path / "bundle.json"),
+                "--tcti",
+                swtpm.tcti,
+                "--state-dir",
+                str(tmp_path / "state"),
+                "--inventory",
+                str(inventory),
+                "--heartbeat-interval",
+                "0.2",
+                "--max-backoff",
+                "0.5",
+                "--authorized-keys",
+                str(keys),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "TSS2_LOG": "all+none"},
+        )
         client = cp.client()
         try:
-            pending = _wait(lambda: [p for p in client.get("/v1/pending-minions").json()["items"] if p["attested"]],
-                            "the minion to be attested and pending", timeout=60)
+            pending = _wait(
+                lambda: [p for p in client.get("/v1/pending-minions").json()["items"] if p["attested"]],
+                "the minion to be attested and pending",
+                timeout=60,
+            )
             assert keys.read_text() == f"{OTHER}\n{STALE}\n", "nothing is written before a successful join"
-            assert cp.provision("node", "add", "gpu-1", "--region", "lab", "--minion-id", pending[0]["minion_id"]).returncode == 0
-            node = _wait(lambda: (n := client.get("/v1/nodes/gpu-1").json())["state"] == "maintenance" and n["online"] and n,
-                         "the node to join and heartbeat")
+            assert (
+                cp.provision(
+                    "node", "add", "gpu-1", "--region", "lab", "--minion-id", pending[0]["minion_id"]
+                ).returncode
+                == 0
+            )
+            node = _wait(
+                lambda: (
+                    (n := client.get("/v1/nodes/gpu-1").json())["state"] == "maintenance"
+                    and n["online"]
+                    and n
+                ),
+                "the node to join and heartbeat",
+            )
             line = control_plane_key(cp.home)
             assert keys.read_text() == f"{OTHER}\n{line}\n"
             assert keys.stat().st_mode & 0o777 == 0o600
@@ -94,7 +130,10 @@ def test_minion_run_installs_the_key_and_finalize_targets_the_observed_address(
 
 
 def test_minion_join_writes_nothing_without_the_option_and_is_idempotent_with_it(
-    tmp_path: Path, swtpm: Swtpm, tpm_vendor_ca: VendorCA, profile_inventory: Callable[[str], dict[str, Any]],
+    tmp_path: Path,
+    swtpm: Swtpm,
+    tpm_vendor_ca: VendorCA,
+    profile_inventory: Callable[[str], dict[str, Any]],
 ) -> None:
     inventory = tmp_path / "inventory.json"
     inventory.write_text(json.dumps(profile_inventory("h100-sxm-server")))
@@ -107,16 +146,37 @@ def test_minion_join_writes_nothing_without_the_option_and_is_idempotent_with_it
     env = {**os.environ, "TSS2_LOG": "all+none", "HOME": str(home)}
 
     def join(*extra: str) -> dict[str, Any]:
-        out = subprocess.run([str(minion_executable()), "join", "--bundle", str(tmp_path / "bundle.json"), "--tcti",
-                              swtpm.tcti, "--state-dir", str(tmp_path / "state"), "--inventory", str(inventory),
-                              "--json", *extra], capture_output=True, text=True, env=env, timeout=120)
+        out = subprocess.run(
+            [
+                str(minion_executable()),
+                "join",
+                "--bundle",
+                str(tmp_path / "bundle.json"),
+                "--tcti",
+                swtpm.tcti,
+                "--state-dir",
+                str(tmp_path / "state"),
+                "--inventory",
+                str(inventory),
+                "--json",
+                *extra,
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
         assert out.returncode == 0, out
         return json.loads(out.stdout)
 
     with region_lab(tmp_path, tpm_vendor_ca) as cp:
-        assert cp.provision("node", "add", "gpu-2", "--region", "lab", "--minion-id", minion_id).returncode == 0
+        assert (
+            cp.provision("node", "add", "gpu-2", "--region", "lab", "--minion-id", minion_id).returncode == 0
+        )
         outside = {"home", "state", "swtpm"}  # the server's home, the minion's state dir, the TPM's files
-        files = lambda: sorted(str(p) for p in tmp_path.rglob("*") if p.relative_to(tmp_path).parts[0] not in outside)  # noqa: E731
+        files = lambda: sorted(
+            str(p) for p in tmp_path.rglob("*") if p.relative_to(tmp_path).parts[0] not in outside
+        )  # noqa: E731
         listed = files()
         first = join()
         line = control_plane_key(cp.home)

@@ -14,8 +14,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from minion.banner import BannerEnrollment, render
 from minion.hardware.model import Inventory
 from minion.hardware.requirements import check
@@ -41,14 +39,21 @@ def region_lab(tmp_path: Path, tpm_vendor_ca: VendorCA) -> Iterator[Any]:
     with start_control_plane(tmp_path / "home", fakes=Fakes(skip_finalize=True)) as cp:
         ca = tmp_path / "vendor.pem"
         ca.write_bytes(b"".join(tpm_vendor_ca.certificate_pems()))
-        for args in (["provider", "enable", "physical"], ["region", "create", "lab", "--provider", "physical"],
-                     ["tpm-ca", "add", str(ca)], ["region", "bundle", "lab", "-o", str(tmp_path / "bundle.json")]):
+        for args in (
+            ["provider", "enable", "physical"],
+            ["region", "create", "lab", "--provider", "physical"],
+            ["tpm-ca", "add", str(ca)],
+            ["region", "bundle", "lab", "-o", str(tmp_path / "bundle.json")],
+        ):
             assert cp.provision(*args).returncode == 0
         yield cp
 
 
 def test_minion_run_joins_heartbeats_and_stops_on_sigterm(
-    tmp_path: Path, swtpm: Swtpm, tpm_vendor_ca: VendorCA, profile_inventory: Callable[[str], dict[str, Any]],
+    tmp_path: Path,
+    swtpm: Swtpm,
+    tpm_vendor_ca: VendorCA,
+    profile_inventory: Callable[[str], dict[str, Any]],
 ) -> None:
     inventory = profile_inventory("h100-sxm-server")
     inv_file = tmp_path / "inventory.json"
@@ -56,27 +61,63 @@ def test_minion_run_joins_heartbeats_and_stops_on_sigterm(
     with region_lab(tmp_path, tpm_vendor_ca) as cp:
         state = tmp_path / "state"
         log = open(tmp_path / "minion.log", "w+")
-        proc = subprocess.Popen([str(minion_executable()), "run", "--bundle", str(tmp_path / "bundle.json"),
-                                 "--tcti", swtpm.tcti, "--state-dir", str(state), "--inventory", str(inv_file),
-                                 "--heartbeat-interval", "0.2", "--max-backoff", "0.5"],
-                                stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "TSS2_LOG": "all+none"})
+        proc = subprocess.Popen(
+            [
+                str(minion_executable()),
+                "run",
+                "--bundle",
+                str(tmp_path / "bundle.json"),
+                "--tcti",
+                swtpm.tcti,
+                "--state-dir",
+                str(state),
+                "--inventory",
+                str(inv_file),
+                "--heartbeat-interval",
+                "0.2",
+                "--max-backoff",
+                "0.5",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "TSS2_LOG": "all+none"},
+        )
         try:
             client = cp.client()
-            pending = _wait(lambda: [p for p in client.get("/v1/pending-minions").json()["items"] if p["attested"]],
-                            "the minion to be attested and pending")
+            pending = _wait(
+                lambda: [p for p in client.get("/v1/pending-minions").json()["items"] if p["attested"]],
+                "the minion to be attested and pending",
+            )
             minion_id = pending[0]["minion_id"]
             assert pending[0]["attested"] and pending[0]["requirements"] == "pass", pending
-            assert cp.provision("node", "add", "gpu-1", "--region", "lab", "--minion-id", minion_id).returncode == 0
-            node = _wait(lambda: (n := client.get("/v1/nodes/gpu-1").json())["state"] == "maintenance" and n["online"] and n,
-                         "the node to reach maintenance and report")
+            assert (
+                cp.provision("node", "add", "gpu-1", "--region", "lab", "--minion-id", minion_id).returncode
+                == 0
+            )
+            node = _wait(
+                lambda: (
+                    (n := client.get("/v1/nodes/gpu-1").json())["state"] == "maintenance"
+                    and n["online"]
+                    and n
+                ),
+                "the node to reach maintenance and report",
+            )
             assert node["inventory"]["hostname"] == inventory["hostname"]
-            _wait(lambda: json.loads((state / "status.json").read_text())["state"] == "maintenance", "status.json")
+            _wait(
+                lambda: json.loads((state / "status.json").read_text())["state"] == "maintenance",
+                "status.json",
+            )
             for name in ("ak.json", "node.json", "status.json"):
                 assert (state / name).stat().st_mode & 0o777 == 0o600
             enrollment = BannerEnrollment(tmp_path, region="lab")
-            text = render(minion_id=minion_id, tpm_problem=None, enrollment=enrollment, addresses=[],
-                          report=check(Inventory.from_json(inventory)),
-                          join_status=json.loads((state / "status.json").read_text()))
+            text = render(
+                minion_id=minion_id,
+                tpm_problem=None,
+                enrollment=enrollment,
+                addresses=[],
+                report=check(Inventory.from_json(inventory)),
+                join_status=json.loads((state / "status.json").read_text()),
+            )
             assert "join       maintenance" in text
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(15) == 0
@@ -93,37 +134,91 @@ def test_minion_run_joins_heartbeats_and_stops_on_sigterm(
 
 
 def test_minion_run_reads_ram_and_cores_from_host_root(
-    tmp_path: Path, swtpm: Swtpm, tpm_vendor_ca: VendorCA, umockdev_testbed: Callable[[Any], Testbed],
+    tmp_path: Path,
+    swtpm: Swtpm,
+    tpm_vendor_ca: VendorCA,
+    umockdev_testbed: Callable[[Any], Testbed],
 ) -> None:
     """A simulated node (the lab's): sysfs from umockdev, /proc from `--host-root`. Sizes no real machine
     here has, so the pending line can only have come from the supplied host root."""
     profile = load_profile("h100-sxm-server")
     profile["name"] = "odd-host"
-    profile["host"] = {**profile["host"], "memory_gib": 1777, "sockets": 1, "cores_per_socket": 37, "threads_per_core": 1}
+    profile["host"] = {
+        **profile["host"],
+        "memory_gib": 1777,
+        "sockets": 1,
+        "cores_per_socket": 37,
+        "threads_per_core": 1,
+    }
     testbed = umockdev_testbed(profile)
     state = tmp_path / "state"
     env = {**os.environ, "TSS2_LOG": "all+none"}
     # an unusable --host-root is the operator's mistake: one line, exit 2, before any join attempt
     fake_bundle = tmp_path / "fake-bundle.json"
-    fake_bundle.write_text(json.dumps({"version": 1, "control_plane_url": "http://127.0.0.1:9", "join_token": "rbj_x",
-                                       "region": "lab", "region_id": "reg_1", "provider": "physical"}))
+    fake_bundle.write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "control_plane_url": "http://127.0.0.1:9",
+                "join_token": "rbj_x",
+                "region": "lab",
+                "region_id": "reg_1",
+                "provider": "physical",
+            }
+        )
+    )
     (tmp_path / "empty").mkdir()
-    bad = subprocess.run(testbed.command(str(minion_executable()), "run", "--bundle", str(fake_bundle), "--tcti", swtpm.tcti,
-                                         "--state-dir", str(state), "--host-root", str(tmp_path / "empty")),
-                         capture_output=True, text=True, env=env, timeout=60)
+    bad = subprocess.run(
+        testbed.command(
+            str(minion_executable()),
+            "run",
+            "--bundle",
+            str(fake_bundle),
+            "--tcti",
+            swtpm.tcti,
+            "--state-dir",
+            str(state),
+            "--host-root",
+            str(tmp_path / "empty"),
+        ),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert bad.returncode == 2 and "--host-root" in bad.stderr and bad.stderr.count("\n") == 1, bad
     assert not (state / "status.json").exists()
     with region_lab(tmp_path, tpm_vendor_ca) as cp:
         log = open(tmp_path / "minion.log", "w+")
-        proc = subprocess.Popen(testbed.command(str(minion_executable()), "run", "--bundle", str(tmp_path / "bundle.json"),
-                                                "--tcti", swtpm.tcti, "--state-dir", str(state),
-                                                "--host-root", str(testbed.host_root), "--max-backoff", "0.5"),
-                                stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        proc = subprocess.Popen(
+            testbed.command(
+                str(minion_executable()),
+                "run",
+                "--bundle",
+                str(tmp_path / "bundle.json"),
+                "--tcti",
+                swtpm.tcti,
+                "--state-dir",
+                str(state),
+                "--host-root",
+                str(testbed.host_root),
+                "--max-backoff",
+                "0.5",
+            ),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
         client = cp.client()
         try:
-            pending = _wait(lambda: [p for p in client.get("/v1/pending-minions").json()["items"] if p["attested"]],
-                            "the minion to be attested and pending")
-            assert "37 cores" in pending[0]["inventory"] and "1777 GiB RAM" in pending[0]["inventory"], pending
+            pending = _wait(
+                lambda: [p for p in client.get("/v1/pending-minions").json()["items"] if p["attested"]],
+                "the minion to be attested and pending",
+            )
+            assert "37 cores" in pending[0]["inventory"] and "1777 GiB RAM" in pending[0]["inventory"], (
+                pending
+            )
             assert pending[0]["requirements"] == "pass", pending  # 1777 GiB ≥ 2 × 8 × 80 GB of VRAM
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(15) == 0

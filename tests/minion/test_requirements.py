@@ -40,7 +40,8 @@ def test_profile_verdicts(umockdev_testbed: Make, name: str) -> None:
     storage_rule = "sata-drives" if mode == "local" else "network-10gbe"
     assert [r["rule"] for r in document["rules"]] == BASE_RULES + PUBLIC_RULES + [storage_rule]
     assert {r["rule"]: r["ok"] for r in document["rules"]} == {
-        rule: expect[rule] for rule in BASE_RULES + PUBLIC_RULES + [storage_rule]}
+        rule: expect[rule] for rule in BASE_RULES + PUBLIC_RULES + [storage_rule]
+    }
     assert document["ok"] is all(r["ok"] for r in document["rules"])
     assert result.returncode == (0 if document["ok"] else 1), result.stderr
     for field in ("found", "required"):
@@ -52,8 +53,11 @@ def test_profile_verdicts(umockdev_testbed: Make, name: str) -> None:
     inventory = Inventory.from_json(document["inventory"])
     for storage_mode, public_jobs in itertools.product([None, "local", "central"], [False, True]):
         report = check(inventory, storage_mode, public_jobs)
-        wanted = BASE_RULES + (PUBLIC_RULES if public_jobs else []) + {
-            None: [], "local": ["sata-drives"], "central": ["network-10gbe"]}[storage_mode]
+        wanted = (
+            BASE_RULES
+            + (PUBLIC_RULES if public_jobs else [])
+            + {None: [], "local": ["sata-drives"], "central": ["network-10gbe"]}[storage_mode]
+        )
         assert [r.rule for r in report.rules] == wanted
         assert all(r.ok == expect[r.rule] for r in report.rules), (storage_mode, public_jobs)
         assert report.ok == all(expect[rule] for rule in wanted)
@@ -61,35 +65,70 @@ def test_profile_verdicts(umockdev_testbed: Make, name: str) -> None:
 
 def test_rule_table_is_the_issue_list() -> None:
     assert [(r.id, r.applies) for r in RULES] == [
-        ("gpu-single-model", Applies.ALWAYS), ("nvme-count", Applies.ALWAYS),
-        ("nvme-capacity", Applies.ALWAYS), ("tpm2", Applies.ALWAYS),
-        ("memory-vs-vram", Applies.PUBLIC_JOBS), ("pcie-lanes", Applies.PUBLIC_JOBS),
-        ("cpu-cores-per-gpu", Applies.PUBLIC_JOBS), ("sata-drives", Applies.LOCAL_STORAGE),
-        ("network-10gbe", Applies.CENTRAL_STORAGE)]
+        ("gpu-single-model", Applies.ALWAYS),
+        ("nvme-count", Applies.ALWAYS),
+        ("nvme-capacity", Applies.ALWAYS),
+        ("tpm2", Applies.ALWAYS),
+        ("memory-vs-vram", Applies.PUBLIC_JOBS),
+        ("pcie-lanes", Applies.PUBLIC_JOBS),
+        ("cpu-cores-per-gpu", Applies.PUBLIC_JOBS),
+        ("sata-drives", Applies.LOCAL_STORAGE),
+        ("network-10gbe", Applies.CENTRAL_STORAGE),
+    ]
 
 
-def _gpu(model: str = "A100 40GB", vram_gib: int = 40, gen: int = 4, width: int = 16,
-         form: FormFactor = FormFactor.PCIE, index: int = 0) -> Gpu:
+def _gpu(
+    model: str = "A100 40GB",
+    vram_gib: int = 40,
+    gen: int = 4,
+    width: int = 16,
+    form: FormFactor = FormFactor.PCIE,
+    index: int = 0,
+) -> Gpu:
     speed = {3: 8.0, 4: 16.0, 5: 32.0}[gen]
-    return Gpu(pci_address=f"0000:{index + 1:02x}:00.0", vendor_id="10de", device_id="20f1", vendor="NVIDIA",
-               name=model, model=model, vram_bytes=vram_gib * GIB, form_factor=form,
-               link=PcieLink(current_speed_gts=speed, current_width=width, max_speed_gts=speed, max_width=16))
+    return Gpu(
+        pci_address=f"0000:{index + 1:02x}:00.0",
+        vendor_id="10de",
+        device_id="20f1",
+        vendor="NVIDIA",
+        name=model,
+        model=model,
+        vram_bytes=vram_gib * GIB,
+        form_factor=form,
+        link=PcieLink(current_speed_gts=speed, current_width=width, max_speed_gts=speed, max_width=16),
+    )
 
 
-def _inventory(gpus: int = 1, nvme: tuple[int, ...] = (), sata: tuple[int, ...] = (),
-               memory_gib: float = 512, cores: int = 64, nic_mbps: int | None = 25000) -> Inventory:
+def _inventory(
+    gpus: int = 1,
+    nvme: tuple[int, ...] = (),
+    sata: tuple[int, ...] = (),
+    memory_gib: float = 512,
+    cores: int = 64,
+    nic_mbps: int | None = 25000,
+) -> Inventory:
     drives = [Drive(f"nvme{i}n1", DriveKind.NVME, size) for i, size in enumerate(nvme)]
-    drives += [Drive(f"sd{chr(97 + i)}", DriveKind.SATA, size, rotational=False) for i, size in enumerate(sata)]
-    return Inventory(hostname="t", cpu=Cpu(cores, cores * 2), memory_total_bytes=int(memory_gib * GIB),
-                     tpm=Tpm(True, 2, "tpm0"), gpus=[_gpu(index=i) for i in range(gpus)], drives=drives,
-                     nics=[Nic("eno1", nic_mbps, True)])
+    drives += [
+        Drive(f"sd{chr(97 + i)}", DriveKind.SATA, size, rotational=False) for i, size in enumerate(sata)
+    ]
+    return Inventory(
+        hostname="t",
+        cpu=Cpu(cores, cores * 2),
+        memory_total_bytes=int(memory_gib * GIB),
+        tpm=Tpm(True, 2, "tpm0"),
+        gpus=[_gpu(index=i) for i in range(gpus)],
+        drives=drives,
+        nics=[Nic("eno1", nic_mbps, True)],
+    )
 
 
 def _rule(inventory: Inventory, rule: str, storage_mode: str | None = None, public_jobs: bool = True) -> Any:
     return next(r for r in check(inventory, storage_mode, public_jobs).rules if r.rule == rule)
 
 
-@pytest.mark.parametrize(("gpus", "terabytes"), [(0, 1), (1, 1), (2, 1), (3, 2), (4, 2), (5, 3), (8, 4), (16, 8)])
+@pytest.mark.parametrize(
+    ("gpus", "terabytes"), [(0, 1), (1, 1), (2, 1), (3, 2), (4, 2), (5, 3), (8, 4), (16, 8)]
+)
 def test_nvme_capacity_is_one_tb_per_two_gpus_rounded_up(gpus: int, terabytes: int) -> None:
     assert required_nvme_bytes(gpus) == terabytes * 10**12
 
@@ -134,7 +173,11 @@ def test_cores_per_gpu_by_generation_and_mixed() -> None:
 
 def test_pcie_lanes_ignores_sxm_and_names_narrow_gpus() -> None:
     inventory = _inventory(gpus=0)
-    inventory.gpus = [_gpu(form=FormFactor.SXM, width=2, index=0), _gpu(width=8, index=1), _gpu(width=4, index=2)]
+    inventory.gpus = [
+        _gpu(form=FormFactor.SXM, width=2, index=0),
+        _gpu(width=8, index=1),
+        _gpu(width=4, index=2),
+    ]
     lanes = _rule(inventory, "pcie-lanes")
     assert not lanes.ok and lanes.found == "1 at x4, 1 at x8" and "0000:03:00.0" in lanes.detail
     inventory.gpus[2].link.current_width = None
@@ -149,8 +192,9 @@ def test_network_rule_needs_a_linked_10g_nic() -> None:
 
 
 def _minion(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(minion_executable()), *args], capture_output=True, text=True, timeout=60,
-                          check=False)
+    return subprocess.run(
+        [str(minion_executable()), *args], capture_output=True, text=True, timeout=60, check=False
+    )
 
 
 def test_cli_exit_codes_and_saved_inventory(umockdev_testbed: Make, tmp_path: Path) -> None:

@@ -52,7 +52,9 @@ def test_invalid_desired_reservation_is_refused(data: dict, message: str) -> Non
 def test_status_serializes_for_the_heartbeat() -> None:
     res = ReservationSpec.from_dict({"name": "nb", "hostname": "jupyter", "port": 8888, "protocol": "udp"})
     assert res.protocol is Protocol.UDP and res.fqdn == "jupyter.local."
-    status = ReservationStatus("nb", ReportedState.MAPPED, MdnsState.PUBLISHED, UpnpState.MAPPED, "10.0.0.5", "203.0.114.7:8888")
+    status = ReservationStatus(
+        "nb", ReportedState.MAPPED, MdnsState.PUBLISHED, UpnpState.MAPPED, "10.0.0.5", "203.0.114.7:8888"
+    )
     assert json.loads(json.dumps(status.to_dict()))["state"] == "mapped"
 
 
@@ -101,7 +103,10 @@ def test_apply_reconciles_to_the_desired_set(lan_node: tuple[Netns, str]) -> Non
 def test_serve_rejects_bad_requests_with_a_reason(mdns_lan: MdnsLan) -> None:
     agent = AgentProcess(mdns_lan.node_a, mdns_lan.addr_a)
     try:
-        assert "DNS label" in agent.request(op="apply", desired=[{"name": "x", "hostname": "NO!", "port": 2000}])["error"]
+        assert (
+            "DNS label"
+            in agent.request(op="apply", desired=[{"name": "x", "hostname": "NO!", "port": 2000}])["error"]
+        )
         assert "unknown op" in agent.request(op="explode")["error"]
         assert agent.status() == []  # nothing half-applied
     finally:
@@ -115,8 +120,14 @@ def _through_heartbeat(address: str) -> list:
     agent = ReservationAgent(address, upnp=False)
     register_heartbeat_handler(agent)
     try:
-        return desired.apply({"reservations": [{"name": "nb", "hostname": "jupyter", "port": 8888},
-                                               {"name": "bad", "hostname": "NOT OK", "port": 8889}]})["reservations"]
+        return desired.apply(
+            {
+                "reservations": [
+                    {"name": "nb", "hostname": "jupyter", "port": 8888},
+                    {"name": "bad", "hostname": "NOT OK", "port": 8889},
+                ]
+            }
+        )["reservations"]
     finally:
         agent.close()
 

@@ -30,8 +30,13 @@ class Minion:
     """tests/minion/desired_driver.py in a node namespace: one heartbeat per `beat`."""
 
     def __init__(self, ns: Netns) -> None:
-        self.proc = ns.popen([sys.executable, "-m", "tests.minion.desired_driver"], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True, cwd=REPO)
+        self.proc = ns.popen(
+            [sys.executable, "-m", "tests.minion.desired_driver"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+        )
         ready = self._read()
         assert ready["ready"] and not ready["zeroconf_loaded"], ready  # import-light until needed
 
@@ -62,8 +67,22 @@ class Resolver:
     the old answer: only a goodbye (or the new announcement) changes what it sees within seconds."""
 
     def __init__(self, ns: Netns, lan_address: str, host: str, timeout: float = 8) -> None:
-        self.proc = ns.popen([sys.executable, "-m", "minion.reservations", "resolve", host, "--lan-address",
-                              lan_address, "--timeout", str(timeout)], stdout=subprocess.PIPE, text=True, cwd=REPO)
+        self.proc = ns.popen(
+            [
+                sys.executable,
+                "-m",
+                "minion.reservations",
+                "resolve",
+                host,
+                "--lan-address",
+                lan_address,
+                "--timeout",
+                str(timeout),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+        )
         assert self._line()["ready"]
 
     def _line(self) -> dict[str, Any]:
@@ -133,7 +152,12 @@ def test_assign_unassign_move_and_shutdown_reach_a_lan_peer(mdns_lan: MdnsLan, s
         [status] = heartbeat(sessions, a, "node-a")["reservations"]
         assert (status["state"], status["address"]) == ("published", lan.addr_a), status
         rsv = _shown(sessions)
-        assert (rsv.state, rsv.node.name, rsv.actual_state, rsv.address) == ("assigned", "node-a", "published", lan.addr_a)
+        assert (rsv.state, rsv.node.name, rsv.actual_state, rsv.address) == (
+            "assigned",
+            "node-a",
+            "published",
+            lan.addr_a,
+        )
 
         peer = Resolver(lan.peer, lan.addr_peer, "jupyter")
         resolvers.append(peer)

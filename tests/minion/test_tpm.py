@@ -28,12 +28,27 @@ def _spki_id(spki_der: bytes) -> str:
 def test_minion_id_matches_ek_certificate_and_tpm2_createek(swtpm: Swtpm, tmp_path: Path) -> None:
     """Three independent derivations agree: our ESAPI EK, the vendor certificate's key, tpm2-tools."""
     cert = x509.load_der_x509_certificate(swtpm.ek_certificate.read_bytes())
-    from_cert = _spki_id(cert.public_key().public_bytes(
-        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo))
+    from_cert = _spki_id(
+        cert.public_key().public_bytes(
+            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
     subprocess.run(
-        ["tpm2_createek", "-T", swtpm.tcti, "-G", "rsa", "-f", "der", "-u", str(tmp_path / "ek.der"),
-         "-c", str(tmp_path / "ek.ctx")],
-        check=True, capture_output=True,
+        [
+            "tpm2_createek",
+            "-T",
+            swtpm.tcti,
+            "-G",
+            "rsa",
+            "-f",
+            "der",
+            "-u",
+            str(tmp_path / "ek.der"),
+            "-c",
+            str(tmp_path / "ek.ctx"),
+        ],
+        check=True,
+        capture_output=True,
     )
     from_tools = _spki_id((tmp_path / "ek.der").read_bytes())
     value = minion_id(swtpm.tcti)
@@ -117,7 +132,10 @@ def test_ak_activation_and_quote_leave_no_object_loaded(swtpm: Swtpm) -> None:
         for round_ in range(5):
             ak = session.create_ak()
             blob, secret = make_credential(ek_public, f"secret-{round_}".encode(), TPM2B_NAME(ak.name))
-            assert session.activate_credential(ak, blob.marshal(), secret.marshal()) == f"secret-{round_}".encode()
+            assert (
+                session.activate_credential(ak, blob.marshal(), secret.marshal())
+                == f"secret-{round_}".encode()
+            )
             quote = session.quote(ak, b"n" * 32)
             assert sorted(quote.pcrs) == list(ATTESTED_PCRS)
         assert _transient_handles(session) == []
@@ -133,7 +151,9 @@ def test_ak_reloads_in_a_new_session_after_serialization(swtpm: Swtpm) -> None:
     from provisioner.attestation.quote import QuoteEvidence, VerifiedQuote, verify_quote
     from provisioner.attestation.tpm_structures import parse_public
 
-    verified = verify_quote(parse_public(ak.public), QuoteEvidence(quote.attest, quote.signature, quote.pcrs), b"x" * 32)
+    verified = verify_quote(
+        parse_public(ak.public), QuoteEvidence(quote.attest, quote.signature, quote.pcrs), b"x" * 32
+    )
     assert isinstance(verified, VerifiedQuote), verified
 
 
@@ -156,7 +176,10 @@ def test_extend_pcr_changes_value_and_quote(swtpm: Swtpm) -> None:
     with TpmSession(swtpm.tcti) as session:
         before = session.read_pcrs()
         new = session.extend_pcr(12, b"kernel command line changed")
-        assert new == hashlib.sha256(before[12] + hashlib.sha256(b"kernel command line changed").digest()).digest()
+        assert (
+            new
+            == hashlib.sha256(before[12] + hashlib.sha256(b"kernel command line changed").digest()).digest()
+        )
         ak = session.create_ak()
         quote = session.quote(ak, b"q" * 32)
     assert quote.pcrs[12] == new and quote.pcrs[0] == before[0]

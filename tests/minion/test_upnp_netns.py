@@ -60,14 +60,18 @@ def _connect(ns: Netns, host: str, port: int) -> bytes:
 def test_mapping_added_reachable_from_wan_and_removed(upnp_lan: UpnpLan, tmp_path: Path) -> None:
     gw = upnp_lan.router
     cache = tmp_path / "igd-url"
-    agent = AgentProcess(upnp_lan.node_a, upnp_lan.addr_a, "--upnp", "--igd-cache", str(cache), "--lease", "120")
+    agent = AgentProcess(
+        upnp_lan.node_a, upnp_lan.addr_a, "--upnp", "--igd-cache", str(cache), "--lease", "120"
+    )
     server = _serve_once(upnp_lan.node_a, upnp_lan.addr_a, 8080)
     try:
         [status] = agent.apply(WEB)
         assert status["state"] == "mapped", status
         assert status["external_address"] == f"{gw.reported_ip}:8080"  # reported only, never contacted
         assert cache.read_text().strip() == gw.root_desc_url  # SSDP once, then the cached URL
-        host, iport, _desc, enabled, lease = _router_mapping(upnp_lan.node_a, upnp_lan.addr_a, gw.root_desc_url, 8080)
+        host, iport, _desc, enabled, lease = _router_mapping(
+            upnp_lan.node_a, upnp_lan.addr_a, gw.root_desc_url, 8080
+        )
         assert (host, iport, enabled) == (upnp_lan.addr_a, 8080, True) and 0 < lease <= 120
         # A real TCP connection from the WAN side reaches the node through the router's DNAT.
         greeting = _connect(gw.wan, gw.wan_router_ip, 8080)
@@ -98,7 +102,9 @@ def test_cached_igd_url_skips_ssdp(upnp_lan: UpnpLan, tmp_path: Path) -> None:
 
 def test_lease_renewed_before_expiry(upnp_lan: UpnpLan) -> None:
     gw = upnp_lan.router
-    agent = AgentProcess(upnp_lan.node_a, upnp_lan.addr_a, "--upnp", "--igd-url", gw.root_desc_url, "--lease", "60")
+    agent = AgentProcess(
+        upnp_lan.node_a, upnp_lan.addr_a, "--upnp", "--igd-url", gw.root_desc_url, "--lease", "60"
+    )
     try:
         agent.apply(WEB)
         time.sleep(2.1)  # let the router's lease count down (it reports whole seconds)
@@ -152,7 +158,7 @@ def test_upnp_off_sends_nothing_to_the_router(upnp_lan: UpnpLan) -> None:
         assert (status["state"], status["upnp"], status["external_address"]) == ("published", "off", None)
     finally:
         agent.close()
-    assert upnp_lan.addr_a not in log.read_text()[len(before):]
+    assert upnp_lan.addr_a not in log.read_text()[len(before) :]
 
 
 def test_shutdown_removes_mappings(upnp_lan: UpnpLan) -> None:

@@ -17,8 +17,12 @@ def _seed(c: httpx.Client) -> None:
 
 
 def _state(c: httpx.Client) -> list:
-    return [c.get("/v1/providers").json(), c.get("/v1/regions").json(),
-            c.get("/v1/nodes", params={"include_removed": True}).json(), c.get("/v1/nodes/gpu-1/history").json()]
+    return [
+        c.get("/v1/providers").json(),
+        c.get("/v1/regions").json(),
+        c.get("/v1/nodes", params={"include_removed": True}).json(),
+        c.get("/v1/nodes/gpu-1/history").json(),
+    ]
 
 
 def test_openapi_is_public_and_describes_v1(api_server: ControlPlane) -> None:
@@ -26,24 +30,37 @@ def test_openapi_is_public_and_describes_v1(api_server: ControlPlane) -> None:
     assert {"/v1/nodes", "/v1/regions", "/v1/providers", "/v1/nodes/{ref}/maintenance"} <= set(doc["paths"])
 
 
-@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer rbo_wrong"}, {"Authorization": "Basic abc"}],
-                         ids=["missing", "wrong", "not-bearer"])
-def test_every_v1_route_needs_a_valid_token_and_changes_nothing(api_server: ControlPlane, headers: dict) -> None:
+@pytest.mark.parametrize(
+    "headers",
+    [{}, {"Authorization": "Bearer rbo_wrong"}, {"Authorization": "Basic abc"}],
+    ids=["missing", "wrong", "not-bearer"],
+)
+def test_every_v1_route_needs_a_valid_token_and_changes_nothing(
+    api_server: ControlPlane, headers: dict
+) -> None:
     with api_server.client() as c:
         _seed(c)
         before = _state(c)
     with httpx.Client(base_url=api_server.url, headers=headers) as anon:
-        calls = [("GET", "/v1/nodes", None), ("GET", "/v1/providers", None), ("GET", "/v1/regions/lab-1", None),
-                 ("POST", "/v1/providers", {"kind": "physical"}),
-                 ("POST", "/v1/regions", {"name": "x", "provider": "physical"}),
-                 ("POST", "/v1/nodes", {"name": "g2", "region": "lab-1", "minion_id": "f" * 32}),
-                 ("POST", "/v1/nodes/gpu-1/maintenance", {"mode": "on"}),
-                 ("DELETE", "/v1/nodes/gpu-1", None), ("DELETE", "/v1/regions/lab-1?force=true", None),
-                 ("POST", "/v1/nodes", {"bad": "body"})]
+        calls = [
+            ("GET", "/v1/nodes", None),
+            ("GET", "/v1/providers", None),
+            ("GET", "/v1/regions/lab-1", None),
+            ("POST", "/v1/providers", {"kind": "physical"}),
+            ("POST", "/v1/regions", {"name": "x", "provider": "physical"}),
+            ("POST", "/v1/nodes", {"name": "g2", "region": "lab-1", "minion_id": "f" * 32}),
+            ("POST", "/v1/nodes/gpu-1/maintenance", {"mode": "on"}),
+            ("DELETE", "/v1/nodes/gpu-1", None),
+            ("DELETE", "/v1/regions/lab-1?force=true", None),
+            ("POST", "/v1/nodes", {"bad": "body"}),
+        ]
         for method, path, body in calls:
             r = anon.request(method, path, json=body)
             assert r.status_code == 401, (method, path, r.text)
-            assert r.json()["code"] in {"token_missing", "token_invalid"} and r.headers["www-authenticate"] == "Bearer"
+            assert (
+                r.json()["code"] in {"token_missing", "token_invalid"}
+                and r.headers["www-authenticate"] == "Bearer"
+            )
     with api_server.client() as c:
         assert _state(c) == before
 
@@ -52,7 +69,11 @@ def test_errors_are_json_with_code_and_one_line(api_server: ControlPlane) -> Non
     with api_server.client() as c:
         _seed(c)
         cases = [
-            (c.post("/v1/nodes", json={"name": "gpu-2", "region": "lab-1", "minion_id": MID}), 409, "duplicate_minion_id"),
+            (
+                c.post("/v1/nodes", json={"name": "gpu-2", "region": "lab-1", "minion_id": MID}),
+                409,
+                "duplicate_minion_id",
+            ),
             (c.post("/v1/nodes", json={"name": "x"}), 422, "invalid_input"),
             (c.get("/v1/nodes/ghost"), 404, "node_not_found"),
             (c.get("/v1/nodes", params={"limit": 501}), 422, "invalid_input"),

@@ -7,12 +7,14 @@ import base64
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
-from minion.join.attest import parse_challenge, join_request, proof_payload, quote_payload
+from contracts.errors import Forbidden
+from contracts.messages import JoinChallenge, JoinRequest, ProofRequest, QuoteMessage
+from minion.join.attest import join_request, parse_challenge, proof_payload, quote_payload
 from minion.tpm.session import AttestationKey, TpmSession
 from provisioner.attestation.continuous import issue_quote_nonce, quote_due, verify_fresh_quote
 from provisioner.attestation.ek_certs import TrustStore
@@ -21,9 +23,7 @@ from provisioner.attestation.pcr_policy import ManifestPolicy, PcrPolicy, Record
 from provisioner.attestation.quote import VerifiedQuote
 from provisioner.attestation.refusals import Refusal, RefusalCode
 from provisioner.attestation.verifier import Attested, JoinVerifier, RegionTrust
-from contracts.messages import JoinChallenge, JoinRequest, ProofRequest, QuoteMessage
 from provisioner.attestation.wire import PendingJoin, quote_evidence
-from contracts.errors import Forbidden
 from provisioner.lab.swtpm import Swtpm, VendorCA
 
 
@@ -31,7 +31,7 @@ class Clock:
     """Injected into the nonce issuer: tests move time instead of sleeping 60 s."""
 
     def __init__(self) -> None:
-        self.now = datetime(2026, 11, 21, 12, 0, tzinfo=timezone.utc)
+        self.now = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)
 
     def __call__(self) -> datetime:
         return self.now
@@ -54,8 +54,15 @@ class Node:
     ak: AttestationKey
 
     def request(self, **changes: Any) -> JoinRequest:
-        payload = wire(join_request(self.session, self.ak, join_token="jt-secret", inventory={"gpus": 2},
-                                    requirements={"ok": True}))
+        payload = wire(
+            join_request(
+                self.session,
+                self.ak,
+                join_token="jt-secret",
+                inventory={"gpus": 2},
+                requirements={"ok": True},
+            )
+        )
         payload.update(changes)
         return JoinRequest.model_validate(payload)
 
@@ -105,7 +112,9 @@ def make_node(make_swtpm: Callable[..., Swtpm]) -> Any:
         n.session.close()
 
 
-def begin(verifier: JoinVerifier, request: JoinRequest, trust: RegionTrust) -> tuple[JoinChallenge, PendingJoin]:
+def begin(
+    verifier: JoinVerifier, request: JoinRequest, trust: RegionTrust
+) -> tuple[JoinChallenge, PendingJoin]:
     result = verifier.begin(request, trust)
     assert not isinstance(result, Refusal), result
     # The pending join is stored between the two calls: make sure it survives that too.
@@ -121,6 +130,7 @@ def refused(result: object, code: RefusalCode) -> Refusal:
 
 
 # -- success -----------------------------------------------------------------------------------------
+
 
 def test_join_succeeds_and_records_pcrs(node: Node, verifier: JoinVerifier, trust: RegionTrust) -> None:
     request = node.request()
@@ -144,15 +154,21 @@ def test_join_with_matching_manifest(node: Node, verifier: JoinVerifier, trust: 
 
 # -- EK and identity refusals ------------------------------------------------------------------------
 
-def test_ek_from_untrusted_ca(make_node: Callable[..., Node], untrusted_vendor_ca: VendorCA,
-                              verifier: JoinVerifier, trust: RegionTrust) -> None:
+
+def test_ek_from_untrusted_ca(
+    make_node: Callable[..., Node], untrusted_vendor_ca: VendorCA, verifier: JoinVerifier, trust: RegionTrust
+) -> None:
     rogue = make_node(untrusted_vendor_ca)
     refusal = refused(verifier.begin(rogue.request(), trust), RefusalCode.ek_untrusted_ca)
     assert "provision tpm-ca add" in refusal.message
-    assert isinstance(refusal.as_error(), Forbidden) and refusal.as_error().code == "attestation_ek_untrusted_ca"
+    assert (
+        isinstance(refusal.as_error(), Forbidden) and refusal.as_error().code == "attestation_ek_untrusted_ca"
+    )
 
 
-def test_ek_without_certificate_needs_region_opt_in(node: Node, verifier: JoinVerifier, trust: RegionTrust) -> None:
+def test_ek_without_certificate_needs_region_opt_in(
+    node: Node, verifier: JoinVerifier, trust: RegionTrust
+) -> None:
     request = node.request(ek_certificate=None)
     refused(verifier.begin(request, trust), RefusalCode.ek_certificate_missing)
     opted_in = RegionTrust(trust.store, allow_ek_without_certificate=True)
@@ -160,22 +176,26 @@ def test_ek_without_certificate_needs_region_opt_in(node: Node, verifier: JoinVe
     assert isinstance(verifier.finish(pending, node.proof(challenge), RecordPolicy()), Attested)
 
 
-def test_ek_certificate_of_another_tpm(node: Node, make_node: Callable[..., Node],
-                                       verifier: JoinVerifier, trust: RegionTrust) -> None:
+def test_ek_certificate_of_another_tpm(
+    node: Node, make_node: Callable[..., Node], verifier: JoinVerifier, trust: RegionTrust
+) -> None:
     other = make_node()
     stolen = base64.b64encode(other.tpm.ek_certificate.read_bytes()).decode()
     refused(verifier.begin(node.request(ek_certificate=stolen), trust), RefusalCode.ek_certificate_mismatch)
 
 
-def test_ek_not_matching_claimed_minion_id(node: Node, make_node: Callable[..., Node],
-                                           verifier: JoinVerifier, trust: RegionTrust) -> None:
+def test_ek_not_matching_claimed_minion_id(
+    node: Node, make_node: Callable[..., Node], verifier: JoinVerifier, trust: RegionTrust
+) -> None:
     other_id = make_node().session.endorsement_key().minion_id
     refusal = refused(verifier.begin(node.request(minion_id=other_id), trust), RefusalCode.minion_id_mismatch)
     assert refusal.detail["claimed"] == other_id
     assert refusal.detail["actual"] == node.session.endorsement_key().minion_id
 
 
-def test_ak_that_is_not_a_restricted_signing_key(node: Node, verifier: JoinVerifier, trust: RegionTrust) -> None:
+def test_ak_that_is_not_a_restricted_signing_key(
+    node: Node, verifier: JoinVerifier, trust: RegionTrust
+) -> None:
     # The EK is a restricted *decryption* key: offering it as the AK must fail.
     request = node.request()
     bad = request.model_copy(update={"ak_public": request.ek_public})
@@ -184,6 +204,7 @@ def test_ak_that_is_not_a_restricted_signing_key(node: Node, verifier: JoinVerif
 
 # -- credential and quote refusals -------------------------------------------------------------------
 
+
 def test_wrong_activated_secret(node: Node, verifier: JoinVerifier, trust: RegionTrust) -> None:
     challenge, pending = begin(verifier, node.request(), trust)
     proof = node.proof(challenge)
@@ -191,8 +212,9 @@ def test_wrong_activated_secret(node: Node, verifier: JoinVerifier, trust: Regio
     refused(verifier.finish(pending, wrong, RecordPolicy()), RefusalCode.wrong_secret)
 
 
-def test_ak_from_another_tpm_cannot_answer(node: Node, make_node: Callable[..., Node],
-                                           verifier: JoinVerifier, trust: RegionTrust) -> None:
+def test_ak_from_another_tpm_cannot_answer(
+    node: Node, make_node: Callable[..., Node], verifier: JoinVerifier, trust: RegionTrust
+) -> None:
     """An attacker pairs a genuine EK (node's) with an AK in its own TPM: its TPM cannot activate the
     credential, and the best it can send is a guess."""
     attacker = make_node()
@@ -201,7 +223,9 @@ def test_ak_from_another_tpm_cannot_answer(node: Node, make_node: Callable[..., 
     from minion.tpm.errors import TpmError
 
     with pytest.raises(TpmError):
-        attacker.session.activate_credential(attacker.ak, challenge.credential_blob, challenge.encrypted_secret)
+        attacker.session.activate_credential(
+            attacker.ak, challenge.credential_blob, challenge.encrypted_secret
+        )
     quote = QuoteMessage.model_validate(wire(quote_payload(attacker.session, attacker.ak, challenge.nonce)))
     guess = ProofRequest(activated_secret=b"\x00" * 32, quote=quote)
     refused(verifier.finish(pending, guess, RecordPolicy()), RefusalCode.wrong_secret)
@@ -212,18 +236,22 @@ def _with_quote(proof: ProofRequest, **changes: Any) -> ProofRequest:
 
 
 def _flip(data: bytes, index: int) -> bytes:
-    return data[:index] + bytes([data[index] ^ 0x01]) + data[index + 1:]
+    return data[:index] + bytes([data[index] ^ 0x01]) + data[index + 1 :]
 
 
-@pytest.mark.parametrize(("field", "index", "code"), [
-    ("attest", -1, RefusalCode.quote_signature_invalid),  # last byte of the PCR digest
-    ("attest", 40, RefusalCode.quote_signature_invalid),  # inside extraData (the nonce)
-    ("attest", 0, RefusalCode.quote_malformed),  # the TPM_GENERATED magic
-    ("signature", -1, RefusalCode.quote_signature_invalid),  # last byte of ECDSA s
-    ("signature", 0, RefusalCode.quote_malformed),  # signature algorithm id
-])
-def test_quote_with_one_byte_changed(node: Node, verifier: JoinVerifier, trust: RegionTrust,
-                                     field: str, index: int, code: RefusalCode) -> None:
+@pytest.mark.parametrize(
+    ("field", "index", "code"),
+    [
+        ("attest", -1, RefusalCode.quote_signature_invalid),  # last byte of the PCR digest
+        ("attest", 40, RefusalCode.quote_signature_invalid),  # inside extraData (the nonce)
+        ("attest", 0, RefusalCode.quote_malformed),  # the TPM_GENERATED magic
+        ("signature", -1, RefusalCode.quote_signature_invalid),  # last byte of ECDSA s
+        ("signature", 0, RefusalCode.quote_malformed),  # signature algorithm id
+    ],
+)
+def test_quote_with_one_byte_changed(
+    node: Node, verifier: JoinVerifier, trust: RegionTrust, field: str, index: int, code: RefusalCode
+) -> None:
     challenge, pending = begin(verifier, node.request(), trust)
     proof = node.proof(challenge)
     original = getattr(proof.quote, field)
@@ -239,7 +267,9 @@ def test_every_single_byte_change_of_a_quote_is_refused(node: Node) -> None:
     nonce = b"N" * 32
     quote = node.session.quote(node.ak, nonce)
     ak = parse_public(node.ak.public)
-    assert isinstance(verify_quote(ak, QuoteEvidence(quote.attest, quote.signature, quote.pcrs), nonce), VerifiedQuote)
+    assert isinstance(
+        verify_quote(ak, QuoteEvidence(quote.attest, quote.signature, quote.pcrs), nonce), VerifiedQuote
+    )
     for field in ("attest", "signature"):
         data = getattr(quote, field)
         for i in range(len(data)):
@@ -249,6 +279,7 @@ def test_every_single_byte_change_of_a_quote_is_refused(node: Node) -> None:
 
 
 # -- nonce refusals ----------------------------------------------------------------------------------
+
 
 def test_replayed_nonce(node: Node, verifier: JoinVerifier, trust: RegionTrust) -> None:
     challenge, pending = begin(verifier, node.request(), trust)
@@ -275,7 +306,9 @@ def test_expired_nonce(node: Node, verifier: JoinVerifier, trust: RegionTrust, c
     assert "60 s" in refusal.message
 
 
-def test_nonce_still_valid_at_59_seconds(node: Node, verifier: JoinVerifier, trust: RegionTrust, clock: Clock) -> None:
+def test_nonce_still_valid_at_59_seconds(
+    node: Node, verifier: JoinVerifier, trust: RegionTrust, clock: Clock
+) -> None:
     challenge, pending = begin(verifier, node.request(), trust)
     proof = node.proof(challenge)
     clock.advance(59)
@@ -284,18 +317,26 @@ def test_nonce_still_valid_at_59_seconds(node: Node, verifier: JoinVerifier, tru
 
 # -- PCR refusals ------------------------------------------------------------------------------------
 
-def test_reported_pcr_values_not_matching_quote(node: Node, verifier: JoinVerifier, trust: RegionTrust) -> None:
+
+def test_reported_pcr_values_not_matching_quote(
+    node: Node, verifier: JoinVerifier, trust: RegionTrust
+) -> None:
     challenge, pending = begin(verifier, node.request(), trust)
     proof = node.proof(challenge)
     lying = dict(proof.quote.pcrs) | {11: b"\x11" * 32}  # fresh swtpm PCRs are all zero
-    refused(verifier.finish(pending, _with_quote(proof, pcrs=lying), RecordPolicy()), RefusalCode.pcr_digest_mismatch)
+    refused(
+        verifier.finish(pending, _with_quote(proof, pcrs=lying), RecordPolicy()),
+        RefusalCode.pcr_digest_mismatch,
+    )
 
 
 def test_pcrs_against_a_different_manifest(node: Node, verifier: JoinVerifier, trust: RegionTrust) -> None:
     actual = node.session.read_pcrs()
     manifest = ManifestPolicy({4: actual[4], 11: b"\x11" * 32})
     challenge, pending = begin(verifier, node.request(), trust)
-    refusal = refused(verifier.finish(pending, node.proof(challenge), manifest), RefusalCode.pcr_manifest_mismatch)
+    refusal = refused(
+        verifier.finish(pending, node.proof(challenge), manifest), RefusalCode.pcr_manifest_mismatch
+    )
     assert refusal.detail["pcrs"] == [11] and "PCR 11" in refusal.message
 
 
@@ -303,19 +344,23 @@ def test_extended_pcr_against_recorded_values(node: Node, verifier: JoinVerifier
     recorded = node.session.read_pcrs()
     node.session.extend_pcr(14, b"a different shim")
     challenge, pending = begin(verifier, node.request(), trust)
-    refusal = refused(verifier.finish(pending, node.proof(challenge), RecordPolicy(recorded)), RefusalCode.pcr_changed)
+    refusal = refused(
+        verifier.finish(pending, node.proof(challenge), RecordPolicy(recorded)), RefusalCode.pcr_changed
+    )
     assert refusal.detail["pcrs"] == [14]
 
 
 def test_quote_missing_required_pcrs(node: Node, clock: Clock, trust: RegionTrust) -> None:
-    strict = JoinVerifier(NonceIssuer(MemoryNonceStore(), clock=clock),
-                          required_pcrs=(0, 1, 2, 3, 4, 5, 6, 7, 11, 12, 14, 16))
+    strict = JoinVerifier(
+        NonceIssuer(MemoryNonceStore(), clock=clock), required_pcrs=(0, 1, 2, 3, 4, 5, 6, 7, 11, 12, 14, 16)
+    )
     challenge, pending = begin(strict, node.request(), trust)
     proof = node.proof(challenge.model_copy(update={"pcrs": [0, 1, 2, 3, 4, 5, 6, 7, 11, 12, 14]}))
     refused(strict.finish(pending, proof, RecordPolicy()), RefusalCode.pcr_selection_mismatch)
 
 
 # -- continuous attestation --------------------------------------------------------------------------
+
 
 def _attested(node: Node, verifier: JoinVerifier, trust: RegionTrust) -> Attested:
     challenge, pending = begin(verifier, node.request(), trust)
@@ -337,27 +382,46 @@ def test_continuous_attestation(node: Node, verifier: JoinVerifier, trust: Regio
     evidence = _heartbeat_quote(node, nonce)
     ok = verify_fresh_quote(verifier.nonces, "node-1", joined.ak_public, nonce, evidence, policy)
     assert isinstance(ok, VerifiedQuote)
-    refused(verify_fresh_quote(verifier.nonces, "node-1", joined.ak_public, nonce, evidence, policy),
-            RefusalCode.nonce_replayed)
+    refused(
+        verify_fresh_quote(verifier.nonces, "node-1", joined.ak_public, nonce, evidence, policy),
+        RefusalCode.nonce_replayed,
+    )
 
     node.session.extend_pcr(12, b"init=/bin/sh")
     nonce = issue_quote_nonce(verifier.nonces, "node-1").nonce
-    changed = verify_fresh_quote(verifier.nonces, "node-1", joined.ak_public, nonce, _heartbeat_quote(node, nonce), policy)
+    changed = verify_fresh_quote(
+        verifier.nonces, "node-1", joined.ak_public, nonce, _heartbeat_quote(node, nonce), policy
+    )
     assert refused(changed, RefusalCode.pcr_changed).detail["pcrs"] == [12]
 
 
-def test_continuous_attestation_with_another_ak(node: Node, verifier: JoinVerifier, trust: RegionTrust) -> None:
+def test_continuous_attestation_with_another_ak(
+    node: Node, verifier: JoinVerifier, trust: RegionTrust
+) -> None:
     """A node that lost (or swapped) its AK since joining cannot pass: quotes verify only under the recorded AK."""
     joined = _attested(node, verifier, trust)
     other_ak = node.session.create_ak()
     nonce = issue_quote_nonce(verifier.nonces, "node-1").nonce
     evidence = quote_evidence(QuoteMessage.model_validate(wire(quote_payload(node.session, other_ak, nonce))))
-    refused(verify_fresh_quote(verifier.nonces, "node-1", joined.ak_public, nonce, evidence,
-                               RecordPolicy(joined.pcr_record)), RefusalCode.quote_signature_invalid)
+    refused(
+        verify_fresh_quote(
+            verifier.nonces, "node-1", joined.ak_public, nonce, evidence, RecordPolicy(joined.pcr_record)
+        ),
+        RefusalCode.quote_signature_invalid,
+    )
 
 
 def test_heartbeat_nonce_is_bound_to_its_node(node: Node, verifier: JoinVerifier, trust: RegionTrust) -> None:
     joined = _attested(node, verifier, trust)
     nonce = issue_quote_nonce(verifier.nonces, "node-1").nonce
-    refused(verify_fresh_quote(verifier.nonces, "node-2", joined.ak_public, nonce, _heartbeat_quote(node, nonce),
-                               RecordPolicy(joined.pcr_record)), RefusalCode.nonce_mismatch)
+    refused(
+        verify_fresh_quote(
+            verifier.nonces,
+            "node-2",
+            joined.ak_public,
+            nonce,
+            _heartbeat_quote(node, nonce),
+            RecordPolicy(joined.pcr_record),
+        ),
+        RefusalCode.nonce_mismatch,
+    )

@@ -3,7 +3,7 @@ refusal texts, the wire format's validation."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from cryptography import x509
@@ -12,15 +12,15 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 from pydantic import ValidationError
 
+from contracts.errors import Forbidden, InvalidInput
+from contracts.messages import JoinRequest
 from provisioner.attestation.ek_certs import ChainError, TrustStore, verify_chain
 from provisioner.attestation.nonces import MemoryNonceStore, NonceIssuer
 from provisioner.attestation.pcr_policy import ManifestPolicy, RecordPolicy
 from provisioner.attestation.refusals import MESSAGES, Refusal, RefusalCode
 from provisioner.attestation.tpm_structures import MalformedStructure, parse_quote, parse_signature
-from contracts.messages import JoinRequest
-from contracts.errors import Forbidden, InvalidInput
 
-T0 = datetime(2026, 11, 21, 12, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)
 
 
 class Clock:
@@ -76,9 +76,13 @@ def _name(cn: str) -> x509.Name:
 
 def _cert(subject: str, key, issuer: str, signer, *, ca: bool, days: int = 365) -> x509.Certificate:
     return (
-        x509.CertificateBuilder().subject_name(_name(subject)).issuer_name(_name(issuer))
-        .public_key(key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(T0 - timedelta(days=1)).not_valid_after(T0 + timedelta(days=days))
+        x509.CertificateBuilder()
+        .subject_name(_name(subject))
+        .issuer_name(_name(issuer))
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(T0 - timedelta(days=1))
+        .not_valid_after(T0 + timedelta(days=days))
         .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
         .sign(signer, hashes.SHA256())
     )

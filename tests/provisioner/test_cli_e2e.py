@@ -41,30 +41,57 @@ def test_walkthrough_with_tables_and_json(api_server: ControlPlane) -> None:
     assert stat.S_IMODE(config.stat().st_mode) == 0o600
     # the client config alone is enough (no RIGBASE_URL / RIGBASE_TOKEN)
     env = {k: v for k, v in os.environ.items() if k not in ("RIGBASE_URL", "RIGBASE_TOKEN")}
-    r = subprocess.run([str(PROVISION), "provider", "enable", "physical"], capture_output=True, text=True,
-                       env={**env, "RIGBASE_HOME": str(api_server.home)})
+    r = subprocess.run(
+        [str(PROVISION), "provider", "enable", "physical"],
+        capture_output=True,
+        text=True,
+        env={**env, "RIGBASE_HOME": str(api_server.home)},
+    )
     assert r.returncode == 0 and r.stdout.strip().startswith("prv_"), r.stderr
 
-    region_id = _ok(api_server, "region", "create", "lab-1", "--provider", "physical", "--no-public-jobs").strip()
+    region_id = _ok(
+        api_server, "region", "create", "lab-1", "--provider", "physical", "--no-public-jobs"
+    ).strip()
     assert region_id.startswith("reg_")
-    node_id = _ok(api_server, "node", "add", "gpu-1", "--region", "lab-1", "--minion-id", MID[0], "--no-upnp").strip()
-    storage = json.loads(_ok(api_server, "node", "add", "nas", "--region", "lab-1", "--minion-id", MID[1],
-                             "--service", "storage", "--json"))
+    node_id = _ok(
+        api_server, "node", "add", "gpu-1", "--region", "lab-1", "--minion-id", MID[0], "--no-upnp"
+    ).strip()
+    storage = json.loads(
+        _ok(
+            api_server,
+            "node",
+            "add",
+            "nas",
+            "--region",
+            "lab-1",
+            "--minion-id",
+            MID[1],
+            "--service",
+            "storage",
+            "--json",
+        )
+    )
     assert storage["service"] == "storage" and storage["state"] == "new"
 
     table = _ok(api_server, "node", "list")
     assert node_id in table and MID[0] in table and "…" not in table  # ids never truncated
     nodes = json.loads(_ok(api_server, "node", "list", "--region", "lab-1", "--json"))
     assert {n["name"]: (n["state"], n["online"], n["upnp"]) for n in nodes} == {
-        "gpu-1": ("new", False, False), "nas": ("new", False, True)}
+        "gpu-1": ("new", False, False),
+        "nas": ("new", False, True),
+    }
     regions = json.loads(_ok(api_server, "region", "list", "--json"))
-    assert [(r["name"], r["public_jobs"], r["storage_mode"], r["state"]) for r in regions] == [("lab-1", False, "local", "new")]
+    assert [(r["name"], r["public_jobs"], r["storage_mode"], r["state"]) for r in regions] == [
+        ("lab-1", False, "local", "new")
+    ]
     assert json.loads(_ok(api_server, "provider", "show", "physical", "--json"))["payment_mode"] == "credits"
 
     line = _refused(api_server, "node", "maintenance", "gpu-1", "off")
     assert "is new and cannot go to active" in line
     history = json.loads(_ok(api_server, "node", "history", "gpu-1", "--json"))
-    assert [(e["from_state"], e["to_state"], e["actor"]) for e in history] == [(None, "new", "operator:admin")]
+    assert [(e["from_state"], e["to_state"], e["actor"]) for e in history] == [
+        (None, "new", "operator:admin")
+    ]
 
     new_id = _ok(api_server, "node", "replace", "nas", "--minion-id", MID[2], "--yes").strip()
     assert new_id.startswith("node_") and new_id != storage["id"]
@@ -80,32 +107,84 @@ def test_walkthrough_with_tables_and_json(api_server: ControlPlane) -> None:
 def test_bad_input_exit_codes_and_no_change(api_server: ControlPlane) -> None:
     _ok(api_server, "provider", "enable", "physical")
     _ok(api_server, "region", "create", "central-1", "--provider", "physical", "--storage-mode", "central")
-    before = _ok(api_server, "node", "list", "--removed", "--json"), _ok(api_server, "region", "list", "--json")
-    assert "not a DNS label" in _refused(api_server, "region", "create", "Bad_Name", "--provider", "physical", exit_code=2)
-    assert "unknown provider" in _refused(api_server, "region", "create", "x", "--provider", "aws", exit_code=2)
-    assert "32 lowercase hex" in _refused(api_server, "node", "add", "g", "--region", "central-1", "--minion-id", "XYZ", exit_code=2)
-    assert "does not exist" in _refused(api_server, "node", "add", "g", "--region", "nowhere", "--minion-id", MID[3])
-    assert "central storage" in _refused(api_server, "node", "add", "g", "--region", "central-1", "--minion-id", MID[3])
-    _ok(api_server, "node", "add", "nas", "--region", "central-1", "--minion-id", MID[4], "--service", "storage")
+    before = (
+        _ok(api_server, "node", "list", "--removed", "--json"),
+        _ok(api_server, "region", "list", "--json"),
+    )
+    assert "not a DNS label" in _refused(
+        api_server, "region", "create", "Bad_Name", "--provider", "physical", exit_code=2
+    )
+    assert "unknown provider" in _refused(
+        api_server, "region", "create", "x", "--provider", "aws", exit_code=2
+    )
+    assert "32 lowercase hex" in _refused(
+        api_server, "node", "add", "g", "--region", "central-1", "--minion-id", "XYZ", exit_code=2
+    )
+    assert "does not exist" in _refused(
+        api_server, "node", "add", "g", "--region", "nowhere", "--minion-id", MID[3]
+    )
+    assert "central storage" in _refused(
+        api_server, "node", "add", "g", "--region", "central-1", "--minion-id", MID[3]
+    )
+    _ok(
+        api_server,
+        "node",
+        "add",
+        "nas",
+        "--region",
+        "central-1",
+        "--minion-id",
+        MID[4],
+        "--service",
+        "storage",
+    )
     assert "already has storage node 'nas'" in _refused(
-        api_server, "node", "add", "nas2", "--region", "central-1", "--minion-id", MID[5], "--service", "storage")
-    assert "held by node 'nas'" in _refused(api_server, "node", "add", "g", "--region", "central-1", "--minion-id", MID[4])
+        api_server,
+        "node",
+        "add",
+        "nas2",
+        "--region",
+        "central-1",
+        "--minion-id",
+        MID[5],
+        "--service",
+        "storage",
+    )
+    assert "held by node 'nas'" in _refused(
+        api_server, "node", "add", "g", "--region", "central-1", "--minion-id", MID[4]
+    )
     after = json.loads(_ok(api_server, "node", "list", "--removed", "--json"))
     assert [n["name"] for n in after] == ["nas"] and json.loads(before[0]) == []
     # a usage error is click's (exit 2); a wrong token is a refusal (exit 1)
     assert api_server.provision("node", "add", "g").returncode == 2
-    r = subprocess.run([str(PROVISION), "node", "list"], capture_output=True, text=True,
-                       env={**api_server.env, "RIGBASE_TOKEN": "rbo_wrong"})
+    r = subprocess.run(
+        [str(PROVISION), "node", "list"],
+        capture_output=True,
+        text=True,
+        env={**api_server.env, "RIGBASE_TOKEN": "rbo_wrong"},
+    )
     assert r.returncode == 1 and r.stderr.strip() == (
-        "error: the bearer token is not valid: use the token in the client config written by `provision serve`")
-    r = subprocess.run([str(PROVISION), "node", "list"], capture_output=True, text=True,
-                       env={**api_server.env, "RIGBASE_URL": f"http://127.0.0.1:{free_port()}"})
-    assert r.returncode == 1 and "cannot reach the control plane" in r.stderr and len(r.stderr.splitlines()) == 1
+        "error: the bearer token is not valid: use the token in the client config written by `provision serve`"
+    )
+    r = subprocess.run(
+        [str(PROVISION), "node", "list"],
+        capture_output=True,
+        text=True,
+        env={**api_server.env, "RIGBASE_URL": f"http://127.0.0.1:{free_port()}"},
+    )
+    assert (
+        r.returncode == 1 and "cannot reach the control plane" in r.stderr and len(r.stderr.splitlines()) == 1
+    )
 
 
 def _serve(home: Path, database: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(PROVISION), "serve", "--port", str(free_port()), "--database", database],
-                          capture_output=True, text=True, timeout=30, env={**os.environ, "RIGBASE_HOME": str(home)})
+    return subprocess.run(
+        [str(PROVISION), "serve", "--port", str(free_port()), "--database", database],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "RIGBASE_HOME": str(home)},
+    )
 
 
 def test_serve_refuses_unreachable_and_newer_databases(tmp_path: Path) -> None:
@@ -135,9 +214,26 @@ def test_node_add_wait_follows_the_node_until_it_is_ready(api_server: ControlPla
 
     _ok(api_server, "provider", "enable", "physical")
     _ok(api_server, "region", "create", "lab-1", "--provider", "physical")
-    proc = subprocess.Popen([str(PROVISION), "node", "add", "gpu-1", "--region", "lab-1", "--minion-id", MID[0],
-                             "--wait", "--timeout", "60", "--json"], env=api_server.env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [
+            str(PROVISION),
+            "node",
+            "add",
+            "gpu-1",
+            "--region",
+            "lab-1",
+            "--minion-id",
+            MID[0],
+            "--wait",
+            "--timeout",
+            "60",
+            "--json",
+        ],
+        env=api_server.env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     engine = make_engine(api_server.database_url)
     node_id = None
     for _ in range(200):
@@ -155,7 +251,9 @@ def test_node_add_wait_follows_the_node_until_it_is_ready(api_server: ControlPla
     shown = json.loads(out)
     assert shown["id"] == node_id and shown["state"] == "maintenance"
 
-    r = api_server.provision("node", "add", "gpu-2", "--region", "lab-1", "--minion-id", MID[1], "--wait", "--timeout", "1")
+    r = api_server.provision(
+        "node", "add", "gpu-2", "--region", "lab-1", "--minion-id", MID[1], "--wait", "--timeout", "1"
+    )
     assert r.returncode == 1 and "is still new after 1 s" in r.stderr
 
 

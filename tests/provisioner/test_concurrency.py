@@ -11,8 +11,8 @@ import httpx
 import pytest
 from sqlalchemy import func, select
 
-from provisioner.domain.states import NodeState
 from contracts.errors import Conflict, RuleViolation
+from provisioner.domain.states import NodeState
 from provisioner.services import nodes, providers, regions
 from provisioner.store.engine import make_engine, make_sessionmaker
 from provisioner.store.migrate import upgrade
@@ -41,8 +41,11 @@ def _prepare(url: str) -> None:
 def _activations(url: str) -> dict[str, int]:
     engine = make_engine(url)
     with engine.connect() as conn:
-        rows = conn.execute(select(AuditEvent.resource_name, func.count()).where(AuditEvent.to_state == "active")
-                            .group_by(AuditEvent.resource_name)).all()
+        rows = conn.execute(
+            select(AuditEvent.resource_name, func.count())
+            .where(AuditEvent.to_state == "active")
+            .group_by(AuditEvent.resource_name)
+        ).all()
     engine.dispose()
     return dict(rows)
 

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from provisioner.lab import rootfs
 from provisioner.adapters import ansible as finalize
 from provisioner.adapters.ansible import ChrootTarget, FinalizeEvent, FinalizeRequest, TaskStatus
+from provisioner.lab import rootfs
 
 DRIVES = [
     {"path": "/dev/nvme0n1", "size_bytes": 10**12, "system": True},
@@ -34,7 +34,8 @@ CP = "https://10.77.0.1:8470"
 
 def _plugin():  # the playbooks' own filter, to compare the written layout with
     spec = importlib.util.spec_from_file_location(
-        "rigbase_scratch", finalize.PLAYBOOK_DIR / "filter_plugins" / "rigbase_scratch.py")
+        "rigbase_scratch", finalize.PLAYBOOK_DIR / "filter_plugins" / "rigbase_scratch.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -61,8 +62,14 @@ def root(base_root: Path, home: Path) -> Path:
 
 
 def compute(**changes: object) -> FinalizeRequest:
-    fields: dict = dict(node_name="n1", hostname="n1.lab.example", service="compute", region="lab",
-                        control_plane_url=CP, nvme_drives=DRIVES)
+    fields: dict = dict(
+        node_name="n1",
+        hostname="n1.lab.example",
+        service="compute",
+        region="lab",
+        control_plane_url=CP,
+        nvme_drives=DRIVES,
+    )
     return FinalizeRequest(**(fields | changes))
 
 
@@ -85,8 +92,13 @@ def test_compute_finalize_converges_and_a_second_run_changes_nothing(root: Path)
     assert {e.host for e in events} == {"n1"}
     assert finished["Write the minion configuration"] is TaskStatus.CHANGED
     # lab mode: device and running-service steps are skipped, explicitly
-    for task in ("Partition the scratch drives", "Assemble the scratch RAID0", "Make the scratch filesystem",
-                 "Mount the scratch volume", "Set the running hostname"):
+    for task in (
+        "Partition the scratch drives",
+        "Assemble the scratch RAID0",
+        "Make the scratch filesystem",
+        "Mount the scratch volume",
+        "Set the running hostname",
+    ):
         assert finished[task] is TaskStatus.SKIPPED, task
     assert socket.gethostname() == host_name  # the chroot shares the host's UTS namespace
 
@@ -122,8 +134,10 @@ def test_storage_finalize_exports_the_region_cache(root: Path) -> None:
     first, events = run(request, root)
     assert first.ok, first
     exports = (root / "etc/exports.d/rigbase-cache.exports").read_text().splitlines()
-    assert "/scratch/cache 10.77.0.0/24(rw,sync,no_subtree_check,root_squash) " \
-           "10.78.0.0/24(rw,sync,no_subtree_check,root_squash)" in exports
+    assert (
+        "/scratch/cache 10.77.0.0/24(rw,sync,no_subtree_check,root_squash) "
+        "10.78.0.0/24(rw,sync,no_subtree_check,root_squash)" in exports
+    )
     assert (root / "scratch/cache").is_dir()
     finished = {e.task: e.status for e in events if e.status is not TaskStatus.STARTED}
     assert finished["Install the NFS server"] is TaskStatus.SKIPPED
@@ -173,12 +187,26 @@ def test_lab_mode_must_match_the_connection(root: Path) -> None:
 
 def test_a_run_killed_mid_play_then_rerun_converges(root: Path, home: Path, tmp_path: Path) -> None:
     node = tmp_path / "node.json"
-    node.write_text(json.dumps(dict(node_name="n1", hostname="n1.lab.example", service="compute",
-                                    region="lab", control_plane_url=CP, nvme_drives=DRIVES)))
+    node.write_text(
+        json.dumps(
+            dict(
+                node_name="n1",
+                hostname="n1.lab.example",
+                service="compute",
+                region="lab",
+                control_plane_url=CP,
+                nvme_drives=DRIVES,
+            )
+        )
+    )
     # the control plane's process, killed with SIGKILL after the play has changed something
-    proc = subprocess.Popen([sys.executable, "-m", "provisioner.adapters.ansible", str(node),
-                             "--chroot", str(root)], stdout=subprocess.PIPE, text=True,
-                            env=os.environ | {"RIGBASE_HOME": str(home)}, cwd=Path(__file__).parents[2])
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "provisioner.adapters.ansible", str(node), "--chroot", str(root)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=os.environ | {"RIGBASE_HOME": str(home)},
+        cwd=Path(__file__).parents[2],
+    )
     assert proc.stdout is not None
     seen = []
     for line in proc.stdout:

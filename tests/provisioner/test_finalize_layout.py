@@ -11,8 +11,16 @@ import pytest
 
 from contracts.errors import InvalidInput
 from provisioner.adapters import ansible as finalize
-from provisioner.adapters.ansible import (ChrootTarget, FinalizeRequest, SshTarget, TaskStatus,
-                                              extravars_for, inventory_for, scratch_drives, to_event)
+from provisioner.adapters.ansible import (
+    ChrootTarget,
+    FinalizeRequest,
+    SshTarget,
+    TaskStatus,
+    extravars_for,
+    inventory_for,
+    scratch_drives,
+    to_event,
+)
 
 PLUGIN = Path(finalize.PLAYBOOK_DIR) / "filter_plugins" / "rigbase_scratch.py"
 _spec = importlib.util.spec_from_file_location("rigbase_scratch", PLUGIN)
@@ -62,20 +70,26 @@ def test_a_path_outside_dev_is_refused() -> None:
 
 
 def test_the_system_drive_never_joins_scratch() -> None:
-    drives = scratch_drives([
-        {"path": "/dev/nvme0n1", "size_bytes": TB, "system": True},
-        {"name": "nvme2n1", "size_bytes": 2 * TB},
-        "/dev/nvme1n1",
-        {"name": "sda", "kind": "sata", "size_bytes": 4 * TB},  # the minion's inventory, as it is
-    ])
-    assert drives == [{"path": "/dev/nvme1n1", "size_bytes": 0}, {"path": "/dev/nvme2n1", "size_bytes": 2 * TB}]
+    drives = scratch_drives(
+        [
+            {"path": "/dev/nvme0n1", "size_bytes": TB, "system": True},
+            {"name": "nvme2n1", "size_bytes": 2 * TB},
+            "/dev/nvme1n1",
+            {"name": "sda", "kind": "sata", "size_bytes": 4 * TB},  # the minion's inventory, as it is
+        ]
+    )
+    assert drives == [
+        {"path": "/dev/nvme1n1", "size_bytes": 0},
+        {"path": "/dev/nvme2n1", "size_bytes": 2 * TB},
+    ]
     with pytest.raises(InvalidInput, match="no path or name"):
         scratch_drives([{"size_bytes": TB}])
 
 
 def test_extravars_say_lab_or_not_explicitly() -> None:
-    request = FinalizeRequest("n1", "n1.lab", "compute", "lab", "https://cp:8470",
-                              extra_vars={"rigbase_scratch_mount": "/data"})
+    request = FinalizeRequest(
+        "n1", "n1.lab", "compute", "lab", "https://cp:8470", extra_vars={"rigbase_scratch_mount": "/data"}
+    )
     assert extravars_for(request, lab=True)["rigbase_lab"] is True
     assert extravars_for(request, lab=False)["rigbase_lab"] is False
     assert extravars_for(request, lab=False)["rigbase_scratch_mount"] == "/data"
@@ -85,7 +99,9 @@ def test_inventory_for_each_target(tmp_path: Path) -> None:
     chroot = inventory_for("n1", ChrootTarget(tmp_path), tmp_path)["all"]["hosts"]["n1"]
     assert chroot["ansible_connection"] == "community.general.chroot"
     assert chroot["ansible_host"] == str(tmp_path.resolve())
-    ssh = inventory_for("n1", SshTarget("10.0.0.5", tmp_path / "key", user="admin"), tmp_path)["all"]["hosts"]["n1"]
+    ssh = inventory_for("n1", SshTarget("10.0.0.5", tmp_path / "key", user="admin"), tmp_path)["all"][
+        "hosts"
+    ]["n1"]
     assert ssh["ansible_host"] == "10.0.0.5" and ssh["ansible_become"] is True
     assert "StrictHostKeyChecking=accept-new" in ssh["ansible_ssh_common_args"]
 
@@ -94,10 +110,14 @@ def test_unknown_service_and_bad_targets_are_refused(tmp_path: Path) -> None:
     with pytest.raises(InvalidInput, match="not a node service"):
         finalize.run_finalize(FinalizeRequest("n1", "n1", "gpu", "lab", "https://cp"), ChrootTarget(tmp_path))
     with pytest.raises(InvalidInput, match="not a lab root"):
-        finalize.run_finalize(FinalizeRequest("n1", "n1", "compute", "lab", "https://cp"), ChrootTarget(tmp_path))
+        finalize.run_finalize(
+            FinalizeRequest("n1", "n1", "compute", "lab", "https://cp"), ChrootTarget(tmp_path)
+        )
     with pytest.raises(InvalidInput, match="SSH key"):
-        finalize.run_finalize(FinalizeRequest("n1", "n1", "compute", "lab", "https://cp"),
-                              SshTarget("10.0.0.5", tmp_path / "missing"))
+        finalize.run_finalize(
+            FinalizeRequest("n1", "n1", "compute", "lab", "https://cp"),
+            SshTarget("10.0.0.5", tmp_path / "missing"),
+        )
 
 
 def test_runner_events_map_to_history_statuses() -> None:

@@ -62,7 +62,8 @@ def _playbooks_of(home: Path) -> list[str]:
 
 
 def test_a_control_plane_killed_mid_playbook_finishes_the_node_after_restart(
-        base_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    base_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     home = tmp_path / "home"
     monkeypatch.setenv("RIGBASE_HOME", str(home))
     monkeypatch.setenv("RIGBASE_PUBLIC_URL", CP)
@@ -82,8 +83,9 @@ def test_a_control_plane_killed_mid_playbook_finishes_the_node_after_restart(
 
     try:
         # the first control plane, killed once the playbook has reported tasks
-        proc = subprocess.Popen([sys.executable, "-c", CONTROL_PLANE, url], env=dict(os.environ),
-                                cwd=Path(__file__).parents[2])
+        proc = subprocess.Popen(
+            [sys.executable, "-c", CONTROL_PLANE, url], env=dict(os.environ), cwd=Path(__file__).parents[2]
+        )
         deadline = time.monotonic() + 120
         while not [h for h in _history(url, node_id) if h.startswith("task ")]:
             assert proc.poll() is None, "the first control plane exited before any playbook task was recorded"
@@ -109,7 +111,7 @@ def test_a_control_plane_killed_mid_playbook_finishes_the_node_after_restart(
             assert node.state == NodeState.MAINTENANCE, (node.state, node.reason)
         engine.dispose()
 
-        after = _history(url, node_id)[len(before):]
+        after = _history(url, node_id)[len(before) :]
         assert [h for h in after if h.startswith("finalized in ")] == after[-1:], after
         assert [h for h in after if h.startswith("task ")], after  # the playbook really ran again
         assert not [h for h in after if ": failed" in h or ": unreachable" in h], after

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives import serialization
-from image_builder.manifest import SCHEMA, canonical, keygen, load_private_key, public_key_fingerprint, sign
 from sqlalchemy.orm import Session
 
-from provisioner.attestation.refusals import RefusalCode
 from contracts.errors import Conflict, InvalidInput, NotFound, RigbaseError, RuleViolation
+from image_builder.manifest import SCHEMA, canonical, keygen, load_private_key, public_key_fingerprint, sign
+from provisioner.attestation.refusals import RefusalCode
 from provisioner.services import images, providers, regions
 from provisioner.services.join import pcr_policy_for
 from tests.fixtures.postgres import Store
@@ -34,23 +34,44 @@ class Builder:
         self.public = self.public_path.read_bytes()
         self.fingerprint = public_key_fingerprint(self.public)
 
-    def manifest(self, *, region: str | None = "lab", pcr11: str = ZERO, pcr12: str = ZERO, pcr4: str | None = None,
-                 image: str = "1" * 64) -> dict[str, Any]:
+    def manifest(
+        self,
+        *,
+        region: str | None = "lab",
+        pcr11: str = ZERO,
+        pcr12: str = ZERO,
+        pcr4: str | None = None,
+        image: str = "1" * 64,
+    ) -> dict[str, Any]:
         """A manifest of the documented schema (docs/image-builder.md) predicting the given PCR values."""
         return {
-            "schema": SCHEMA, "builder": {"version": "1", "key_sha256": self.fingerprint},
+            "schema": SCHEMA,
+            "builder": {"version": "1", "key_sha256": self.fingerprint},
             "image": {"file": "rigbase-usb.img", "sha256": image, "size": 1 << 30, "partitions": {}},
             "uki": {"file": "rigbase.efi", "sha256": "2" * 64, "size": 50 << 20},
             "kernel": {"version": "6.1.0-test", "cmdline": "rigbase.roothash=" + "3" * 64},
             "verity": {"root_hash": "3" * 64, "salt": "4" * 64, "data_blocks": 1000},
             "pe_hashes": {"systemd-boot": "5" * 64, "uki": "6" * 64, "kernel": "7" * 64},
             "pcr4": {"boot_path": ["systemd-boot", "uki", "kernel"], "sha256": pcr4 or "8" * 64},
-            "pcr11": [{"phase": "", "sha256": "9" * 64}, {"phase": "sysinit", "sha256": "a" * 64},
-                      {"phase": "sysinit:ready", "sha256": pcr11}],
+            "pcr11": [
+                {"phase": "", "sha256": "9" * 64},
+                {"phase": "sysinit", "sha256": "a" * 64},
+                {"phase": "sysinit:ready", "sha256": pcr11},
+            ],
             "pcr12": {"sha256": pcr12},
-            "region": ({"name": region, "region_id": None, "provider": "physical", "control_plane_url": "http://cp",
-                        "bundle_sha256": "b" * 64} if region else None),
-            "packages": [{"name": "systemd", "version": "252"}], "inputs": {"suite": "bookworm"},
+            "region": (
+                {
+                    "name": region,
+                    "region_id": None,
+                    "provider": "physical",
+                    "control_plane_url": "http://cp",
+                    "bundle_sha256": "b" * 64,
+                }
+                if region
+                else None
+            ),
+            "packages": [{"name": "systemd", "version": "252"}],
+            "inputs": {"suite": "bookworm"},
         }
 
     def signed(self, doc: dict[str, Any]) -> tuple[bytes, bytes]:
@@ -106,7 +127,9 @@ def test_trust_key_and_register(seeded: Store, builder: Builder) -> None:
         assert images.manifest_document(row)["pcr12"]["sha256"] == "d" * 64
         lab = regions.get(s, "lab")
         # PCR 11 (sysinit:ready) and PCR 12 only: PCR 4 depends on the firmware boot path
-        assert images.manifest_pcr_sets(s, lab) == [{11: bytes.fromhex("c" * 64), 12: bytes.fromhex("d" * 64)}]
+        assert images.manifest_pcr_sets(s, lab) == [
+            {11: bytes.fromhex("c" * 64), 12: bytes.fromhex("d" * 64)}
+        ]
         assert images.manifest_pcr_sets(s, regions.get(s, "other")) == []
         assert [m.id for m in images.list_manifests(s, "lab")] == [row.id]
         assert images.get_manifest(s, row.manifest_sha256[:10]).id == row.id
@@ -114,9 +137,22 @@ def test_trust_key_and_register(seeded: Store, builder: Builder) -> None:
         images.register(s, data, sig, actor=ACTOR)  # the same manifest twice in one region
 
 
-@pytest.mark.parametrize("case", ["unsigned", "tampered", "untrusted", "garbage_signature", "region_mismatch",
-                                  "no_region", "incomplete", "no_key_trusted"])
-def test_refused_manifests_leave_no_state(seeded: Store, builder: Builder, other_builder: Builder, case: str) -> None:
+@pytest.mark.parametrize(
+    "case",
+    [
+        "unsigned",
+        "tampered",
+        "untrusted",
+        "garbage_signature",
+        "region_mismatch",
+        "no_region",
+        "incomplete",
+        "no_key_trusted",
+    ],
+)
+def test_refused_manifests_leave_no_state(
+    seeded: Store, builder: Builder, other_builder: Builder, case: str
+) -> None:
     if case != "no_key_trusted":
         with _session(seeded) as s:
             images.trust_key(s, builder.public, name="ci-builder", actor=ACTOR)
@@ -177,7 +213,9 @@ def test_rollout_policy_and_pinned_pcr4(seeded: Store, builder: Builder) -> None
         lab = regions.get(s, "lab")
         assert pcr_policy_for(s, lab).mode.value == "record"  # nothing registered yet
         images.register(s, *builder.signed(builder.manifest(pcr11=a.hex(), pcr12=ZERO)), actor=ACTOR)
-        images.register(s, *builder.signed(builder.manifest(pcr11=b.hex(), pcr12=ZERO, image="e" * 64)), actor=ACTOR)
+        images.register(
+            s, *builder.signed(builder.manifest(pcr11=b.hex(), pcr12=ZERO, image="e" * 64)), actor=ACTOR
+        )
         policy = pcr_policy_for(s, lab)
         assert policy.mode.value == "manifest"
         zero = bytes(32)
@@ -187,8 +225,9 @@ def test_rollout_policy_and_pinned_pcr4(seeded: Store, builder: Builder) -> None
         assert refused.differing == (11,)
         assert policy.check({11: a, 12: c}).differing == (12,)  # the closest manifest is named
         # --pin-pcr4: the manifest's fixed boot-path value is compared too
-        pinned = images.register(s, *builder.signed(builder.manifest(region="other", pcr4=c.hex())),
-                                 pin_pcr4=True, actor=ACTOR)
+        pinned = images.register(
+            s, *builder.signed(builder.manifest(region="other", pcr4=c.hex())), pin_pcr4=True, actor=ACTOR
+        )
         other = regions.get(s, "other")
         assert images.manifest_pcr_sets(s, other) == [{4: c, 11: zero, 12: zero}]
         assert pcr_policy_for(s, other).check({4: a, 11: zero, 12: zero}).differing == (4,)

@@ -65,26 +65,37 @@ def test_register_and_join_against_manifest(cp: ControlPlane, tmp_path: Path, ma
         bad.session.extend_pcr(11, b"a different UKI section")
         good_pcrs, bad_pcrs = good.session.read_pcrs([11, 12]), bad.session.read_pcrs([11, 12])
         assert good_pcrs[11] != bad_pcrs[11] and good_pcrs[12] == bad_pcrs[12]
-        expected = builder.write(tmp_path / "out", builder.manifest(pcr11=good_pcrs[11].hex(), pcr12=good_pcrs[12].hex()))
+        expected = builder.write(
+            tmp_path / "out", builder.manifest(pcr11=good_pcrs[11].hex(), pcr12=good_pcrs[12].hex())
+        )
 
         # Refusals before anything is trusted or with a bad manifest: exit 1, one line, nothing stored.
         before = snapshot(cp)
         refused = run(cp, "image", "register", str(expected), rc=1)  # no key trusted yet
         assert refused.stderr.startswith("error: ") and refused.stderr.count("\n") == 1
-        key_out = run(cp, "image", "trust-key", str(builder.public_path), "--name", "ci-builder").stdout.split()
+        key_out = run(
+            cp, "image", "trust-key", str(builder.public_path), "--name", "ci-builder"
+        ).stdout.split()
         assert key_out[1] == builder.fingerprint and key_out[0].startswith("ikey_")
         after_key = snapshot(cp)
         assert after_key != before
         tampered = tmp_path / "tampered" / "manifest.json"
         tampered.parent.mkdir()
-        tampered.write_bytes(expected.read_bytes().replace(good_pcrs[11].hex().encode(), bad_pcrs[11].hex().encode()))
-        (tmp_path / "tampered" / "manifest.json.sig").write_bytes((tmp_path / "out" / "manifest.json.sig").read_bytes())
+        tampered.write_bytes(
+            expected.read_bytes().replace(good_pcrs[11].hex().encode(), bad_pcrs[11].hex().encode())
+        )
+        (tmp_path / "tampered" / "manifest.json.sig").write_bytes(
+            (tmp_path / "out" / "manifest.json.sig").read_bytes()
+        )
         foreign = stranger.write(tmp_path / "foreign", stranger.manifest(pcr11=bad_pcrs[11].hex()))
         unsigned = tmp_path / "unsigned" / "manifest.json"
         unsigned.parent.mkdir()
         unsigned.write_bytes(expected.read_bytes())
-        for path, words in ((tampered, "does not verify"), (foreign, "not signed by a trusted"),
-                            (unsigned, "unsigned manifest is never registered")):
+        for path, words in (
+            (tampered, "does not verify"),
+            (foreign, "not signed by a trusted"),
+            (unsigned, "unsigned manifest is never registered"),
+        ):
             out = run(cp, "image", "register", str(path), rc=1)
             assert words in out.stderr and out.stderr.count("\n") == 1, out.stderr
         assert snapshot(cp) == after_key
@@ -113,8 +124,10 @@ def test_register_and_join_against_manifest(cp: ControlPlane, tmp_path: Path, ma
         assert api(cp, "GET", "/v1/nodes/gpu-bad")["state"] == "errored"
 
         # A rollout: a second manifest predicting the other UKI's PCR 11 lets that node join.
-        second = builder.write(tmp_path / "out2", builder.manifest(pcr11=bad_pcrs[11].hex(), pcr12=bad_pcrs[12].hex(),
-                                                                  image="e" * 64))
+        second = builder.write(
+            tmp_path / "out2",
+            builder.manifest(pcr11=bad_pcrs[11].hex(), pcr12=bad_pcrs[12].hex(), image="e" * 64),
+        )
         run(cp, "image", "register", str(second), "--region", "lab")
         run(cp, "node", "retry", "gpu-bad")
         again = join(bad, token)

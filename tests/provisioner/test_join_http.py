@@ -13,13 +13,14 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from minion.join.attest import parse_challenge, join_request, proof_payload, quote_payload
+from minion.join.attest import join_request, parse_challenge, proof_payload, quote_payload
 from minion.tpm.session import TpmSession
 from provisioner.lab.swtpm import Swtpm, VendorCA
 from tests.fixtures.control_plane import ControlPlane, Fakes, start_control_plane
@@ -34,12 +35,17 @@ def cp(tmp_path_factory: pytest.TempPathFactory, tpm_vendor_ca: VendorCA) -> Ite
     fresh quote is asked for every 2nd heartbeat."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("RIGBASE_QUOTE_EVERY", "2")
-        with start_control_plane(tmp_path_factory.mktemp("join-cp") / "home",
-                                 fakes=Fakes(skip_finalize=True)) as server:
+        with start_control_plane(
+            tmp_path_factory.mktemp("join-cp") / "home", fakes=Fakes(skip_finalize=True)
+        ) as server:
             ca_file = tmp_path_factory.mktemp("ca") / "vendor.pem"
             ca_file.write_bytes(b"".join(tpm_vendor_ca.certificate_pems()))
-            for args in (["provider", "enable", "physical"], ["region", "create", "lab", "--provider", "physical"],
-                         ["region", "create", "other", "--provider", "physical"], ["tpm-ca", "add", str(ca_file)]):
+            for args in (
+                ["provider", "enable", "physical"],
+                ["region", "create", "lab", "--provider", "physical"],
+                ["region", "create", "other", "--provider", "physical"],
+                ["tpm-ca", "add", str(ca_file)],
+            ):
                 out = server.provision(*args)
                 assert out.returncode == 0, out.stderr
             yield server
@@ -83,42 +89,66 @@ class Minion:
         self.session.close()
         self.http.close()
 
-    def begin(self, join_token: str, requirements: dict[str, Any] = PASSING, **changes: Any) -> httpx.Response:
-        body = json.loads(json.dumps(join_request(self.session, self.ak, join_token=join_token,
-                                                  inventory={"gpus": []}, requirements=requirements)))
+    def begin(
+        self, join_token: str, requirements: dict[str, Any] = PASSING, **changes: Any
+    ) -> httpx.Response:
+        body = json.loads(
+            json.dumps(
+                join_request(
+                    self.session,
+                    self.ak,
+                    join_token=join_token,
+                    inventory={"gpus": []},
+                    requirements=requirements,
+                )
+            )
+        )
         body.update(changes)
         return self.http.post("/v1/join", json=body)
 
     def proof_body(self, challenge: dict[str, Any]) -> dict[str, Any]:
         return proof_payload(self.session, self.ak, parse_challenge(challenge))
 
-    def prove(self, challenge: dict[str, Any], join_token: str, body: dict[str, Any] | None = None) -> httpx.Response:
-        return self.http.post(f"/v1/join/{challenge['join_id']}/proof", json=body or self.proof_body(challenge),
-                              headers={"Authorization": f"Bearer {join_token}"})
+    def prove(
+        self, challenge: dict[str, Any], join_token: str, body: dict[str, Any] | None = None
+    ) -> httpx.Response:
+        return self.http.post(
+            f"/v1/join/{challenge['join_id']}/proof",
+            json=body or self.proof_body(challenge),
+            headers={"Authorization": f"Bearer {join_token}"},
+        )
 
     def join(self, join_token: str) -> httpx.Response:
         first = self.begin(join_token)
         assert first.status_code == 201, first.text
         return self.prove(first.json(), join_token)
 
-    def beat(self, node: dict[str, Any], quote_nonce: str | None = None, credential: str | None = None) -> httpx.Response:
+    def beat(
+        self, node: dict[str, Any], quote_nonce: str | None = None, credential: str | None = None
+    ) -> httpx.Response:
         body: dict[str, Any] = {"actual": {"maintenance": True}}
         if quote_nonce:
             body["quote"] = quote_payload(self.session, self.ak, base64.b64decode(quote_nonce))
-        return self.http.post(f"/v1/nodes/{node['node_id']}/heartbeat", json=body,
-                              headers={"Authorization": f"Bearer {credential or node['node_credential']}"})
+        return self.http.post(
+            f"/v1/nodes/{node['node_id']}/heartbeat",
+            json=body,
+            headers={"Authorization": f"Bearer {credential or node['node_credential']}"},
+        )
 
 
 _EK_SERIAL = itertools.count(100)  # the module shares one control plane: every minion needs its own EK
 
 
 @pytest.fixture
-def minion(cp: ControlPlane, tmp_path: Path, tpm_vendor_ca: VendorCA,
-           _golden_swtpm: Callable[[VendorCA, int], Swtpm]) -> Iterator[Callable[..., Minion]]:
+def minion(
+    cp: ControlPlane, tmp_path: Path, tpm_vendor_ca: VendorCA, _golden_swtpm: Callable[[VendorCA, int], Swtpm]
+) -> Iterator[Callable[..., Minion]]:
     made: list[Minion] = []
 
     def make(ca: VendorCA | None = None) -> Minion:
-        tpm = _started_copy(_golden_swtpm(ca or tpm_vendor_ca, next(_EK_SERIAL)), tmp_path / f"swtpm-{len(made)}")
+        tpm = _started_copy(
+            _golden_swtpm(ca or tpm_vendor_ca, next(_EK_SERIAL)), tmp_path / f"swtpm-{len(made)}"
+        )
         m = Minion(tpm, cp.url)
         made.append(m)
         return m
@@ -132,8 +162,13 @@ def minion(cp: ControlPlane, tmp_path: Path, tpm_vendor_ca: VendorCA,
 def audit_rows(cp: ControlPlane, minion_id: str) -> list[str]:
     db = sqlite3.connect(cp.database_url.removeprefix("sqlite:///"))
     try:
-        return [r[0] for r in db.execute("SELECT reason FROM audit_events WHERE resource_kind='join' AND resource_id=?"
-                                         " ORDER BY id", (minion_id,))]
+        return [
+            r[0]
+            for r in db.execute(
+                "SELECT reason FROM audit_events WHERE resource_kind='join' AND resource_id=? ORDER BY id",
+                (minion_id,),
+            )
+        ]
     finally:
         db.close()
 
@@ -173,7 +208,9 @@ def wait_state(cp: ControlPlane, name: str, state: str, timeout: float = 20) -> 
 # ---------------------------------------------------------------- the happy path
 
 
-def test_pending_adopt_heartbeat_continuous_attestation_retry(cp: ControlPlane, minion: Callable[..., Minion]) -> None:
+def test_pending_adopt_heartbeat_continuous_attestation_retry(
+    cp: ControlPlane, minion: Callable[..., Minion]
+) -> None:
     m = minion()
     jt = token(cp)
     # No node yet: attested, then pending, listed for the operator.
@@ -227,7 +264,9 @@ def test_pending_adopt_heartbeat_continuous_attestation_retry(cp: ControlPlane, 
 # ---------------------------------------------------------------- refusals
 
 
-def test_refused_ek_from_untrusted_ca(cp: ControlPlane, minion: Callable[..., Minion], untrusted_vendor_ca: VendorCA) -> None:
+def test_refused_ek_from_untrusted_ca(
+    cp: ControlPlane, minion: Callable[..., Minion], untrusted_vendor_ca: VendorCA
+) -> None:
     m = minion(untrusted_vendor_ca)
     assert_refused(cp, m.begin(token(cp)), m.minion_id, "attestation_ek_untrusted_ca", "provision tpm-ca add")
 
@@ -235,7 +274,13 @@ def test_refused_ek_from_untrusted_ca(cp: ControlPlane, minion: Callable[..., Mi
 def test_refused_ek_not_matching_minion_id(cp: ControlPlane, minion: Callable[..., Minion]) -> None:
     m = minion()
     claimed = "0" * 32
-    assert_refused(cp, m.begin(token(cp), minion_id=claimed), claimed, "attestation_minion_id_mismatch", "does not match the EK")
+    assert_refused(
+        cp,
+        m.begin(token(cp), minion_id=claimed),
+        claimed,
+        "attestation_minion_id_mismatch",
+        "does not match the EK",
+    )
 
 
 def test_refused_wrong_activated_secret(cp: ControlPlane, minion: Callable[..., Minion]) -> None:
@@ -245,7 +290,9 @@ def test_refused_wrong_activated_secret(cp: ControlPlane, minion: Callable[..., 
     challenge = m.begin(jt).json()
     body = m.proof_body(challenge)
     body["activated_secret"] = base64.b64encode(b"\x00" * 32).decode()
-    assert_refused(cp, m.prove(challenge, jt, body), m.minion_id, "attestation_wrong_secret", "could not recover")
+    assert_refused(
+        cp, m.prove(challenge, jt, body), m.minion_id, "attestation_wrong_secret", "could not recover"
+    )
     assert "attestation_wrong_secret" in str(api(cp, "GET", "/v1/nodes/secret-1/history"))
     assert node_state(cp, "secret-1")["state"] == "enrolling"  # anyone knowing the EK could cause this
 
@@ -259,7 +306,9 @@ def test_refused_quote_with_one_byte_changed(cp: ControlPlane, minion: Callable[
     attest = bytearray(base64.b64decode(body["quote"]["attest"]))
     attest[-3] ^= 0x01
     body["quote"]["attest"] = base64.b64encode(bytes(attest)).decode()
-    assert_refused(cp, m.prove(challenge, jt, body), m.minion_id, "attestation_quote_signature_invalid", "altered")
+    assert_refused(
+        cp, m.prove(challenge, jt, body), m.minion_id, "attestation_quote_signature_invalid", "altered"
+    )
     node = node_state(cp, "quote-1")
     assert node["state"] == "errored" and "altered" in node["reason"]
 
@@ -270,7 +319,9 @@ def test_refused_replayed_nonce(cp: ControlPlane, minion: Callable[..., Minion])
     challenge = m.begin(jt).json()
     body = m.proof_body(challenge)
     assert m.prove(challenge, jt, body).status_code == 202
-    assert_refused(cp, m.prove(challenge, jt, body), m.minion_id, "attestation_nonce_replayed", "already used")
+    assert_refused(
+        cp, m.prove(challenge, jt, body), m.minion_id, "attestation_nonce_replayed", "already used"
+    )
 
 
 def test_refused_expired_nonce(cp: ControlPlane, minion: Callable[..., Minion]) -> None:
@@ -306,7 +357,9 @@ def test_refused_revoked_and_expired_join_tokens(cp: ControlPlane, minion: Calla
     assert_refused(cp, m.begin("rbj_made-up"), m.minion_id, "join_token_invalid", "provision region bundle")
 
 
-def test_refused_duplicate_minion_id_from_a_different_ek(cp: ControlPlane, minion: Callable[..., Minion]) -> None:
+def test_refused_duplicate_minion_id_from_a_different_ek(
+    cp: ControlPlane, minion: Callable[..., Minion]
+) -> None:
     m = minion()
     jt = token(cp)
     assert m.join(jt).status_code == 202
@@ -322,16 +375,20 @@ def test_refused_right_node_in_the_wrong_region(cp: ControlPlane, minion: Callab
     assert_refused(cp, m.begin(token(cp, "lab")), m.minion_id, "join_wrong_region", "region 'other'")
 
 
-def test_failed_requirements_block_the_join_with_reasons(cp: ControlPlane, minion: Callable[..., Minion]) -> None:
+def test_failed_requirements_block_the_join_with_reasons(
+    cp: ControlPlane, minion: Callable[..., Minion]
+) -> None:
     m = minion()
     failing = {"ok": False, "rules": [{"rule": "nvme_capacity", "ok": False}, {"rule": "tpm", "ok": True}]}
-    assert_refused(cp, m.begin(token(cp), requirements=failing), m.minion_id, "join_requirements_failed", "nvme_capacity")
+    assert_refused(
+        cp, m.begin(token(cp), requirements=failing), m.minion_id, "join_requirements_failed", "nvme_capacity"
+    )
     pending = api(cp, "GET", "/v1/pending-minions")["items"]
     assert next(p for p in pending if p["minion_id"] == m.minion_id)["requirements"] == "fail: nvme_capacity"
 
 
 def _self_signed_leaf() -> bytes:
-    from datetime import datetime, timedelta, timezone
+    from datetime import datetime, timedelta
 
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
@@ -340,10 +397,18 @@ def _self_signed_leaf() -> bytes:
 
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "not-a-ca")])
-    now = datetime.now(timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now).not_valid_after(now + timedelta(days=1))
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True).sign(key, hashes.SHA256()))
+    now = datetime.now(UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now)
+        .not_valid_after(now + timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
     return cert.public_bytes(serialization.Encoding.PEM)
 
 
@@ -361,7 +426,11 @@ def test_operator_commands_refuse_bad_input(cp: ControlPlane, tmp_path: Path) ->
     out = tmp_path / "bundle.json"
     cli(cp, "region", "bundle", "lab", "-o", str(out))
     bundle = json.loads(out.read_text())
-    assert bundle["region"] == "lab" and bundle["join_token"].startswith("rbj_") and bundle["control_plane_url"] == cp.url
+    assert (
+        bundle["region"] == "lab"
+        and bundle["join_token"].startswith("rbj_")
+        and bundle["control_plane_url"] == cp.url
+    )
     assert out.stat().st_mode & 0o777 == 0o600
     cas = json.loads(cli(cp, "tpm-ca", "list", "--json").stdout)
     assert len(cas) == 2  # root and intermediate of the vendor CA
@@ -369,7 +438,9 @@ def test_operator_commands_refuse_bad_input(cp: ControlPlane, tmp_path: Path) ->
     assert shown["settings"]["allow_ek_without_certificate"] is True
 
 
-def test_pinned_ek_joins_without_certificate_only_with_that_ek(cp: ControlPlane, minion: Callable[..., Minion]) -> None:
+def test_pinned_ek_joins_without_certificate_only_with_that_ek(
+    cp: ControlPlane, minion: Callable[..., Minion]
+) -> None:
     pinned, impostor = minion(), minion()
     ek = pinned.session.endorsement_key()
     add_node(cp, "gcp-store", pinned.minion_id)
@@ -387,14 +458,23 @@ def test_pinned_ek_joins_without_certificate_only_with_that_ek(cp: ControlPlane,
 
 
 def test_a_nonce_is_single_use_across_two_api_processes(
-    postgres_cluster: Any, tmp_path: Path, tpm_vendor_ca: VendorCA, make_swtpm: Callable[..., Swtpm],
+    postgres_cluster: Any,
+    tmp_path: Path,
+    tpm_vendor_ca: VendorCA,
+    make_swtpm: Callable[..., Swtpm],
 ) -> None:
     url = postgres_cluster.create_database()
-    with start_control_plane(tmp_path / "a", url) as a, start_control_plane(tmp_path / "b", url, token=None) as b:
+    with (
+        start_control_plane(tmp_path / "a", url) as a,
+        start_control_plane(tmp_path / "b", url, token=None) as b,
+    ):
         ca_file = tmp_path / "vendor.pem"
         ca_file.write_bytes(b"".join(tpm_vendor_ca.certificate_pems()))
-        for args in (["provider", "enable", "physical"], ["region", "create", "pg", "--provider", "physical"],
-                     ["tpm-ca", "add", str(ca_file)]):
+        for args in (
+            ["provider", "enable", "physical"],
+            ["region", "create", "pg", "--provider", "physical"],
+            ["tpm-ca", "add", str(ca_file)],
+        ):
             cli(a, *args)
         jt = token(a, "pg")
         m = Minion(make_swtpm(), a.url)
@@ -404,8 +484,12 @@ def test_a_nonce_is_single_use_across_two_api_processes(
             path = f"/v1/join/{challenge['join_id']}/proof"
             headers = {"Authorization": f"Bearer {jt}"}
             with ThreadPoolExecutor(2) as pool:
-                answers = list(pool.map(lambda server: httpx.post(server.url + path, json=body, headers=headers, timeout=30),
-                                        [a, b]))
+                answers = list(
+                    pool.map(
+                        lambda server: httpx.post(server.url + path, json=body, headers=headers, timeout=30),
+                        [a, b],
+                    )
+                )
         finally:
             m.close()
     codes = sorted(r.status_code for r in answers)

@@ -6,7 +6,7 @@ the server process."""
 from __future__ import annotations
 
 import threading
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -44,7 +44,9 @@ def _node_in_provisioning(sessions: sessionmaker[Session], lab_root: Path, hostn
         return node.id
 
 
-def test_a_failed_finalize_errors_the_node_with_the_failing_task(sessions: sessionmaker[Session], tmp_path: Path) -> None:
+def test_a_failed_finalize_errors_the_node_with_the_failing_task(
+    sessions: sessionmaker[Session], tmp_path: Path
+) -> None:
     """A lab root whose python3 cannot run (an empty file): the first task that runs inside the chroot
     fails, and that task's name is the node's reason. The reconciler keeps no memory, so a restarted
     control plane finds the node in provisioning and runs the playbook again — the same pass as here.
@@ -60,7 +62,9 @@ def test_a_failed_finalize_errors_the_node_with_the_failing_task(sessions: sessi
         node = nodes.get(s, node_id)
         assert node.state == NodeState.ERRORED
         assert node.reason.startswith("finalize failed at task '"), node.reason
-        events = [e.reason or "" for e in audit.history(s, "node", [node_id]) if e.actor == "reconciler:finalize"]
+        events = [
+            e.reason or "" for e in audit.history(s, "node", [node_id]) if e.actor == "reconciler:finalize"
+        ]
     assert any(": failed" in e or "unreachable" in e for e in events), events
 
 
@@ -74,7 +78,11 @@ def test_a_storage_node_exports_its_cache_to_the_region_networks(sessions: sessi
 
     with session_scope(sessions) as s:
         node = nodes.add(s, "store1", region="lab", minion_id="b" * 32, service="storage", actor="test")
-        assert list(request_for(node, cp_url).nfs_clients) == ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"]
+        assert list(request_for(node, cp_url).nfs_clients) == [
+            "10.0.0.0/8",
+            "172.16.0.0/12",
+            "192.168.0.0/16",
+        ]
         assert tuple(request_for(node, cp_url).nfs_clients) == DEFAULT_NFS_CLIENTS
         node.region.settings = {**(node.region.settings or {}), "nfs_clients": ["10.77.0.0/24"]}
         assert list(request_for(node, cp_url).nfs_clients) == ["10.77.0.0/24"]
@@ -88,7 +96,7 @@ def test_region_health_follows_heartbeats(sessions: sessionmaker[Session], tmp_p
         nodes.record_report(s, node)
         region_health.refresh(s)
         assert regions.get(s, "lab").state == RegionState.HEALTHY
-        region_health.refresh(s, now=datetime.now(timezone.utc) + timedelta(minutes=5))
+        region_health.refresh(s, now=datetime.now(UTC) + timedelta(minutes=5))
         assert regions.get(s, "lab").state == RegionState.OFFLINE
 
 

@@ -43,10 +43,19 @@ def processes_naming(path: Path) -> list[int]:
 
 
 def provision(home: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RIGBASE_URL", "RIGBASE_TOKEN", "RIGBASE_DATABASE_URL")}
-    return subprocess.run([str(PROVISION), *args], env=env | {"RIGBASE_HOME": str(home)}, capture_output=True,
-                          text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RIGBASE_URL", "RIGBASE_TOKEN", "RIGBASE_DATABASE_URL")
+    }
+    return subprocess.run(
+        [str(PROVISION), *args],
+        env=env | {"RIGBASE_HOME": str(home)},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 @pytest.fixture(scope="session")
@@ -60,8 +69,10 @@ def rootfs_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def lab_home(tmp_path: Path) -> Path:
     """A fresh RIGBASE_HOME; refuses to run beside another lab; tears down whatever a failed test left."""
     if lab_namespaces():
-        pytest.fail(f"a lab is already up on this machine ({', '.join(lab_namespaces())}): "
-                    "run `provision lab down --yes` with its RIGBASE_HOME first")
+        pytest.fail(
+            f"a lab is already up on this machine ({', '.join(lab_namespaces())}): "
+            "run `provision lab down --yes` with its RIGBASE_HOME first"
+        )
     home = tmp_path / "home"
     (home / "cache").mkdir(parents=True)
     yield home
@@ -78,13 +89,24 @@ def cached_lab_home(lab_home: Path, rootfs_cache: Path) -> Path:
 
 # -- the plan, the state file and the hardware profile (no lab needed) -----------------------------------
 
+
 def test_plan_names_and_addresses_are_fixed_and_only_the_labs_names_match() -> None:
     plan = LabPlan(nodes=3, upnp=True)
-    assert plan.namespaces() == ["rigbase-lab-lan", "rigbase-lab-cp", "rigbase-lab-client",
-                                 "rigbase-lab-router", "rigbase-lab-wan",
-                                 "rigbase-lab-node1", "rigbase-lab-node2", "rigbase-lab-node3"]
+    assert plan.namespaces() == [
+        "rigbase-lab-lan",
+        "rigbase-lab-cp",
+        "rigbase-lab-client",
+        "rigbase-lab-router",
+        "rigbase-lab-wan",
+        "rigbase-lab-node1",
+        "rigbase-lab-node2",
+        "rigbase-lab-node3",
+    ]
     assert [(p.name, p.address) for p in plan.node_plans()] == [
-        ("node-1", "10.77.0.11"), ("node-2", "10.77.0.12"), ("node-3", "10.77.0.13")]
+        ("node-1", "10.77.0.11"),
+        ("node-2", "10.77.0.12"),
+        ("node-3", "10.77.0.13"),
+    ]
     assert address(Role.CP) == "10.77.0.2" and plan.cp_lan_url == "http://10.77.0.2:8470"
     assert all(NAME_PATTERN.match(n) for n in plan.namespaces())
     # namespaces of tests (netns.Lab: rigbase-<tag>-<role>-<random>) are never the lab's to delete
@@ -105,11 +127,15 @@ def test_the_lab_reaches_the_control_plane_over_http_only() -> None:
     for module in sorted(lab_package.glob("*.py")):
         tree = ast.parse(module.read_text())
         imported = {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
-        imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
-                     for alias in node.names}
-        forbidden = {name for name in imported
-                     if name.split(".")[:2] in (["provisioner", "services"], ["provisioner", "store"],
-                                                ["provisioner", "cli"])}
+        imported |= {
+            alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names
+        }
+        forbidden = {
+            name
+            for name in imported
+            if name.split(".")[:2]
+            in (["provisioner", "services"], ["provisioner", "store"], ["provisioner", "cli"])
+        }
         assert not forbidden, f"{module.name} imports {sorted(forbidden)}"
     # the one `provision` the lab runs is `provision serve`: the control plane it simulates a region for
     assert (lab_package / "lifecycle.py").read_text().count('BIN / "provision"') == 1
@@ -117,9 +143,12 @@ def test_the_lab_reaches_the_control_plane_over_http_only() -> None:
 
 def test_state_survives_a_round_trip_and_never_trusts_a_reused_pid(tmp_path: Path) -> None:
     me = Proc.of("serve", os.getpid())
-    state = LabState(home=str(tmp_path), serve=me, namespaces=[netns_name(Role.LAN)],
-                     nodes={"node-1": LabNodeRecord(1, "node-1", "rigbase-lab-node1", "10.77.0.11",
-                                                minion_id="ab" * 16)})
+    state = LabState(
+        home=str(tmp_path),
+        serve=me,
+        namespaces=[netns_name(Role.LAN)],
+        nodes={"node-1": LabNodeRecord(1, "node-1", "rigbase-lab-node1", "10.77.0.11", minion_id="ab" * 16)},
+    )
     state.save()
     again = LabState.load(tmp_path)
     assert again == state and again.serve.alive()
@@ -129,9 +158,25 @@ def test_state_survives_a_round_trip_and_never_trusts_a_reused_pid(tmp_path: Pat
 
 def test_the_lab_hardware_profile_passes_the_local_storage_rules_under_umockdev(tmp_path: Path) -> None:
     record, host = hardware.write_testbed(hardware.load_profile("lab-gpu-node"), tmp_path)
-    result = subprocess.run(["umockdev-run", "-d", str(record), "--", str(MINION), "check", "--storage-mode",
-                             "local", "--public-jobs", "--host-root", str(host), "--json"],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [
+            "umockdev-run",
+            "-d",
+            str(record),
+            "--",
+            str(MINION),
+            "check",
+            "--storage-mode",
+            "local",
+            "--public-jobs",
+            "--host-root",
+            str(host),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     verdict = json.loads(result.stdout)
     assert result.returncode == 0 and verdict["ok"], verdict
     assert {r["rule"] for r in verdict["rules"]} >= {"sata-drives", "nvme-count", "tpm2", "gpu-single-model"}
@@ -139,6 +184,7 @@ def test_the_lab_hardware_profile_passes_the_local_storage_rules_under_umockdev(
 
 
 # -- refusals: one line, the right exit code, nothing left behind ------------------------------------------
+
 
 @pytest.mark.parametrize("nodes", ["0", "17", "two"])
 def test_bad_node_counts_are_refused_before_anything_is_made(tmp_path: Path, nodes: str) -> None:
@@ -186,6 +232,7 @@ def test_down_cleans_leftovers_of_a_crashed_up_and_up_refuses_them(lab_home: Pat
 
 # -- the real lab --------------------------------------------------------------------------------------------
 
+
 def _status(home: Path) -> dict[str, Any]:
     result = provision(home, "lab", "status", "--json")
     assert result.returncode == 0, result.stderr
@@ -198,7 +245,9 @@ def test_two_nodes_join_reach_maintenance_and_down_leaves_nothing(cached_lab_hom
     assert up.returncode == 0, up.stderr[-3000:]
     report = json.loads(up.stdout)
     assert [(n["name"], n["state"], n["online"]) for n in report["nodes"]] == [
-        ("node-1", "maintenance", True), ("node-2", "maintenance", True)]
+        ("node-1", "maintenance", True),
+        ("node-2", "maintenance", True),
+    ]
     # the operator saw them pending (attested, requirements pass) before they were adopted
     assert "pending minions" in up.stderr and up.stderr.count(" pass ") >= 2
     assert {ns["name"] for ns in report["namespaces"]} == set(LabPlan(nodes=2).namespaces())
@@ -212,13 +261,18 @@ def test_two_nodes_join_reach_maintenance_and_down_leaves_nothing(cached_lab_hom
         assert (root / "etc/hostname").read_text().strip() == node["name"]
         history = json.loads(provision(lab_home, "node", "history", node["name"], "--json").stdout)
         assert [h["to_state"] for h in history if h["from_state"] != h["to_state"]] == [
-            "new", "enrolling", "provisioning", "maintenance"]
+            "new",
+            "enrolling",
+            "provisioning",
+            "maintenance",
+        ]
 
     # plain `provision …` in the same home talks to the lab; the client namespace reaches it over the LAN
     listed = json.loads(provision(lab_home, "node", "list", "--json").stdout)
     assert {n["name"] for n in listed} == {"node-1", "node-2"}
     probe = netns.Netns(netns_name(Role.CLIENT)).run(
-        [sys.executable, "-c", "import httpx; print(httpx.get('http://10.77.0.2:8470/healthz').status_code)"])
+        [sys.executable, "-c", "import httpx; print(httpx.get('http://10.77.0.2:8470/healthz').status_code)"]
+    )
     assert probe.stdout.strip() == "200"
 
     # a second `lab up` changes nothing: same nodes, same processes

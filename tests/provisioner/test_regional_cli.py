@@ -25,12 +25,14 @@ PASSWORD = "correct-horse-battery-staple"
 def fleet(api_server: ControlPlane) -> Iterator[tuple[ControlPlane, Store]]:
     """A region with two compute nodes and a storage node, and the server's own store."""
     with api_server.client() as http:  # setup through the API: the node/region CLI has its own tests
-        requests = [("/v1/providers", {"kind": "physical"}),
-                    *[("/v1/regions", {"name": r, "provider": "physical"}) for r in ("lab-1", "lab-2")],
-                    ("/v1/nodes", {"name": "gpu-1", "region": "lab-1", "minion_id": MID[0]}),
-                    ("/v1/nodes", {"name": "gpu-2", "region": "lab-1", "minion_id": MID[1]}),
-                    ("/v1/nodes", {"name": "nas-1", "region": "lab-1", "minion_id": MID[2], "service": "storage"}),
-                    ("/v1/nodes", {"name": "gpu-9", "region": "lab-2", "minion_id": MID[3]})]
+        requests = [
+            ("/v1/providers", {"kind": "physical"}),
+            *[("/v1/regions", {"name": r, "provider": "physical"}) for r in ("lab-1", "lab-2")],
+            ("/v1/nodes", {"name": "gpu-1", "region": "lab-1", "minion_id": MID[0]}),
+            ("/v1/nodes", {"name": "gpu-2", "region": "lab-1", "minion_id": MID[1]}),
+            ("/v1/nodes", {"name": "nas-1", "region": "lab-1", "minion_id": MID[2], "service": "storage"}),
+            ("/v1/nodes", {"name": "gpu-9", "region": "lab-2", "minion_id": MID[3]}),
+        ]
         for path, body in requests:
             assert http.post(path, json=body).status_code == 201, (path, body)
     engine = make_engine(api_server.database_url)
@@ -40,27 +42,65 @@ def fleet(api_server: ControlPlane) -> Iterator[tuple[ControlPlane, Store]]:
 
 def test_reservation_walkthrough_desired_and_actual(fleet: tuple[ControlPlane, Store]) -> None:
     cp, store = fleet
-    rid = _ok(cp, "reservation", "add", "nb", "--region", "lab-1", "--hostname", "jupyter", "--port", "8888").strip()
+    rid = _ok(
+        cp, "reservation", "add", "nb", "--region", "lab-1", "--hostname", "jupyter", "--port", "8888"
+    ).strip()
     assert rid.startswith("rsv_")
-    _ok(cp, "reservation", "add", "dns", "--region", "lab-1", "--hostname", "resolver", "--port", "5353", "--protocol", "udp")
+    _ok(
+        cp,
+        "reservation",
+        "add",
+        "dns",
+        "--region",
+        "lab-1",
+        "--hostname",
+        "resolver",
+        "--port",
+        "5353",
+        "--protocol",
+        "udp",
+    )
     table = _ok(cp, "reservation", "list", "--region", "lab-1")
     assert rid in table and "jupyter.local" in table and "unassigned" in table
     assert "gpu-1" in _ok(cp, "reservation", "assign", "nb", "--node", "gpu-1")
     shown = json.loads(_ok(cp, "reservation", "show", "nb", "--json"))
-    assert shown["state"] == "pending" and shown["desired"] == {"state": "assigned", "node": "gpu-1",
-                                                                "node_id": shown["desired"]["node_id"]}
+    assert shown["state"] == "pending" and shown["desired"] == {
+        "state": "assigned",
+        "node": "gpu-1",
+        "node_id": shown["desired"]["node_id"],
+    }
     assert shown["actual"]["state"] == "pending"
 
     # the heartbeat path (the route calls exactly these two functions): desired out, actual back in
     with store.sessions.begin() as s:  # type: ignore[attr-defined]
         node = nodes.get(s, "gpu-1")
         desired = desired_state.desired_for(s, node)
-        assert desired["reservations"] == [{"name": "nb", "hostname": "jupyter", "port": 8888, "protocol": "tcp"}]
-        desired_state.record_actual(s, node, {"reservations": [
-            {"name": "nb", "state": "mapped", "mdns": "published", "upnp": "mapped", "address": "10.77.0.10",
-             "external_address": "198.51.100.4:8888", "reason": None}]})
+        assert desired["reservations"] == [
+            {"name": "nb", "hostname": "jupyter", "port": 8888, "protocol": "tcp"}
+        ]
+        desired_state.record_actual(
+            s,
+            node,
+            {
+                "reservations": [
+                    {
+                        "name": "nb",
+                        "state": "mapped",
+                        "mdns": "published",
+                        "upnp": "mapped",
+                        "address": "10.77.0.10",
+                        "external_address": "198.51.100.4:8888",
+                        "reason": None,
+                    }
+                ]
+            },
+        )
     shown = json.loads(_ok(cp, "reservation", "show", "nb", "--json"))
-    assert (shown["state"], shown["desired"]["state"], shown["desired"]["node"]) == ("mapped", "assigned", "gpu-1")
+    assert (shown["state"], shown["desired"]["state"], shown["desired"]["node"]) == (
+        "mapped",
+        "assigned",
+        "gpu-1",
+    )
     assert shown["actual"]["state"] == "mapped" and shown["actual"]["address"] == "10.77.0.10"
     assert shown["actual"]["external_address"] == "198.51.100.4:8888" and shown["actual"]["reported_at"]
     assert "198.51.100.4:8888" in _ok(cp, "reservation", "list")
@@ -71,29 +111,74 @@ def test_reservation_walkthrough_desired_and_actual(fleet: tuple[ControlPlane, S
     assert json.loads(_ok(cp, "reservation", "unassign", "nb", "--json"))["state"] == "unassigned"
     history = json.loads(_ok(cp, "reservation", "history", "nb", "--json"))
     assert [(h["from_state"], h["to_state"]) for h in history] == [
-        (None, "unassigned"), ("unassigned", "assigned"), ("pending", "mapped"), ("assigned", "assigned"),
-        ("assigned", "unassigned")]
+        (None, "unassigned"),
+        ("unassigned", "assigned"),
+        ("pending", "mapped"),
+        ("assigned", "assigned"),
+        ("assigned", "unassigned"),
+    ]
     assert {h["actor"] for h in history} == {"operator:admin", f"minion:{MID[0]}"}
     _refused(cp, "reservation", "remove", "nb", exit_code=2)  # no terminal, no --yes
     _ok(cp, "reservation", "remove", "nb", "--yes")
     assert [r["name"] for r in json.loads(_ok(cp, "reservation", "list", "--json"))] == ["dns"]
 
 
-def test_datastore_walkthrough_password_never_returned(fleet: tuple[ControlPlane, Store], tmp_path: Path) -> None:
+def test_datastore_walkthrough_password_never_returned(
+    fleet: tuple[ControlPlane, Store], tmp_path: Path
+) -> None:
     cp, _ = fleet
     secret = tmp_path / "pw"
     secret.write_text(PASSWORD + "\n")
     secret.chmod(0o600)
-    did = _ok(cp, "datastore", "add", "office", "--region", "lab-1", "--type", "smb", "--address", "nas.lan",
-              "--root", "/share/projects", "--username", "rig", "--password-file", str(secret)).strip()
+    did = _ok(
+        cp,
+        "datastore",
+        "add",
+        "office",
+        "--region",
+        "lab-1",
+        "--type",
+        "smb",
+        "--address",
+        "nas.lan",
+        "--root",
+        "/share/projects",
+        "--username",
+        "rig",
+        "--password-file",
+        str(secret),
+    ).strip()
     assert did.startswith("ds_")
-    _ok(cp, "datastore", "add", "scratch", "--region", "lab-1", "--type", "nfs", "--address", "10.0.0.5", "--root", "/srv/scratch")
-    outputs = [_ok(cp, "datastore", "show", "office", "--json"), _ok(cp, "datastore", "show", "office"),
-               _ok(cp, "datastore", "list"), _ok(cp, "datastore", "list", "--json"),
-               cp.client().get("/v1/datastores/office").text, cp.client().get("/openapi.json").text]
+    _ok(
+        cp,
+        "datastore",
+        "add",
+        "scratch",
+        "--region",
+        "lab-1",
+        "--type",
+        "nfs",
+        "--address",
+        "10.0.0.5",
+        "--root",
+        "/srv/scratch",
+    )
+    outputs = [
+        _ok(cp, "datastore", "show", "office", "--json"),
+        _ok(cp, "datastore", "show", "office"),
+        _ok(cp, "datastore", "list"),
+        _ok(cp, "datastore", "list", "--json"),
+        cp.client().get("/v1/datastores/office").text,
+        cp.client().get("/openapi.json").text,
+    ]
     assert all(PASSWORD not in out for out in outputs)
     shown = json.loads(outputs[0])
-    assert (shown["type"], shown["root"], shown["username"], shown["has_password"]) == ("smb", "/share/projects", "rig", True)
+    assert (shown["type"], shown["root"], shown["username"], shown["has_password"]) == (
+        "smb",
+        "/share/projects",
+        "rig",
+        True,
+    )
     assert "password" not in shown
     db = Path(cp.database_url.removeprefix("sqlite:///"))
     assert PASSWORD.encode() not in b"".join(p.read_bytes() for p in db.parent.glob(db.name + "*"))
@@ -107,22 +192,128 @@ def test_bad_input_is_one_line_and_changes_nothing(fleet: tuple[ControlPlane, St
     pw = tmp_path / "pw"
     pw.write_text("x")
     cases = [
-        (2, ["reservation", "add", "web", "--region", "lab-1", "--hostname", "web", "--port", "80"], "port 80 is out of range"),
-        (2, ["reservation", "add", "web", "--region", "lab-1", "--hostname", "Web_1", "--port", "9000"], "not a DNS label"),
-        (2, ["reservation", "add", "web", "--region", "lab-1", "--hostname", "web", "--port", "9000", "--protocol", "sctp"], "sctp"),
-        (1, ["reservation", "add", "web", "--region", "lab-1", "--hostname", "jupyter", "--port", "9000"], "hostname jupyter is already used"),
-        (1, ["reservation", "add", "web", "--region", "lab-1", "--hostname", "web", "--port", "8888"], "port 8888 is already used"),
+        (
+            2,
+            ["reservation", "add", "web", "--region", "lab-1", "--hostname", "web", "--port", "80"],
+            "port 80 is out of range",
+        ),
+        (
+            2,
+            ["reservation", "add", "web", "--region", "lab-1", "--hostname", "Web_1", "--port", "9000"],
+            "not a DNS label",
+        ),
+        (
+            2,
+            [
+                "reservation",
+                "add",
+                "web",
+                "--region",
+                "lab-1",
+                "--hostname",
+                "web",
+                "--port",
+                "9000",
+                "--protocol",
+                "sctp",
+            ],
+            "sctp",
+        ),
+        (
+            1,
+            ["reservation", "add", "web", "--region", "lab-1", "--hostname", "jupyter", "--port", "9000"],
+            "hostname jupyter is already used",
+        ),
+        (
+            1,
+            ["reservation", "add", "web", "--region", "lab-1", "--hostname", "web", "--port", "8888"],
+            "port 8888 is already used",
+        ),
         (1, ["reservation", "assign", "nb", "--node", "nas-1"], "is a storage node"),
         (1, ["reservation", "assign", "nb", "--node", "gpu-9"], "is in region 'lab-2'"),
         (1, ["reservation", "unassign", "nb"], "is unassigned and cannot go to unassigned"),
         (1, ["reservation", "show", "ghost"], "reservation 'ghost' does not exist"),
-        (2, ["datastore", "add", "d", "--region", "lab-1", "--type", "nfs", "--address", "h", "--root", "/a/../b"], "'..'"),
-        (2, ["datastore", "add", "d", "--region", "lab-1", "--type", "nfs", "--address", "h", "--root", "/a",
-             "--username", "u", "--password-file", str(pw)], "NFS takes no credentials"),
-        (2, ["datastore", "add", "d", "--region", "lab-1", "--type", "smb", "--address", "h", "--root", "/a"], "SMB needs"),
-        (2, ["datastore", "add", "d", "--region", "lab-1", "--type", "smb", "--address", "h", "--root", "/a",
-             "--username", "u", "--password-file", str(tmp_path / "missing")], "cannot read password file"),
-        (2, ["datastore", "add", "d", "--region", "lab-1", "--type", "ceph", "--address", "h", "--root", "/a"], "ceph"),
+        (
+            2,
+            [
+                "datastore",
+                "add",
+                "d",
+                "--region",
+                "lab-1",
+                "--type",
+                "nfs",
+                "--address",
+                "h",
+                "--root",
+                "/a/../b",
+            ],
+            "'..'",
+        ),
+        (
+            2,
+            [
+                "datastore",
+                "add",
+                "d",
+                "--region",
+                "lab-1",
+                "--type",
+                "nfs",
+                "--address",
+                "h",
+                "--root",
+                "/a",
+                "--username",
+                "u",
+                "--password-file",
+                str(pw),
+            ],
+            "NFS takes no credentials",
+        ),
+        (
+            2,
+            ["datastore", "add", "d", "--region", "lab-1", "--type", "smb", "--address", "h", "--root", "/a"],
+            "SMB needs",
+        ),
+        (
+            2,
+            [
+                "datastore",
+                "add",
+                "d",
+                "--region",
+                "lab-1",
+                "--type",
+                "smb",
+                "--address",
+                "h",
+                "--root",
+                "/a",
+                "--username",
+                "u",
+                "--password-file",
+                str(tmp_path / "missing"),
+            ],
+            "cannot read password file",
+        ),
+        (
+            2,
+            [
+                "datastore",
+                "add",
+                "d",
+                "--region",
+                "lab-1",
+                "--type",
+                "ceph",
+                "--address",
+                "h",
+                "--root",
+                "/a",
+            ],
+            "ceph",
+        ),
     ]
     before = store.snapshot()
     for exit_code, args, fragment in cases:

@@ -21,8 +21,9 @@ def test_ensure_home_creates_it_private_and_tightens_a_wider_one(tmp_path: Path)
     assert wide.stat().st_mode & 0o777 == 0o700
 
 
-def test_load_reads_rigbase_variables_with_flags_on_top(tmp_path: Path,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_load_reads_rigbase_variables_with_flags_on_top(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("RIGBASE_HOME", str(tmp_path))
     monkeypatch.setenv("RIGBASE_DATABASE_URL", "sqlite:///env.db")
     monkeypatch.setenv("RIGBASE_RECONCILERS", "0")

@@ -40,8 +40,12 @@ def test_key_pair_is_created_once_private_and_reused(home: Path) -> None:
     pem = private.read_bytes()
     assert ssh_keys.authorized_key_line(key_of(home)) == line and private.read_bytes() == pem
     key = serialization.load_ssh_private_key(pem, password=None)
-    assert key.public_key().public_bytes(serialization.Encoding.OpenSSH,
-                                         serialization.PublicFormat.OpenSSH).decode() == f"{kind} {blob}"
+    assert (
+        key.public_key()
+        .public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+        .decode()
+        == f"{kind} {blob}"
+    )
     private.unlink()  # rotation: a new pair on next use
     assert ssh_keys.authorized_key_line(key_of(home)) != line
 

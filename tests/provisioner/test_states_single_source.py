@@ -95,8 +95,11 @@ def _hits(tree: ast.Module) -> Iterator[tuple[int, str]]:
                     for sub in ast.walk(arg):
                         if isinstance(sub, ast.Constant) and sub.value in VALUES:
                             yield sub.lineno, f"filters on {sub.value!r}"
-        elif isinstance(node, (ast.Set, ast.Tuple, ast.List)) and node.elts and all(
-                isinstance(item, ast.Constant) and item.value in VALUES for item in node.elts):
+        elif (
+            isinstance(node, (ast.Set, ast.Tuple, ast.List))
+            and node.elts
+            and all(isinstance(item, ast.Constant) and item.value in VALUES for item in node.elts)
+        ):
             # a group of states anywhere: DONE = {"ready"}, poll(done={"enabled"}), x in ("new", "active")
             yield node.lineno, f"groups states {[getattr(i, 'value', None) for i in node.elts]}"
         elif isinstance(node, ast.Dict):
@@ -124,42 +127,51 @@ def _files() -> list[Path]:
 
 
 def test_no_state_is_spelled_outside_the_domain() -> None:
-    found = [f"{path.relative_to(ROOT.parent)}:{line}: {what}"
-             for path in _files() for line, what in scan(path.read_text())]
+    found = [
+        f"{path.relative_to(ROOT.parent)}:{line}: {what}"
+        for path in _files()
+        for line, what in scan(path.read_text())
+    ]
     assert not found, "use the enums of provisioner/domain/states.py:\n" + "\n".join(found)
 
 
-@pytest.mark.parametrize("source", [
-    'if node.state == "removed": pass',
-    'if region.state in ("removing", "removed"): pass',
-    'row.status = "deleting"',
-    'state: str = "trusted"',
-    'audit.record(s, to_state="revoked")',
-    'out = {"state": "pending"}',
-    'q = select(Node).where(Node.service == "storage", Node.state != "removed")',
-    'REMOVED = "removed"',
-    'READY_STATES = {"maintenance", "active"}',
-    'VM_DONE = {"ready"}',
-    'poll(client, done={"enabled"}, failed={"errored", "removed"})',
-    'failed = st["region"]["state"] == "errored" and "failed"',
-    'x = "revoked" if t.revoked_at else "issued"\nresult = {"status": x if x else "refused"}',
-    'COLOURS = {"errored": "red", "active": "green"}',
-    'match node.state:\n    case "errored": pass',
-])
+@pytest.mark.parametrize(
+    "source",
+    [
+        'if node.state == "removed": pass',
+        'if region.state in ("removing", "removed"): pass',
+        'row.status = "deleting"',
+        'state: str = "trusted"',
+        'audit.record(s, to_state="revoked")',
+        'out = {"state": "pending"}',
+        'q = select(Node).where(Node.service == "storage", Node.state != "removed")',
+        'REMOVED = "removed"',
+        'READY_STATES = {"maintenance", "active"}',
+        'VM_DONE = {"ready"}',
+        'poll(client, done={"enabled"}, failed={"errored", "removed"})',
+        'failed = st["region"]["state"] == "errored" and "failed"',
+        'x = "revoked" if t.revoked_at else "issued"\nresult = {"status": x if x else "refused"}',
+        'COLOURS = {"errored": "red", "active": "green"}',
+        'match node.state:\n    case "errored": pass',
+    ],
+)
 def test_the_scan_catches(source: str) -> None:
     assert scan(source), source
 
 
-@pytest.mark.parametrize("source", [
-    'raise Conflict("the node is removed: add it again", code="conflict")',
-    'if "error" in box: pass',
-    'print(f"{node.name} is {node.state}")',
-    'log.info("failed")',
-    'class Outcome(StrEnum):\n    FAILED = "failed"',
-    'q = select(Node).where(Node.state != NodeState.REMOVED)',
-    'NOT_REMOVED = text("state != \'removed\'")',
-    'PARTS = ("ready", "set", "go")',
-])
+@pytest.mark.parametrize(
+    "source",
+    [
+        'raise Conflict("the node is removed: add it again", code="conflict")',
+        'if "error" in box: pass',
+        'print(f"{node.name} is {node.state}")',
+        'log.info("failed")',
+        'class Outcome(StrEnum):\n    FAILED = "failed"',
+        "q = select(Node).where(Node.state != NodeState.REMOVED)",
+        "NOT_REMOVED = text(\"state != 'removed'\")",
+        'PARTS = ("ready", "set", "go")',
+    ],
+)
 def test_the_scan_leaves_alone(source: str) -> None:
     assert not scan(source), source
 
@@ -194,7 +206,8 @@ def test_actual_state_extends_what_nodes_report() -> None:
     from contracts.regional import ReportedState
 
     assert {s.value for s in ReportedState} | {states.ActualState.PENDING.value} == {
-        s.value for s in states.ActualState}
+        s.value for s in states.ActualState
+    }
 
 
 class _Session:
@@ -221,9 +234,18 @@ def test_vm_status_changes_are_checked_and_audited() -> None:
     rec, session = SimpleNamespace(status=states.VmStatus.PENDING.value, region_id="reg_1"), _Session()
 
     def move(to: states.VmStatus) -> None:
-        lifecycle.apply(cast(Session, session), rec, to, kind="storage_vm", name="vm-1",
-                        table=states.VM_TRANSITIONS, actor="test", reason="insert sent", column="status",
-                        resource_id=rec.region_id)
+        lifecycle.apply(
+            cast(Session, session),
+            rec,
+            to,
+            kind="storage_vm",
+            name="vm-1",
+            table=states.VM_TRANSITIONS,
+            actor="test",
+            reason="insert sent",
+            column="status",
+            resource_id=rec.region_id,
+        )
 
     move(states.VmStatus.CREATING)
     assert rec.status == states.VmStatus.CREATING

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -11,8 +11,8 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from provisioner.domain.states import NODE_TRANSITIONS, NodeState
 from contracts.errors import Conflict, InvalidInput, NotFound, RigbaseError, RuleViolation, Unavailable
+from provisioner.domain.states import NODE_TRANSITIONS, NodeState
 from provisioner.services import nodes, providers, region_removal, regions
 from provisioner.store.engine import make_engine
 from provisioner.store.migrate import upgrade
@@ -26,7 +26,9 @@ MID = [f"{i:032x}" for i in range(1, 20)]
 def _seed(session: Session) -> None:
     providers.enable(session, "physical", {}, actor=ACTOR)
     regions.create(session, "lab-1", provider="physical", actor=ACTOR)
-    regions.create(session, "central-1", provider="physical", storage_mode="central", public_jobs=False, actor=ACTOR)
+    regions.create(
+        session, "central-1", provider="physical", storage_mode="central", public_jobs=False, actor=ACTOR
+    )
     nodes.add(session, "gpu-1", region="lab-1", minion_id=MID[0], actor=ACTOR)
     nodes.add(session, "store-1", region="lab-1", minion_id=MID[1], service="storage", actor=ACTOR)
 
@@ -66,8 +68,14 @@ def test_lifecycle_and_audit_trail(seeded: Store) -> None:
         node, events = nodes.history(s, "gpu-1")
         assert node.state == "active"
         assert [(e.from_state, e.to_state) for e in events] == [
-            (None, "new"), ("new", "enrolling"), ("enrolling", "provisioning"), ("provisioning", "maintenance"),
-            ("maintenance", "active"), ("active", "maintenance"), ("maintenance", "active")]
+            (None, "new"),
+            ("new", "enrolling"),
+            ("enrolling", "provisioning"),
+            ("provisioning", "maintenance"),
+            ("maintenance", "active"),
+            ("active", "maintenance"),
+            ("maintenance", "active"),
+        ]
         assert events[1].actor == "minion:test" and events[-1].actor == ACTOR
         assert events[-1].reason == "maintenance off by operator"
         assert all(e.at.tzinfo is not None for e in events)
@@ -75,16 +83,23 @@ def test_lifecycle_and_audit_trail(seeded: Store) -> None:
 
 def test_every_illegal_transition_is_refused_naming_the_current_state(seeded: Store) -> None:
     """Drive a node into each state, then try every target the table forbids."""
-    paths = {NodeState.NEW: [], NodeState.ENROLLING: ["enrolling"], NodeState.PROVISIONING: ["enrolling", "provisioning"],
-             NodeState.MAINTENANCE: ["enrolling", "provisioning", "maintenance"],
-             NodeState.ACTIVE: ["enrolling", "provisioning", "maintenance", "active"],
-             NodeState.ERRORED: ["errored"], NodeState.REMOVED: ["removed"]}
+    paths = {
+        NodeState.NEW: [],
+        NodeState.ENROLLING: ["enrolling"],
+        NodeState.PROVISIONING: ["enrolling", "provisioning"],
+        NodeState.MAINTENANCE: ["enrolling", "provisioning", "maintenance"],
+        NodeState.ACTIVE: ["enrolling", "provisioning", "maintenance", "active"],
+        NodeState.ERRORED: ["errored"],
+        NodeState.REMOVED: ["removed"],
+    }
     refused = 0
     for i, (state, path) in enumerate(paths.items()):
         with seeded.sessions.begin() as s:  # type: ignore[attr-defined]
             node = nodes.add(s, f"n{i}", region="lab-1", minion_id=MID[5 + i], actor=ACTOR)
             for step in path:
-                nodes.transition(s, node, NodeState(step), actor=ACTOR, reason="errored" if step == "errored" else None)
+                nodes.transition(
+                    s, node, NodeState(step), actor=ACTOR, reason="errored" if step == "errored" else None
+                )
         for target in set(NodeState) - NODE_TRANSITIONS[state]:
             before = seeded.snapshot()
             with pytest.raises(RuleViolation) as err, seeded.sessions.begin() as s:  # type: ignore[attr-defined]
@@ -99,46 +114,174 @@ def test_every_illegal_transition_is_refused_naming_the_current_state(seeded: St
 def test_errored_keeps_reason_and_retry_goes_back_to_new(seeded: Store) -> None:
     with seeded.sessions.begin() as s:  # type: ignore[attr-defined]
         node = nodes.get(s, "gpu-1")
-        nodes.transition(s, node, NodeState.ERRORED, actor="minion:x", reason="PCR 11 does not match the manifest")
+        nodes.transition(
+            s, node, NodeState.ERRORED, actor="minion:x", reason="PCR 11 does not match the manifest"
+        )
         assert node.reason == "PCR 11 does not match the manifest"
         nodes.transition(s, node, NodeState.NEW, actor=ACTOR, reason="retry")
         assert node.reason is None
 
 
 BAD: list[tuple[str, type[RigbaseError], str, Callable[[Session], object]]] = [
-    ("region name", InvalidInput, "not a DNS label", lambda s: regions.create(s, "Lab_1", provider="physical", actor=ACTOR)),
-    ("long region name", InvalidInput, "not a DNS label", lambda s: regions.create(s, "a" * 64, provider="physical", actor=ACTOR)),
-    ("hyphen edge", InvalidInput, "not a DNS label", lambda s: regions.create(s, "-lab", provider="physical", actor=ACTOR)),
-    ("unknown provider", InvalidInput, "unknown provider", lambda s: regions.create(s, "x", provider="aws", actor=ACTOR)),
-    ("provider not enabled", NotFound, "not enabled", lambda s: regions.create(s, "x", provider="gcp", actor=ACTOR)),
-    ("storage mode", InvalidInput, "storage mode", lambda s: regions.create(s, "x", provider="physical", storage_mode="nas", actor=ACTOR)),
-    ("duplicate region", Conflict, "already exists", lambda s: regions.create(s, "lab-1", provider="physical", actor=ACTOR)),
-    ("provider twice", Conflict, "already enabled", lambda s: providers.enable(s, "physical", {}, actor=ACTOR)),
-    ("payment mode", InvalidInput, "payment mode", lambda s: providers.enable(s, "physical", {"payment_mode": "card"}, actor=ACTOR)),
-    ("node name", InvalidInput, "not a DNS label", lambda s: nodes.add(s, "GPU 2", region="lab-1", minion_id=MID[9], actor=ACTOR)),
-    ("minion_id upper", InvalidInput, "32 lowercase hex", lambda s: nodes.add(s, "g2", region="lab-1", minion_id=MID[9].upper().replace("0", "A"), actor=ACTOR)),
-    ("minion_id short", InvalidInput, "32 lowercase hex", lambda s: nodes.add(s, "g2", region="lab-1", minion_id="abc", actor=ACTOR)),
-    ("unknown region", NotFound, "region 'nowhere' does not exist", lambda s: nodes.add(s, "g2", region="nowhere", minion_id=MID[9], actor=ACTOR)),
-    ("duplicate node name", Conflict, "already exists in region", lambda s: nodes.add(s, "gpu-1", region="lab-1", minion_id=MID[9], actor=ACTOR)),
-    ("duplicate minion_id", Conflict, "held by node 'gpu-1' in region 'lab-1'", lambda s: nodes.add(s, "g2", region="central-1", minion_id=MID[0], actor=ACTOR)),
-    ("second storage node", Conflict, "already has storage node 'store-1'", lambda s: nodes.add(s, "s2", region="lab-1", minion_id=MID[9], service="storage", actor=ACTOR)),
-    ("central needs storage", RuleViolation, "central storage", lambda s: nodes.add(s, "g2", region="central-1", minion_id=MID[9], actor=ACTOR)),
-    ("service", InvalidInput, "service", lambda s: nodes.add(s, "g2", region="lab-1", minion_id=MID[9], service="gpu", actor=ACTOR)),
-    ("hostname", InvalidInput, "hostname", lambda s: nodes.add(s, "g2", region="lab-1", minion_id=MID[9], hostname="bad host", actor=ACTOR)),
-    ("maintenance off on new", RuleViolation, "is new and cannot go to active", lambda s: nodes.maintenance(s, "gpu-1", "off", actor=ACTOR)),
-    ("maintenance mode", InvalidInput, "maintenance mode", lambda s: nodes.maintenance(s, "gpu-1", "sometimes", actor=ACTOR)),
-    ("replace compute", RuleViolation, "only storage nodes", lambda s: nodes.replace(s, "gpu-1", minion_id=MID[9], actor=ACTOR)),
-    ("replace with taken id", Conflict, "held by node 'gpu-1'", lambda s: nodes.replace(s, "store-1", minion_id=MID[0], actor=ACTOR)),
+    (
+        "region name",
+        InvalidInput,
+        "not a DNS label",
+        lambda s: regions.create(s, "Lab_1", provider="physical", actor=ACTOR),
+    ),
+    (
+        "long region name",
+        InvalidInput,
+        "not a DNS label",
+        lambda s: regions.create(s, "a" * 64, provider="physical", actor=ACTOR),
+    ),
+    (
+        "hyphen edge",
+        InvalidInput,
+        "not a DNS label",
+        lambda s: regions.create(s, "-lab", provider="physical", actor=ACTOR),
+    ),
+    (
+        "unknown provider",
+        InvalidInput,
+        "unknown provider",
+        lambda s: regions.create(s, "x", provider="aws", actor=ACTOR),
+    ),
+    (
+        "provider not enabled",
+        NotFound,
+        "not enabled",
+        lambda s: regions.create(s, "x", provider="gcp", actor=ACTOR),
+    ),
+    (
+        "storage mode",
+        InvalidInput,
+        "storage mode",
+        lambda s: regions.create(s, "x", provider="physical", storage_mode="nas", actor=ACTOR),
+    ),
+    (
+        "duplicate region",
+        Conflict,
+        "already exists",
+        lambda s: regions.create(s, "lab-1", provider="physical", actor=ACTOR),
+    ),
+    (
+        "provider twice",
+        Conflict,
+        "already enabled",
+        lambda s: providers.enable(s, "physical", {}, actor=ACTOR),
+    ),
+    (
+        "payment mode",
+        InvalidInput,
+        "payment mode",
+        lambda s: providers.enable(s, "physical", {"payment_mode": "card"}, actor=ACTOR),
+    ),
+    (
+        "node name",
+        InvalidInput,
+        "not a DNS label",
+        lambda s: nodes.add(s, "GPU 2", region="lab-1", minion_id=MID[9], actor=ACTOR),
+    ),
+    (
+        "minion_id upper",
+        InvalidInput,
+        "32 lowercase hex",
+        lambda s: nodes.add(s, "g2", region="lab-1", minion_id=MID[9].upper().replace("0", "A"), actor=ACTOR),
+    ),
+    (
+        "minion_id short",
+        InvalidInput,
+        "32 lowercase hex",
+        lambda s: nodes.add(s, "g2", region="lab-1", minion_id="abc", actor=ACTOR),
+    ),
+    (
+        "unknown region",
+        NotFound,
+        "region 'nowhere' does not exist",
+        lambda s: nodes.add(s, "g2", region="nowhere", minion_id=MID[9], actor=ACTOR),
+    ),
+    (
+        "duplicate node name",
+        Conflict,
+        "already exists in region",
+        lambda s: nodes.add(s, "gpu-1", region="lab-1", minion_id=MID[9], actor=ACTOR),
+    ),
+    (
+        "duplicate minion_id",
+        Conflict,
+        "held by node 'gpu-1' in region 'lab-1'",
+        lambda s: nodes.add(s, "g2", region="central-1", minion_id=MID[0], actor=ACTOR),
+    ),
+    (
+        "second storage node",
+        Conflict,
+        "already has storage node 'store-1'",
+        lambda s: nodes.add(s, "s2", region="lab-1", minion_id=MID[9], service="storage", actor=ACTOR),
+    ),
+    (
+        "central needs storage",
+        RuleViolation,
+        "central storage",
+        lambda s: nodes.add(s, "g2", region="central-1", minion_id=MID[9], actor=ACTOR),
+    ),
+    (
+        "service",
+        InvalidInput,
+        "service",
+        lambda s: nodes.add(s, "g2", region="lab-1", minion_id=MID[9], service="gpu", actor=ACTOR),
+    ),
+    (
+        "hostname",
+        InvalidInput,
+        "hostname",
+        lambda s: nodes.add(s, "g2", region="lab-1", minion_id=MID[9], hostname="bad host", actor=ACTOR),
+    ),
+    (
+        "maintenance off on new",
+        RuleViolation,
+        "is new and cannot go to active",
+        lambda s: nodes.maintenance(s, "gpu-1", "off", actor=ACTOR),
+    ),
+    (
+        "maintenance mode",
+        InvalidInput,
+        "maintenance mode",
+        lambda s: nodes.maintenance(s, "gpu-1", "sometimes", actor=ACTOR),
+    ),
+    (
+        "replace compute",
+        RuleViolation,
+        "only storage nodes",
+        lambda s: nodes.replace(s, "gpu-1", minion_id=MID[9], actor=ACTOR),
+    ),
+    (
+        "replace with taken id",
+        Conflict,
+        "held by node 'gpu-1'",
+        lambda s: nodes.replace(s, "store-1", minion_id=MID[0], actor=ACTOR),
+    ),
     ("unknown node", NotFound, "node 'ghost'", lambda s: nodes.remove(s, "ghost", actor=ACTOR)),
-    ("region with nodes", Conflict, "still has 2 node(s)", lambda s: region_removal.remove(s, "lab-1", actor=ACTOR)),
-    ("provider with regions", Conflict, "still has regions", lambda s: providers.remove(s, "physical", actor=ACTOR)),
+    (
+        "region with nodes",
+        Conflict,
+        "still has 2 node(s)",
+        lambda s: region_removal.remove(s, "lab-1", actor=ACTOR),
+    ),
+    (
+        "provider with regions",
+        Conflict,
+        "still has regions",
+        lambda s: providers.remove(s, "physical", actor=ACTOR),
+    ),
     ("page too big", InvalidInput, "limit 501", lambda s: nodes.list_page(s, limit=501)),
 ]
 
 
 @pytest.mark.parametrize("label,error,fragment,call", BAD, ids=[b[0] for b in BAD])
-def test_bad_input_is_refused_and_changes_nothing(seeded: Store, label: str, error: type[RigbaseError],
-                                                   fragment: str, call: Callable[[Session], object]) -> None:
+def test_bad_input_is_refused_and_changes_nothing(
+    seeded: Store, label: str, error: type[RigbaseError], fragment: str, call: Callable[[Session], object]
+) -> None:
     before = seeded.snapshot()
     with pytest.raises(error) as err, seeded.sessions.begin() as s:  # type: ignore[attr-defined]
         call(s)
@@ -150,7 +293,9 @@ def test_bad_input_is_refused_and_changes_nothing(seeded: Store, label: str, err
 def test_storage_rules_replace_and_forced_region_removal(seeded: Store) -> None:
     with seeded.sessions.begin() as s:  # type: ignore[attr-defined]
         nodes.add(s, "nas", region="central-1", minion_id=MID[10], service="storage", actor=ACTOR)
-        nodes.add(s, "gpu-a", region="central-1", minion_id=MID[11], actor=ACTOR)  # allowed once storage exists
+        nodes.add(
+            s, "gpu-a", region="central-1", minion_id=MID[11], actor=ACTOR
+        )  # allowed once storage exists
         new = nodes.replace(s, "nas", minion_id=MID[12], actor=ACTOR)
         assert (new.name, new.state, new.service) == ("nas", "new", "storage")
     with seeded.sessions.begin() as s:  # type: ignore[attr-defined]
@@ -163,7 +308,10 @@ def test_storage_rules_replace_and_forced_region_removal(seeded: Store) -> None:
         assert [r.name for r in regions.list_all(s)] == ["lab-1"]
         rows, _ = nodes.list_page(s, include_removed=True)
         assert {n.name: n.state for n in rows if n.region_name == "central-1"} == {
-            "nas": "removed", "gpu-a": "removed", "gpu-b": "removed"}
+            "nas": "removed",
+            "gpu-a": "removed",
+            "gpu-b": "removed",
+        }
         # the name is free again after removal
         regions.create(s, "central-1", provider="physical", actor=ACTOR)
 
@@ -176,7 +324,7 @@ def test_online_is_derived_from_the_last_heartbeat(seeded: Store) -> None:
         assert NodeOut.of(node).online is False
         nodes.record_report(s, node, inventory={"gpus": 2}, requirements={"ok": True})
         assert NodeOut.of(node).online is True
-        nodes.record_report(s, node, at=datetime.now(timezone.utc) - timedelta(minutes=5))
+        nodes.record_report(s, node, at=datetime.now(UTC) - timedelta(minutes=5))
         out = NodeOut.of(node)
         assert out.online is False and out.state == "new" and out.inventory == {"gpus": 2}
 
@@ -184,7 +332,7 @@ def test_online_is_derived_from_the_last_heartbeat(seeded: Store) -> None:
 def test_keyset_pagination_visits_every_node_once(seeded: Store) -> None:
     with seeded.sessions.begin() as s:  # type: ignore[attr-defined]
         for i in range(23):
-            nodes.add(s, f"p{i}", region="lab-1", minion_id=f"{0xabc000 + i:032x}", actor=ACTOR)
+            nodes.add(s, f"p{i}", region="lab-1", minion_id=f"{0xABC000 + i:032x}", actor=ACTOR)
     seen: list[str] = []
     after = None
     with seeded.sessions() as s:  # type: ignore[attr-defined]
@@ -228,24 +376,39 @@ def _bundle_fields() -> list[str]:
 
 
 def test_one_enrollment_bundle_for_the_route_and_the_gcp_storage_node(
-        seeded: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    seeded: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from provisioner.services import gcp, join_tokens
 
     monkeypatch.setenv("RIGBASE_PUBLIC_URL", "https://cp.example:8470")  # read by the fallback runtime
     with seeded.sessions.begin() as s:  # type: ignore[attr-defined]
         region = regions.get(s, "central-1")
         row, token = join_tokens.issue(s, "central-1", ttl="2h", actor=ACTOR)
-        bundle = join_tokens.bundle(s, region, token, control_plane_url="https://cp.example:8470",
-                                    ca_certificate="-----BEGIN CERTIFICATE-----")
+        bundle = join_tokens.bundle(
+            s,
+            region,
+            token,
+            control_plane_url="https://cp.example:8470",
+            ca_certificate="-----BEGIN CERTIFICATE-----",
+        )
         assert list(bundle) == _bundle_fields()
         assert bundle == {
-            "version": 1, "control_plane_url": "https://cp.example:8470", "ca_certificate": "-----BEGIN CERTIFICATE-----",
-            "region": "central-1", "region_id": region.id, "provider": "physical", "join_token": token,
-            "expires_at": row.expires_at.astimezone(timezone.utc).isoformat().replace("+00:00", "Z"),
-            "storage_mode": "central", "public_jobs": False}
+            "version": 1,
+            "control_plane_url": "https://cp.example:8470",
+            "ca_certificate": "-----BEGIN CERTIFICATE-----",
+            "region": "central-1",
+            "region_id": region.id,
+            "provider": "physical",
+            "join_token": token,
+            "expires_at": row.expires_at.astimezone(UTC).isoformat().replace("+00:00", "Z"),
+            "storage_mode": "central",
+            "public_jobs": False,
+        }
         assert bundle["expires_at"].endswith("Z")
         # the GCP storage node's metadata is the same function with the URL VMs reach (no CA: none is set)
         assert gcp.enrollment_bundle(s, region, token) == {**bundle, "ca_certificate": None}
         _, forever = join_tokens.issue(s, "lab-1", ttl="never", actor=ACTOR)
-        lab = join_tokens.bundle(s, regions.get(s, "lab-1"), forever, control_plane_url="http://127.0.0.1:8470")
+        lab = join_tokens.bundle(
+            s, regions.get(s, "lab-1"), forever, control_plane_url="http://127.0.0.1:8470"
+        )
         assert (lab["expires_at"], lab["storage_mode"], lab["public_jobs"]) == (None, "local", True)

@@ -39,4 +39,3 @@ def test_every_reconciler_is_named_by_the_enum(tmp_path: Path) -> None:
     assert not rec.wake.is_set()
     loop.wake(Wake.FINALIZE)
     assert rec.wake.is_set()
-

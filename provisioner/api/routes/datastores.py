@@ -41,15 +41,37 @@ class DatastoreOut(BaseModel):
 
     @classmethod
     def of(cls, d: Datastore) -> DatastoreOut:
-        return cls(id=d.id, name=d.name, region=d.region.name, region_id=d.region_id, type=d.type, address=d.address,
-                   root=d.root, username=d.username, has_password=d.sealed_password is not None, state=d.state,
-                   reason=d.reason, created_at=d.created_at)
+        return cls(
+            id=d.id,
+            name=d.name,
+            region=d.region.name,
+            region_id=d.region_id,
+            type=d.type,
+            address=d.address,
+            root=d.root,
+            username=d.username,
+            has_password=d.sealed_password is not None,
+            state=d.state,
+            reason=d.reason,
+            created_at=d.created_at,
+        )
 
 
 @router.post("", status_code=201)
 def add(body: DatastoreIn, session: Db, actor: Operator) -> DatastoreOut:
-    return DatastoreOut.of(service.add(session, body.name, region=body.region, type=body.type, address=body.address,
-                                       root=body.root, username=body.username, password=body.password, actor=actor))
+    return DatastoreOut.of(
+        service.add(
+            session,
+            body.name,
+            region=body.region,
+            type=body.type,
+            address=body.address,
+            root=body.root,
+            username=body.username,
+            password=body.password,
+            actor=actor,
+        )
+    )
 
 
 @router.get("")

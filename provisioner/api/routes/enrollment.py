@@ -36,8 +36,15 @@ class TokenOut(BaseModel):
     @classmethod
     def of(cls, row: JoinToken, region: str, token: str | None = None) -> TokenOut:
         state = join_token_state(row.revoked_at).value
-        return cls(id=row.id, region=region, expires_at=row.expires_at, revoked_at=row.revoked_at,
-                   created_at=row.created_at, state=state, token=token)
+        return cls(
+            id=row.id,
+            region=region,
+            expires_at=row.expires_at,
+            revoked_at=row.revoked_at,
+            created_at=row.created_at,
+            state=state,
+            token=token,
+        )
 
 
 class BundleIn(BaseModel):
@@ -64,7 +71,13 @@ class CaOut(BaseModel):
 
     @classmethod
     def of(cls, row: TpmVendorCa) -> CaOut:
-        return cls(id=row.id, subject=row.subject, sha256=row.sha256, not_after=row.not_after, created_at=row.created_at)
+        return cls(
+            id=row.id,
+            subject=row.subject,
+            sha256=row.sha256,
+            not_after=row.not_after,
+            created_at=row.created_at,
+        )
 
 
 class RetryIn(BaseModel):
@@ -92,14 +105,22 @@ def revoke_tokens(ref: str, session: Db, actor: Operator) -> dict[str, Any]:
 def bundle(ref: str, body: BundleIn, session: Db, actor: Operator) -> dict[str, Any]:
     """A fresh join token wrapped in the region's enrollment bundle (docs/enrollment-bundle.md)."""
     _row, token = join_tokens.issue(session, ref, ttl=body.ttl, actor=actor)
-    return join_tokens.bundle(session, region_service.get(session, ref), token,
-                              control_plane_url=body.control_plane_url, ca_certificate=body.ca_certificate)
+    return join_tokens.bundle(
+        session,
+        region_service.get(session, ref),
+        token,
+        control_plane_url=body.control_plane_url,
+        ca_certificate=body.ca_certificate,
+    )
 
 
 @router.post("/v1/regions/{ref}/attestation")
 def region_attestation(ref: str, body: RegionAttestationIn, session: Db, actor: Operator) -> RegionOut:
-    return RegionOut.of(join_operator.set_region_attestation(session, ref, allow_ek_without_cert=body.allow_ek_without_cert,
-                                                             actor=actor))
+    return RegionOut.of(
+        join_operator.set_region_attestation(
+            session, ref, allow_ek_without_cert=body.allow_ek_without_cert, actor=actor
+        )
+    )
 
 
 @router.post("/v1/tpm-cas", status_code=201)
@@ -126,7 +147,9 @@ def pending(session: Db, region: str | None = None) -> Page[dict[str, Any]]:
 
 @router.post("/v1/nodes/{ref}/retry")
 def retry(ref: str, body: RetryIn, session: Db, actor: Operator, region: str | None = None) -> NodeOut:
-    return NodeOut.of(join_operator.retry(session, ref, region=region, accept_pcrs=body.accept_pcrs, actor=actor))
+    return NodeOut.of(
+        join_operator.retry(session, ref, region=region, accept_pcrs=body.accept_pcrs, actor=actor)
+    )
 
 
 @router.get("/v1/join-refusals")

@@ -60,8 +60,15 @@ def region_quota(gcp_region: str, session: Db) -> dict[str, Any]:
 
 @router.post("/regions", status_code=201)
 def create_region(body: GcpRegionIn, session: Db, actor: Operator) -> dict[str, Any]:
-    result = service.create_region(session, body.name, gcp_region=body.gcp_region, storage_class=body.storage_class,
-                                   public_jobs=body.public_jobs, dry_run=body.dry_run, actor=actor)
+    result = service.create_region(
+        session,
+        body.name,
+        gcp_region=body.gcp_region,
+        storage_class=body.storage_class,
+        public_jobs=body.public_jobs,
+        dry_run=body.dry_run,
+        actor=actor,
+    )
     return _out(result)
 
 

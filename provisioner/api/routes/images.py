@@ -11,10 +11,10 @@ from typing import Any
 from fastapi import APIRouter
 from pydantic import BaseModel
 
+from contracts.errors import InvalidInput
 from provisioner.api.deps import Db, Operator
 from provisioner.api.schemas import Page
 from provisioner.domain.states import ImageState, TrustState
-from contracts.errors import InvalidInput
 from provisioner.services import images
 from provisioner.store.image_models import ImageKey, RegisteredManifest
 
@@ -65,11 +65,23 @@ class ManifestOut(BaseModel):
 
     @classmethod
     def of(cls, row: RegisteredManifest, full: bool = False) -> ManifestOut:
-        return cls(id=row.id, region=row.region.name, manifest_sha256=row.manifest_sha256, signed_by=row.key.name,
-                   key_fingerprint=row.key.fingerprint, image_sha256=row.image_sha256, uki_sha256=row.uki_sha256,
-                   verity_root_hash=row.verity_root_hash, pcr11=row.pcr11, pcr12=row.pcr12, pcr4=row.pcr4,
-                   checked_pcrs=sorted(images.expected_pcrs(row)), packages=row.packages, created_at=row.created_at,
-                   manifest=images.manifest_document(row) if full else None)
+        return cls(
+            id=row.id,
+            region=row.region.name,
+            manifest_sha256=row.manifest_sha256,
+            signed_by=row.key.name,
+            key_fingerprint=row.key.fingerprint,
+            image_sha256=row.image_sha256,
+            uki_sha256=row.uki_sha256,
+            verity_root_hash=row.verity_root_hash,
+            pcr11=row.pcr11,
+            pcr12=row.pcr12,
+            pcr4=row.pcr4,
+            checked_pcrs=sorted(images.expected_pcrs(row)),
+            packages=row.packages,
+            created_at=row.created_at,
+            manifest=images.manifest_document(row) if full else None,
+        )
 
 
 def _b64(value: str, what: str) -> bytes:
@@ -99,8 +111,14 @@ def untrust_key(ref: str, session: Db, actor: Operator, force: bool = False) -> 
 
 @router.post("/v1/images", status_code=201)
 def register(body: ManifestIn, session: Db, actor: Operator) -> ManifestOut:
-    row = images.register(session, _b64(body.manifest, "manifest"), body.signature.encode(), region=body.region,
-                          pin_pcr4=body.pin_pcr4, actor=actor)
+    row = images.register(
+        session,
+        _b64(body.manifest, "manifest"),
+        body.signature.encode(),
+        region=body.region,
+        pin_pcr4=body.pin_pcr4,
+        actor=actor,
+    )
     return ManifestOut.of(row)
 
 

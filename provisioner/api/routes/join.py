@@ -11,8 +11,8 @@ from typing import Any
 from fastapi import APIRouter, Body, Request, Response
 from sqlalchemy.orm import Session
 
-from provisioner.api.deps import Db, Timing, bearer_token
 from contracts.messages import HeartbeatRequest, JoinChallenge
+from provisioner.api.deps import Db, Timing, bearer_token
 from provisioner.domain.states import JoinOutcome
 from provisioner.services import heartbeat as heartbeat_service
 from provisioner.services import join as service
@@ -45,23 +45,36 @@ def join(session: Db, body: Any = Body(...)) -> Response:
 
 
 @router.post("/v1/join/{join_id}/proof")
-def proof(join_id: str, request: Request, response: Response, session: Db, timing: Timing,
-          body: Any = Body(...)) -> dict[str, Any]:
+def proof(
+    join_id: str, request: Request, response: Response, session: Db, timing: Timing, body: Any = Body(...)
+) -> dict[str, Any]:
     """Step 2: ProofRequest (with `Authorization: Bearer <join token>`) → the node credential (200),
     or `pending` (202) while no operator has added this minion_id."""
     with _one_writer(session):
-        result = service.finish(session, join_id, bearer_token(request), body,
-                                observed_address=request.client.host if request.client else None, timing=timing)
+        result = service.finish(
+            session,
+            join_id,
+            bearer_token(request),
+            body,
+            observed_address=request.client.host if request.client else None,
+            timing=timing,
+        )
     if result.state == JoinOutcome.PENDING:
         response.status_code = 202
     return result.model_dump(mode="json")
 
 
 @router.post("/v1/nodes/{node_id}/heartbeat")
-def heartbeat(node_id: str, body: HeartbeatRequest, request: Request, session: Db,
-              timing: Timing) -> dict[str, Any]:
+def heartbeat(
+    node_id: str, body: HeartbeatRequest, request: Request, session: Db, timing: Timing
+) -> dict[str, Any]:
     """Actual state in, desired state (and, every K beats, a quote nonce) out."""
     with _one_writer(session):
-        return heartbeat_service.beat(session, node_id, bearer_token(request), body,
-                                      observed_address=request.client.host if request.client else None,
-                                      timing=timing)
+        return heartbeat_service.beat(
+            session,
+            node_id,
+            bearer_token(request),
+            body,
+            observed_address=request.client.host if request.client else None,
+            timing=timing,
+        )

@@ -15,19 +15,31 @@ router = APIRouter(prefix="/v1/nodes", tags=["nodes"])
 
 @router.post("", status_code=201)
 def add(body: NodeIn, session: Db, actor: Operator) -> NodeOut:
-    node = service.add(session, body.name, region=body.region, minion_id=body.minion_id, service=body.service,
-                       hostname=body.hostname, upnp=body.upnp, mining=body.mining, actor=actor)
+    node = service.add(
+        session,
+        body.name,
+        region=body.region,
+        minion_id=body.minion_id,
+        service=body.service,
+        hostname=body.hostname,
+        upnp=body.upnp,
+        mining=body.mining,
+        actor=actor,
+    )
     return NodeOut.of(node)
 
 
 @router.get("", response_model=Page[NodeOut])
 def list_nodes(
-    session: Db, region: str | None = None,
+    session: Db,
+    region: str | None = None,
     limit: Annotated[int, Query(ge=1, le=service.MAX_PAGE)] = 100,
-    after: str | None = None, include_removed: bool = False,
+    after: str | None = None,
+    include_removed: bool = False,
 ) -> Response:
-    rows, cursor = service.list_page(session, region=region, limit=limit, after=after,
-                                     include_removed=include_removed)
+    rows, cursor = service.list_page(
+        session, region=region, limit=limit, after=after, include_removed=include_removed
+    )
     # serialised once by pydantic-core: FastAPI would validate the 500 items a second time
     page = Page[NodeOut](items=[NodeOut.of(n) for n in rows], next=cursor)
     return Response(page.model_dump_json(), media_type="application/json")
@@ -49,8 +61,12 @@ def replace(ref: str, body: ReplaceIn, session: Db, actor: Operator, region: str
 
 
 @router.post("/{ref}/maintenance")
-def maintenance(ref: str, body: MaintenanceIn, session: Db, actor: Operator, region: str | None = None) -> NodeOut:
-    return NodeOut.of(service.maintenance(session, ref, body.mode, region=region, actor=actor, reason=body.reason))
+def maintenance(
+    ref: str, body: MaintenanceIn, session: Db, actor: Operator, region: str | None = None
+) -> NodeOut:
+    return NodeOut.of(
+        service.maintenance(session, ref, body.mode, region=region, actor=actor, reason=body.reason)
+    )
 
 
 @router.get("/{ref}/history")

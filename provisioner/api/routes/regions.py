@@ -14,8 +14,15 @@ router = APIRouter(prefix="/v1/regions", tags=["regions"])
 
 @router.post("", status_code=201)
 def create(body: RegionIn, session: Db, actor: Operator) -> RegionOut:
-    region = service.create(session, body.name, provider=body.provider, storage_mode=body.storage_mode,
-                            public_jobs=body.public_jobs, options=body.options, actor=actor)
+    region = service.create(
+        session,
+        body.name,
+        provider=body.provider,
+        storage_mode=body.storage_mode,
+        public_jobs=body.public_jobs,
+        options=body.options,
+        actor=actor,
+    )
     return RegionOut.of(region)
 
 
@@ -30,5 +37,7 @@ def show(ref: str, session: Db, provider: str | None = None) -> RegionOut:
 
 
 @router.delete("/{ref}")
-def remove(ref: str, session: Db, actor: Operator, force: bool = False, provider: str | None = None) -> RegionOut:
+def remove(
+    ref: str, session: Db, actor: Operator, force: bool = False, provider: str | None = None
+) -> RegionOut:
     return RegionOut.of(region_removal.remove(session, ref, force=force, provider=provider, actor=actor))

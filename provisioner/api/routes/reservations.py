@@ -35,7 +35,9 @@ class DesiredOut(BaseModel):
 
 
 class ActualOut(BaseModel):
-    state: str | None = Field(description="pending until the node reports; then published, mapped, conflict or error")
+    state: str | None = Field(
+        description="pending until the node reports; then published, mapped, conflict or error"
+    )
     reason: str | None
     address: str | None = Field(description="LAN address HOST.local resolves to")
     external_address: str | None = Field(description="IP:PORT reachable from outside when mapped over UPnP")
@@ -63,20 +65,48 @@ class ReservationOut(BaseModel):
     @classmethod
     def of(cls, r: Reservation) -> ReservationOut:
         node = r.node.name if r.node is not None else None
-        shown = (r.actual_state or ActualState.PENDING.value) if r.state == ReservationState.ASSIGNED else r.state
-        return cls(id=r.id, name=r.name, region=r.region.name, region_id=r.region_id, hostname=r.hostname,
-                   fqdn=f"{r.hostname}.local", port=r.port, protocol=r.protocol, state=shown, node=node,
-                   desired=DesiredOut(state=r.state, node=node, node_id=r.node_id),
-                   actual=ActualOut(state=r.actual_state, reason=r.actual_reason, address=r.address,
-                                    external_address=r.external_address, mdns=r.mdns, upnp=r.upnp,
-                                    reported_at=r.reported_at),
-                   created_at=r.created_at, updated_at=r.updated_at)
+        shown = (
+            (r.actual_state or ActualState.PENDING.value) if r.state == ReservationState.ASSIGNED else r.state
+        )
+        return cls(
+            id=r.id,
+            name=r.name,
+            region=r.region.name,
+            region_id=r.region_id,
+            hostname=r.hostname,
+            fqdn=f"{r.hostname}.local",
+            port=r.port,
+            protocol=r.protocol,
+            state=shown,
+            node=node,
+            desired=DesiredOut(state=r.state, node=node, node_id=r.node_id),
+            actual=ActualOut(
+                state=r.actual_state,
+                reason=r.actual_reason,
+                address=r.address,
+                external_address=r.external_address,
+                mdns=r.mdns,
+                upnp=r.upnp,
+                reported_at=r.reported_at,
+            ),
+            created_at=r.created_at,
+            updated_at=r.updated_at,
+        )
 
 
 @router.post("", status_code=201)
 def add(body: ReservationIn, session: Db, actor: Operator) -> ReservationOut:
-    return ReservationOut.of(service.add(session, body.name, region=body.region, hostname=body.hostname,
-                                         port=body.port, protocol=body.protocol, actor=actor))
+    return ReservationOut.of(
+        service.add(
+            session,
+            body.name,
+            region=body.region,
+            hostname=body.hostname,
+            port=body.port,
+            protocol=body.protocol,
+            actor=actor,
+        )
+    )
 
 
 @router.get("")
@@ -95,7 +125,9 @@ def remove(ref: str, session: Db, actor: Operator, region: str | None = None) ->
 
 
 @router.post("/{ref}/assign")
-def assign(ref: str, body: AssignIn, session: Db, actor: Operator, region: str | None = None) -> ReservationOut:
+def assign(
+    ref: str, body: AssignIn, session: Db, actor: Operator, region: str | None = None
+) -> ReservationOut:
     return ReservationOut.of(service.assign(session, ref, node=body.node, region=region, actor=actor))
 
 

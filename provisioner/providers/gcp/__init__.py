@@ -16,7 +16,14 @@ from cryptography.hazmat.primitives import serialization
 
 from contracts.errors import InvalidInput
 from provisioner.providers.base import (
-    EventWatch, NodeEvent, PlannedAction, Progress, ProviderConfig, ProviderDriver, RegionNode, RegionNodeSpec,
+    EventWatch,
+    NodeEvent,
+    PlannedAction,
+    Progress,
+    ProviderConfig,
+    ProviderDriver,
+    RegionNode,
+    RegionNodeSpec,
 )
 from provisioner.providers.gcp import bootstrap, catalogue, credentials, naming, storage_node
 from provisioner.providers.gcp.clients import Endpoints, GcpContext
@@ -36,8 +43,9 @@ class GcpProvider(ProviderDriver):
     # a GCP region serves only while its storage node runs and reports: reconcilers/gcp.py decides its health
     owns_region_health: ClassVar[bool] = True
 
-    def __init__(self, *, regions_dir: Path | None = None, endpoints: Endpoints | None = None,
-                 anonymous: bool = False) -> None:
+    def __init__(
+        self, *, regions_dir: Path | None = None, endpoints: Endpoints | None = None, anonymous: bool = False
+    ) -> None:
         """`regions_dir`: catalogue data instead of the shipped one (settings' `regions_dir`).
         `endpoints` + `anonymous`: clients pointed at local servers with AnonymousCredentials — what tests
         and the benchmark inject (the fakes check no token and Google's token endpoint is out of reach)."""
@@ -53,14 +61,22 @@ class GcpProvider(ProviderDriver):
         """raw: {"credentials": key JSON (str|bytes; the CLI reads `-` from stdin), "payment_mode"?, "prefix"?}."""
         payment_mode = raw.get("payment_mode") or self.payment_modes[0]
         if payment_mode not in self.payment_modes:
-            raise InvalidInput(f"payment mode '{payment_mode}' is not offered: choose one of {', '.join(self.payment_modes)}")
+            raise InvalidInput(
+                f"payment mode '{payment_mode}' is not offered: choose one of {', '.join(self.payment_modes)}"
+            )
         if not raw.get("credentials"):
-            raise InvalidInput("credentials: give the service-account key file with --credentials FILE (or - for stdin)")
+            raise InvalidInput(
+                "credentials: give the service-account key file with --credentials FILE (or - for stdin)"
+            )
         key = credentials.parse_key(raw["credentials"])
         prefix = raw.get("prefix") or naming.DEFAULT_PREFIX
         if naming.gcp_name(prefix) != prefix or len(prefix) > 20:
-            raise InvalidInput(f"prefix '{prefix}' must be ≤ 20 lowercase letters, digits or '-': e.g. rigbase")
-        return ProviderConfig(payment_mode=payment_mode, public={**key.public(), "prefix": prefix}, secret=key.raw)
+            raise InvalidInput(
+                f"prefix '{prefix}' must be ≤ 20 lowercase letters, digits or '-': e.g. rigbase"
+            )
+        return ProviderConfig(
+            payment_mode=payment_mode, public={**key.public(), "prefix": prefix}, secret=key.raw
+        )
 
     def validate_region(self, name: str, options: Mapping[str, Any]) -> dict[str, Any]:
         """options: {"gcp_region"? (default: the region's name), "storage_class"}; refuses regions outside
@@ -68,7 +84,9 @@ class GcpProvider(ProviderDriver):
         gcp_region = options.get("gcp_region") or name
         entry = self.catalogue().region(gcp_region)
         if not options.get("storage_class"):
-            raise InvalidInput(f"--storage-class is required for a GCP region: choose one of {', '.join(storage_node.STORAGE_CLASSES)}")
+            raise InvalidInput(
+                f"--storage-class is required for a GCP region: choose one of {', '.join(storage_node.STORAGE_CLASSES)}"
+            )
         sc = storage_node.storage_class(options["storage_class"])
         return {
             "gcp_region": gcp_region,
@@ -98,7 +116,9 @@ class GcpProvider(ProviderDriver):
     # --- call points for services / reconcilers ------------------------------------------------------
     @staticmethod
     def names(config: ProviderConfig) -> bootstrap.Names:
-        return bootstrap.Names(project=config.public["project_id"], prefix=config.public.get("prefix", naming.DEFAULT_PREFIX))
+        return bootstrap.Names(
+            project=config.public["project_id"], prefix=config.public.get("prefix", naming.DEFAULT_PREFIX)
+        )
 
     def context(self, config: ProviderConfig) -> GcpContext:
         """Clients for the project in `config` (secret = the unsealed key bytes), at this driver's
@@ -112,7 +132,11 @@ class GcpProvider(ProviderDriver):
 
     @staticmethod
     def storage_node_spec(
-        region_id: str, region: str, settings: Mapping[str, Any], bundle: Mapping[str, Any], prefix: str = naming.DEFAULT_PREFIX
+        region_id: str,
+        region: str,
+        settings: Mapping[str, Any],
+        bundle: Mapping[str, Any],
+        prefix: str = naming.DEFAULT_PREFIX,
     ) -> storage_node.StorageNodeSpec:
         return storage_node.StorageNodeSpec(
             region_id=region_id,
@@ -126,8 +150,13 @@ class GcpProvider(ProviderDriver):
 
     @staticmethod
     def storage_spec(spec: RegionNodeSpec) -> storage_node.StorageNodeSpec:
-        return GcpProvider.storage_node_spec(spec.region_id, spec.region, spec.settings, spec.bundle,
-                                             prefix=spec.settings.get("prefix", naming.DEFAULT_PREFIX))
+        return GcpProvider.storage_node_spec(
+            spec.region_id,
+            spec.region,
+            spec.settings,
+            spec.bundle,
+            prefix=spec.settings.get("prefix", naming.DEFAULT_PREFIX),
+        )
 
     # --- lifecycle (the reconcilers call these; each talks to Google) ------------------------------------
     def bootstrap(self, config: ProviderConfig, on_progress: Progress) -> list[PlannedAction]:
@@ -136,10 +165,13 @@ class GcpProvider(ProviderDriver):
     def teardown(self, config: ProviderConfig, on_progress: Progress) -> list[PlannedAction]:
         return bootstrap.teardown(self.context(config), self.names(config), on_progress=on_progress)
 
-    def create_region_node(self, config: ProviderConfig, spec: RegionNodeSpec, on_progress: Progress) -> RegionNode:
+    def create_region_node(
+        self, config: ProviderConfig, spec: RegionNodeSpec, on_progress: Progress
+    ) -> RegionNode:
         made = storage_node.create(self.context(config), self.storage_spec(spec), on_progress=on_progress)
-        return RegionNode(name=made.name, zone=made.zone, adopted=made.adopted,
-                          running=made.status in RUNNING_STATUSES)
+        return RegionNode(
+            name=made.name, zone=made.zone, adopted=made.adopted, running=made.status in RUNNING_STATUSES
+        )
 
     def region_node_ek(self, config: ProviderConfig, node: RegionNode) -> bytes:
         """The vTPM's EK (Compute gives PEM) as DER SubjectPublicKeyInfo."""
@@ -151,6 +183,8 @@ class GcpProvider(ProviderDriver):
     def delete_region_node(self, config: ProviderConfig, spec: RegionNodeSpec) -> bool:
         return storage_node.delete(self.context(config), self.storage_spec(spec))
 
-    def watch_events(self, config: ProviderConfig, on_event: Callable[[NodeEvent], None]) -> EventWatch | None:
+    def watch_events(
+        self, config: ProviderConfig, on_event: Callable[[NodeEvent], None]
+    ) -> EventWatch | None:
         names = self.names(config)
         return EventConsumer(self.context(config), names.subscription, on_event, prefix=names.prefix)

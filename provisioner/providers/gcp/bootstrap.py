@@ -117,7 +117,12 @@ def _sub_exists(ctx: GcpContext, n: Names) -> bool:
 def _sub_create(ctx: GcpContext, n: Names) -> None:
     _create(
         lambda: ctx.subscriber.create_subscription(
-            request={"name": n.subscription, "topic": n.topic, "ack_deadline_seconds": 60, "labels": n.labels()}
+            request={
+                "name": n.subscription,
+                "topic": n.topic,
+                "ack_deadline_seconds": 60,
+                "labels": n.labels(),
+            }
         )
     )
 
@@ -207,7 +212,9 @@ def _firewall_create(ctx: GcpContext, n: Names) -> None:
     try:
         op = ctx.firewalls.insert_unary(
             request=compute_v1.InsertFirewallRequest(
-                project=n.project, firewall_resource=rule, request_id=naming.request_id(n.project, "firewall", n.firewall)
+                project=n.project,
+                firewall_resource=rule,
+                request_id=naming.request_id(n.project, "firewall", n.firewall),
             )
         )
     except gexc.Conflict:
@@ -240,22 +247,45 @@ class BootstrapStep:
 
 
 STEPS: tuple[BootstrapStep, ...] = (
-    BootstrapStep("pubsub-topic", lambda n: n.topic, lambda n: "node events from Cloud Logging", _topic_exists, _topic_create, _topic_delete),
     BootstrapStep(
-        "pubsub-subscription", lambda n: n.subscription, lambda n: f"control plane's streaming pull on {n.topic_id}",
-        _sub_exists, _sub_create, _sub_delete,
+        "pubsub-topic",
+        lambda n: n.topic,
+        lambda n: "node events from Cloud Logging",
+        _topic_exists,
+        _topic_create,
+        _topic_delete,
     ),
     BootstrapStep(
-        "logging-sink", lambda n: n.sink, lambda n: f"unique writer identity; filter: {n.sink_filter}",
-        lambda c, n: _get_sink(c, n) is not None, _sink_create, _sink_delete,
+        "pubsub-subscription",
+        lambda n: n.subscription,
+        lambda n: f"control plane's streaming pull on {n.topic_id}",
+        _sub_exists,
+        _sub_create,
+        _sub_delete,
     ),
     BootstrapStep(
-        "pubsub-topic-iam", lambda n: n.topic, lambda n: f"grant {PUBLISHER_ROLE} to the sink's writer identity",
-        _iam_exists, _iam_create, None,
+        "logging-sink",
+        lambda n: n.sink,
+        lambda n: f"unique writer identity; filter: {n.sink_filter}",
+        lambda c, n: _get_sink(c, n) is not None,
+        _sink_create,
+        _sink_delete,
     ),
     BootstrapStep(
-        "firewall", lambda n: n.firewall, lambda n: f"allow NFS ({_NFS_PORTS_TEXT}) between {naming.network_tag(n.prefix)} instances",
-        _firewall_exists, _firewall_create, _firewall_delete,
+        "pubsub-topic-iam",
+        lambda n: n.topic,
+        lambda n: f"grant {PUBLISHER_ROLE} to the sink's writer identity",
+        _iam_exists,
+        _iam_create,
+        None,
+    ),
+    BootstrapStep(
+        "firewall",
+        lambda n: n.firewall,
+        lambda n: f"allow NFS ({_NFS_PORTS_TEXT}) between {naming.network_tag(n.prefix)} instances",
+        _firewall_exists,
+        _firewall_create,
+        _firewall_delete,
     ),
 )
 
@@ -270,7 +300,9 @@ def plan(names: Names, ctx: GcpContext | None = None) -> list[PlannedAction]:
     ]
 
 
-def apply(ctx: GcpContext, names: Names, on_progress: Callable[[str], None] | None = None) -> list[PlannedAction]:
+def apply(
+    ctx: GcpContext, names: Names, on_progress: Callable[[str], None] | None = None
+) -> list[PlannedAction]:
     """Create what is missing, in order; returns what was created (empty when already complete)."""
     say = on_progress or (lambda _m: None)
     done: list[PlannedAction] = []
@@ -284,7 +316,9 @@ def apply(ctx: GcpContext, names: Names, on_progress: Callable[[str], None] | No
     return done
 
 
-def teardown(ctx: GcpContext, names: Names, on_progress: Callable[[str], None] | None = None) -> list[PlannedAction]:
+def teardown(
+    ctx: GcpContext, names: Names, on_progress: Callable[[str], None] | None = None
+) -> list[PlannedAction]:
     """Delete exactly what bootstrap makes (by name), newest first; absent resources are skipped."""
     say = on_progress or (lambda _m: None)
     removed: list[PlannedAction] = []

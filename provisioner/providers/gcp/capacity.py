@@ -20,7 +20,7 @@ LOCAL_SSD_METRIC = "LOCAL_SSD_TOTAL_GB"
 CPUS_METRIC = "CPUS"
 
 
-class Limit(str, enum.Enum):
+class Limit(enum.StrEnum):
     """Which factor bounds the runnable jobs (ties go to the first in this order: GPUs, CPUs, SSD)."""
 
     GPUS = "gpus"

@@ -97,4 +97,9 @@ def load(directory: Path | None = None) -> Catalogue:
             zones=tuple(r["zones"]),
             gpu_zones={gpu: tuple(zones) for gpu, zones in r["gpus"].items()},
         )
-    return Catalogue(regions=regions, gpus=gpus, price_date=str(gpus_doc["price_date"]), price_source=gpus_doc["price_source"])
+    return Catalogue(
+        regions=regions,
+        gpus=gpus,
+        price_date=str(gpus_doc["price_date"]),
+        price_source=gpus_doc["price_source"],
+    )

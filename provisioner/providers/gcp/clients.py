@@ -98,7 +98,9 @@ class GcpContext:
         from google.auth.transport import grpc as google_auth_grpc
         from google.auth.transport import requests as google_auth_requests
 
-        return google_auth_grpc.secure_authorized_channel(self.credentials, google_auth_requests.Request(), target)
+        return google_auth_grpc.secure_authorized_channel(
+            self.credentials, google_auth_requests.Request(), target
+        )
 
     def _publisher(self, endpoint: str | None) -> Any:
         from google.cloud import pubsub_v1
@@ -124,7 +126,9 @@ class GcpContext:
 
         if self.endpoints.pubsub is None:
             return pubsub_v1.SubscriberClient(credentials=self.credentials)
-        return pubsub_v1.SubscriberClient(transport=SubscriberGrpcTransport(channel=self._channel(self.endpoints.pubsub)))
+        return pubsub_v1.SubscriberClient(
+            transport=SubscriberGrpcTransport(channel=self._channel(self.endpoints.pubsub))
+        )
 
     @cached_property
     def logging_config(self) -> Any:
@@ -133,7 +137,9 @@ class GcpContext:
 
         if self.endpoints.logging is None:
             return ConfigServiceV2Client(credentials=self.credentials)
-        return ConfigServiceV2Client(transport=ConfigServiceV2GrpcTransport(channel=self._channel(self.endpoints.logging)))
+        return ConfigServiceV2Client(
+            transport=ConfigServiceV2GrpcTransport(channel=self._channel(self.endpoints.logging))
+        )
 
     # --- Resource Manager (REST, testIamPermissions only) -------------------------------------------
     @cached_property

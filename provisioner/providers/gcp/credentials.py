@@ -46,7 +46,9 @@ def parse_key(raw: bytes | str) -> ServiceAccountKey:
     try:
         doc = json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise _bad("file", f"is not JSON ({exc.__class__.__name__} at byte {getattr(exc, 'pos', 0)})") from None
+        raise _bad(
+            "file", f"is not JSON ({exc.__class__.__name__} at byte {getattr(exc, 'pos', 0)})"
+        ) from None
     if not isinstance(doc, dict):
         raise _bad("file", "is not a JSON object")
     for name in REQUIRED_FIELDS:
@@ -64,7 +66,9 @@ def parse_key(raw: bytes | str) -> ServiceAccountKey:
     try:
         load_pem_private_key(doc["private_key"].encode(), password=None)
     except (ValueError, TypeError) as exc:
-        raise _bad("private_key", f"does not parse as an unencrypted PEM private key ({exc})".replace("\n", " ")) from None
+        raise _bad(
+            "private_key", f"does not parse as an unencrypted PEM private key ({exc})".replace("\n", " ")
+        ) from None
     return ServiceAccountKey(
         project_id=doc["project_id"],
         client_email=doc["client_email"],

@@ -63,7 +63,14 @@ def parse(data: bytes, prefix: str = naming.DEFAULT_PREFIX) -> NodeEvent | None:
     if not instance.startswith(f"{prefix}-"):
         return None  # not ours (the sink filter should already have dropped it)
     kind, reason = mapped
-    return NodeEvent(kind=kind, reason=reason, instance=instance, zone=zone, method=method, timestamp=entry.get("timestamp", ""))
+    return NodeEvent(
+        kind=kind,
+        reason=reason,
+        instance=instance,
+        zone=zone,
+        method=method,
+        timestamp=entry.get("timestamp", ""),
+    )
 
 
 class EventConsumer:
@@ -72,7 +79,13 @@ class EventConsumer:
     A message is acked after on_event returns; if on_event raises, it is nacked and Pub/Sub redelivers it,
     so a database hiccup does not lose a node going offline."""
 
-    def __init__(self, ctx: GcpContext, subscription: str, on_event: Callable[[NodeEvent], None], prefix: str = naming.DEFAULT_PREFIX) -> None:
+    def __init__(
+        self,
+        ctx: GcpContext,
+        subscription: str,
+        on_event: Callable[[NodeEvent], None],
+        prefix: str = naming.DEFAULT_PREFIX,
+    ) -> None:
         self._ctx = ctx
         self._subscription = subscription
         self._on_event = on_event
@@ -87,7 +100,9 @@ class EventConsumer:
         try:
             self._on_event(event)
         except Exception:
-            log.exception("node event %s for %s failed; it will be redelivered", event.kind.value, event.instance)
+            log.exception(
+                "node event %s for %s failed; it will be redelivered", event.kind.value, event.instance
+            )
             message.nack()
             return
         message.ack()

@@ -77,7 +77,9 @@ class PermissionReport:
 def roles_missing(granted: set[str] | frozenset[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(missing roles, missing permissions) for a set of granted permissions; pure, for tests."""
     missing_perms = tuple(p for p in ALL_PERMISSIONS if p not in granted)
-    missing_roles = tuple(role for role, perms in ROLE_PERMISSIONS.items() if any(p in missing_perms for p in perms))
+    missing_roles = tuple(
+        role for role, perms in ROLE_PERMISSIONS.items() if any(p in missing_perms for p in perms)
+    )
     return missing_roles, missing_perms
 
 
@@ -85,13 +87,21 @@ def check(ctx: GcpContext) -> PermissionReport:
     url = f"{ctx.resource_manager_url}/v1/projects/{ctx.project}:testIamPermissions"
     try:
         resp = ctx.http.post(url, json={"permissions": list(ALL_PERMISSIONS)}, timeout=30)
-    except Exception as exc:  # requests' ConnectionError, Timeout, TransportError…: all mean "not offered here"
+    except (
+        Exception
+    ) as exc:  # requests' ConnectionError, Timeout, TransportError…: all mean "not offered here"
         return PermissionReport(checked=False, note=f"{type(exc).__name__} reaching Resource Manager")
     if resp.status_code in (403, 404, 501):
         # 403 here is "Resource Manager API disabled / not allowed to test", not a missing role of ours
-        return PermissionReport(checked=False, note=f"projects.testIamPermissions answered HTTP {resp.status_code}")
+        return PermissionReport(
+            checked=False, note=f"projects.testIamPermissions answered HTTP {resp.status_code}"
+        )
     if resp.status_code != 200:
-        return PermissionReport(checked=False, note=f"projects.testIamPermissions answered HTTP {resp.status_code}")
+        return PermissionReport(
+            checked=False, note=f"projects.testIamPermissions answered HTTP {resp.status_code}"
+        )
     granted = frozenset(resp.json().get("permissions", []))
     missing_roles, missing_perms = roles_missing(granted)
-    return PermissionReport(checked=True, missing_permissions=missing_perms, missing_roles=missing_roles, granted=granted)
+    return PermissionReport(
+        checked=True, missing_permissions=missing_perms, missing_roles=missing_roles, granted=granted
+    )

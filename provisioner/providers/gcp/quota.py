@@ -50,7 +50,9 @@ def quotas_from_region_json(doc: Mapping[str, Any]) -> dict[str, Quota]:
         try:
             out[str(q["metric"])] = Quota(limit=float(q.get("limit", 0)), usage=float(q.get("usage", 0)))
         except (KeyError, TypeError, ValueError):
-            raise InvalidInput(f"quota entry {q!r} has no metric/limit/usage: pass the output of `gcloud compute regions describe REGION --format=json`") from None
+            raise InvalidInput(
+                f"quota entry {q!r} has no metric/limit/usage: pass the output of `gcloud compute regions describe REGION --format=json`"
+            ) from None
     return out
 
 
@@ -69,11 +71,17 @@ def from_json_file(path: Path, region: str | None = None) -> RegionQuota:
     try:
         doc = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        raise InvalidInput(f"cannot read {path}: {exc}; save it with `gcloud compute regions describe REGION --format=json > FILE`") from None
+        raise InvalidInput(
+            f"cannot read {path}: {exc}; save it with `gcloud compute regions describe REGION --format=json > FILE`"
+        ) from None
     if not isinstance(doc, dict):
-        raise InvalidInput(f"{path} is not a Region resource: save it with `gcloud compute regions describe REGION --format=json`")
+        raise InvalidInput(
+            f"{path} is not a Region resource: save it with `gcloud compute regions describe REGION --format=json`"
+        )
     if region and doc.get("name") and doc["name"] != region:
-        raise InvalidInput(f"{path} describes {doc['name']}, not {region}: save the right region or pass {doc['name']}")
+        raise InvalidInput(
+            f"{path} describes {doc['name']}, not {region}: save the right region or pass {doc['name']}"
+        )
     name = region or doc.get("name")
     if not name:
         raise InvalidInput(f"{path} has no region 'name': pass the region on the command line")
@@ -94,7 +102,9 @@ def fetch(ctx: GcpContext, region: str, cat: catalogue.Catalogue | None = None) 
             f"reading quotas of {region} was refused ({exc.message}): give the service account the Compute Admin role"
         ) from None
     except gexc.GoogleAPICallError as exc:
-        raise Unavailable(f"reading quotas of {region} failed ({exc.message}): check the project and try again") from None
+        raise Unavailable(
+            f"reading quotas of {region} failed ({exc.message}): check the project and try again"
+        ) from None
     return evaluate(region, quotas_from_region(r), cat)
 
 

@@ -56,7 +56,9 @@ BOOT_IMAGE = "projects/debian-cloud/global/images/family/debian-12"
 BOOT_DISK_GB = 50
 BUNDLE_METADATA_KEY = "rigbase-bundle"
 # the zone-level errors after which another zone of the same region may succeed
-NEXT_ZONE_ERRORS = frozenset({"QUOTA_EXCEEDED", "ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS"})
+NEXT_ZONE_ERRORS = frozenset(
+    {"QUOTA_EXCEEDED", "ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS"}
+)
 
 # The startup script only fetches the bundle from the metadata server and hands it to the minion; the
 # storage node then joins with attestation (vTPM) like any node.
@@ -74,7 +76,9 @@ def storage_class(name: str) -> StorageClass:
     try:
         return STORAGE_CLASSES[name]
     except KeyError:
-        raise InvalidInput(f"unknown storage class '{name}': choose one of {', '.join(STORAGE_CLASSES)}") from None
+        raise InvalidInput(
+            f"unknown storage class '{name}': choose one of {', '.join(STORAGE_CLASSES)}"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -96,7 +100,11 @@ class StorageNodeSpec:
     def labels(self) -> dict[str, str]:
         return naming.labels(
             self.prefix,
-            **{naming.REGION_LABEL: self.region, naming.REGION_ID_LABEL: self.region_id, naming.ROLE_LABEL: "storage"},
+            **{
+                naming.REGION_LABEL: self.region,
+                naming.REGION_ID_LABEL: self.region_id,
+                naming.ROLE_LABEL: "storage",
+            },
         )
 
     def request_id(self, project: str, zone: str) -> str:
@@ -154,10 +162,14 @@ def build_instance(spec: StorageNodeSpec, project: str, zone: str) -> Any:
         shielded_instance_config=compute_v1.ShieldedInstanceConfig(
             enable_secure_boot=True, enable_vtpm=True, enable_integrity_monitoring=True
         ),
-        scheduling=compute_v1.Scheduling(on_host_maintenance="MIGRATE", automatic_restart=True, preemptible=False),
+        scheduling=compute_v1.Scheduling(
+            on_host_maintenance="MIGRATE", automatic_restart=True, preemptible=False
+        ),
         metadata=compute_v1.Metadata(
             items=[
-                compute_v1.Items(key=BUNDLE_METADATA_KEY, value=json.dumps(dict(spec.bundle), sort_keys=True)),
+                compute_v1.Items(
+                    key=BUNDLE_METADATA_KEY, value=json.dumps(dict(spec.bundle), sort_keys=True)
+                ),
                 compute_v1.Items(key="startup-script", value=STARTUP_SCRIPT),
             ]
         ),
@@ -205,7 +217,10 @@ def create(
         try:
             op = ctx.instances.insert_unary(
                 request=compute_v1.InsertInstanceRequest(
-                    project=ctx.project, zone=zone, instance_resource=build_instance(spec, ctx.project, zone), request_id=rid
+                    project=ctx.project,
+                    zone=zone,
+                    instance_resource=build_instance(spec, ctx.project, zone),
+                    request_id=rid,
                 )
             )
         except gexc.Conflict:
@@ -221,7 +236,11 @@ def create(
                 continue
             raise Unavailable(f"inserting {spec.instance_name} in {zone} failed: {exc.message}") from None
         op = operations.wait(
-            ctx, op.name, zone=zone, timeout_s=wait_timeout_s, on_progress=lambda o: say(f"{zone}: {o.status.name} {o.progress}%")
+            ctx,
+            op.name,
+            zone=zone,
+            timeout_s=wait_timeout_s,
+            on_progress=lambda o: say(f"{zone}: {o.status.name} {o.progress}%"),
         )
         err = operations.error_of(op)
         if err is None:
@@ -254,7 +273,9 @@ def _call_error_reason(exc: Any) -> str:
 def ek_public(ctx: GcpContext, node: StorageNode) -> str:
     """The vTPM's EK public key (PEM) from instances.getShieldedInstanceIdentity: the control plane
     pins it before the node's attested join, since a vTPM has no vendor EK certificate chain."""
-    ident = ctx.instances.get_shielded_instance_identity(project=ctx.project, zone=node.zone, instance=node.name)
+    ident = ctx.instances.get_shielded_instance_identity(
+        project=ctx.project, zone=node.zone, instance=node.name
+    )
     pem = ident.encryption_key.ek_pub
     if not pem:
         raise Unavailable(f"{node.name} has no vTPM endorsement key yet: wait for it to boot and try again")

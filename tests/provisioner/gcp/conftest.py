@@ -29,8 +29,21 @@ def _run_isolated(nodeids: list[str], rootdir: Path) -> None:
         pytest.fail("unshare (util-linux) and ip (iproute2) are needed to run the GCP suite offline")
     env = dict(os.environ, **{ISOLATED_ENV: "1"})
     cmd = [
-        "unshare", "--net", "--", "sh", "-c", 'ip link set lo up && exec "$@"', "sh",
-        sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *nodeids,
+        "unshare",
+        "--net",
+        "--",
+        "sh",
+        "-c",
+        'ip link set lo up && exec "$@"',
+        "sh",
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-rs",
+        "-p",
+        "no:cacheprovider",
+        *nodeids,
     ]
     proc = subprocess.run(cmd, cwd=rootdir, env=env, capture_output=True, text=True)
     output = proc.stdout + proc.stderr

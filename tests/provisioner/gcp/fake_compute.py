@@ -33,7 +33,11 @@ EK_PEM = (
 )
 
 ZONE_ERRORS = {
-    "QUOTA_EXCEEDED": (403, "FORBIDDEN", "Quota 'LOCAL_SSD_TOTAL_GB' exceeded. Limit: 0.0 in region {region}."),
+    "QUOTA_EXCEEDED": (
+        403,
+        "FORBIDDEN",
+        "Quota 'LOCAL_SSD_TOTAL_GB' exceeded. Limit: 0.0 in region {region}.",
+    ),
     "ZONE_RESOURCE_POOL_EXHAUSTED": (
         503,
         "SERVICE UNAVAILABLE",
@@ -61,7 +65,9 @@ class FakeCompute:
 
     project: str = "rigbase-test"
     region_quotas: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
-    zone_errors: dict[str, str] = field(default_factory=dict)  # zone -> QUOTA_EXCEEDED | ZONE_RESOURCE_POOL_EXHAUSTED
+    zone_errors: dict[str, str] = field(
+        default_factory=dict
+    )  # zone -> QUOTA_EXCEEDED | ZONE_RESOURCE_POOL_EXHAUSTED
     op_duration_s: float = 0.05
     wait_max_s: float = 2.0
     granted_permissions: set[str] | None = None  # None = testIamPermissions not offered (404)
@@ -80,7 +86,9 @@ class FakeCompute:
     lock: threading.RLock = field(default_factory=threading.RLock)
 
     # --- operations ------------------------------------------------------------------------------
-    def _new_op(self, zone: str | None, op_type: str, target: str, on_done: Any, error: str | None = None) -> _Op:
+    def _new_op(
+        self, zone: str | None, op_type: str, target: str, on_done: Any, error: str | None = None
+    ) -> _Op:
         op = _Op(
             name=f"operation-{next(self._ids)}-{op_type}",
             zone=zone,
@@ -121,7 +129,9 @@ class FakeCompute:
         if done and op.error:
             status, text, message = ZONE_ERRORS[op.error]
             region = op.zone.rsplit("-", 1)[0] if op.zone else ""
-            body["error"] = {"errors": [{"code": op.error, "message": message.format(zone=op.zone, region=region)}]}
+            body["error"] = {
+                "errors": [{"code": op.error, "message": message.format(zone=op.zone, region=region)}]
+            }
             body["httpErrorStatusCode"] = status
             body["httpErrorMessage"] = text
         return body
@@ -137,18 +147,33 @@ def new_ek_pem() -> str:
     from cryptography.hazmat.primitives.asymmetric import rsa
 
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048).public_key()
-    return key.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+    return key.public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    ).decode()
 
 
 def _error(code: int, reason: str, message: str) -> tuple[int, dict[str, Any]]:
-    return code, {"error": {"code": code, "message": message, "errors": [{"domain": "global", "reason": reason, "message": message}]}}
+    return code, {
+        "error": {
+            "code": code,
+            "message": message,
+            "errors": [{"domain": "global", "reason": reason, "message": message}],
+        }
+    }
 
 
 def region_get(fake: FakeCompute, q: dict, body: dict, p: str, region: str) -> Any:
     if region not in fake.region_quotas:
         return _error(404, "notFound", f"The resource 'projects/{p}/regions/{region}' was not found")
     zones = [f"https://compute.googleapis.com/compute/v1/projects/{p}/zones/{region}-{z}" for z in "abc"]
-    return 200, {"kind": "compute#region", "name": region, "status": "UP", "zones": zones, "quotas": fake.region_quotas[region]}
+    return 200, {
+        "kind": "compute#region",
+        "name": region,
+        "status": "UP",
+        "zones": zones,
+        "quotas": fake.region_quotas[region],
+    }
+
 
 def instance_insert(fake: FakeCompute, q: dict, body: dict, p: str, zone: str) -> Any:
     rid = q.get("requestId")
@@ -156,16 +181,23 @@ def instance_insert(fake: FakeCompute, q: dict, body: dict, p: str, zone: str) -
         return 200, fake._op_json(fake._ops[fake._by_request_id[rid]])
     name = body["name"]
     target = f"https://compute.googleapis.com/compute/v1/projects/{p}/zones/{zone}/instances/{name}"
-    pending = any(o.target == target and o.op_type == "insert" and not fake._settle(o) for o in fake._ops.values())
+    pending = any(
+        o.target == target and o.op_type == "insert" and not fake._settle(o) for o in fake._ops.values()
+    )
     if (zone, name) in fake.instances or pending:  # Compute also refuses a name whose insert is in flight
-        return _error(409, "alreadyExists", f"The resource 'projects/{p}/zones/{zone}/instances/{name}' already exists")
+        return _error(
+            409, "alreadyExists", f"The resource 'projects/{p}/zones/{zone}/instances/{name}' already exists"
+        )
     error = fake.zone_errors.get(zone)
 
     def materialise() -> None:
         inst = dict(body)
         inst.update(
-            id=str(next(fake._ids)), zone=f"https://compute.googleapis.com/compute/v1/projects/{p}/zones/{zone}",
-            status="RUNNING", selfLink=target, kind="compute#instance",
+            id=str(next(fake._ids)),
+            zone=f"https://compute.googleapis.com/compute/v1/projects/{p}/zones/{zone}",
+            status="RUNNING",
+            selfLink=target,
+            kind="compute#instance",
         )
         fake.instances[(zone, name)] = inst
         fake.ek_pems[(zone, name)] = new_ek_pem()
@@ -175,36 +207,47 @@ def instance_insert(fake: FakeCompute, q: dict, body: dict, p: str, zone: str) -
         fake._by_request_id[rid] = op.name
     return 200, fake._op_json(op)
 
+
 def instance_get(fake: FakeCompute, q: dict, body: dict, p: str, zone: str, name: str) -> Any:
     for op in list(fake._ops.values()):
         fake._settle(op)
     inst = fake.instances.get((zone, name))
     if inst is None:
-        return _error(404, "notFound", f"The resource 'projects/{p}/zones/{zone}/instances/{name}' was not found")
+        return _error(
+            404, "notFound", f"The resource 'projects/{p}/zones/{zone}/instances/{name}' was not found"
+        )
     return 200, inst
+
 
 def instance_delete(fake: FakeCompute, q: dict, body: dict, p: str, zone: str, name: str) -> Any:
     if (zone, name) not in fake.instances:
-        return _error(404, "notFound", f"The resource 'projects/{p}/zones/{zone}/instances/{name}' was not found")
+        return _error(
+            404, "notFound", f"The resource 'projects/{p}/zones/{zone}/instances/{name}' was not found"
+        )
     target = f"https://compute.googleapis.com/compute/v1/projects/{p}/zones/{zone}/instances/{name}"
     op = fake._new_op(zone, "delete", target, lambda: fake.instances.pop((zone, name), None))
     return 200, fake._op_json(op)
 
+
 def shielded_identity(fake: FakeCompute, q: dict, body: dict, p: str, zone: str, name: str) -> Any:
     inst = fake.instances.get((zone, name))
     if inst is None:
-        return _error(404, "notFound", f"The resource 'projects/{p}/zones/{zone}/instances/{name}' was not found")
+        return _error(
+            404, "notFound", f"The resource 'projects/{p}/zones/{zone}/instances/{name}' was not found"
+        )
     return 200, {
         "kind": "compute#shieldedInstanceIdentity",
         "encryptionKey": {"ekPub": fake.ek_pems.get((zone, name), EK_PEM)},
         "signingKey": {"ekPub": fake.ek_pems.get((zone, name), EK_PEM)},
     }
 
+
 def op_get(fake: FakeCompute, q: dict, body: dict, p: str, op: str, zone: str | None = None) -> Any:
     o = fake._ops.get(op)
     if o is None:
         return _error(404, "notFound", f"The resource 'operations/{op}' was not found")
     return 200, fake._op_json(o)
+
 
 def op_wait(fake: FakeCompute, q: dict, body: dict, p: str, op: str, zone: str | None = None) -> Any:
     o = fake._ops.get(op)
@@ -222,25 +265,37 @@ def op_wait(fake: FakeCompute, q: dict, body: dict, p: str, op: str, zone: str |
         fake.lock.acquire()
     return 200, fake._op_json(o)
 
+
 def firewall_insert(fake: FakeCompute, q: dict, body: dict, p: str) -> Any:
     name = body["name"]
     if name in fake.firewalls:
-        return _error(409, "alreadyExists", f"The resource 'projects/{p}/global/firewalls/{name}' already exists")
+        return _error(
+            409, "alreadyExists", f"The resource 'projects/{p}/global/firewalls/{name}' already exists"
+        )
     target = f"https://compute.googleapis.com/compute/v1/projects/{p}/global/firewalls/{name}"
-    op = fake._new_op(None, "insert", target, lambda: fake.firewalls.__setitem__(name, dict(body, selfLink=target)))
+    op = fake._new_op(
+        None, "insert", target, lambda: fake.firewalls.__setitem__(name, dict(body, selfLink=target))
+    )
     return 200, fake._op_json(op)
+
 
 def firewall_get(fake: FakeCompute, q: dict, body: dict, p: str, name: str) -> Any:
     for op in list(fake._ops.values()):
         fake._settle(op)
     fw = fake.firewalls.get(name)
-    return (200, fw) if fw else _error(404, "notFound", f"The resource 'projects/{p}/global/firewalls/{name}' was not found")
+    return (
+        (200, fw)
+        if fw
+        else _error(404, "notFound", f"The resource 'projects/{p}/global/firewalls/{name}' was not found")
+    )
+
 
 def firewall_delete(fake: FakeCompute, q: dict, body: dict, p: str, name: str) -> Any:
     if name not in fake.firewalls:
         return _error(404, "notFound", f"The resource 'projects/{p}/global/firewalls/{name}' was not found")
     op = fake._new_op(None, "delete", name, lambda: fake.firewalls.pop(name, None))
     return 200, fake._op_json(op)
+
 
 def test_permissions(fake: FakeCompute, q: dict, body: dict, p: str) -> Any:
     if fake.granted_permissions is None:
@@ -342,7 +397,9 @@ class FakeComputeServer:
         self.fake = fake or FakeCompute()
         self._server = _Server(("127.0.0.1", port), _Handler)
         self._server.fake = self.fake
-        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), name="fake-compute", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, args=(0.05,), name="fake-compute", daemon=True
+        )
 
     @property
     def url(self) -> str:

@@ -22,8 +22,12 @@ from google.protobuf import empty_pb2
 
 def _unary(fn: Any, request_type: Any, response_type: Any, proto_plus: bool) -> grpc.RpcMethodHandler:
     if proto_plus:  # proto-plus classes (logging types) serialise through classmethods
-        return grpc.unary_unary_rpc_method_handler(fn, request_deserializer=request_type.deserialize, response_serializer=response_type.serialize)
-    return grpc.unary_unary_rpc_method_handler(fn, request_deserializer=request_type.FromString, response_serializer=response_type.SerializeToString)
+        return grpc.unary_unary_rpc_method_handler(
+            fn, request_deserializer=request_type.deserialize, response_serializer=response_type.serialize
+        )
+    return grpc.unary_unary_rpc_method_handler(
+        fn, request_deserializer=request_type.FromString, response_serializer=response_type.SerializeToString
+    )
 
 
 class IamPolicyServer:
@@ -40,7 +44,9 @@ class IamPolicyServer:
         copy.etag = b""
         return hashlib.sha256(copy.SerializeToString(deterministic=True)).digest()[:8]
 
-    def get(self, request: iam_policy_pb2.GetIamPolicyRequest, context: grpc.ServicerContext) -> policy_pb2.Policy:
+    def get(
+        self, request: iam_policy_pb2.GetIamPolicyRequest, context: grpc.ServicerContext
+    ) -> policy_pb2.Policy:
         with self._lock:
             self.calls["GetIamPolicy"] += 1
             policy = self.policies.get(request.resource) or policy_pb2.Policy(version=1)
@@ -49,7 +55,9 @@ class IamPolicyServer:
             out.etag = self._etag(policy)
             return out
 
-    def set(self, request: iam_policy_pb2.SetIamPolicyRequest, context: grpc.ServicerContext) -> policy_pb2.Policy:
+    def set(
+        self, request: iam_policy_pb2.SetIamPolicyRequest, context: grpc.ServicerContext
+    ) -> policy_pb2.Policy:
         with self._lock:
             self.calls["SetIamPolicy"] += 1
             current = self.policies.get(request.resource) or policy_pb2.Policy(version=1)
@@ -64,17 +72,26 @@ class IamPolicyServer:
             out.etag = self._etag(stored)
             return out
 
-    def test(self, request: iam_policy_pb2.TestIamPermissionsRequest, context: grpc.ServicerContext) -> iam_policy_pb2.TestIamPermissionsResponse:
+    def test(
+        self, request: iam_policy_pb2.TestIamPermissionsRequest, context: grpc.ServicerContext
+    ) -> iam_policy_pb2.TestIamPermissionsResponse:
         return iam_policy_pb2.TestIamPermissionsResponse(permissions=list(request.permissions))
 
     def handler(self) -> grpc.GenericRpcHandler:
         return grpc.method_handlers_generic_handler(
             "google.iam.v1.IAMPolicy",
             {
-                "GetIamPolicy": _unary(self.get, iam_policy_pb2.GetIamPolicyRequest, policy_pb2.Policy, False),
-                "SetIamPolicy": _unary(self.set, iam_policy_pb2.SetIamPolicyRequest, policy_pb2.Policy, False),
+                "GetIamPolicy": _unary(
+                    self.get, iam_policy_pb2.GetIamPolicyRequest, policy_pb2.Policy, False
+                ),
+                "SetIamPolicy": _unary(
+                    self.set, iam_policy_pb2.SetIamPolicyRequest, policy_pb2.Policy, False
+                ),
                 "TestIamPermissions": _unary(
-                    self.test, iam_policy_pb2.TestIamPermissionsRequest, iam_policy_pb2.TestIamPermissionsResponse, False
+                    self.test,
+                    iam_policy_pb2.TestIamPermissionsRequest,
+                    iam_policy_pb2.TestIamPermissionsResponse,
+                    False,
                 ),
             },
         )
@@ -95,7 +112,9 @@ class LoggingConfigServer:
         self.project_number = project_number
         self._lock = threading.Lock()
 
-    def create(self, request: logging_config.CreateSinkRequest, context: grpc.ServicerContext) -> logging_config.LogSink:
+    def create(
+        self, request: logging_config.CreateSinkRequest, context: grpc.ServicerContext
+    ) -> logging_config.LogSink:
         with self._lock:
             self.calls["CreateSink"] += 1
             name = f"{request.parent}/sinks/{request.sink.name}"
@@ -112,7 +131,9 @@ class LoggingConfigServer:
             self.sinks[name] = sink
             return sink
 
-    def get(self, request: logging_config.GetSinkRequest, context: grpc.ServicerContext) -> logging_config.LogSink:
+    def get(
+        self, request: logging_config.GetSinkRequest, context: grpc.ServicerContext
+    ) -> logging_config.LogSink:
         with self._lock:
             self.calls["GetSink"] += 1
             sink = self.sinks.get(request.sink_name)
@@ -132,7 +153,9 @@ class LoggingConfigServer:
         return grpc.method_handlers_generic_handler(
             "google.logging.v2.ConfigServiceV2",
             {
-                "CreateSink": _unary(self.create, logging_config.CreateSinkRequest, logging_config.LogSink, True),
+                "CreateSink": _unary(
+                    self.create, logging_config.CreateSinkRequest, logging_config.LogSink, True
+                ),
                 "GetSink": _unary(self.get, logging_config.GetSinkRequest, logging_config.LogSink, True),
                 "DeleteSink": _unary(self.delete, logging_config.DeleteSinkRequest, empty, True),
             },

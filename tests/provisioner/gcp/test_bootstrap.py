@@ -27,7 +27,9 @@ def test_dry_run_plan_lists_everything_without_calls() -> None:
     assert all(a.name.split("/")[-1].startswith("rigbase-") for a in actions)
 
 
-def test_apply_creates_everything(gcp_ctx: Any, names: Names, iam_server: Any, logging_server: Any, fake_compute: Any) -> None:
+def test_apply_creates_everything(
+    gcp_ctx: Any, names: Names, iam_server: Any, logging_server: Any, fake_compute: Any
+) -> None:
     assert [a.kind for a in bootstrap.plan(names, gcp_ctx)] == KINDS
     created = bootstrap.apply(gcp_ctx, names)
     assert [a.kind for a in created] == KINDS
@@ -53,14 +55,23 @@ def test_apply_is_idempotent(gcp_ctx: Any, names: Names, iam_server: Any, loggin
     assert logging_server.calls["CreateSink"] == 1 and iam_server.calls["SetIamPolicy"] == 1
 
 
-def test_resume_after_crash_midway(gcp_ctx: Any, names: Names, iam_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_resume_after_crash_midway(
+    gcp_ctx: Any, names: Names, iam_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Crash after the sink was made but before the topic IAM grant: the rerun does only the rest."""
     steps = list(bootstrap.STEPS)
 
     def crash(ctx: Any, n: Names) -> None:
         raise RuntimeError("control plane killed")
 
-    monkeypatch.setattr(bootstrap, "STEPS", tuple(s if s.kind != "pubsub-topic-iam" else s.__class__(**{**s.__dict__, "create": crash}) for s in steps))
+    monkeypatch.setattr(
+        bootstrap,
+        "STEPS",
+        tuple(
+            s if s.kind != "pubsub-topic-iam" else s.__class__(**{**s.__dict__, "create": crash})
+            for s in steps
+        ),
+    )
     with pytest.raises(RuntimeError):
         bootstrap.apply(gcp_ctx, names)
     monkeypatch.setattr(bootstrap, "STEPS", tuple(steps))
@@ -75,13 +86,17 @@ def test_iam_grant_keeps_existing_bindings(gcp_ctx: Any, names: Names, iam_serve
     policy.bindings.add(role="roles/pubsub.viewer", members=["user:ops@example.com"])
     gcp_ctx.topic_iam.set_iam_policy(request={"resource": names.topic, "policy": policy})
     iam_server.policies[names.topic].ClearField("bindings")  # someone removed our grant by hand
-    iam_server.policies[names.topic].bindings.add(role="roles/pubsub.viewer", members=["user:ops@example.com"])
+    iam_server.policies[names.topic].bindings.add(
+        role="roles/pubsub.viewer", members=["user:ops@example.com"]
+    )
     assert [a.kind for a in bootstrap.apply(gcp_ctx, names)] == ["pubsub-topic-iam"]
     roles = {b.role for b in iam_server.policies[names.topic].bindings}
     assert roles == {"roles/pubsub.viewer", PUBLISHER_ROLE}
 
 
-def test_teardown_removes_exactly_what_we_made(gcp_ctx: Any, names: Names, logging_server: Any, fake_compute: Any) -> None:
+def test_teardown_removes_exactly_what_we_made(
+    gcp_ctx: Any, names: Names, logging_server: Any, fake_compute: Any
+) -> None:
     foreign_topic = f"projects/{PROJECT}/topics/not-ours-{names.prefix}"
     gcp_ctx.publisher.create_topic(request={"name": foreign_topic})
     fake_compute.fake.firewalls["default-allow-ssh"] = {"name": "default-allow-ssh"}

@@ -29,23 +29,49 @@ from tests.fixtures.gcp import PROJECT, make_sa_key
 from tests.provisioner.gcp.fake_compute import quota
 from tests.provisioner.gcp.test_events import log_entry
 
-US_CENTRAL1 = [quota("CPUS", 72), quota("A2_CPUS", 24), quota("LOCAL_SSD_TOTAL_GB", 6000),
-               quota("NVIDIA_V100_GPUS", 8, 1), quota("NVIDIA_A100_GPUS", 4)]
+US_CENTRAL1 = [
+    quota("CPUS", 72),
+    quota("A2_CPUS", 24),
+    quota("LOCAL_SSD_TOTAL_GB", 6000),
+    quota("NVIDIA_V100_GPUS", 8, 1),
+    quota("NVIDIA_A100_GPUS", 4),
+]
 # GPUs granted, but no CPU and no local SSD quota: the "0 jobs" case of docs/product-rules.md
 # "GCP capacity rule", for every type
-US_EAST1 = [quota("CPUS", 0), quota("LOCAL_SSD_TOTAL_GB", 0), quota("NVIDIA_V100_GPUS", 8), quota("NVIDIA_T4_GPUS", 4)]
+US_EAST1 = [
+    quota("CPUS", 0),
+    quota("LOCAL_SSD_TOTAL_GB", 0),
+    quota("NVIDIA_V100_GPUS", 8),
+    quota("NVIDIA_T4_GPUS", 4),
+]
 
 
 @pytest.fixture()
-def gcp_world(fake_compute: Any, pubsub_emulator: str, iam_server: Any, logging_server: Any,
-              request: pytest.FixtureRequest) -> dict[str, Any]:
+def gcp_world(
+    fake_compute: Any,
+    pubsub_emulator: str,
+    iam_server: Any,
+    logging_server: Any,
+    request: pytest.FixtureRequest,
+) -> dict[str, Any]:
     """The fakes to inject into the server subprocesses, a unique name prefix (the emulator is shared)."""
     fake_compute.fake.region_quotas.update({"us-central1": US_CENTRAL1, "us-east1": US_EAST1})
-    endpoints = {"compute": fake_compute.url, "resource_manager": fake_compute.url, "pubsub": pubsub_emulator,
-                 "pubsub_iam": iam_server.address, "logging": logging_server.address, "insecure": True}
+    endpoints = {
+        "compute": fake_compute.url,
+        "resource_manager": fake_compute.url,
+        "pubsub": pubsub_emulator,
+        "pubsub_iam": iam_server.address,
+        "logging": logging_server.address,
+        "insecure": True,
+    }
     prefix = f"t{hashlib.sha256(request.node.name.encode()).hexdigest()[:6]}"
-    return {"prefix": prefix, "compute": fake_compute.fake, "iam": iam_server, "logging": logging_server,
-            "fakes": Fakes(gcp_endpoints=endpoints)}
+    return {
+        "prefix": prefix,
+        "compute": fake_compute.fake,
+        "iam": iam_server,
+        "logging": logging_server,
+        "fakes": Fakes(gcp_endpoints=endpoints),
+    }
 
 
 @pytest.fixture()
@@ -91,18 +117,24 @@ def dump_store(database_url: str) -> dict[str, list[tuple[Any, ...]]]:
     engine = make_engine(database_url)
     try:
         with engine.connect() as conn:
-            return {t.name: sorted(map(tuple, conn.execute(t.select())), key=repr) for t in metadata.sorted_tables}
+            return {
+                t.name: sorted(map(tuple, conn.execute(t.select())), key=repr) for t in metadata.sorted_tables
+            }
     finally:
         engine.dispose()
 
 
 def enable(cp: ControlPlane, key_file: Path, prefix: str) -> str:
-    provider_id = ok(cp, "provider", "enable", "gcp", "--credentials", str(key_file), "--prefix", prefix).stdout.strip()
+    provider_id = ok(
+        cp, "provider", "enable", "gcp", "--credentials", str(key_file), "--prefix", prefix
+    ).stdout.strip()
     until("provider enabled", lambda: show(cp, "provider", "gcp")["state"] == "enabled")
     return provider_id
 
 
-def test_operator_walkthrough(gcp_world: dict[str, Any], key_file: Path, tmp_path: Path, gcp_ctx: Any) -> None:
+def test_operator_walkthrough(
+    gcp_world: dict[str, Any], key_file: Path, tmp_path: Path, gcp_ctx: Any
+) -> None:
     fake, prefix = gcp_world["compute"], gcp_world["prefix"]
     names = bootstrap.Names(project=PROJECT, prefix=prefix)
     key_text = key_file.read_text()
@@ -111,20 +143,49 @@ def test_operator_walkthrough(gcp_world: dict[str, Any], key_file: Path, tmp_pat
         # bad input: one line naming the field, exit 2, nothing stored
         wrong = tmp_path / "wrong.json"
         wrong.write_text(json.dumps(make_sa_key(type="authorized_user")))
-        assert "'type' is 'authorized_user'" in refused(cp, "provider", "enable", "gcp", "--credentials", str(wrong), exit_code=2)
-        assert "'private_key'" in refused(cp, "provider", "enable", "gcp", "--credentials", "-", exit_code=2,
-                                          input=json.dumps(make_sa_key(private_key="-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n")))
-        assert "'file' is not JSON" in refused(cp, "provider", "enable", "gcp", "--credentials", "-", exit_code=2, input="{oops")
-        assert "cannot read credentials file" in refused(cp, "provider", "enable", "gcp", "--credentials", str(tmp_path / "nope.json"), exit_code=2)
+        assert "'type' is 'authorized_user'" in refused(
+            cp, "provider", "enable", "gcp", "--credentials", str(wrong), exit_code=2
+        )
+        assert "'private_key'" in refused(
+            cp,
+            "provider",
+            "enable",
+            "gcp",
+            "--credentials",
+            "-",
+            exit_code=2,
+            input=json.dumps(
+                make_sa_key(private_key="-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n")
+            ),
+        )
+        assert "'file' is not JSON" in refused(
+            cp, "provider", "enable", "gcp", "--credentials", "-", exit_code=2, input="{oops"
+        )
+        assert "cannot read credentials file" in refused(
+            cp, "provider", "enable", "gcp", "--credentials", str(tmp_path / "nope.json"), exit_code=2
+        )
         # missing roles are named as docs/product-rules.md names them; nothing stored either
         from provisioner.providers.gcp.permissions import ROLE_PERMISSIONS
 
-        fake.granted_permissions = set(ROLE_PERMISSIONS["Compute Admin"]) | set(ROLE_PERMISSIONS["Service Account User"])
+        fake.granted_permissions = set(ROLE_PERMISSIONS["Compute Admin"]) | set(
+            ROLE_PERMISSIONS["Service Account User"]
+        )
         line = refused(cp, "provider", "enable", "gcp", "--credentials", str(key_file))
         assert "lacks Pub/Sub Admin, Logs Configuration Writer" in line
         fake.granted_permissions = {p for perms in ROLE_PERMISSIONS.values() for p in perms}
         # dry run: project and account shown, plan listed, nothing stored or created
-        r = ok(cp, "provider", "enable", "gcp", "--credentials", "-", "--prefix", prefix, "--dry-run", input=key_text)
+        r = ok(
+            cp,
+            "provider",
+            "enable",
+            "gcp",
+            "--credentials",
+            "-",
+            "--prefix",
+            prefix,
+            "--dry-run",
+            input=key_text,
+        )
         assert f"project: {PROJECT}" in r.stderr and "service account: rigbase@" in r.stderr
         assert "holds every permission" in r.stderr
         for kind in ("pubsub-topic", "pubsub-subscription", "logging-sink", "pubsub-topic-iam", "firewall"):
@@ -138,7 +199,11 @@ def test_operator_walkthrough(gcp_world: dict[str, Any], key_file: Path, tmp_pat
         assert names.firewall in fake.firewalls and names.sink in gcp_world["logging"].sinks
         shown = ok(cp, "provider", "show", "gcp", "--json").stdout
         assert json.loads(shown)["state"] == "enabled"
-        assert json.loads(shown)["config"] == {"project_id": PROJECT, "client_email": f"rigbase@{PROJECT}.iam.gserviceaccount.com", "prefix": prefix}
+        assert json.loads(shown)["config"] == {
+            "project_id": PROJECT,
+            "client_email": f"rigbase@{PROJECT}.iam.gserviceaccount.com",
+            "prefix": prefix,
+        }
         # the key is sealed at rest and never logged or returned
         pem_line = json.loads(key_text)["private_key"].splitlines()[1]
         engine = make_engine(cp.database_url)
@@ -153,21 +218,49 @@ def test_operator_walkthrough(gcp_world: dict[str, Any], key_file: Path, tmp_pat
         v100 = next(g for g in q["gpus"] if g["gpu"] == "V100")
         assert (v100["runnable_jobs"], v100["limited_by"]) == (7, "gpus")
         # refusals: outside the catalogue; no capacity anywhere (saying why); unknown class
-        assert "not in rigbase's catalogue" in refused(cp, "region", "create", "mars-north1", "--provider", "gcp", "--storage-class", "small", exit_code=2)
+        assert "not in rigbase's catalogue" in refused(
+            cp,
+            "region",
+            "create",
+            "mars-north1",
+            "--provider",
+            "gcp",
+            "--storage-class",
+            "small",
+            exit_code=2,
+        )
         line = refused(cp, "region", "create", "us-east1", "--provider", "gcp", "--storage-class", "small")
         assert "no capacity for any GPU type" in line and "V100: cpus" in line
-        assert "unknown storage class" in refused(cp, "region", "create", "us-central1", "--provider", "gcp", "--storage-class", "huge", exit_code=2)
-        assert "--storage-class" in refused(cp, "region", "create", "us-central1", "--provider", "gcp", exit_code=2)
+        assert "unknown storage class" in refused(
+            cp, "region", "create", "us-central1", "--provider", "gcp", "--storage-class", "huge", exit_code=2
+        )
+        assert "--storage-class" in refused(
+            cp, "region", "create", "us-central1", "--provider", "gcp", exit_code=2
+        )
         # dry run: quota table and plan, nothing created
         before = dump_store(cp.database_url)
-        r = ok(cp, "region", "create", "us-central1", "--provider", "gcp", "--storage-class", "small", "--dry-run")
-        assert "V100" in r.stdout and "RUNNABLE JOBS" in r.stdout and f"{prefix}-storage-us-central1" in r.stdout
+        r = ok(
+            cp,
+            "region",
+            "create",
+            "us-central1",
+            "--provider",
+            "gcp",
+            "--storage-class",
+            "small",
+            "--dry-run",
+        )
+        assert (
+            "V100" in r.stdout and "RUNNABLE JOBS" in r.stdout and f"{prefix}-storage-us-central1" in r.stdout
+        )
         assert dump_store(cp.database_url) == before and fake.instance_count() == 0
 
         # create with --wait: quota table and progress on stderr, the id alone on stdout
         fake.zone_errors["us-central1-a"] = "ZONE_RESOURCE_POOL_EXHAUSTED"
         fake.instances[("us-central1-b", "someone-elses-vm")] = {"name": "someone-elses-vm", "labels": {}}
-        r = ok(cp, "region", "create", "us-central1", "--provider", "gcp", "--storage-class", "small", "--wait")
+        r = ok(
+            cp, "region", "create", "us-central1", "--provider", "gcp", "--storage-class", "small", "--wait"
+        )
         region_id = r.stdout.strip()
         assert region_id.startswith("reg_") and "\n" not in region_id
         assert "RUNNABLE JOBS" in r.stderr and "ready:" in r.stderr
@@ -175,7 +268,11 @@ def test_operator_walkthrough(gcp_world: dict[str, Any], key_file: Path, tmp_pat
         inst = fake.instances[("us-central1-b", inst_name)]
         assert inst["shieldedInstanceConfig"]["enableVtpm"] is True
         bundle = json.loads({i["key"]: i["value"] for i in inst["metadata"]["items"]}["rigbase-bundle"])
-        assert (bundle["region"], bundle["region_id"], bundle["provider"]) == ("us-central1", region_id, "gcp")
+        assert (bundle["region"], bundle["region_id"], bundle["provider"]) == (
+            "us-central1",
+            region_id,
+            "gcp",
+        )
         assert bundle["join_token"].startswith("rbj_") and bundle["control_plane_url"] == cp.url
         # the node: storage service, EK pinned, minion_id derived from that EK
         node = show(cp, "node", inst_name)
@@ -188,7 +285,9 @@ def test_operator_walkthrough(gcp_world: dict[str, Any], key_file: Path, tmp_pat
             from cryptography.hazmat.primitives import serialization
 
             ek = serialization.load_pem_public_key(fake.ek_pems[("us-central1-b", inst_name)].encode())
-            assert row.pinned_ek_public == ek.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+            assert row.pinned_ek_public == ek.public_bytes(
+                serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+            )
 
         # the join protocol activates the node (storage nodes become active by themselves) and its minion
         # heartbeats (both stand-ins here: no VM boots) → region healthy
@@ -205,10 +304,16 @@ def test_operator_walkthrough(gcp_world: dict[str, Any], key_file: Path, tmp_pat
 
         # a preemption seen through Cloud Logging → sink → Pub/Sub → the server's streaming pull
         pub = gcp_ctx.publisher
-        pub.publish(names.topic, log_entry("compute.instances.preempted", inst_name, "us-central1-b")).result(timeout=10)
-        region = until("region offline", lambda: (r := show(cp, "region", "us-central1"))["state"] == "offline" and r)
+        pub.publish(names.topic, log_entry("compute.instances.preempted", inst_name, "us-central1-b")).result(
+            timeout=10
+        )
+        region = until(
+            "region offline", lambda: (r := show(cp, "region", "us-central1"))["state"] == "offline" and r
+        )
         assert f"storage node {inst_name} preempted" in region["reason"]
-        pub.publish(names.topic, log_entry("v1.compute.instances.start", inst_name, "us-central1-b")).result(timeout=10)
+        pub.publish(names.topic, log_entry("v1.compute.instances.start", inst_name, "us-central1-b")).result(
+            timeout=10
+        )
         until("region healthy again", lambda: show(cp, "region", "us-central1")["state"] == "healthy")
 
         # provider removal is refused while the region lives; region remove deletes our VM, nothing else
@@ -235,14 +340,20 @@ def test_operator_walkthrough(gcp_world: dict[str, Any], key_file: Path, tmp_pat
 
 def test_quota_from_json_works_offline_without_a_server(saved_region: Path, tmp_path: Path) -> None:
     # RIGBASE_URL points at a closed port: a command that tried to reach a server would fail
-    cp = ControlPlane(url="http://127.0.0.1:9", token="", home=tmp_path / "nohome", database_url="", process=None)  # type: ignore[arg-type]
+    cp = ControlPlane(
+        url="http://127.0.0.1:9", token="", home=tmp_path / "nohome", database_url="", process=None
+    )  # type: ignore[arg-type]
     r = cp.provision("region", "quota", "us-central1", "--from-json", str(saved_region), "--json")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     by_gpu = {g["gpu"]: g for g in doc["gpus"]}
     assert doc["region"] == "us-central1"
     assert (by_gpu["V100"]["runnable_jobs"], by_gpu["V100"]["limited_by"]) == (7, "gpus")
-    assert (by_gpu["A100"]["runnable_jobs"], by_gpu["A100"]["cpu_metric"], by_gpu["A100"]["limited_by"]) == (2, "A2_CPUS", "cpus")
+    assert (by_gpu["A100"]["runnable_jobs"], by_gpu["A100"]["cpu_metric"], by_gpu["A100"]["limited_by"]) == (
+        2,
+        "A2_CPUS",
+        "cpus",
+    )
     r = cp.provision("region", "quota", "us-east1", "--from-json", str(saved_region))
     assert r.returncode == 2 and "describes us-central1, not us-east1" in r.stderr
 
@@ -253,7 +364,9 @@ def crash_world(gcp_world: dict[str, Any]) -> Iterator[dict[str, Any]]:
     gcp_world["compute"].on_call = None
 
 
-def test_killed_at_every_step_still_makes_exactly_one_instance(crash_world: dict[str, Any], key_file: Path, tmp_path: Path) -> None:
+def test_killed_at_every_step_still_makes_exactly_one_instance(
+    crash_world: dict[str, Any], key_file: Path, tmp_path: Path
+) -> None:
     """SIGKILL the real `provision serve` the moment Compute has handled each step of the storage node's
     creation (the answer never reaches it): the first lookup, the insert, the operation wait, the EK read.
     Each restart resumes from the store; the requestId makes the retried insert Compute's original

@@ -13,7 +13,10 @@ from tests.fixtures.gcp import make_sa_key
 
 def test_valid_key_shows_project_and_account(sa_key_json: str) -> None:
     key = parse_key(sa_key_json)
-    assert key.public() == {"project_id": "rigbase-test", "client_email": "rigbase@rigbase-test.iam.gserviceaccount.com"}
+    assert key.public() == {
+        "project_id": "rigbase-test",
+        "client_email": "rigbase@rigbase-test.iam.gserviceaccount.com",
+    }
     assert key.raw == sa_key_json.encode()
 
 
@@ -47,7 +50,13 @@ def test_not_a_json_object(raw: bytes | str) -> None:
 
 def test_oauth_client_secret_is_refused() -> None:
     # the file people download by mistake from "OAuth 2.0 Client IDs"
-    doc = {"installed": {"client_id": "x.apps.googleusercontent.com", "client_secret": "s", "token_uri": "https://oauth2.googleapis.com/token"}}
+    doc = {
+        "installed": {
+            "client_id": "x.apps.googleusercontent.com",
+            "client_secret": "s",
+            "token_uri": "https://oauth2.googleapis.com/token",
+        }
+    }
     with pytest.raises(InvalidInput, match="'type'"):
         parse_key(json.dumps(doc))
 

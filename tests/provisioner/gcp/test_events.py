@@ -18,7 +18,10 @@ def log_entry(method: str, instance: str, zone: str = "us-central1-a", **extra: 
     entry = {
         "insertId": "abc",
         "logName": f"projects/{PROJECT}/logs/cloudaudit.googleapis.com%2Fsystem_event",
-        "resource": {"type": "gce_instance", "labels": {"instance_id": "123", "zone": zone, "project_id": PROJECT}},
+        "resource": {
+            "type": "gce_instance",
+            "labels": {"instance_id": "123", "zone": zone, "project_id": PROJECT},
+        },
         "protoPayload": {
             "@type": "type.googleapis.com/google.cloud.audit.AuditLog",
             "methodName": method,
@@ -44,7 +47,12 @@ def log_entry(method: str, instance: str, zone: str = "us-central1-a", **extra: 
 )
 def test_parse_table(method: str, kind: NodeEventKind, reason: str) -> None:
     ev = events.parse(log_entry(method, "rigbase-storage-lab"))
-    assert ev is not None and (ev.kind, ev.reason, ev.instance, ev.zone) == (kind, reason, "rigbase-storage-lab", "us-central1-a")
+    assert ev is not None and (ev.kind, ev.reason, ev.instance, ev.zone) == (
+        kind,
+        reason,
+        "rigbase-storage-lab",
+        "us-central1-a",
+    )
 
 
 @pytest.mark.parametrize(
@@ -61,7 +69,9 @@ def test_parse_ignores(data: bytes) -> None:
     assert events.parse(data) is None
 
 
-def test_streaming_pull_turns_preemption_into_offline(gcp_ctx: Any, iam_server: Any, logging_server: Any) -> None:
+def test_streaming_pull_turns_preemption_into_offline(
+    gcp_ctx: Any, iam_server: Any, logging_server: Any
+) -> None:
     names = bootstrap.Names(project=PROJECT, prefix="evt")
     bootstrap.apply(gcp_ctx, names)
     got: queue.Queue = queue.Queue()
@@ -75,13 +85,22 @@ def test_streaming_pull_turns_preemption_into_offline(gcp_ctx: Any, iam_server: 
 
     with EventConsumer(gcp_ctx, names.subscription, on_event, prefix="evt"):
         pub = gcp_ctx.publisher
-        pub.publish(names.topic, log_entry("v1.compute.instances.setLabels", "evt-storage-lab")).result(timeout=10)
+        pub.publish(names.topic, log_entry("v1.compute.instances.setLabels", "evt-storage-lab")).result(
+            timeout=10
+        )
         pub.publish(names.topic, log_entry("v1.compute.instances.stop", "other-vm")).result(timeout=10)
-        pub.publish(names.topic, log_entry("compute.instances.preempted", "evt-storage-lab")).result(timeout=10)
-        pub.publish(names.topic, log_entry("v1.compute.instances.stop", "evt-storage-lab2")).result(timeout=10)
+        pub.publish(names.topic, log_entry("compute.instances.preempted", "evt-storage-lab")).result(
+            timeout=10
+        )
+        pub.publish(names.topic, log_entry("v1.compute.instances.stop", "evt-storage-lab2")).result(
+            timeout=10
+        )
         received = [got.get(timeout=30), got.get(timeout=30)]
     by_instance = {e.instance: e for e in received}
-    assert by_instance["evt-storage-lab"].kind is NodeEventKind.OFFLINE and by_instance["evt-storage-lab"].reason == "preempted"
+    assert (
+        by_instance["evt-storage-lab"].kind is NodeEventKind.OFFLINE
+        and by_instance["evt-storage-lab"].reason == "preempted"
+    )
     assert by_instance["evt-storage-lab2"].reason == "stopped"  # redelivered after the nack
     assert failures["n"] == 1
     assert got.empty()

@@ -13,7 +13,9 @@ def test_running_in_network_namespace() -> None:
     assert isolated(), "GCP tests must run through the unshare -n wrapper"
 
 
-@pytest.mark.parametrize("address", [("8.8.8.8", 443), ("142.250.80.10", 443)])  # Google DNS, a Google front end
+@pytest.mark.parametrize(
+    "address", [("8.8.8.8", 443), ("142.250.80.10", 443)]
+)  # Google DNS, a Google front end
 def test_public_address_is_unreachable(address: tuple[str, int]) -> None:
     with socket.socket() as s:
         s.settimeout(2)

@@ -21,7 +21,9 @@ def test_missing_roles_are_named(fake_compute: Any, compute_ctx: Any) -> None:
     assert report.checked and not report.ok
     assert report.missing_roles == ("Pub/Sub Admin", "Logs Configuration Writer", "Service Account User")
     msg = report.message("sa@p.iam.gserviceaccount.com")
-    assert msg.startswith("sa@p.iam.gserviceaccount.com lacks Pub/Sub Admin, Logs Configuration Writer, Service Account User")
+    assert msg.startswith(
+        "sa@p.iam.gserviceaccount.com lacks Pub/Sub Admin, Logs Configuration Writer, Service Account User"
+    )
     assert "\n" not in msg
 
 
@@ -42,4 +44,9 @@ def test_unreachable_is_explained() -> None:
 
 
 def test_role_table_matches_product_rules() -> None:
-    assert list(ROLE_PERMISSIONS) == ["Compute Admin", "Pub/Sub Admin", "Logs Configuration Writer", "Service Account User"]
+    assert list(ROLE_PERMISSIONS) == [
+        "Compute Admin",
+        "Pub/Sub Admin",
+        "Logs Configuration Writer",
+        "Service Account User",
+    ]

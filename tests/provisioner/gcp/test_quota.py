@@ -15,19 +15,32 @@ from tests.provisioner.gcp.fake_compute import quota as q
 
 def test_fetch_reads_quotas_with_the_real_client(fake_compute: Any, compute_ctx: Any) -> None:
     fake_compute.fake.region_quotas["us-central1"] = [
-        q("CPUS", 72, 8), q("A2_CPUS", 24, 0), q("LOCAL_SSD_TOTAL_GB", 3000, 0),
-        q("NVIDIA_V100_GPUS", 8, 1), q("NVIDIA_A100_GPUS", 4, 0), q("NVIDIA_H100_GPUS", 8, 0),
+        q("CPUS", 72, 8),
+        q("A2_CPUS", 24, 0),
+        q("LOCAL_SSD_TOTAL_GB", 3000, 0),
+        q("NVIDIA_V100_GPUS", 8, 1),
+        q("NVIDIA_A100_GPUS", 4, 0),
+        q("NVIDIA_H100_GPUS", 8, 0),
     ]
     result = quota.fetch(compute_ctx, "us-central1")
     doc = result.to_json()
     assert doc["region"] == "us-central1"
     by_metric = {g["metric"]: g for g in doc["gpus"]}
-    assert by_metric["NVIDIA_V100_GPUS"]["runnable_jobs"] == 7 and by_metric["NVIDIA_V100_GPUS"]["limited_by"] == "gpus"
+    assert (
+        by_metric["NVIDIA_V100_GPUS"]["runnable_jobs"] == 7
+        and by_metric["NVIDIA_V100_GPUS"]["limited_by"] == "gpus"
+    )
     # A100: A2_CPUS listed -> 24 / 12 = 2 jobs, limited by cpus
-    assert (by_metric["NVIDIA_A100_GPUS"]["runnable_jobs"], by_metric["NVIDIA_A100_GPUS"]["limited_by"]) == (2, "cpus")
+    assert (by_metric["NVIDIA_A100_GPUS"]["runnable_jobs"], by_metric["NVIDIA_A100_GPUS"]["limited_by"]) == (
+        2,
+        "cpus",
+    )
     assert by_metric["NVIDIA_A100_GPUS"]["cpu_metric"] == "A2_CPUS"
     # H100: A3_CPUS not listed -> CPUS (64 free) / 26 = 2
-    assert (by_metric["NVIDIA_H100_GPUS"]["runnable_jobs"], by_metric["NVIDIA_H100_GPUS"]["cpu_metric"]) == (2, "CPUS")
+    assert (by_metric["NVIDIA_H100_GPUS"]["runnable_jobs"], by_metric["NVIDIA_H100_GPUS"]["cpu_metric"]) == (
+        2,
+        "CPUS",
+    )
     assert all(isinstance(g["runnable_jobs"], int) for g in doc["gpus"])
     assert json.loads(json.dumps(doc)) == doc  # --json output is plain JSON
     assert result.runnable
@@ -54,14 +67,20 @@ def test_from_gcloud_json_offline(saved_region: Path) -> None:
 
 def test_zero_capacity_everywhere_says_why(tmp_path: Path) -> None:
     path = tmp_path / "r.json"
-    path.write_text(json.dumps({"name": "europe-west4", "quotas": [{"metric": "NVIDIA_V100_GPUS", "limit": 8, "usage": 0}]}))
+    path.write_text(
+        json.dumps(
+            {"name": "europe-west4", "quotas": [{"metric": "NVIDIA_V100_GPUS", "limit": 8, "usage": 0}]}
+        )
+    )
     result = quota.from_json_file(path)
     assert not result.runnable
     msg = result.why_not_runnable()
     assert "V100: cpus" in msg and "quota increase" in msg
 
 
-@pytest.mark.parametrize("content", ["{", json.dumps({"quotas": []}), json.dumps({"name": "x", "quotas": [{"limit": 1}]})])
+@pytest.mark.parametrize(
+    "content", ["{", json.dumps({"quotas": []}), json.dumps({"name": "x", "quotas": [{"limit": 1}]})]
+)
 def test_bad_saved_file_is_refused(tmp_path: Path, content: str) -> None:
     path = tmp_path / "bad.json"
     path.write_text(content)
@@ -74,7 +93,11 @@ def test_all_ten_regions_concurrently(fake_compute: Any, compute_ctx: Any) -> No
 
     names = list(catalogue.load().regions)
     for name in names:
-        fake_compute.fake.region_quotas[name] = [q("CPUS", 64), q("LOCAL_SSD_TOTAL_GB", 3000), q("NVIDIA_T4_GPUS", 4)]
+        fake_compute.fake.region_quotas[name] = [
+            q("CPUS", 64),
+            q("LOCAL_SSD_TOTAL_GB", 3000),
+            q("NVIDIA_T4_GPUS", 4),
+        ]
     results = quota.fetch_many(compute_ctx, names)
     assert [r.region for r in results] == names
     assert all({g.gpu: g.runnable_jobs for g in r.gpus}["T4"] == 4 for r in results)

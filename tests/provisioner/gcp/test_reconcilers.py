@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from provisioner.domain.states import ProviderState
 from contracts.errors import RuleViolation
+from provisioner.domain.states import ProviderState
 from provisioner.providers.gcp import Endpoints, GcpProvider, catalogue
 from provisioner.providers.gcp.events import NodeEvent, NodeEventKind
 from provisioner.reconcilers.loop import ReconcilerLoop
@@ -34,9 +35,14 @@ ZONES = catalogue.load().region("us-central1").zones
 def store(tmp_path: Path, fake_compute: Any) -> Iterator[sessionmaker[Session]]:
     """A migrated store with an enabled gcp provider (bootstrap is test_bootstrap's business)."""
     endpoints = Endpoints(compute=fake_compute.url, resource_manager=fake_compute.url)
-    runtime = Runtime.from_settings(Settings(home=tmp_path / "home"),
-                                    providers={"gcp": GcpProvider(endpoints=endpoints, anonymous=True)})
-    fake_compute.fake.region_quotas["us-central1"] = [quota("CPUS", 64), quota("LOCAL_SSD_TOTAL_GB", 3000), quota("NVIDIA_T4_GPUS", 2)]
+    runtime = Runtime.from_settings(
+        Settings(home=tmp_path / "home"), providers={"gcp": GcpProvider(endpoints=endpoints, anonymous=True)}
+    )
+    fake_compute.fake.region_quotas["us-central1"] = [
+        quota("CPUS", 64),
+        quota("LOCAL_SSD_TOTAL_GB", 3000),
+        quota("NVIDIA_T4_GPUS", 2),
+    ]
     url = f"sqlite:///{tmp_path / 'rigbase.db'}"
     engine = make_engine(url)
     upgrade(url, engine)
@@ -54,18 +60,32 @@ def regions_pass(sessions: sessionmaker[Session]) -> None:
 
 def create(sessions: sessionmaker[Session]) -> str:
     with session_scope(sessions) as s:
-        out = gcp.create_region(s, "us-central1", gcp_region=None, storage_class="small", public_jobs=True,
-                                dry_run=False, actor="test")
+        out = gcp.create_region(
+            s,
+            "us-central1",
+            gcp_region=None,
+            storage_class="small",
+            public_jobs=True,
+            dry_run=False,
+            actor="test",
+        )
         return out["region"].id
 
 
 def states(sessions: sessionmaker[Session], region_id: str) -> tuple[str, str, str, str | None]:
     with session_scope(sessions) as s:
         rec = s.get(GcpStorageNode, region_id)
-        return s.get(Region, region_id).state, s.get(Node, rec.node_id).state, rec.status, s.get(Region, region_id).reason
+        return (
+            s.get(Region, region_id).state,
+            s.get(Node, rec.node_id).state,
+            rec.status,
+            s.get(Region, region_id).reason,
+        )
 
 
-def test_every_zone_refusing_errors_node_and_region_with_the_reasons(store: sessionmaker[Session], fake_compute: Any) -> None:
+def test_every_zone_refusing_errors_node_and_region_with_the_reasons(
+    store: sessionmaker[Session], fake_compute: Any
+) -> None:
     for zone in ZONES:
         fake_compute.fake.zone_errors[zone] = "QUOTA_EXCEEDED"
     region_id = create(store)
@@ -81,33 +101,63 @@ def test_every_zone_refusing_errors_node_and_region_with_the_reasons(store: sess
     assert states(store, region_id)[:3] == ("removed", "removed", "deleted")
 
 
-def test_vm_deleted_behind_our_back_errors_node_and_region(store: sessionmaker[Session], fake_compute: Any) -> None:
+def test_vm_deleted_behind_our_back_errors_node_and_region(
+    store: sessionmaker[Session], fake_compute: Any
+) -> None:
     region_id = create(store)
     regions_pass(store)
     assert states(store, region_id)[2] == "ready"
     with session_scope(store) as s:
         name = s.get(GcpStorageNode, region_id).instance_name
-    gcp_events.apply_event(store, NodeEvent(NodeEventKind.DELETED, "deleted", name, ZONES[0], "v1.compute.instances.delete", "t"))
+    gcp_events.apply_event(
+        store, NodeEvent(NodeEventKind.DELETED, "deleted", name, ZONES[0], "v1.compute.instances.delete", "t")
+    )
     region, node, _status, reason = states(store, region_id)
     assert (region, node) == ("errored", "errored") and "deleted outside rigbase" in (reason or "")
     # an event about an instance that is not ours changes nothing
-    gcp_events.apply_event(store, NodeEvent(NodeEventKind.OFFLINE, "stopped", "rigbase-other", ZONES[0], "v1.compute.instances.stop", "t"))
+    gcp_events.apply_event(
+        store,
+        NodeEvent(
+            NodeEventKind.OFFLINE, "stopped", "rigbase-other", ZONES[0], "v1.compute.instances.stop", "t"
+        ),
+    )
     assert states(store, region_id)[0] == "errored"
 
 
-def test_zero_capacity_and_disabled_provider_are_refused_without_writes(store: sessionmaker[Session], fake_compute: Any) -> None:
-    fake_compute.fake.region_quotas["us-central1"] = [quota("CPUS", 64), quota("NVIDIA_T4_GPUS", 2)]  # no local SSD
+def test_zero_capacity_and_disabled_provider_are_refused_without_writes(
+    store: sessionmaker[Session], fake_compute: Any
+) -> None:
+    fake_compute.fake.region_quotas["us-central1"] = [
+        quota("CPUS", 64),
+        quota("NVIDIA_T4_GPUS", 2),
+    ]  # no local SSD
     with session_scope(store) as s, pytest.raises(RuleViolation, match="T4: local_ssd"):
-        gcp.create_region(s, "us-central1", gcp_region=None, storage_class="small", public_jobs=True, dry_run=False, actor="t")
+        gcp.create_region(
+            s,
+            "us-central1",
+            gcp_region=None,
+            storage_class="small",
+            public_jobs=True,
+            dry_run=False,
+            actor="t",
+        )
     with session_scope(store) as s:
         assert s.query(Region).count() == 0 and s.query(Node).count() == 0
         s.query(Provider).one().state = "errored"
     with session_scope(store) as s, pytest.raises(Exception, match="not enabled"):
-        gcp.create_region(s, "us-central1", gcp_region=None, storage_class="small", public_jobs=True, dry_run=True, actor="t")
+        gcp.create_region(
+            s,
+            "us-central1",
+            gcp_region=None,
+            storage_class="small",
+            public_jobs=True,
+            dry_run=True,
+            actor="t",
+        )
 
 
 def test_region_health_needs_the_storage_node_active_and_reporting(store: sessionmaker[Session]) -> None:
-    from datetime import datetime, timedelta, timezone
+    from datetime import datetime, timedelta
 
     from provisioner.domain.states import NodeState
     from provisioner.services import nodes as node_service
@@ -128,8 +178,11 @@ def test_region_health_needs_the_storage_node_active_and_reporting(store: sessio
     ReconcilerLoop(store, only=["region-health"]).run_once()
     assert states(store, region_id)[0] == "healthy"
     with session_scope(store) as s:
-        node_service.record_report(s, s.get(Node, s.get(GcpStorageNode, region_id).node_id),
-                                   at=datetime.now(timezone.utc) - timedelta(minutes=5))
+        node_service.record_report(
+            s,
+            s.get(Node, s.get(GcpStorageNode, region_id).node_id),
+            at=datetime.now(UTC) - timedelta(minutes=5),
+        )
     regions_pass(store)
     region, _node, _status, reason = states(store, region_id)
     assert region == "offline" and reason and "has not reported for 90 s" in reason

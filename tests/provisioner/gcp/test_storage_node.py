@@ -15,14 +15,26 @@ from provisioner.providers.gcp.storage_node import StorageNodeSpec
 
 ZONES = ("us-central1-a", "us-central1-b", "us-central1-c")
 BUNDLE = {
-    "version": 1, "control_plane_url": "https://cp.example:8470", "ca_certificate": None, "region": "lab-gcp",
-    "region_id": "0b9d5c1e", "provider": "gcp", "join_token": "secret-token", "expires_at": None,
+    "version": 1,
+    "control_plane_url": "https://cp.example:8470",
+    "ca_certificate": None,
+    "region": "lab-gcp",
+    "region_id": "0b9d5c1e",
+    "provider": "gcp",
+    "join_token": "secret-token",
+    "expires_at": None,
 }
 
 
 def spec(**kw: Any) -> StorageNodeSpec:
-    base = dict(region_id="0b9d5c1e", region="lab-gcp", gcp_region="us-central1", zones=ZONES,
-                storage_class=storage_node.storage_class("small"), bundle=BUNDLE)
+    base = dict(
+        region_id="0b9d5c1e",
+        region="lab-gcp",
+        gcp_region="us-central1",
+        zones=ZONES,
+        storage_class=storage_node.storage_class("small"),
+        bundle=BUNDLE,
+    )
     base.update(kw)
     return StorageNodeSpec(**base)
 
@@ -31,8 +43,17 @@ def test_create_success(fake_compute: Any, compute_ctx: Any) -> None:
     node = storage_node.create(compute_ctx, spec())
     assert (node.name, node.zone, node.adopted) == ("rigbase-storage-lab-gcp", "us-central1-a", False)
     inst = fake_compute.fake.instances[("us-central1-a", node.name)]
-    assert inst["shieldedInstanceConfig"] == {"enableSecureBoot": True, "enableVtpm": True, "enableIntegrityMonitoring": True}
-    assert inst["labels"] == {"rigbase-managed": "rigbase", "rigbase-region": "lab-gcp", "rigbase-region-id": "0b9d5c1e", "rigbase-role": "storage"}
+    assert inst["shieldedInstanceConfig"] == {
+        "enableSecureBoot": True,
+        "enableVtpm": True,
+        "enableIntegrityMonitoring": True,
+    }
+    assert inst["labels"] == {
+        "rigbase-managed": "rigbase",
+        "rigbase-region": "lab-gcp",
+        "rigbase-region-id": "0b9d5c1e",
+        "rigbase-role": "storage",
+    }
     assert inst["machineType"].endswith("/machineTypes/n2-standard-8")
     scratch = [d for d in inst["disks"] if d.get("type") == "SCRATCH"]
     assert len(scratch) == 4 and all(d["initializeParams"]["diskSizeGb"] == "375" for d in scratch)
@@ -82,7 +103,9 @@ def test_crash_and_retry_with_same_request_id_makes_one_instance(fake_compute: A
     s = spec()
     first = compute_ctx.instances.insert_unary(
         request=compute_v1.InsertInstanceRequest(
-            project=compute_ctx.project, zone=ZONES[0], instance_resource=storage_node.build_instance(s, compute_ctx.project, ZONES[0]),
+            project=compute_ctx.project,
+            zone=ZONES[0],
+            instance_resource=storage_node.build_instance(s, compute_ctx.project, ZONES[0]),
             request_id=s.request_id(compute_ctx.project, ZONES[0]),
         )
     )  # ... and the process "crashes" here, before waiting
@@ -98,7 +121,10 @@ def test_crash_and_retry_with_same_request_id_makes_one_instance(fake_compute: A
 def test_two_reconcilers_at_once_make_one_instance(fake_compute: Any, compute_ctx: Any) -> None:
     fake_compute.fake.op_duration_s = 0.3
     results: list[Any] = []
-    threads = [threading.Thread(target=lambda: results.append(storage_node.create(compute_ctx, spec()))) for _ in range(3)]
+    threads = [
+        threading.Thread(target=lambda: results.append(storage_node.create(compute_ctx, spec())))
+        for _ in range(3)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -114,7 +140,9 @@ def test_rerun_after_success_adopts(fake_compute: Any, compute_ctx: Any) -> None
     assert fake_compute.fake.calls["instance_insert"] == 1
 
 
-def test_409_already_exists_is_adopted(fake_compute: Any, compute_ctx: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_409_already_exists_is_adopted(
+    fake_compute: Any, compute_ctx: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     storage_node.create(compute_ctx, spec())
     calls = {"n": 0}
     real_find = storage_node.find
@@ -142,7 +170,10 @@ def test_ek_public_from_shielded_identity(fake_compute: Any, compute_ctx: Any) -
 
 def test_delete_removes_only_ours(fake_compute: Any, compute_ctx: Any) -> None:
     storage_node.create(compute_ctx, spec())
-    fake_compute.fake.instances[("us-central1-b", "someone-elses-vm")] = {"name": "someone-elses-vm", "labels": {}}
+    fake_compute.fake.instances[("us-central1-b", "someone-elses-vm")] = {
+        "name": "someone-elses-vm",
+        "labels": {},
+    }
     assert storage_node.delete(compute_ctx, spec()) is True
     assert list(fake_compute.fake.instances) == [("us-central1-b", "someone-elses-vm")]
     assert storage_node.delete(compute_ctx, spec()) is False  # idempotent
