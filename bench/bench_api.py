@@ -133,7 +133,8 @@ def main() -> None:
 
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(
-        f"API with {NODES} nodes; server: one uvicorn process on one core; target p99 < {TARGET_P99_MS:.0f} ms; "
+        f"API with {NODES} nodes; server: one uvicorn process on one core; "
+        f"target p99 < {TARGET_P99_MS:.0f} ms; "
         f"load average {load} on {os.cpu_count()} cores (other work inflates p99)"
     )
     with ExitStack() as stack:

@@ -112,7 +112,8 @@ def main() -> None:
                 )
                 print(
                     f"     vs target {TARGET_QUOTES_PER_S:.0f}/s: x{rate / TARGET_QUOTES_PER_S:.1f}   "
-                    f"vs Keylime push-mode sample {KEYLIME_PUSH_SAMPLE_PER_S}/s: x{rate / KEYLIME_PUSH_SAMPLE_PER_S:,.0f}"
+                    f"vs Keylime push-mode sample {KEYLIME_PUSH_SAMPLE_PER_S}/s: "
+                    f"x{rate / KEYLIME_PUSH_SAMPLE_PER_S:,.0f}"
                 )
 
                 # -- 3. attestation part of a join -----------------------------------------------------

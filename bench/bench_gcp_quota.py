@@ -60,19 +60,23 @@ def _bench_quota(latency_s: float) -> None:
     median = statistics.median(warm)
     sky = SKYPILOT_S_PER_REGION * len(regions)
     print(
-        f"quota+capacity, {len(regions)} regions, modelled latency {latency_s * 1000:.0f} ms/call ({jobs} runnable jobs found):"
+        f"quota+capacity, {len(regions)} regions, modelled latency {latency_s * 1000:.0f} ms/call "
+        f"({jobs} runnable jobs found):"
     )
     print(
         f"  concurrent, cold (new clients)  {cold:7.3f} s   target < 1 s: {'met' if cold < 1 else 'MISSED'}"
     )
     print(
-        f"  concurrent, warm (median of {RUNS})  {median:7.3f} s   target < 1 s: {'met' if median < 1 else 'MISSED'}"
+        f"  concurrent, warm (median of {RUNS})  {median:7.3f} s   "
+        f"target < 1 s: {'met' if median < 1 else 'MISSED'}"
     )
     print(
-        f"  sequential, warm               {sequential:7.3f} s   concurrency speed-up {sequential / median:5.1f}x"
+        f"  sequential, warm               {sequential:7.3f} s   "
+        f"concurrency speed-up {sequential / median:5.1f}x"
     )
     print(
-        f"  SkyPilot ≈ {SKYPILOT_S_PER_REGION:.0f} s/region (figure quoted by issue 5, not run here) = {sky:.0f} s  -> ours is {sky / median:,.0f}x faster (warm), {sky / cold:,.0f}x (cold)"
+        f"  SkyPilot ≈ {SKYPILOT_S_PER_REGION:.0f} s/region (figure quoted by issue 5, not run here) "
+        f"= {sky:.0f} s  -> ours is {sky / median:,.0f}x faster (warm), {sky / cold:,.0f}x (cold)"
     )
 
 
@@ -97,7 +101,8 @@ def _bench_wait(wait_max_s: float, op_duration_s: float) -> None:
     print(
         f"  server {'answers wait() at once' if wait_max_s == 0 else f'long-polls {wait_max_s:.0f} s'}: "
         f"{len(waits)} wait calls for a {op_duration_s:.0f} s operation ({elapsed:.1f} s total), "
-        f"{rate:.2f} calls/s  target ≤ 2: {'met' if rate <= 2.0 else 'MISSED'}; all calls: {sum(fake.calls.values())}"
+        f"{rate:.2f} calls/s  target ≤ 2: {'met' if rate <= 2.0 else 'MISSED'}; "
+        f"all calls: {sum(fake.calls.values())}"
     )
 
 
@@ -111,7 +116,8 @@ def main() -> None:
     _bench_quota(0.0)
     _bench_quota(0.150)
     print(
-        f"waiting on a slow insert operation (ZoneOperationsClient.wait, {operations.MIN_INTERVAL_S} s floor between calls):"
+        "waiting on a slow insert operation "
+        f"(ZoneOperationsClient.wait, {operations.MIN_INTERVAL_S} s floor between calls):"
     )
     _bench_wait(wait_max_s=0.0, op_duration_s=4.0)
     _bench_wait(wait_max_s=2.0, op_duration_s=4.0)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from image_builder import build, manifest, rootfs, vm
 from image_builder.plan import BuildConfig
+from image_builder.settings import BuilderSettings
 
 TARGET_REBUILD_S = 60
 TARGET_COMPRESSED_MB = 300
@@ -33,7 +34,8 @@ def main() -> None:
     repo = Path(__file__).resolve().parents[1]
     with tempfile.TemporaryDirectory(prefix="rigbase-bench-image-") as tmp:
         t = Path(tmp)
-        cache = t / "cache" if os.environ.get("RIGBASE_BENCH_COLD") == "1" else manifest.default_cache_dir()
+        settings = BuilderSettings.from_env()
+        cache = t / "cache" if os.environ.get("RIGBASE_BENCH_COLD") == "1" else settings.cache_dir()
         priv, pub = manifest.keygen(t / "k.pem")
         bundle = t / "bundle.json"
         bundle.write_text(
@@ -55,7 +57,7 @@ def main() -> None:
             output=t / "out",
             cache=cache,
             key=priv,
-            source_date_epoch=build.default_epoch(repo),
+            source_date_epoch=build.default_epoch(repo, settings.source_date_epoch),
             repo=repo,
         )
         t0 = time.monotonic()
@@ -74,14 +76,16 @@ def main() -> None:
         zst = _zstd_size(img)
         uki = (t / "out" / "rigbase.efi").stat().st_size
         # Cold is measured only when this run's first build made the debootstrap stage; otherwise it is an
-        # estimate (the stage's recorded time + this run's rebuild) that leaves out a fresh dependency wheelhouse.
+        # estimate (the stage's recorded time + this run's rebuild) that leaves out a fresh dependency
+        # wheelhouse.
         measured_cold = first["_timings"]["base"] > 5
         cold_s = first_s if measured_cold else debootstrap_s + rebuild_s
         how = (
             "measured this run" if measured_cold else "estimate: recorded debootstrap stage + cached rebuild"
         )
         print(
-            f"cold build:                               {cold_s:7.1f} s   ({how}; debootstrap {debootstrap_s:.1f} s)"
+            f"cold build:                               {cold_s:7.1f} s   "
+            f"({how}; debootstrap {debootstrap_s:.1f} s)"
         )
         print(f"this run's first build:                   {first_s:7.1f} s   (steps: {first['_timings']})")
         print(
@@ -90,10 +94,12 @@ def main() -> None:
         )
         print(f"   steps: {again['_timings']}")
         print(
-            f"image raw:                                {raw / MB:7.1f} MB  (allocated {allocated / MB:.1f} MB)"
+            f"image raw:                                {raw / MB:7.1f} MB  "
+            f"(allocated {allocated / MB:.1f} MB)"
         )
         print(
-            f"image zstd -3:                            {zst / MB:7.1f} MB  target < {TARGET_COMPRESSED_MB} MB "
+            f"image zstd -3:                            {zst / MB:7.1f} MB  "
+            f"target < {TARGET_COMPRESSED_MB} MB "
             f"→ {zst / MB / TARGET_COMPRESSED_MB:.2f}× of target; ratio {zst / raw:.2f}"
         )
         print(f"UKI:                                      {uki / MB:7.1f} MB  ({uki / raw:.3f} of the image)")
@@ -109,5 +115,6 @@ def main() -> None:
             banner_s = time.monotonic() - t0
         print(f"TCG power-on → kernel:                    {kernel_s:7.1f} s")
         print(
-            f"TCG power-on → banner (USB boot):         {banner_s:7.1f} s   kernel+userspace {banner_s - kernel_s:.1f} s"
+            f"TCG power-on → banner (USB boot):         {banner_s:7.1f} s   "
+            f"kernel+userspace {banner_s - kernel_s:.1f} s"
         )

@@ -148,7 +148,6 @@ def main() -> None:
             )
 
             # -- burst ---------------------------------------------------------------------------
-            offset = LATENCY_JOINS  # fresh EKs: the latency nodes' minion_ids are taken
             golden_burst = (golden + golden[:0])[:BURST] if BURST <= len(golden) else golden
             t = time.monotonic()
             with ThreadPoolExecutor(8) as pool:
@@ -157,7 +156,8 @@ def main() -> None:
                 )
                 minions = list(pool.map(lambda tpm: Minion(tpm, cp.url, token), tpms))
             print(
-                f"burst: {BURST} swtpm processes started and AKs created ({time.monotonic() - t:.0f} s, not timed)"
+                f"burst: {BURST} swtpm processes started and AKs created "
+                f"({time.monotonic() - t:.0f} s, not timed)"
             )
             # latency joins used golden[0:20]; remove those nodes so the same EKs may join again here
             for i in range(LATENCY_JOINS):
@@ -199,7 +199,8 @@ def main() -> None:
             errors = [r for r in results.values() if isinstance(r, str)]
             print(
                 f"join burst: {BURST} minions (own swtpm each) at once, {len(added)} added -> maintenance "
-                f"{states.count('maintenance')}/{len(added)}, others pending {len(pending)}/{BURST - len(added)}, "
+                f"{states.count('maintenance')}/{len(added)}, "
+                f"others pending {len(pending)}/{BURST - len(added)}, "
                 f"errors {len(errors)}{' (' + errors[0] + ')' if errors else ''}"
             )
             print(

@@ -60,11 +60,13 @@ def main() -> None:
             again_s, _ = _run(home, "lab", "up", "--nodes", str(NODES))
             state = json.loads((home / "lab" / "state.json").read_text())
             print(
-                f"lab up --nodes {NODES} ({'warm: cached root' if warm else 'cold: debootstrap included'}): {up_s:.1f} s"
+                f"lab up --nodes {NODES} "
+                f"({'warm: cached root' if warm else 'cold: debootstrap included'}): {up_s:.1f} s"
             )
             print(f"lab up again (everything up, nothing to do): {again_s:.2f} s")
             print(
-                "node     start->adopted  adopted->enrolling  enrolling->provisioning  playbook  adopted->maintenance"
+                "node     start->adopted  adopted->enrolling  enrolling->provisioning  "
+                "playbook  adopted->maintenance"
             )
             for node in json.loads(up.stdout)["nodes"]:
                 _, hist = _run(home, "node", "history", node["name"], "--json")
@@ -76,12 +78,15 @@ def main() -> None:
                 lab = state["nodes"][node["name"]]
                 print(
                     f"{node['name']:<8} {moves['new'] - lab['started_at']:>14.1f}  "
-                    f"{moves['enrolling'] - moves['new']:>18.2f}  {moves['provisioning'] - moves['enrolling']:>23.2f}  "
-                    f"{moves['maintenance'] - moves['provisioning']:>8.1f}  {lab['ready_at'] - lab['added_at']:>20.1f}"
+                    f"{moves['enrolling'] - moves['new']:>18.2f}  "
+                    f"{moves['provisioning'] - moves['enrolling']:>23.2f}  "
+                    f"{moves['maintenance'] - moves['provisioning']:>8.1f}  "
+                    f"{lab['ready_at'] - lab['added_at']:>20.1f}"
                 )
             print(
-                "(start->adopted: swtpm, umockdev, join attempt, listed pending, root cloned, added by minion_id;"
-                " a reconciler pass finalizes its nodes one after another, so a node may wait for another's playbook)"
+                "(start->adopted: swtpm, umockdev, join attempt, listed pending, root cloned, "
+                "added by minion_id; a reconciler pass finalizes its nodes one after another, "
+                "so a node may wait for another's playbook)"
             )
         finally:
             down_s, _ = _run(home, "lab", "down", "--yes")

@@ -127,7 +127,8 @@ def bench_names(lab: Lab) -> None:
     print(f"move A → B, zeroconf resolver sees B  {_stats(moves)}")
     print(f"move A → B, avahi-daemon answers B    {_stats(avahi_moves)}")
     print(
-        f"   target < {MOVE_TARGET_MS:.0f} ms: worst zeroconf run {max(moves) / MOVE_TARGET_MS:.2f}× the budget"
+        f"   target < {MOVE_TARGET_MS:.0f} ms: "
+        f"worst zeroconf run {max(moves) / MOVE_TARGET_MS:.2f}× the budget"
     )
 
 

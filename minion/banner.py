@@ -20,6 +20,7 @@ from contracts import bundle as contract_bundle
 from contracts.identity import is_minion_id
 from contracts.regional import StorageMode
 from minion.hardware.commands import HostRoot, InventoryFile, PublicJobsFlag, StorageModeOption
+from minion.settings import BUNDLE_ENV, TCTI_ENV, MinionSettings
 
 if TYPE_CHECKING:
     from minion.hardware.model import Inventory
@@ -28,8 +29,6 @@ if TYPE_CHECKING:
 WIDTH, HEIGHT = 80, 25
 PRODUCT = "rigbase minion"
 DEFAULT_BUNDLE = Path("/boot/efi/rigbase/bundle.json")
-BUNDLE_ENV = "RIGBASE_BUNDLE"
-TCTI_ENV = "RIGBASE_TCTI"
 TPM_PROBLEM = "TPM missing or unreadable: "
 MAX_ADDRESS_LINES = 2
 MAX_NEXT_STEP_LINES = 3
@@ -214,6 +213,7 @@ def _version() -> str:
 
 
 def banner_command(
+    ctx: typer.Context,
     bundle: Annotated[
         Path | None,
         typer.Option(
@@ -241,13 +241,14 @@ def banner_command(
     from minion.hardware.commands import load_or_collect
     from minion.hardware.requirements import check
 
+    settings = MinionSettings.of(ctx)
     enrollment = read_bundle(bundle or DEFAULT_BUNDLE)
-    inventory = load_or_collect(inventory_file, host_root)
+    inventory = load_or_collect(inventory_file, host_root, settings.gpu_catalogue)
     report = check(inventory, storage_mode or enrollment.storage_mode, public_jobs or enrollment.public_jobs)
     minion_id, problem = read_minion_id(tcti)
-    from minion.join.state import DEFAULT_STATE_DIR, StateDir
+    from minion.join.state import StateDir
 
-    join_status = StateDir(DEFAULT_STATE_DIR).status() if DEFAULT_STATE_DIR.is_dir() else None
+    join_status = StateDir(settings.state_dir).status() if settings.state_dir.is_dir() else None
     print(
         render(
             minion_id=minion_id,

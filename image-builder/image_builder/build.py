@@ -6,7 +6,6 @@ build leaves nothing half-written where an operator would flash it from."""
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
 import subprocess
 import tempfile
@@ -39,7 +38,8 @@ VERSION = "0.1.0"
 MiB = 2**20
 
 #: The PE images firmware loads on the USB boot path, in order, as the boot test's event log shows:
-#: systemd-boot (\\EFI\\BOOT\\BOOTX64.EFI), the UKI it starts, and the kernel systemd-stub loads with LoadImage.
+#: systemd-boot (\\EFI\\BOOT\\BOOTX64.EFI), the UKI it starts, and the kernel systemd-stub loads with
+#: LoadImage.
 USB_BOOT_PATH: tuple[str, ...] = ("systemd-boot", "uki", "kernel")
 
 
@@ -73,10 +73,11 @@ def read_bundle(path: Path) -> tuple[bytes, dict[str, Any]]:
     return raw, bundle.model_dump(mode="json")
 
 
-def default_epoch(repo: Path) -> int:
-    """SOURCE_DATE_EPOCH if set, else the last commit's time: same checkout, same timestamps."""
-    if os.environ.get("SOURCE_DATE_EPOCH", "").isdigit():
-        return int(os.environ["SOURCE_DATE_EPOCH"])
+def default_epoch(repo: Path, pinned: int | None = None) -> int:
+    """`pinned` (SOURCE_DATE_EPOCH, BuilderSettings) if given, else the last commit's time: same checkout,
+    same timestamps."""
+    if pinned is not None:
+        return pinned
     out = subprocess.run(
         ["git", "-C", str(repo), "log", "-1", "--format=%ct"], capture_output=True, text=True, check=False
     )
@@ -273,7 +274,7 @@ def _manifest(
         "kernel": pe.authenticode_sha256(parts.kernel.read_bytes()),
     }
     packages = [
-        dict(zip(("name", "version"), line.split(" ", 1)))
+        dict(zip(("name", "version"), line.split(" ", 1), strict=False))
         for line in rootfs.installed_packages(base).splitlines()
         if line
     ]
@@ -293,7 +294,9 @@ def _manifest(
             "size": image.stat().st_size,
             "partitions": {
                 p.name: {"offset": off, "size": size, "partuuid": p.uuid}
-                for p, (off, size) in zip(layout.partitions, disk.partition_offsets(layout).values())
+                for p, (off, size) in zip(
+                    layout.partitions, disk.partition_offsets(layout).values(), strict=True
+                )
             },
         },
         "uki": {"file": UKI_NAME, "sha256": sha256_file(uki_path), "size": uki_path.stat().st_size},

@@ -3,7 +3,8 @@
 Typer + Rich with the conventions of the control plane's `provision`: `--json` on every command puts
 machine output on stdout, exit codes 0 ok / 1 refused or failed / 2 usage, and every error is one line
 on stderr saying what to do next (cli_render.py). Heavy imports stay inside the commands, so `--help`
-is instant."""
+is instant. The environment is read once per command, by the callback (BuilderSettings, settings.py),
+and what it decides is passed down."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Annotated
 import typer
 
 from image_builder.cli_render import OneLineErrors, detail, fail, print_json, progress
+from image_builder.settings import BuilderSettings
 
 app = typer.Typer(
     cls=OneLineErrors,
@@ -33,6 +35,19 @@ Cache = Annotated[
 Key = Annotated[
     Path | None, typer.Option("--key", help="Ed25519 signing key (default from `image-builder keygen`).")
 ]
+
+
+@app.callback()
+def _load_settings(ctx: typer.Context) -> None:
+    """Build rigbase's TPM-measured USB boot media."""
+    ctx.obj = BuilderSettings.from_env()
+
+
+def _settings(ctx: typer.Context) -> BuilderSettings:
+    """What the callback loaded. A command invoked without it (another Typer app registering these
+    functions) reads the environment here, once."""
+    settings = ctx.find_object(BuilderSettings)
+    return settings if settings is not None else BuilderSettings.from_env()
 
 
 def _repo() -> Path:
@@ -56,6 +71,7 @@ def _refusals() -> Iterator[None]:
 
 @app.command("build")
 def build(
+    ctx: typer.Context,
     bundle: Annotated[
         Path, typer.Option("--bundle", help="Region enrollment bundle (`provision region bundle`).")
     ],
@@ -73,18 +89,18 @@ def build(
 ) -> None:
     """Build the USB image, its UKI and the signed manifest."""
     from image_builder import build as builder
-    from image_builder import manifest
     from image_builder.plan import BuildConfig
 
+    settings = _settings(ctx)
     repo = _repo()
     with _refusals():
         cfg = BuildConfig(
             bundle=bundle,
             output=output,
-            cache=cache or manifest.default_cache_dir(),
-            key=key or manifest.default_key_path(),
+            cache=cache or settings.cache_dir(),
+            key=key or settings.signing_key(),
             with_nvidia=with_nvidia,
-            source_date_epoch=builder.default_epoch(repo),
+            source_date_epoch=builder.default_epoch(repo, settings.source_date_epoch),
             repo=repo,
             mirror=mirror,
         )
@@ -111,6 +127,7 @@ def build(
 
 @app.command("keygen")
 def keygen(
+    ctx: typer.Context,
     key: Annotated[
         Path | None, typer.Option("--key", help="Where to write the private key (.pub beside it).")
     ] = None,
@@ -121,7 +138,7 @@ def keygen(
     from image_builder import manifest
 
     with _refusals():
-        private, public = manifest.keygen(key or manifest.default_key_path(), force=force)
+        private, public = manifest.keygen(key or _settings(ctx).signing_key(), force=force)
     out = {"private_key": str(private), "public_key": str(public)}
     if json_out:
         print_json(out)
@@ -159,12 +176,12 @@ def verify(
 
 
 @app.command("resolve-nvidia")
-def resolve_nvidia(cache: Cache = None, json_out: Json = False) -> None:
+def resolve_nvidia(ctx: typer.Context, cache: Cache = None, json_out: Json = False) -> None:
     """Check that the NVIDIA package set resolves (apt --simulate against the cached tree)."""
-    from image_builder import manifest, rootfs
+    from image_builder import rootfs
 
     with _refusals(), progress("resolving the NVIDIA package set") as log:
-        base = rootfs.base_tree(cache or manifest.default_cache_dir(), rootfs.inputs_for(False), log)
+        base = rootfs.base_tree(cache or _settings(ctx).cache_dir(), rootfs.inputs_for(False), log)
         simulated = rootfs.simulate_install(base, rootfs.NVIDIA_PACKAGES, rootfs.apt_mirror())
     installs = [line.removeprefix("Inst ") for line in simulated.splitlines() if line.startswith("Inst ")]
     if json_out:

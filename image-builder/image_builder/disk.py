@@ -39,7 +39,8 @@ def mib(n: int) -> int:
 
 
 def make_esp(out: Path, size: int, files: dict[str, Path], volume_id: str, epoch: int) -> Path:
-    """FAT ESP with a fixed volume id; mtools stamps entries from SOURCE_DATE_EPOCH, files keep pinned mtimes."""
+    """FAT ESP with a fixed volume id; mtools stamps entries from SOURCE_DATE_EPOCH, files keep pinned
+    mtimes."""
     out.unlink(missing_ok=True)
     env = dict(os.environ, SOURCE_DATE_EPOCH=str(epoch), MTOOLS_SKIP_CHECK="1")
     _run(

@@ -51,10 +51,19 @@ export PATH=/bin:/sbin
 mount -t proc proc /proc; mount -t sysfs sysfs /sys; mount -t devtmpfs devtmpfs /dev
 echo 0 > /proc/sys/kernel/printk
 for m in $(cat /etc/modules.load); do insmod /lib/modules/$m 2>/dev/null; done
-fail() { echo "rigbase: $*" > /dev/console; echo "rigbase: $*" > /dev/ttyS0 2>/dev/null; sleep 2; while :; do sleep 3600; done; }
+# fail joins its arguments with spaces, so a long message may be split across arguments.
+fail() {
+  echo "rigbase: $*" > /dev/console; echo "rigbase: $*" > /dev/ttyS0 2>/dev/null
+  sleep 2; while :; do sleep 3600; done
+}
 ROOTHASH=$(sed -n 's/.*rigbase.roothash=\([0-9a-f]*\).*/\1/p' /proc/cmdline)
 [ -n "$ROOTHASH" ] || fail "no rigbase.roothash= on the kernel command line; rebuild the boot media."
-part() { for u in /sys/class/block/*/uevent; do grep -qx "PARTNAME=$1" "$u" && { echo /dev/$(sed -n 's/^DEVNAME=//p' "$u"); return 0; }; done; return 1; }
+part() {
+  for u in /sys/class/block/*/uevent; do
+    grep -qx "PARTNAME=$1" "$u" && { echo /dev/$(sed -n 's/^DEVNAME=//p' "$u"); return 0; }
+  done
+  return 1
+}
 i=0
 while ! part __USB_ROOT__ >/dev/null && ! part __OS_ROOT__ >/dev/null; do
   i=$((i+1)); [ $i -gt 600 ] && fail "no rigbase boot drive found; plug in the rigbase USB drive and reboot."
@@ -66,14 +75,21 @@ if part __OS_ROOT__ >/dev/null && part __OS_VERITY__ >/dev/null; then
   veritysetup open $(part __OS_ROOT__) root $(part __OS_VERITY__) "$ROOTHASH" 2>/dev/null && SOURCE=nvme
 fi
 if [ -z "$SOURCE" ]; then
-  part __USB_ROOT__ >/dev/null || fail "the installed OS does not match this boot drive and no USB root was found; plug in the matching rigbase USB drive."
-  veritysetup open $(part __USB_ROOT__) root $(part __USB_VERITY__) "$ROOTHASH" || fail "verity refused the root filesystem (root hash mismatch); the boot drive is corrupt or altered, write it again."
+  part __USB_ROOT__ >/dev/null ||
+    fail "the installed OS does not match this boot drive and no USB root was found;" \
+      "plug in the matching rigbase USB drive."
+  veritysetup open $(part __USB_ROOT__) root $(part __USB_VERITY__) "$ROOTHASH" ||
+    fail "verity refused the root filesystem (root hash mismatch);" \
+      "the boot drive is corrupt or altered, write it again."
   SOURCE=usb
 fi
 mkdir -p /lower /rw /newroot
-mount -t ext4 -o ro /dev/mapper/root /lower || fail "verity refused the root filesystem (blocks do not match the root hash); the boot drive is corrupt or altered, write it again."
+mount -t ext4 -o ro /dev/mapper/root /lower ||
+  fail "verity refused the root filesystem (blocks do not match the root hash);" \
+    "the boot drive is corrupt or altered, write it again."
 mount -t tmpfs -o mode=0755 tmpfs /rw && mkdir -p /rw/upper /rw/work
-mount -t overlay overlay -o lowerdir=/lower,upperdir=/rw/upper,workdir=/rw/work /newroot || fail "cannot mount the root overlay."
+mount -t overlay overlay -o lowerdir=/lower,upperdir=/rw/upper,workdir=/rw/work /newroot ||
+  fail "cannot mount the root overlay."
 mkdir -p /newroot/etc/rigbase && echo "$SOURCE" > /newroot/etc/rigbase/boot-source
 umount /proc /sys; mount --move /dev /newroot/dev
 exec switch_root /newroot /sbin/init
@@ -132,8 +148,8 @@ def module_closure(tree: Path, kver: str, names: tuple[str, ...]) -> list[str]:
         base = os.path.basename(path).split(".ko")[0].replace("-", "_")
         by_name[base] = path
     builtin = {
-        os.path.basename(l).split(".ko")[0].replace("-", "_")
-        for l in (moddir / "modules.builtin").read_text().splitlines()
+        os.path.basename(entry).split(".ko")[0].replace("-", "_")
+        for entry in (moddir / "modules.builtin").read_text().splitlines()
     }
     order: list[str] = []
 

@@ -54,7 +54,8 @@ ACTIONS: dict[Situation, str] = {
 }
 
 PROMPTS: dict[Situation, str] = {
-    Situation.BLANK: "No rigbase OS on the NVMe drives ({drives}).\nType 'yes' to ERASE them and install rigbase: ",
+    Situation.BLANK: "No rigbase OS on the NVMe drives ({drives}).\n"
+    "Type 'yes' to ERASE them and install rigbase: ",
     Situation.OTHER_BUILD: "The NVMe drives hold a different rigbase build ({drives}).\n"
     "Type 'yes' to ERASE them and install this one: ",
 }
@@ -71,7 +72,7 @@ def partitions(sys_block: Path = Path("/sys/class/block")) -> list[BlockPart]:
     """GPT partitions with names, from the kernel's uevent files (no udev needed)."""
     out = []
     for uevent in sorted(sys_block.glob("*/uevent")):
-        fields = dict(l.split("=", 1) for l in uevent.read_text().splitlines() if "=" in l)
+        fields = dict(line.split("=", 1) for line in uevent.read_text().splitlines() if "=" in line)
         if fields.get("DEVTYPE") == "partition" and "PARTNAME" in fields:
             disk = Path(os.path.realpath(uevent.parent)).parent.name
             out.append(BlockPart(f"/dev/{fields['DEVNAME']}", disk, fields["PARTNAME"]))
@@ -103,7 +104,8 @@ def layout_scripts(disks: list[str], root_size: int, verity_size: int) -> dict[s
                 f'size={32 * MiB // 512}, type={ESP_TYPE}, name="{OS_ESP}"',
                 f'size={root_size // 512}, type={ROOT_TYPE}, name="{OS_ROOT}"',
                 f'size={verity_size // 512}, type={VERITY_TYPE}, name="{OS_VERITY}"',
-                # Named "-new" until formatted: the node's fstab mounts PARTLABEL=rigbase-state as soon as it appears.
+                # Named "-new" until formatted: the node's fstab mounts PARTLABEL=rigbase-state as soon as
+                # it appears.
                 f'type={LINUX_TYPE}, name="{OS_STATE}-new"',
             ]
         )

@@ -24,31 +24,12 @@ __all__ = [
     "SIGNATURE_SUFFIX",
     "ManifestError",
     "canonical",
-    "default_cache_dir",
-    "default_key_path",
     "keygen",
     "load_private_key",
     "public_key_fingerprint",
     "sign",
     "verify",
 ]
-
-
-def rigbase_home() -> Path:
-    """$RIGBASE_HOME, else ~/.local/share/rigbase: the same state directory `provision` uses (docs/control-plane.md),
-    created 0700 on first use (it holds the signing key)."""
-    home = Path(os.environ.get("RIGBASE_HOME") or Path.home() / ".local" / "share" / "rigbase")
-    home.mkdir(parents=True, exist_ok=True, mode=0o700)
-    return home
-
-
-def default_key_path() -> Path:
-    return rigbase_home() / "image-builder" / "signing-key.pem"
-
-
-def default_cache_dir() -> Path:
-    """Shared by the CLI, the image tests and the benchmark: the debootstrap stage is keyed by inputs."""
-    return rigbase_home() / "cache" / "image-builder"
 
 
 def keygen(private_path: Path, force: bool = False) -> tuple[Path, Path]:

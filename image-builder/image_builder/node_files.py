@@ -38,7 +38,8 @@ Before=getty@tty1.service serial-getty@ttyS0.service
 [Service]
 Type=oneshot
 RemainAfterExit=yes
-ExecStart=/bin/sh -c '/usr/local/bin/rigbase-banner > /run/rigbase-banner.txt 2>&1; cat /run/rigbase-banner.txt > /dev/tty1; cat /run/rigbase-banner.txt > /dev/ttyS0'
+ExecStart=/bin/sh -c '/usr/local/bin/rigbase-banner > /run/rigbase-banner.txt 2>&1; \\
+  cat /run/rigbase-banner.txt > /dev/tty1; cat /run/rigbase-banner.txt > /dev/ttyS0'
 
 [Install]
 WantedBy=multi-user.target
@@ -67,7 +68,8 @@ RequiresMountsFor=/var/lib/rigbase {ESP_MOUNT}
 ConditionPathExists={ESP_MOUNT}/{BUNDLE_ON_ESP}
 
 [Service]
-ExecStart=/usr/local/bin/minion run --bundle {ESP_MOUNT}/{BUNDLE_ON_ESP} --authorized-keys /root/.ssh/authorized_keys
+ExecStart=/usr/local/bin/minion run --bundle {ESP_MOUNT}/{BUNDLE_ON_ESP} \\
+  --authorized-keys /root/.ssh/authorized_keys
 Restart=on-failure
 RestartSec=30s
 
@@ -102,8 +104,11 @@ MEASUREMENTS_SCRIPT = f"""#!/bin/sh
 {WAIT_TPM}
 mountpoint -q /sys/kernel/security || mount -t securityfs securityfs /sys/kernel/security
 echo "RIGBASE-BOOT-SOURCE=$(cat /etc/rigbase/boot-source 2>/dev/null)" > /dev/ttyS0
-for p in 4 11 12; do echo "RIGBASE-PCR$p=$(cat /sys/class/tpm/tpm0/pcr-sha256/$p 2>/dev/null)" > /dev/ttyS0; done
-echo "RIGBASE-EVENTLOG=$(base64 -w0 /sys/kernel/security/tpm0/binary_bios_measurements 2>/dev/null)" > /dev/ttyS0
+for p in 4 11 12; do
+  echo "RIGBASE-PCR$p=$(cat /sys/class/tpm/tpm0/pcr-sha256/$p 2>/dev/null)" > /dev/ttyS0
+done
+EVENTLOG=/sys/kernel/security/tpm0/binary_bios_measurements
+echo "RIGBASE-EVENTLOG=$(base64 -w0 $EVENTLOG 2>/dev/null)" > /dev/ttyS0
 """
 
 FSTAB = f"""# The root is dm-verity (read-only) under a tmpfs overlay, set up by the initramfs.

@@ -103,7 +103,8 @@ def _run(argv: list[str], what: str, **kwargs: object) -> None:
     proc = subprocess.run(argv, capture_output=True, text=True, **kwargs)  # type: ignore[call-overload]
     if proc.returncode != 0:
         raise Unavailable(
-            f"{what} failed ({proc.stderr.strip() or proc.returncode}); check the datastore server and try again"
+            f"{what} failed ({proc.stderr.strip() or proc.returncode}); "
+            "check the datastore server and try again"
         )
 
 

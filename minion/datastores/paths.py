@@ -4,8 +4,9 @@ docs/product-rules.md: with root `/dir2`, a job asking for `/subdir2` gets `/dir
 above the root is reachable. Two levels enforce that:
 
 - `join_under_root(root, requested)` is the string rule (contracts/regional.py, shared with the control
-  plane, which validates job specs with it): the requested path is always relative to the root (a leading `/` means "the root"), and
-  `..`, NUL and over-long paths are refused with a message that says how to write the path instead.
+  plane, which validates job specs with it): the requested path is always relative to the root (a leading
+  `/` means "the root"), and `..`, NUL and over-long paths are refused with a message that says how to
+  write the path instead.
 - `open_in_root(root_dir, requested)` resolves the path in a real directory tree (the datastore root
   mounted on the node) with chroot semantics, like openat2(RESOLVE_IN_ROOT): a symlink's absolute
   target starts again at the root, and `..` inside a target stops at the root. It walks with O_PATH
@@ -64,7 +65,8 @@ def open_in_root(root_dir: Path, requested: str) -> tuple[int, PurePosixPath]:
                 links += 1
                 if links > MAX_SYMLINKS:
                     raise InvalidInput(
-                        f"too many symbolic links under {requested!r} (a loop?); fix the links in the datastore"
+                        f"too many symbolic links under {requested!r} (a loop?); "
+                        "fix the links in the datastore"
                     )
                 target = os.readlink(name, dir_fd=current())
                 if target.startswith("/"):  # absolute: relative to the datastore root, not the node

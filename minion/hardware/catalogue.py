@@ -1,13 +1,13 @@
 """The GPU catalogue (regions/gpus.yaml): facts about a GPU that its PCI id implies.
 
-Looked up in this order: $RIGBASE_GPU_CATALOGUE, the source tree's regions/gpus.yaml (development and
-tests), /usr/share/rigbase/gpus.yaml (where the boot image installs it). A missing catalogue is not
+Looked up in this order: the file the settings name ($RIGBASE_GPU_CATALOGUE, minion/settings.py), the
+source tree's regions/gpus.yaml (development and tests), /usr/share/rigbase/gpus.yaml (where the boot
+image installs it). A missing catalogue is not
 fatal: GPUs are still counted, just without name, VRAM and form factor, and the inventory says why.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import dataclass
 from functools import lru_cache
@@ -15,7 +15,6 @@ from pathlib import Path
 
 from minion.hardware.model import FormFactor, GpuClass
 
-CATALOGUE_ENV = "RIGBASE_GPU_CATALOGUE"
 _CANDIDATES = (
     Path(__file__).resolve().parents[2] / "regions" / "gpus.yaml",
     # a wheel install ships regions/*.yaml as data files under <prefix>/share/rigbase (pyproject.toml)
@@ -41,10 +40,10 @@ class CatalogueMissing(FileNotFoundError):
     pass
 
 
-def catalogue_path() -> Path:
-    override = os.environ.get(CATALOGUE_ENV)
-    if override:
-        return Path(override)
+def catalogue_path(override: Path | None = None) -> Path:
+    """`override` (MinionSettings.gpu_catalogue) when given, else the first catalogue found."""
+    if override is not None:
+        return override
     for candidate in _CANDIDATES:
         if candidate.is_file():
             return candidate
@@ -78,7 +77,3 @@ def load(path: Path | None = None) -> dict[tuple[str, str], CatalogueEntry]:
             sources={fact: named_sources.get(ref, ref) for fact, ref in raw["sources"].items()},
         )
     return entries
-
-
-def lookup(vendor_id: str, device_id: str) -> CatalogueEntry | None:
-    return load().get((vendor_id.lower(), device_id.lower()))

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from contracts.regional import StorageMode
+from minion.settings import MinionSettings
 
 if TYPE_CHECKING:
     from minion.hardware.model import Inventory
@@ -53,9 +54,11 @@ def fail(message: str, code: int) -> typer.Exit:
     return typer.Exit(code)
 
 
-def load_or_collect(inventory_file: Path | None, host_root: Path | None) -> Inventory:
-    """The saved inventory when one is given, else this machine's. Bad input exits 2, a machine whose
-    /proc cannot be read exits 1."""
+def load_or_collect(
+    inventory_file: Path | None, host_root: Path | None, catalogue_file: Path | None = None
+) -> Inventory:
+    """The saved inventory when one is given, else this machine's (GPU facts from `catalogue_file`,
+    MinionSettings.gpu_catalogue). Bad input exits 2, a machine whose /proc cannot be read exits 1."""
     from minion.hardware.inventory import collect
     from minion.hardware.model import InvalidInventory, Inventory
 
@@ -71,7 +74,7 @@ def load_or_collect(inventory_file: Path | None, host_root: Path | None) -> Inve
         except InvalidInventory as exc:
             raise fail(f"{inventory_file}: {exc}.", EXIT_USAGE) from None
     try:
-        return collect(host_root)
+        return collect(host_root, catalogue_file)
     except (OSError, ValueError) as exc:
         hint = (
             "point --host-root at a directory holding proc/meminfo and proc/cpuinfo"
@@ -83,9 +86,9 @@ def load_or_collect(inventory_file: Path | None, host_root: Path | None) -> Inve
         ) from None
 
 
-def inventory_command(host_root: HostRoot = None, json_output: JsonFlag = False) -> None:
+def inventory_command(ctx: typer.Context, host_root: HostRoot = None, json_output: JsonFlag = False) -> None:
     """Show the GPUs, drives, TPM, NICs, memory and CPU this machine has."""
-    inventory = load_or_collect(None, host_root)
+    inventory = load_or_collect(None, host_root, MinionSettings.of(ctx).gpu_catalogue)
     if json_output:
         print(json.dumps(inventory.to_json(), indent=2))
         return
@@ -95,6 +98,7 @@ def inventory_command(host_root: HostRoot = None, json_output: JsonFlag = False)
 
 
 def check_command(
+    ctx: typer.Context,
     storage_mode: StorageModeOption = None,
     public_jobs: PublicJobsFlag = False,
     inventory_file: InventoryFile = None,
@@ -104,7 +108,7 @@ def check_command(
     """Check this machine against the hardware requirements. Exit 0 when all pass, 1 when any fails."""
     from minion.hardware.requirements import check
 
-    inventory = load_or_collect(inventory_file, host_root)
+    inventory = load_or_collect(inventory_file, host_root, MinionSettings.of(ctx).gpu_catalogue)
     report = check(inventory, storage_mode, public_jobs)
     if json_output:
         print(json.dumps({**report.to_json(), "inventory": inventory.to_json()}, indent=2))

@@ -14,7 +14,8 @@ from minion.hardware.model import FormFactor, Gpu, Inventory
 from minion.hardware.units import GIB
 
 
-def collect(host_root: Path | None = None) -> Inventory:
+def collect(host_root: Path | None = None, catalogue_file: Path | None = None) -> Inventory:
+    """`catalogue_file`: MinionSettings.gpu_catalogue (None: the source tree's, then the installed one)."""
     import pyudev  # heavy-ish (ctypes + libudev); only the commands that need it pay for it
 
     context = pyudev.Context()
@@ -26,13 +27,13 @@ def collect(host_root: Path | None = None) -> Inventory:
         nvml_facts, problem = nvml.query(nvidia_bound)
         if problem:
             notes.append(problem)
+    entries: dict[tuple[str, str], catalogue.CatalogueEntry] | None
     try:
-        catalogue.load()
-        use_catalogue = True
+        entries = catalogue.load(catalogue.catalogue_path(catalogue_file))
     except (catalogue.CatalogueMissing, OSError) as exc:
-        use_catalogue = False
+        entries = None
         notes.append(f"GPU catalogue unreadable: {exc}")
-    gpus = [_merge(g, nvml_facts.get(g.pci_address), use_catalogue, notes) for g in pci_gpus]
+    gpus = [_merge(g, nvml_facts.get(g.pci_address), entries, notes) for g in pci_gpus]
     return Inventory(
         hostname=hostfiles.hostname(host_root),
         cpu=hostfiles.cpu(host_root),
@@ -45,10 +46,16 @@ def collect(host_root: Path | None = None) -> Inventory:
     )
 
 
-def _merge(found: devices.PciGpu, live: nvml.NvmlFacts | None, use_catalogue: bool, notes: list[str]) -> Gpu:
+def _merge(
+    found: devices.PciGpu,
+    live: nvml.NvmlFacts | None,
+    entries: dict[tuple[str, str], catalogue.CatalogueEntry] | None,
+    notes: list[str],
+) -> Gpu:
     vendor = devices.GPU_VENDORS[found.vendor_id]
     pci_id = f"{found.vendor_id}:{found.device_id}"
-    entry = catalogue.lookup(found.vendor_id, found.device_id) if use_catalogue else None
+    key = (found.vendor_id.lower(), found.device_id.lower())
+    entry = entries.get(key) if entries is not None else None
     sources = {"link": "sysfs"}
     gpu = Gpu(
         pci_address=found.pci_address,

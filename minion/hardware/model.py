@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from enum import Enum, StrEnum
+from enum import StrEnum
 from functools import lru_cache
 from typing import Any
 

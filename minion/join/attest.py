@@ -1,8 +1,8 @@
 """The minion's half of the attested join (docs/join-protocol.md), transport-free:
 
-    payload = join_request(session, ak, join_token=…, inventory=…, requirements=…)   # POST /v1/join
+    payload = join_request(session, ak, join_token=…, inventory=…, requirements=…)  # POST /v1/join
     challenge = parse_challenge(response_body)
-    proof = proof_payload(session, ak, challenge)                                    # POST /v1/join/{id}/proof
+    proof = proof_payload(session, ak, challenge)  # POST /v1/join/{id}/proof
 
 and `quote_payload` for the quotes continuous attestation asks for in heartbeat responses.
 The messages are the shared contract (contracts/messages.py): the minion builds and parses them with the

@@ -12,35 +12,33 @@ from typing import Annotated, Any
 import typer
 
 from minion.hardware.commands import HostRoot, InventoryFile
+from minion.settings import BUNDLE_ENV, JOIN_TOKEN_ENV, TCTI_ENV, MinionSettings
 
 Bundle = Annotated[
     Path | None,
     typer.Option(
         "--bundle",
         dir_okay=False,
-        envvar="RIGBASE_BUNDLE",
+        envvar=BUNDLE_ENV,
         help="The region enrollment bundle (provision region bundle).",
     ),
 ]
 Url = Annotated[str | None, typer.Option("--control-plane", help="Control plane URL (instead of --bundle).")]
 Token = Annotated[
     str | None,
-    typer.Option(
-        "--join-token", envvar="RIGBASE_JOIN_TOKEN", help="Region join token (with --control-plane)."
-    ),
+    typer.Option("--join-token", envvar=JOIN_TOKEN_ENV, help="Region join token (with --control-plane)."),
 ]
 Tcti = Annotated[
     str | None,
-    typer.Option(
-        "--tcti", envvar="RIGBASE_TCTI", help="tpm2-tss TCTI string, e.g. swtpm:path=/run/tpm.sock."
-    ),
+    typer.Option("--tcti", envvar=TCTI_ENV, help="tpm2-tss TCTI string, e.g. swtpm:path=/run/tpm.sock."),
 ]
 StateOpt = Annotated[
     Path | None,
     typer.Option(
         "--state-dir",
         file_okay=False,
-        help="Where the node credential and AK live (default /var/lib/rigbase/minion).",
+        help="Where the node credential and AK live (default $RIGBASE_STATE_DIR, else "
+        "/var/lib/rigbase/minion).",
     ),
 ]
 AuthorizedKeys = Annotated[
@@ -48,8 +46,8 @@ AuthorizedKeys = Annotated[
     typer.Option(
         "--authorized-keys",
         dir_okay=False,
-        help="After a successful join, write the control plane's SSH key into this authorized_keys file (the boot "
-        "image passes /root/.ssh/authorized_keys). Without it nothing is written.",
+        help="After a successful join, write the control plane's SSH key into this authorized_keys file "
+        "(the boot image passes /root/.ssh/authorized_keys). Without it nothing is written.",
     ),
 ]
 
@@ -87,6 +85,7 @@ def _config(path: Path) -> dict[str, Any]:
 
 
 def join_command(
+    ctx: typer.Context,
     bundle: Bundle = None,
     control_plane: Url = None,
     join_token: Token = None,
@@ -101,16 +100,17 @@ def join_command(
     os.environ.setdefault("TSS2_LOG", "all+none")
     from minion.join.client import ConnectionProblem, ControlPlane, attempt_join
     from minion.join.run import collect_report, load_ak
-    from minion.join.state import DEFAULT_STATE_DIR, StateDir
+    from minion.join.state import StateDir
     from minion.tpm.errors import TpmError
     from minion.tpm.session import TpmSession
 
+    settings = MinionSettings.of(ctx)
     enrollment = _enrollment(bundle, control_plane, join_token)
     if not enrollment.join_token:
         raise _fail("no join token: pass --bundle FILE or --join-token TOKEN", 2)
-    state = StateDir(state_dir or DEFAULT_STATE_DIR)
+    state = StateDir(state_dir or settings.state_dir)
     inventory, report = collect_report(
-        inventory_file, enrollment.storage_mode, enrollment.public_jobs, host_root
+        inventory_file, enrollment.storage_mode, enrollment.public_jobs, host_root, settings.gpu_catalogue
     )
     cp = ControlPlane(enrollment)
     try:
@@ -147,6 +147,7 @@ def join_command(
 
 
 def run_command(
+    ctx: typer.Context,
     bundle: Bundle = None,
     control_plane: Url = None,
     join_token: Token = None,
@@ -174,27 +175,36 @@ def run_command(
     """Run the agent: check requirements, join (retrying while pending), then heartbeat until SIGTERM."""
     os.environ.setdefault("TSS2_LOG", "all+none")
     from minion.join.run import RunContext, Runner, collect_report, install_signal_handlers
-    from minion.join.state import DEFAULT_STATE_DIR, StateDir
+    from minion.join.state import StateDir
 
+    settings = MinionSettings.of(ctx)
     enrollment = _enrollment(bundle, control_plane, join_token, config)
     if heartbeat_interval is None and config is not None and _config(config).get("heartbeat_seconds"):
         heartbeat_interval = float(_config(config)["heartbeat_seconds"])
-    state = StateDir(state_dir or DEFAULT_STATE_DIR)
+    state = StateDir(state_dir or settings.state_dir)
     if not enrollment.join_token and state.node() is None:
         raise _fail(f"no node credential in {state.path} and no join token: pass --bundle FILE", 2)
     inventory, report = collect_report(
-        inventory_file, enrollment.storage_mode, enrollment.public_jobs, host_root
+        inventory_file, enrollment.storage_mode, enrollment.public_jobs, host_root, settings.gpu_catalogue
     )
     failing = [r.get("rule") for r in report.get("rules", []) if not r.get("ok", True)]
     if failing:
         print(
-            f"requirements: FAIL {', '.join(map(str, failing))} (the join will be refused; `minion check` explains)",
+            f"requirements: FAIL {', '.join(map(str, failing))} "
+            "(the join will be refused; `minion check` explains)",
             flush=True,
         )
     stop = threading.Event()
     install_signal_handlers(stop)
     runner = Runner(
-        RunContext(enrollment, state, tcti, inventory, authorized_keys=authorized_keys),
+        RunContext(
+            enrollment,
+            state,
+            tcti,
+            inventory,
+            authorized_keys=authorized_keys,
+            lan_address=settings.lan_address,
+        ),
         report,
         heartbeat_interval,
         max_backoff,

@@ -45,6 +45,8 @@ class RunContext:
     node: dict[str, Any] = field(default_factory=dict)
     # `--authorized-keys PATH`: where the control plane's SSH key goes after a join (None: nowhere)
     authorized_keys: Path | None = None
+    # MinionSettings.lan_address: the address mDNS answers from (None: the multicast route's)
+    lan_address: str | None = None
 
 
 @desired.handles("maintenance")
@@ -186,7 +188,9 @@ class Runner:
     def run(self) -> None:
         from minion.reservations import heartbeat as reservations  # light: zeroconf loads on first use
 
-        reservations.configure(igd_cache=self.ctx.state.path / "igd-cache.json")
+        reservations.configure(
+            lan_address=self.ctx.lan_address, igd_cache=self.ctx.state.path / "igd-cache.json"
+        )
         for module in RUN_HOOKS:
             importlib.import_module(module).setup(self.ctx)
         try:
@@ -213,7 +217,11 @@ def install_signal_handlers(stop: threading.Event) -> None:
 
 
 def collect_report(
-    inventory_file: Path | None, storage_mode: str | None, public_jobs: bool, host_root: Path | None = None
+    inventory_file: Path | None,
+    storage_mode: str | None,
+    public_jobs: bool,
+    host_root: Path | None = None,
+    catalogue_file: Path | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(inventory, requirement report) as JSON; a machine whose inventory cannot be read still joins
     with an empty report (the control plane then shows the verdict as unknown). `host_root` is where
@@ -224,7 +232,7 @@ def collect_report(
         from minion.hardware.commands import load_or_collect
         from minion.hardware.requirements import check
 
-        inventory = load_or_collect(inventory_file, host_root)
+        inventory = load_or_collect(inventory_file, host_root, catalogue_file)
         report = check(inventory, storage_mode, public_jobs)
         return inventory.to_json(), report.to_json()
     except SystemExit:

@@ -1,4 +1,5 @@
-"""What `minion run` keeps in its state directory (default /var/lib/rigbase/minion), every file 0600:
+"""What `minion run` keeps in its state directory (`--state-dir`, else MinionSettings.state_dir:
+$RIGBASE_STATE_DIR or /var/lib/rigbase/minion), every file 0600:
 
 - `ak.json`: the AK created under the EK (its private part is wrapped by the EK, so only this TPM can
   load it); kept so continuous attestation quotes with the AK the control plane recorded at join.
@@ -15,8 +16,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-
-DEFAULT_STATE_DIR = Path(os.environ.get("RIGBASE_STATE_DIR", "/var/lib/rigbase/minion"))
 
 
 def write_private(path: Path, data: Any) -> None:

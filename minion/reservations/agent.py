@@ -151,7 +151,8 @@ class ReservationAgent:
 
 
 def register_heartbeat_handler(agent: ReservationAgent) -> None:
-    """Hook the agent into the heartbeat (minion/desired.py): desired["reservations"] → actual["reservations"].
+    """Hook the agent into the heartbeat (minion/desired.py): desired["reservations"] →
+    actual["reservations"].
 
     An entry the node cannot parse is reported as `error` with the reason; the others still apply, so
     one bad reservation never blocks the rest.

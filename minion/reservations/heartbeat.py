@@ -7,12 +7,12 @@ from then on the agent's own handler (agent.register_heartbeat_handler) serves t
 back to the lazy starter here.
 
 Settings: the LAN address is the one the kernel picks for mDNS multicast (the interface mDNS goes
-out of), unless `configure(lan_address=…)` or $RIGBASE_LAN_ADDRESS says otherwise; UPnP follows the
+out of), unless `configure(lan_address=…)` says otherwise (`minion run` passes $RIGBASE_LAN_ADDRESS from
+its settings, minion/settings.py); UPnP follows the
 node's setting in the control plane (desired key `upnp`, i.e. `provision node add --no-upnp`)."""
 
 from __future__ import annotations
 
-import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +32,7 @@ class ReservationAgentSettings:
     igd_cache: Path | None = None
 
 
-SETTINGS = ReservationAgentSettings(lan_address=os.environ.get("RIGBASE_LAN_ADDRESS") or None)
+SETTINGS = ReservationAgentSettings()
 _agent: Any = None  # minion.reservations.agent.ReservationAgent once something was assigned
 
 

@@ -216,7 +216,10 @@ class MdnsPublisher:
                     f"another host ({address}) already answers for {fqdn.rstrip('.')}; rename one of them"
                 )
             else:
-                entry.reason = f"another host ({address}) started answering for {fqdn.rstrip('.')} too; rename one of them"
+                entry.reason = (
+                    f"another host ({address}) started answering for {fqdn.rstrip('.')} too; "
+                    "rename one of them"
+                )
 
     def unpublish(self, name: str) -> None:
         """Send goodbyes (TTL 0) so every cache on the LAN drops HOST.local → this node at once."""

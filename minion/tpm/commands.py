@@ -9,14 +9,14 @@ from typing import Annotated
 
 import typer
 
-from minion.tpm.tcti import TCTI_ENV
+from minion.settings import TCTI_ENV
 
 Tcti = Annotated[
     str | None,
     typer.Option(
         "--tcti",
-        help=f"tpm2-tss TCTI string, e.g. 'swtpm:path=/run/swtpm.sock' (default: ${TCTI_ENV}, "
-        "else device:/dev/tpmrm0).",
+        envvar=TCTI_ENV,
+        help="tpm2-tss TCTI string, e.g. 'swtpm:path=/run/swtpm.sock' (default: device:/dev/tpmrm0).",
     ),
 ]
 JsonFlag = Annotated[bool, typer.Option("--json", help='Print {"minion_id": …, "tcti": …}.')]

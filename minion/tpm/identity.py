@@ -11,7 +11,8 @@ __all__ = ["TpmUnavailable", "minion_id", "minion_id_from_spki"]
 
 
 def minion_id(tcti: str | None = None) -> str:
-    """minion_id of the TPM on `tcti` (default: --tcti/RIGBASE_TCTI/`device:/dev/tpmrm0`).
+    """minion_id of the TPM on `tcti` (default `device:/dev/tpmrm0`; the CLI passes
+    `--tcti`, whose default is $RIGBASE_TCTI).
 
     Raises TpmUnavailable, whose message says what to check, when no TPM answers."""
     with TpmSession(tcti) as session:

@@ -42,7 +42,8 @@ _PCR_READ_BATCH = 8
 
 @dataclass(frozen=True)
 class EndorsementKey:
-    """The TPM's RSA-2048 EK: its TPM public area, its SPKI and (when the vendor wrote one) its certificate."""
+    """The TPM's RSA-2048 EK: its TPM public area, its SPKI and (when the vendor wrote one) its
+    certificate."""
 
     public: bytes  # marshalled TPM2B_PUBLIC, what MakeCredential on the control plane needs
     spki_der: bytes
@@ -256,7 +257,7 @@ class TpmSession:
             got = _selected_indices(selection)
             if not got:
                 raise TpmError(f"the TPM has no {PCR_BANK} values for PCRs {batch}; is the bank enabled?")
-            for index, digest in zip(got, digests):
+            for index, digest in zip(got, digests, strict=True):
                 values[index] = bytes(digest)
         return values
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import Enum, StrEnum
+from enum import StrEnum
 from typing import Protocol
 
 from provisioner.attestation.refusals import Refusal, RefusalCode, refuse
@@ -36,7 +36,8 @@ class PcrVerdict:
 
 
 class PcrPolicy(Protocol):
-    mode: PcrPolicyMode
+    @property
+    def mode(self) -> PcrPolicyMode: ...  # read-only, so the frozen dataclasses below satisfy it
 
     def check(self, pcrs: Mapping[int, bytes]) -> PcrVerdict: ...
 

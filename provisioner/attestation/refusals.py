@@ -8,7 +8,7 @@ minion_id, which step), and only then turns it into an HTTP answer with `Refusal
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum, StrEnum
+from enum import StrEnum
 from typing import Any
 
 from contracts.errors import Forbidden, InvalidInput, RigbaseError
@@ -49,7 +49,9 @@ class RefusalCode(StrEnum):
 # Refusal.detail["summary"] when the step has specifics (which CA, which PCRs).
 MESSAGES: dict[RefusalCode, str] = {
     RefusalCode.malformed_request: "The join request is malformed ({detail}); update the minion and retry.",
-    RefusalCode.ek_invalid: "The endorsement key is not a standard RSA-2048 EK ({detail}); this TPM cannot join.",
+    RefusalCode.ek_invalid: (
+        "The endorsement key is not a standard RSA-2048 EK ({detail}); this TPM cannot join."
+    ),
     RefusalCode.ek_untrusted_ca: (
         "The EK certificate does not chain to a trusted TPM vendor CA ({detail}); add the vendor's CA "
         "with `provision tpm-ca add` if you trust it."
@@ -66,22 +68,35 @@ MESSAGES: dict[RefusalCode, str] = {
         "The claimed minion_id does not match the EK ({detail}); the node misreports its identity, "
         "check its software."
     ),
-    RefusalCode.ak_invalid: "The attestation key is not a restricted signing key ({detail}); update the minion.",
+    RefusalCode.ak_invalid: (
+        "The attestation key is not a restricted signing key ({detail}); update the minion."
+    ),
     RefusalCode.wrong_secret: (
         "The node could not recover the credential secret, so its AK is not in the TPM that owns this EK; "
         "the join is refused, investigate the node."
     ),
-    RefusalCode.quote_malformed: "The TPM quote is malformed ({detail}); retry the join, then check the node.",
-    RefusalCode.quote_signature_invalid: (
-        "The TPM quote's signature does not verify with the node's AK; the quote was altered, investigate the node."
+    RefusalCode.quote_malformed: (
+        "The TPM quote is malformed ({detail}); retry the join, then check the node."
     ),
-    RefusalCode.nonce_unknown: "The attestation nonce was never issued by this control plane; restart the join.",
-    RefusalCode.nonce_replayed: "The attestation nonce was already used (a replay); restart the join for a fresh one.",
-    RefusalCode.nonce_expired: "The attestation nonce expired before the proof arrived ({detail}); restart the join.",
+    RefusalCode.quote_signature_invalid: (
+        "The TPM quote's signature does not verify with the node's AK; the quote was altered, "
+        "investigate the node."
+    ),
+    RefusalCode.nonce_unknown: (
+        "The attestation nonce was never issued by this control plane; restart the join."
+    ),
+    RefusalCode.nonce_replayed: (
+        "The attestation nonce was already used (a replay); restart the join for a fresh one."
+    ),
+    RefusalCode.nonce_expired: (
+        "The attestation nonce expired before the proof arrived ({detail}); restart the join."
+    ),
     RefusalCode.nonce_mismatch: (
         "The quote is not over this challenge's nonce (a stale or replayed quote); restart the join."
     ),
-    RefusalCode.pcr_selection_mismatch: "The quote does not cover the required PCRs ({detail}); update the minion.",
+    RefusalCode.pcr_selection_mismatch: (
+        "The quote does not cover the required PCRs ({detail}); update the minion."
+    ),
     RefusalCode.pcr_digest_mismatch: (
         "The reported PCR values do not hash to the quoted PCR digest; the node misreports its measurements."
     ),

@@ -112,7 +112,8 @@ def update(
         bool,
         typer.Option(
             "--allow-ek-without-cert/--require-ek-cert",
-            help="Accept TPMs whose EK has no vendor certificate (opt-in; trust the hardware's origin first).",
+            help="Accept TPMs whose EK has no vendor certificate "
+            "(opt-in; trust the hardware's origin first).",
         ),
     ],
     json_out: Json = False,

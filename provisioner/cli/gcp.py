@@ -175,7 +175,9 @@ def quota_table(gpus: list[dict[str, Any]], err: bool = False) -> None:
         {
             "gpu": g["gpu"],
             "gpus": f"{_n(g['gpu_limit'])}/{_n(g['gpu_usage'])}/{_n(g['gpu_free'])}",
-            "cpus": f"{_n(g['cpus_free'])} ({g['cpu_metric']}) ÷ {g['cpus_per_gpu']} = {g['jobs_by_cpus']:.4g}",
+            "cpus": (
+                f"{_n(g['cpus_free'])} ({g['cpu_metric']}) ÷ {g['cpus_per_gpu']} = {g['jobs_by_cpus']:.4g}"
+            ),
             "ssd": f"{_n(g['local_ssd_free_gb'])} ÷ 375 = {g['jobs_by_local_ssd']:.4g}",
             "runnable_jobs": g["runnable_jobs"],
             "limited_by": g["limited_by"],

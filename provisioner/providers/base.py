@@ -125,7 +125,8 @@ class ProviderDriver(ABC):
 
     # --- lifecycle: slow calls to the provider's API, made by reconcilers outside any transaction -----
     def bootstrap(self, config: ProviderConfig, on_progress: Progress) -> list[PlannedAction]:
-        """Create what `plan_enable` listed (idempotent: existing resources are adopted); returns what it made."""
+        """Create what `plan_enable` listed (idempotent: existing resources are adopted); returns what it
+        made."""
         return []
 
     def teardown(self, config: ProviderConfig, on_progress: Progress) -> list[PlannedAction]:

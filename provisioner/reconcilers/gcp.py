@@ -103,7 +103,7 @@ def bootstrap_step(sessions: sessionmaker[Session]) -> None:
                 f"{'bootstrap' if state == ProviderState.NEW else 'teardown'} failed: {_describe(exc)}"
             )
             log.warning("gcp provider %s: %s", provider_id, reason)
-            _finish_provider(sessions, provider_id, state, ProviderState.ERRORED, reason)
+            _finish_provider(sessions, provider_id, ProviderState(state), ProviderState.ERRORED, reason)
 
 
 def _progress_saver(sessions: sessionmaker[Session], provider_id: str) -> Progress:
@@ -186,9 +186,9 @@ def storage_nodes_step(sessions: sessionmaker[Session]) -> None:
 
 def _reconcile_one(sessions: sessionmaker[Session], region_id: str) -> None:
     with session_scope(sessions) as s:
-        rec = s.get(GcpStorageNode, region_id)
-        region = s.get(Region, region_id)
-        node = s.get(Node, rec.node_id)
+        rec = s.get_one(GcpStorageNode, region_id)
+        region = s.get_one(Region, region_id)
+        node = s.get_one(Node, rec.node_id)
         status = VmStatus(rec.status)
         leaving = region.state in REGION_LEAVING or node.state == NodeState.REMOVED
         steady = not leaving and status in (VmStatus.READY, VmStatus.FAILED)  # store-only work, no client
@@ -216,7 +216,7 @@ def _reconcile_one(sessions: sessionmaker[Session], region_id: str) -> None:
 def _save_progress(sessions: sessionmaker[Session], region_id: str) -> Progress:
     def save(line: str) -> None:
         with session_scope(sessions) as s:
-            s.get(GcpStorageNode, region_id).progress = line
+            s.get_one(GcpStorageNode, region_id).progress = line
 
     return save
 
@@ -234,7 +234,7 @@ def _create_vm(
         _fail(sessions, region_id, exc.message)
         return
     with session_scope(sessions) as s:
-        rec = s.get(GcpStorageNode, region_id)
+        rec = s.get_one(GcpStorageNode, region_id)
         if VmStatus(rec.status) != VmStatus.CREATING:
             return  # removal began meanwhile; the next pass deletes what we just made
         rec.zone, rec.running, rec.error = made.zone, made.running, None
@@ -245,12 +245,12 @@ def _create_vm(
 
 def _fail(sessions: sessionmaker[Session], region_id: str, reason: str) -> None:
     with session_scope(sessions) as s:
-        rec = s.get(GcpStorageNode, region_id)
+        rec = s.get_one(GcpStorageNode, region_id)
         if VmStatus(rec.status) != VmStatus.CREATING:
             return
         rec.error = reason
         _set_status(rec, VmStatus.FAILED, reason)
-        node, region = s.get(Node, rec.node_id), s.get(Region, region_id)
+        node, region = s.get_one(Node, rec.node_id), s.get_one(Region, region_id)
         if NodeState.ERRORED in NODE_TRANSITIONS[NodeState(node.state)]:
             node_service.transition(s, node, NodeState.ERRORED, actor=ACTOR, reason=reason)
         if region.state not in REGION_SETTLED_BAD:
@@ -261,16 +261,16 @@ def _pin_ek(sessions: sessionmaker[Session], region_id: str, config: ProviderCon
     """Pin the vTPM's EK on the node and derive its minion_id from it (docs/join-protocol.md: SHA-256 of
     the DER SubjectPublicKeyInfo, first 32 hex), so the VM's minion is recognised when it joins."""
     with session_scope(sessions) as s:
-        rec = s.get(GcpStorageNode, region_id)
+        rec = s.get_one(GcpStorageNode, region_id)
         if VmStatus(rec.status) != VmStatus.CREATED:
             return
         made = RegionNode(name=rec.instance_name, zone=rec.zone or "", adopted=True, running=rec.running)
     der = runtime_of(sessions).provider(KIND).region_node_ek(config, made)
     with session_scope(sessions) as s:
-        rec = s.get(GcpStorageNode, region_id)
+        rec = s.get_one(GcpStorageNode, region_id)
         if VmStatus(rec.status) != VmStatus.CREATED:
             return
-        node = node_service.lock(s, s.get(Node, rec.node_id))
+        node = node_service.lock(s, s.get_one(Node, rec.node_id))
         node.pinned_ek_public = der
         node.minion_id = minion_id_from_spki(der)
         _set_status(
@@ -296,8 +296,8 @@ def _health(sessions: sessionmaker[Session], region_id: str) -> None:
     """new/offline → healthy when nothing is wrong; healthy → offline with the reason otherwise. (A VM
     stop is reported at once by the event consumer; this pass also catches silent failures.)"""
     with session_scope(sessions) as s:
-        rec = s.get(GcpStorageNode, region_id)
-        region, node = s.get(Region, region_id), s.get(Node, rec.node_id)
+        rec = s.get_one(GcpStorageNode, region_id)
+        region, node = s.get_one(Region, region_id), s.get_one(Node, rec.node_id)
         state = RegionState(region.state)
         why = unhealthy_because(rec.running, node)
         if why is None and state in (RegionState.NEW, RegionState.OFFLINE):
@@ -317,14 +317,14 @@ def _delete_vm(
 ) -> None:
     deleted = runtime_of(sessions).provider(KIND).delete_region_node(config, spec)
     with session_scope(sessions) as s:
-        rec = s.get(GcpStorageNode, region_id)
+        rec = s.get_one(GcpStorageNode, region_id)
         rec.running = False
         _set_status(
             rec,
             VmStatus.DELETED,
             f"{'deleted' if deleted else 'no VM to delete:'} {rec.instance_name} and its disks",
         )
-        node, region = s.get(Node, rec.node_id), s.get(Region, region_id)
+        node, region = s.get_one(Node, rec.node_id), s.get_one(Region, region_id)
         if node.state != NodeState.REMOVED:
             node_service.transition(
                 s,

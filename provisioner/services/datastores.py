@@ -1,7 +1,8 @@
 """Datastores: an NFS or SMB share of a region, with a root that jobs can never climb above.
 
 The root and the credential rules are the ones the node applies before it mounts (contracts/regional.py:
-`check_datastore` and `normalize_root`), so the control plane accepts exactly what a node can mount. The SMB password is sealed at rest (provisioner/adapters/secrets.py) and never returned by the API."""
+`check_datastore` and `normalize_root`), so the control plane accepts exactly what a node can mount. The
+SMB password is sealed at rest (provisioner/adapters/secrets.py) and never returned by the API."""
 
 from __future__ import annotations
 

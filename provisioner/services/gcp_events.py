@@ -41,7 +41,8 @@ def apply_event(sessions: sessionmaker[Session], event: NodeEvent) -> None:
         )
         if rec is None:
             return  # not (or no longer) one of our storage nodes
-        region, node = s.get(Region, rec.region_id), s.get(Node, rec.node_id)
+        # the foreign keys keep both rows (removal only changes their state)
+        region, node = s.get_one(Region, rec.region_id), s.get_one(Node, rec.node_id)
         state = RegionState(region.state)
         if state in REGION_LEAVING or VmStatus(rec.status) == VmStatus.DELETING:
             return  # our own removal

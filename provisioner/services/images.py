@@ -233,7 +233,9 @@ def _claimed_signer(manifest: bytes) -> str | None:
 
 def _region_for(session: Session, doc: dict[str, Any], region_ref: str | None) -> Region:
     """The region named in the manifest (its bundle), or the one given; both must agree."""
-    named = doc.get("region") if isinstance(doc.get("region"), dict) else {}
+    named = doc.get("region")
+    if not isinstance(named, dict):
+        named = {}
     in_manifest: Region | None = None
     for ref in (named.get("region_id"), named.get("name")):
         if isinstance(ref, str) and ref:

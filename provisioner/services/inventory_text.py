@@ -17,7 +17,9 @@ def one_line(inv: Mapping[str, Any]) -> str:
     if gpus:
         models = sorted({str(g.get("model") or g.get("name") or "?") for g in gpus})
         parts.append(f"{len(gpus)}x {'/'.join(models)}")
-    cpu = inv.get("cpu") if isinstance(inv.get("cpu"), dict) else {}
+    cpu = inv.get("cpu")
+    if not isinstance(cpu, dict):
+        cpu = {}
     if cpu.get("physical_cores"):
         parts.append(f"{cpu['physical_cores']} cores")
     if inv.get("memory_total_bytes"):

@@ -6,8 +6,9 @@ then matches nothing; SQLite serialises writers. Whoever updated the row spent t
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any, cast
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import CursorResult, delete, select, update
 from sqlalchemy.orm import Session
 
 from provisioner.attestation.nonces import NonceIssuer, NonceRecord
@@ -32,11 +33,15 @@ class DbNonceStore:
 
     def consume(self, nonce: bytes) -> NonceRecord | None:
         key = nonce.hex()
-        spent = self.session.execute(
-            update(AttestationNonce)
-            .where(AttestationNonce.nonce == key, AttestationNonce.used.is_(False))
-            .values(used=True)
-            .execution_options(synchronize_session=False)
+        # Session.execute is typed as returning a Result; a DML statement's is a CursorResult (rowcount)
+        spent = cast(
+            CursorResult[Any],
+            self.session.execute(
+                update(AttestationNonce)
+                .where(AttestationNonce.nonce == key, AttestationNonce.used.is_(False))
+                .values(used=True)
+                .execution_options(synchronize_session=False)
+            ),
         )
         row = self.session.execute(
             select(AttestationNonce.subject, AttestationNonce.issued_at, AttestationNonce.expires_at).where(
@@ -48,9 +53,8 @@ class DbNonceStore:
         return NonceRecord(nonce, row.subject, row.issued_at, row.expires_at, used=spent.rowcount == 0)
 
     def purge(self, before: datetime) -> int:
-        return self.session.execute(
-            delete(AttestationNonce).where(AttestationNonce.expires_at < before)
-        ).rowcount
+        deleted = self.session.execute(delete(AttestationNonce).where(AttestationNonce.expires_at < before))
+        return cast(CursorResult[Any], deleted).rowcount  # a DML result: see consume
 
 
 def issuer(session: Session) -> NonceIssuer:

@@ -12,6 +12,9 @@ from provisioner.domain.states import TERMINAL
 from provisioner.services import names
 from provisioner.services import regions as region_service
 
+# The models looked up here (Node, Reservation, Datastore) share the columns used below (id, name, state,
+# region_id) by convention, not through a type mypy can check against the class: a Protocol of `Mapped[...]`
+# members does not match SQLAlchemy declarative classes, hence the targeted `attr-defined` ignores.
 M = TypeVar("M")
 LIVE_NOT = sorted(TERMINAL)  # a live row is in no final state (its name, hostname or port are taken)
 
@@ -29,13 +32,13 @@ def list_live(session: Session, model: type[M], region: str | None = None) -> li
 
 def get_live(session: Session, model: type[M], kind: str, ref: str, region: str | None = None) -> M:
     found = list(
-        session.scalars(_live(session, model, region).where((model.name == ref) | (model.id == ref)))
-    )  # type: ignore[attr-defined]
+        session.scalars(_live(session, model, region).where((model.name == ref) | (model.id == ref)))  # type: ignore[attr-defined]
+    )
     return names.one_named(
         found,
         kind=kind,
         ref=ref,
-        place=lambda row: row.region.name,  # type: ignore[attr-defined]
+        place=lambda row: row.region.name,
         scope="regions",
         option="--region",
     )

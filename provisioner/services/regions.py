@@ -48,7 +48,8 @@ def create(
     prov = provider_service.get(session, provider)
     if prov.state != ProviderState.ENABLED:
         raise Conflict(
-            f"provider '{prov.kind}' is {prov.state}, not enabled: wait for it or see `provision provider show {prov.kind}`"
+            f"provider '{prov.kind}' is {prov.state}, not enabled: "
+            f"wait for it or see `provision provider show {prov.kind}`"
         )
     settings = (
         runtime_of(session)

@@ -233,7 +233,8 @@ def record_actual(session: Session, node: Node, reported: Any) -> None:
     mine = {r.name: r for r in _assigned_to(session, node)}
     now = datetime.now(UTC)
     for item in reported:
-        rsv = mine.get(item.get("name")) if isinstance(item, dict) else None
+        name = item.get("name") if isinstance(item, dict) else None
+        rsv = mine.get(name) if isinstance(name, str) else None
         if rsv is None:
             continue
         try:

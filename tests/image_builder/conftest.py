@@ -17,6 +17,7 @@ import pytest
 
 from image_builder import build, manifest, wheel
 from image_builder.plan import BuildConfig
+from image_builder.settings import BuilderSettings
 
 REPO = Path(__file__).resolve().parents[2]
 EPOCH = 1700000000
@@ -45,7 +46,7 @@ class Built:
 def _cache_dir() -> Path:
     if os.environ.get("RIGBASE_IMAGE_TEST_CACHE"):
         return Path(os.environ["RIGBASE_IMAGE_TEST_CACHE"])
-    return manifest.default_cache_dir()
+    return BuilderSettings.from_env().cache_dir()
 
 
 @pytest.fixture(scope="session")

@@ -54,7 +54,7 @@ def test_two_builds_from_one_cache_are_byte_identical_and_signed(built_image) ->
 def test_nvidia_package_set_resolves(built_image) -> None:
     base = rootfs.base_tree(built_image.cache, rootfs.inputs_for(False))
     plan = rootfs.simulate_install(base, rootfs.NVIDIA_PACKAGES, rootfs.apt_mirror())
-    installs = [l.split()[1] for l in plan.splitlines() if l.startswith("Inst ")]
+    installs = [line.split()[1] for line in plan.splitlines() if line.startswith("Inst ")]
     assert "nvidia-driver" in installs and "nvidia-kernel-dkms" in installs
 
 

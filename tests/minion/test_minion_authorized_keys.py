@@ -174,9 +174,12 @@ def test_minion_join_writes_nothing_without_the_option_and_is_idempotent_with_it
             cp.provision("node", "add", "gpu-2", "--region", "lab", "--minion-id", minion_id).returncode == 0
         )
         outside = {"home", "state", "swtpm"}  # the server's home, the minion's state dir, the TPM's files
-        files = lambda: sorted(
-            str(p) for p in tmp_path.rglob("*") if p.relative_to(tmp_path).parts[0] not in outside
-        )  # noqa: E731
+
+        def files() -> list[str]:
+            return sorted(
+                str(p) for p in tmp_path.rglob("*") if p.relative_to(tmp_path).parts[0] not in outside
+            )
+
         listed = files()
         first = join()
         line = control_plane_key(cp.home)

@@ -13,11 +13,12 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from typer.testing import CliRunner
 
+from minion.settings import TCTI_ENV
 from minion.tpm import commands
 from minion.tpm.errors import TpmError, TpmUnavailable
 from minion.tpm.identity import minion_id
 from minion.tpm.session import ATTESTED_PCRS, AttestationKey, TpmSession
-from minion.tpm.tcti import DEFAULT_TCTI, TCTI_ENV, resolve_tcti
+from minion.tpm.tcti import DEFAULT_TCTI, resolve_tcti
 from provisioner.lab.swtpm import Swtpm
 
 
@@ -63,16 +64,16 @@ def test_ek_certificate_comes_from_nv(swtpm: Swtpm) -> None:
 
 
 def test_tcti_resolution_order(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(TCTI_ENV, raising=False)
-    assert resolve_tcti() == DEFAULT_TCTI == "device:/dev/tpmrm0"
+    """The library reads no environment: $RIGBASE_TCTI reaches it only as the CLI's --tcti default."""
     monkeypatch.setenv(TCTI_ENV, "swtpm:path=/env.sock")
-    assert resolve_tcti() == "swtpm:path=/env.sock"
-    assert resolve_tcti("swtpm:path=/flag.sock") == "swtpm:path=/flag.sock"
+    assert resolve_tcti() == resolve_tcti("  ") == DEFAULT_TCTI == "device:/dev/tpmrm0"
+    assert resolve_tcti(" swtpm:path=/flag.sock ") == "swtpm:path=/flag.sock"
 
 
-def test_env_tcti_is_used(swtpm: Swtpm, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(TCTI_ENV, swtpm.tcti)
-    assert minion_id() == minion_id(swtpm.tcti)
+def test_env_tcti_is_the_option_default(swtpm: Swtpm) -> None:
+    result = CliRunner().invoke(_cli(), ["id", "--json"], env={TCTI_ENV: swtpm.tcti})
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output) == {"minion_id": minion_id(swtpm.tcti), "tcti": swtpm.tcti}
 
 
 @pytest.mark.parametrize("tcti", ["swtpm:path={dir}/nothing.sock", "device:{dir}/tpmrm0", "nosuchtcti:x"])

@@ -398,7 +398,8 @@ def test_continuous_attestation(node: Node, verifier: JoinVerifier, trust: Regio
 def test_continuous_attestation_with_another_ak(
     node: Node, verifier: JoinVerifier, trust: RegionTrust
 ) -> None:
-    """A node that lost (or swapped) its AK since joining cannot pass: quotes verify only under the recorded AK."""
+    """A node that lost (or swapped) its AK since joining cannot pass: quotes verify only under the
+    recorded AK."""
     joined = _attested(node, verifier, trust)
     other_ak = node.session.create_ak()
     nonce = issue_quote_nonce(verifier.nonces, "node-1").nonce

@@ -164,7 +164,8 @@ def test_bad_input_exit_codes_and_no_change(api_server: ControlPlane) -> None:
         env={**api_server.env, "RIGBASE_TOKEN": "rbo_wrong"},
     )
     assert r.returncode == 1 and r.stderr.strip() == (
-        "error: the bearer token is not valid: use the token in the client config written by `provision serve`"
+        "error: the bearer token is not valid: "
+        "use the token in the client config written by `provision serve`"
     )
     r = subprocess.run(
         [str(PROVISION), "node", "list"],

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -77,7 +78,7 @@ def test_two_engines_race_the_same_transition(race_db: str) -> None:
     with ThreadPoolExecutor(2) as pool:
         for i in range(ROUNDS):
             barrier = threading.Barrier(2)
-            outcomes = sorted(pool.map(lambda w: attempt(w, f"n{i}", barrier), [0, 1]))
+            outcomes = sorted(pool.map(partial(attempt, name=f"n{i}", barrier=barrier), [0, 1]))
             assert outcomes == ["lost", "won"], f"round {i}: {outcomes}"
     for e in engines:
         e.dispose()
@@ -98,7 +99,7 @@ def test_two_server_processes_race_the_same_request(race_db: str, tmp_path: Path
         with ThreadPoolExecutor(2) as pool:
             for i in range(ROUNDS):
                 barrier = threading.Barrier(2)
-                responses = list(pool.map(lambda u: call(u, f"n{i}", barrier), servers))
+                responses = list(pool.map(partial(call, name=f"n{i}", barrier=barrier), servers))
                 codes = sorted(r.status_code for r in responses)
                 assert codes == [200, 409], f"round {i}: {[r.text for r in responses]}"
                 loser = next(r for r in responses if r.status_code == 409).json()

@@ -115,7 +115,8 @@ def test_a_control_plane_killed_mid_playbook_finishes_the_node_after_restart(
         assert [h for h in after if h.startswith("finalized in ")] == after[-1:], after
         assert [h for h in after if h.startswith("task ")], after  # the playbook really ran again
         assert not [h for h in after if ": failed" in h or ": unreachable" in h], after
-        # the killed run's playbook is gone, its pid record cleared, and no ansible-playbook is left for this home
+        # the killed run's playbook is gone, its pid record cleared, and no ansible-playbook is left for
+        # this home
         assert finalize.process_start_time(leftover_pid) != leftover_start
         assert not pid_file.exists()
         assert _playbooks_of(home) == []

@@ -1,4 +1,5 @@
-"""/v1/regions: create, list, show, remove (?force=true removes its nodes, reservations and datastores too)."""
+"""/v1/regions: create, list, show, remove (?force=true removes its nodes, reservations and datastores
+too)."""
 
 from __future__ import annotations
 

@@ -58,7 +58,8 @@ class GcpProvider(ProviderDriver):
 
     # --- validation (no network) -----------------------------------------------------------------
     def validate_config(self, raw: Mapping[str, Any]) -> ProviderConfig:
-        """raw: {"credentials": key JSON (str|bytes; the CLI reads `-` from stdin), "payment_mode"?, "prefix"?}."""
+        """raw: {"credentials": key JSON (str|bytes; the CLI reads `-` from stdin), "payment_mode"?,
+        "prefix"?}."""
         payment_mode = raw.get("payment_mode") or self.payment_modes[0]
         if payment_mode not in self.payment_modes:
             raise InvalidInput(
@@ -85,7 +86,8 @@ class GcpProvider(ProviderDriver):
         entry = self.catalogue().region(gcp_region)
         if not options.get("storage_class"):
             raise InvalidInput(
-                f"--storage-class is required for a GCP region: choose one of {', '.join(storage_node.STORAGE_CLASSES)}"
+                "--storage-class is required for a GCP region: "
+                f"choose one of {', '.join(storage_node.STORAGE_CLASSES)}"
             )
         sc = storage_node.storage_class(options["storage_class"])
         return {
@@ -108,7 +110,8 @@ class GcpProvider(ProviderDriver):
                 "create",
                 "instance",
                 spec_name,
-                f"{sc.machine_type}, {sc.local_ssds} × 375 GB local SSD ({sc.cache_gb} GB cache), Shielded VM + vTPM, "
+                f"{sc.machine_type}, {sc.local_ssds} × 375 GB local SSD ({sc.cache_gb} GB cache), "
+                "Shielded VM + vTPM, "
                 f"first free zone of {', '.join(settings['zones'])}",
             )
         ]

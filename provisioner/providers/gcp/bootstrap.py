@@ -67,7 +67,8 @@ class Names:
         # our nodes write themselves carry our managed label.
         return (
             'resource.type="gce_instance" AND ('
-            f'protoPayload.resourceName:"/instances/{self.prefix}-" OR labels."{naming.MANAGED_LABEL}"="{naming.label_value(self.prefix)}")'
+            f'protoPayload.resourceName:"/instances/{self.prefix}-" OR '
+            f'labels."{naming.MANAGED_LABEL}"="{naming.label_value(self.prefix)}")'
         )
 
     def labels(self) -> dict[str, str]:
@@ -201,7 +202,9 @@ def _firewall_create(ctx: GcpContext, n: Names) -> None:
     tag = naming.network_tag(n.prefix)
     rule = compute_v1.Firewall(
         name=n.firewall,
-        description=f"rigbase ({n.prefix}): NFS from compute nodes to the region's storage node; managed by rigbase",
+        description=(
+            f"rigbase ({n.prefix}): NFS from compute nodes to the region's storage node; managed by rigbase"
+        ),
         network="global/networks/default",
         direction="INGRESS",
         priority=1000,

@@ -51,7 +51,8 @@ class Catalogue:
             return self.regions[name]
         except KeyError:
             raise InvalidInput(
-                f"GCP region '{name}' is not in rigbase's catalogue: choose one of {', '.join(sorted(self.regions))}"
+                f"GCP region '{name}' is not in rigbase's catalogue: "
+                f"choose one of {', '.join(sorted(self.regions))}"
             ) from None
 
     def gpus_in(self, region: str) -> list[GpuType]:

@@ -3,8 +3,9 @@
 Every client takes the same `Endpoints`: in production they are all None and the libraries use Google's
 endpoints with the service-account credentials; tests and the benchmark point each one at a local server
 (the Pub/Sub emulator, a Compute REST fake, small gRPC servers) with AnonymousCredentials, injected as
-GcpProvider(endpoints=..., anonymous=True). Nothing else in the provider builds a client, so no code path can slip past an override. Imports stay inside the
-functions: the Google libraries take a second to import and `provision --help` must not pay it."""
+GcpProvider(endpoints=..., anonymous=True). Nothing else in the provider builds a client, so no code path
+can slip past an override. Imports stay inside the functions: the Google libraries take a second to import
+and `provision --help` must not pay it."""
 
 from __future__ import annotations
 
@@ -103,12 +104,14 @@ class GcpContext:
         )
 
     def _publisher(self, endpoint: str | None) -> Any:
-        from google.cloud import pubsub_v1
+        # imported by its full path: google-cloud-pubsub ships no type information, and mypy reads
+        # `from google.cloud import pubsub_v1` as a missing attribute of a typed namespace package
+        from google.cloud.pubsub_v1 import PublisherClient
         from google.pubsub_v1.services.publisher.transports import PublisherGrpcTransport
 
         if endpoint is None:
-            return pubsub_v1.PublisherClient(credentials=self.credentials)
-        return pubsub_v1.PublisherClient(transport=PublisherGrpcTransport(channel=self._channel(endpoint)))
+            return PublisherClient(credentials=self.credentials)
+        return PublisherClient(transport=PublisherGrpcTransport(channel=self._channel(endpoint)))
 
     @cached_property
     def publisher(self) -> Any:
@@ -121,12 +124,12 @@ class GcpContext:
 
     @cached_property
     def subscriber(self) -> Any:
-        from google.cloud import pubsub_v1
+        from google.cloud.pubsub_v1 import SubscriberClient  # full path: see _publisher
         from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcTransport
 
         if self.endpoints.pubsub is None:
-            return pubsub_v1.SubscriberClient(credentials=self.credentials)
-        return pubsub_v1.SubscriberClient(
+            return SubscriberClient(credentials=self.credentials)
+        return SubscriberClient(
             transport=SubscriberGrpcTransport(channel=self._channel(self.endpoints.pubsub))
         )
 

@@ -35,7 +35,8 @@ class ServiceAccountKey:
 
 def _bad(field: str, why: str) -> InvalidInput:
     return InvalidInput(
-        f"credentials: '{field}' {why}: download a JSON key for a service account (IAM > Service accounts > Keys)",
+        f"credentials: '{field}' {why}: "
+        "download a JSON key for a service account (IAM > Service accounts > Keys)",
         code="invalid_credentials",
     )
 

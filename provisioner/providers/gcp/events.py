@@ -116,7 +116,8 @@ class EventConsumer:
 
     @property
     def running(self) -> bool:
-        """False once the stream ended (cancelled, or the subscription vanished): the supervisor restarts it."""
+        """False once the stream ended (cancelled, or the subscription vanished): the supervisor restarts
+        it."""
         return self._future is not None and not self._future.done()
 
     def stop(self, timeout: float = 5.0) -> None:

@@ -3,7 +3,8 @@
 ExtendedOperation.result() polls through an internal client built WITHOUT our client_options (it would
 go to the real endpoint, and it polls as fast as it likes). We call ZoneOperationsClient.wait /
 GlobalOperationsClient.wait ourselves: Compute long-polls server-side (up to ~2 minutes per call), and a
-floor of MIN_INTERVAL_S (0.55 s) between calls keeps us under 2 calls per second even when a server returns at once."""
+floor of MIN_INTERVAL_S (0.55 s) between calls keeps us under 2 calls per second even when a server
+returns at once."""
 
 from __future__ import annotations
 
@@ -45,7 +46,8 @@ def wait(
             on_progress(op)
         if time.monotonic() >= deadline:
             raise Unavailable(
-                f"operation {operation} is still {op.status.name} after {timeout_s:.0f} s: run the command again to keep waiting"
+                f"operation {operation} is still {op.status.name} after {timeout_s:.0f} s: "
+                "run the command again to keep waiting"
             )
         time.sleep(max(0.0, min_interval_s - (time.monotonic() - started)))
 

@@ -51,7 +51,8 @@ def quotas_from_region_json(doc: Mapping[str, Any]) -> dict[str, Quota]:
             out[str(q["metric"])] = Quota(limit=float(q.get("limit", 0)), usage=float(q.get("usage", 0)))
         except (KeyError, TypeError, ValueError):
             raise InvalidInput(
-                f"quota entry {q!r} has no metric/limit/usage: pass the output of `gcloud compute regions describe REGION --format=json`"
+                f"quota entry {q!r} has no metric/limit/usage: "
+                "pass the output of `gcloud compute regions describe REGION --format=json`"
             ) from None
     return out
 
@@ -72,11 +73,13 @@ def from_json_file(path: Path, region: str | None = None) -> RegionQuota:
         doc = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise InvalidInput(
-            f"cannot read {path}: {exc}; save it with `gcloud compute regions describe REGION --format=json > FILE`"
+            f"cannot read {path}: {exc}; "
+            "save it with `gcloud compute regions describe REGION --format=json > FILE`"
         ) from None
     if not isinstance(doc, dict):
         raise InvalidInput(
-            f"{path} is not a Region resource: save it with `gcloud compute regions describe REGION --format=json`"
+            f"{path} is not a Region resource: "
+            "save it with `gcloud compute regions describe REGION --format=json`"
         )
     if region and doc.get("name") and doc["name"] != region:
         raise InvalidInput(
@@ -99,7 +102,8 @@ def fetch(ctx: GcpContext, region: str, cat: catalogue.Catalogue | None = None) 
         r = ctx.regions.get(project=ctx.project, region=region)
     except gexc.Forbidden as exc:
         raise Unavailable(
-            f"reading quotas of {region} was refused ({exc.message}): give the service account the Compute Admin role"
+            f"reading quotas of {region} was refused ({exc.message}): "
+            "give the service account the Compute Admin role"
         ) from None
     except gexc.GoogleAPICallError as exc:
         raise Unavailable(
@@ -109,7 +113,8 @@ def fetch(ctx: GcpContext, region: str, cat: catalogue.Catalogue | None = None) 
 
 
 def fetch_many(ctx: GcpContext, regions: Iterable[str]) -> list[RegionQuota]:
-    """Several regions at once: the calls are independent and I/O bound, so threads make the total ≈ one call."""
+    """Several regions at once: the calls are independent and I/O bound, so threads make the total ≈ one
+    call."""
     names = list(regions)
     with ThreadPoolExecutor(max_workers=max(1, len(names))) as pool:
         return list(pool.map(lambda r: fetch(ctx, r), names))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from contracts.errors import Conflict, InvalidInput, Unavailable
@@ -66,7 +67,8 @@ STARTUP_SCRIPT = """#!/bin/sh
 set -eu
 install -d -m 0700 /etc/rigbase
 curl -fsS -H 'Metadata-Flavor: Google' \\
-  'http://metadata.google.internal/computeMetadata/v1/instance/attributes/rigbase-bundle' > /etc/rigbase/bundle.json
+  'http://metadata.google.internal/computeMetadata/v1/instance/attributes/rigbase-bundle' \\
+  > /etc/rigbase/bundle.json
 chmod 0600 /etc/rigbase/bundle.json
 if command -v minion >/dev/null; then minion join --bundle /etc/rigbase/bundle.json; fi
 """
@@ -240,7 +242,7 @@ def create(
             op.name,
             zone=zone,
             timeout_s=wait_timeout_s,
-            on_progress=lambda o: say(f"{zone}: {o.status.name} {o.progress}%"),
+            on_progress=partial(_say_progress, say, zone),
         )
         err = operations.error_of(op)
         if err is None:
@@ -260,6 +262,11 @@ def create(
         f"no zone of {spec.gcp_region} could take the storage node ({'; '.join(reasons)}): "
         "request more quota or pick another storage class or region"
     )
+
+
+def _say_progress(say: Callable[[str], None], zone: str, op: Any) -> None:
+    """One line per polled insert operation, naming the zone being tried (bound per zone with partial)."""
+    say(f"{zone}: {op.status.name} {op.progress}%")
 
 
 def _call_error_reason(exc: Any) -> str:

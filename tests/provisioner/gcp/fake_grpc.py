@@ -125,7 +125,10 @@ class LoggingConfigServer:
             sink = logging_config.LogSink(request.sink)
             if request.unique_writer_identity:
                 digest = hashlib.sha256(name.encode()).hexdigest()[:12]
-                sink.writer_identity = f"serviceAccount:service-{self.project_number}-{digest}@gcp-sa-logging.iam.gserviceaccount.com"
+                sink.writer_identity = (
+                    f"serviceAccount:service-{self.project_number}-{digest}"
+                    "@gcp-sa-logging.iam.gserviceaccount.com"
+                )
             else:
                 sink.writer_identity = "serviceAccount:cloud-logs@system.gserviceaccount.com"
             self.sinks[name] = sink

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 from typing import Any
@@ -187,7 +188,7 @@ def test_wait_makes_at_most_two_calls_per_second(fake_compute: Any, compute_ctx:
     waits = [t for t, name in fake_compute.fake.call_log if name == "op_wait"]
     assert node.zone == ZONES[0]
     assert len(waits) >= 3
-    gaps = [b - a for a, b in zip(waits, waits[1:])]
+    gaps = [b - a for a, b in itertools.pairwise(waits)]
     assert min(gaps) >= operations.MIN_INTERVAL_S * 0.95
 
 
