@@ -7,9 +7,10 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Annotated, Any, Final, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from contracts.errors import InvalidInput
 from contracts.regional import StorageMode
@@ -25,6 +26,25 @@ REQUIRED_KEYS: tuple[str, ...] = (
     "join_token",
 )
 HOW_TO_FIX = "write a new one with `provision region bundle REGION -o FILE`"
+
+
+def check_control_plane_url(url: str) -> str:
+    """The URL a node joins at: http or https with a host, nothing else. A bundle is copied onto boot
+    media and shown to operators, so `javascript:…`, `file:…` or a URL with a newline must not pass."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname or not url.isprintable() or " " in url:
+        raise InvalidInput(
+            f"control plane URL {url!r} is not an http(s) URL with a host: use e.g. https://cp.example:8443",
+            code="invalid_url",
+        )
+    return url
+
+
+def _url_rule(url: str) -> str:
+    try:
+        return check_control_plane_url(url)
+    except InvalidInput as exc:
+        raise ValueError(exc.message) from None
 
 
 class BundleError(InvalidInput):
@@ -44,7 +64,7 @@ class EnrollmentBundle(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
     version: Literal[1] = BUNDLE_VERSION
-    control_plane_url: str = Field(min_length=1)
+    control_plane_url: Annotated[str, AfterValidator(_url_rule)] = Field(min_length=1)
     ca_certificate: str | None = None  # PEM of the CA of the control plane's TLS certificate
     region: str = Field(min_length=1)
     region_id: str = Field(min_length=1)

@@ -11,11 +11,20 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 from collections.abc import Callable
 from datetime import datetime
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, WithJsonSchema
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    WithJsonSchema,
+)
 
 from contracts.attestation import PCR_BANK, PcrBank
 from contracts.identity import MINION_ID_PATTERN
@@ -63,6 +72,41 @@ HexBytes = Annotated[
 ]
 MinionId = Annotated[str, Field(pattern=f"^{MINION_ID_PATTERN}$")]
 
+# What a node reports about itself (inventory, requirement results, actual state) is stored and served
+# back in every node list, so it is bounded: a real report is a few KiB and a handful of levels deep
+# (GPUs → each GPU → its fields); these leave ten times that, and keep a join (two reports plus keys
+# and certificate) under the control plane's 96 KiB body cap for POST /v1/join.
+REPORT_MAX_BYTES: Final = 32 * 1024
+REPORT_MAX_DEPTH: Final = 8
+
+
+def _depth(value: Any, limit: int) -> int:
+    """Nesting depth of a JSON value (a scalar is 0), counting no deeper than `limit` + 1."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    deepest = 0
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict | list):
+            level += 1
+            deepest = max(deepest, level)
+            if level > limit:
+                break
+            stack.extend((child, level) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
+def bounded_report(value: dict[str, Any]) -> dict[str, Any]:
+    """`value`, or ValueError when it is nested deeper or serialises longer than a report may."""
+    if _depth(value, REPORT_MAX_DEPTH) > REPORT_MAX_DEPTH:
+        raise ValueError(f"nested deeper than {REPORT_MAX_DEPTH} levels")
+    size = len(json.dumps(value, separators=(",", ":"), default=str).encode())
+    if size > REPORT_MAX_BYTES:
+        raise ValueError(f"{size} bytes of JSON, more than the {REPORT_MAX_BYTES} a report may have")
+    return value
+
+
+Report = Annotated[dict[str, Any], AfterValidator(bounded_report)]
+
 
 class _Sent(BaseModel):
     """A message the minion sends: the control plane refuses unknown fields."""
@@ -85,8 +129,8 @@ class JoinRequest(_Sent):
     ek_certificate: B64Bytes | None = None  # DER, from NV 0x01C00002
     ak_public: B64Bytes  # TPM2B_PUBLIC of the restricted signing AK created under the EK
     join_token: str = Field(min_length=1)
-    inventory: dict[str, Any] = Field(default_factory=dict)
-    requirements: dict[str, Any] = Field(default_factory=dict)
+    inventory: Report = Field(default_factory=dict)
+    requirements: Report = Field(default_factory=dict)
 
 
 class JoinChallenge(_Answer):
@@ -137,10 +181,10 @@ class HeartbeatRequest(_Sent):
     (`to_wire`): `quote` only answers a `quote_nonce`, inventory and requirements only when re-reported."""
 
     version: int = PROTOCOL_VERSION
-    actual: dict[str, Any] = Field(default_factory=dict)
+    actual: Report = Field(default_factory=dict)
     quote: QuoteMessage | None = None
-    inventory: dict[str, Any] | None = None
-    requirements: dict[str, Any] | None = None
+    inventory: Report | None = None
+    requirements: Report | None = None
 
     def to_wire(self) -> dict[str, Any]:
         return self.model_dump(mode="json", exclude_none=True)

@@ -54,8 +54,19 @@ def requested_parts(requested: str) -> list[str]:
     return parts
 
 
+def check_one_line(what: str, value: str) -> str:
+    """No control characters (newline, tab, escape…) in a root or an address: they would end up in
+    mount options, fstab-like files and one-line listings, where a newline forges a second line."""
+    if not value.isprintable():
+        raise InvalidInput(
+            f"the {what} {value!r} contains a control character: remove it", code="invalid_text"
+        )
+    return value
+
+
 def normalize_root(root: str) -> PurePosixPath:
-    """A datastore root as configured: absolute, no NUL, no `..` (`/` exposes the whole share)."""
+    """A datastore root as configured: absolute, printable, no `..` (`/` exposes the whole share)."""
+    check_one_line("datastore root", root)
     if not root.startswith("/"):
         raise InvalidInput(f"the datastore root {root!r} must be an absolute path such as /dir2 or /")
     return PurePosixPath("/", *requested_parts(root))

@@ -20,6 +20,8 @@ DEFAULT_PORT = 8470
 DEFAULT_HEARTBEAT_S = 30.0
 # Continuous attestation: a fresh quote every K-th heartbeat (about every 5 minutes at 30 s).
 DEFAULT_QUOTE_EVERY = 10
+# A node that lets this many heartbeats pass without answering a quote request goes errored.
+DEFAULT_QUOTE_GRACE_BEATS = 3
 
 
 def _default_home() -> Path:
@@ -48,7 +50,25 @@ class Settings(BaseSettings):
     ssh_key: Path | None = Field(None, description="the control plane's SSH key; default under `home`")
     heartbeat_s: float = Field(DEFAULT_HEARTBEAT_S, gt=0, description="the interval minions heartbeat at")
     quote_every: int = Field(DEFAULT_QUOTE_EVERY, ge=1, description="a fresh quote every K-th heartbeat")
+    quote_grace_beats: int = Field(
+        DEFAULT_QUOTE_GRACE_BEATS, ge=1, description="heartbeats a node may let pass unanswered after a quote"
+    )
     reconcilers: bool = Field(True, description="run the reconcilers in this process")
+    # Rate limits per source address, in this process's memory (provisioner/api/limits.py). Only failed
+    # authentications spend from the first budget, so well-behaved clients never meet it; joins spend
+    # from the second, sized for a burst of a thousand minions behind one address.
+    auth_failures_burst: int = Field(
+        50, ge=1, description="failed authentications a source address may make before it gets 429"
+    )
+    auth_failures_per_minute: float = Field(
+        30.0, ge=0, description="how fast that budget refills (failed authentications per minute)"
+    )
+    join_attempts_burst: int = Field(
+        2000, ge=1, description="POST /v1/join requests a source address may make in a burst"
+    )
+    join_attempts_per_minute: float = Field(
+        1200.0, ge=0, description="how fast that budget refills (join attempts per minute)"
+    )
     regions_dir: Path | None = Field(
         None, description="catalogue data (regions/*.yaml) instead of the shipped"
     )

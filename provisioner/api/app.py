@@ -18,6 +18,7 @@ from sqlalchemy import Engine
 from provisioner.adapters.ansible import Finalizer
 from provisioner.api import errors
 from provisioner.api.deps import require_operator
+from provisioner.api.limits import RequestLimits
 from provisioner.api.routes import (
     datastores,
     enrollment,
@@ -98,6 +99,8 @@ def create_app(
     app.state.engine = engine
     app.state.sessions = attach(make_sessionmaker(engine), runtime)
     errors.install(app)
+    # before FastAPI reads a body: 429 for abusive sources, 401 without a token, 413 past the route's cap
+    app.add_middleware(RequestLimits, settings=settings)
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict[str, str]:

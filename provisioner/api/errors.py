@@ -20,6 +20,7 @@ from contracts.errors import (
     Unauthorized,
     Unavailable,
 )
+from provisioner.domain.text import printable
 
 log = logging.getLogger("rigbase.api")
 
@@ -57,7 +58,9 @@ def install(app: FastAPI) -> None:
         first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
         where = ".".join(str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path"))
         more = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
-        return _json(422, "invalid_input", f"{where or 'request'}: {first['msg']}{more}: fix it and retry")
+        # the field path and message quote the client's keys and values: one bounded line
+        said = printable(f"{where or 'request'}: {first['msg']}")
+        return _json(422, "invalid_input", f"{said}{more}: fix it and retry")
 
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, exc: HTTPException) -> JSONResponse:

@@ -6,7 +6,9 @@ from datetime import datetime
 from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, Field
+from pydantic_core import PydanticSerializationError
 
+from contracts.messages import bounded_report
 from provisioner.domain.states import is_online
 from provisioner.store.models import AuditEvent, Node, Provider, Region
 
@@ -92,6 +94,23 @@ class NodeIn(BaseModel):
     mining: bool = False
 
 
+# What a node list shows instead of a report stored before reports were bounded (contracts/messages.py):
+# one such node must not make the whole list fail to serialise.
+UNREADABLE_REPORT: dict[str, Any] = {
+    "unreadable": "the stored report exceeds the size or depth a report may have; the node's next "
+    "report replaces it"
+}
+
+
+def _readable(report: dict[str, Any] | None) -> dict[str, Any] | None:
+    if report is None:
+        return None
+    try:
+        return bounded_report(report)
+    except (ValueError, TypeError, RecursionError):
+        return UNREADABLE_REPORT
+
+
 class NodeOut(BaseModel):
     id: str
     name: str
@@ -106,6 +125,9 @@ class NodeOut(BaseModel):
     reason: str | None
     online: bool = Field(description="derived: last heartbeat within the online window")
     last_heartbeat_at: datetime | None
+    last_quote_at: datetime | None = Field(
+        None, description="the last verified continuous-attestation quote (null: none since the join)"
+    )
     inventory: dict[str, Any] | None
     requirements: dict[str, Any] | None
     created_at: datetime
@@ -114,7 +136,8 @@ class NodeOut(BaseModel):
 
     @classmethod
     def of(cls, n: Node | Any) -> NodeOut:
-        """From a Node or a list_page row (same attribute names)."""
+        """From a Node or a list_page row (same attribute names). `last_quote_at` lives in the node's
+        attestation record: list rows carry it, a Node does not (`show` adds it, services.nodes)."""
         # model_construct: the store's typed columns need no re-validation (pages of 500 stay cheap)
         return cls.model_construct(
             id=n.id,
@@ -130,6 +153,7 @@ class NodeOut(BaseModel):
             reason=n.reason,
             online=is_online(n.last_heartbeat_at),
             last_heartbeat_at=n.last_heartbeat_at,
+            last_quote_at=getattr(n, "last_quote_at", None),
             inventory=n.inventory,
             requirements=n.requirements,
             created_at=n.created_at,
@@ -137,14 +161,38 @@ class NodeOut(BaseModel):
             version=n.version,
         )
 
+    def readable(self) -> NodeOut:
+        """This node with any out-of-bounds stored report replaced by UNREADABLE_REPORT."""
+        return self.model_copy(
+            update={"inventory": _readable(self.inventory), "requirements": _readable(self.requirements)}
+        )
+
+
+def nodes_page_json(page: Page[NodeOut]) -> str:
+    """The page as JSON. Checking every report costs time on every list, so it happens only when
+    serialising fails (a report stored before the bounds, nested deeper than pydantic-core serialises)."""
+    try:
+        return page.model_dump_json()
+    except PydanticSerializationError:
+        return Page[NodeOut](items=[n.readable() for n in page.items], next=page.next).model_dump_json()
+
 
 class ReplaceIn(BaseModel):
     minion_id: str
 
 
+# Operator free text (reasons) goes into audit lines and one-line listings: one printable line, bounded.
+REASON_MAX_LENGTH = 500
+
+
 class MaintenanceIn(BaseModel):
     mode: str = Field(description="on | off | toggle")
-    reason: str | None = None
+    reason: str | None = Field(
+        None,
+        max_length=REASON_MAX_LENGTH,
+        pattern=r"^[^\x00-\x1f\x7f]*$",
+        description=f"one line, at most {REASON_MAX_LENGTH} characters",
+    )
 
 
 class EventOut(BaseModel):

@@ -15,6 +15,9 @@ from provisioner.attestation.refusals import Refusal
 from provisioner.attestation.verifier import check_quote
 
 DEFAULT_EVERY_HEARTBEATS = 10  # at the default 30 s heartbeat: a fresh quote every 5 minutes
+# A quote request the node lets this many heartbeats pass without answering moves it to errored: a node
+# that ignores quote requests must not stay in service on the strength of its join alone.
+DEFAULT_QUOTE_GRACE_BEATS = 3
 
 
 def quote_due(heartbeat_count: int, every: int = DEFAULT_EVERY_HEARTBEATS) -> bool:

@@ -12,6 +12,7 @@ from enum import StrEnum
 from typing import Any
 
 from contracts.errors import Forbidden, InvalidInput, RigbaseError
+from provisioner.domain.text import printable
 
 
 class RefusalCode(StrEnum):
@@ -161,7 +162,9 @@ class Refusal:
 
 
 def refuse(code: RefusalCode, summary: str | None = None, **extra: Any) -> Refusal:
+    """`summary` may quote the client (a field path from a malformed request): it is escaped to one line
+    and bounded, so it can neither forge a line in `provision node refusals` nor flood the audit trail."""
     detail: dict[str, Any] = dict(extra)
     if summary is not None:
-        detail["summary"] = summary
+        detail["summary"] = printable(summary)
     return Refusal(code, detail)

@@ -25,6 +25,17 @@ def _client_url(host: str, port: int) -> str:
     return f"http://{shown}:{port}"
 
 
+def _answers(url: str) -> bool:
+    """Whether a control plane answers at `url` now (a second `serve` on the same home must not take
+    the client config away from a server that is still running)."""
+    import httpx
+
+    try:
+        return httpx.get(f"{url.rstrip('/')}/healthz", timeout=2.0).status_code == 200
+    except (httpx.HTTPError, ValueError):
+        return False
+
+
 def _tune_gc() -> None:
     """A page of 500 nodes allocates tens of thousands of short-lived objects; with CPython's default
     thresholds a full collection of everything the app imported lands inside some requests and sets
@@ -68,7 +79,14 @@ def run_control_plane(
     except RigbaseError as exc:
         raise CliError(exc.message) from exc
     client_url = _client_url(host, port)
-    if token:
+    other = saved.get("url")
+    if other and other != client_url and _answers(other):
+        print(
+            f"note: {client_config} points at the control plane running at {other}, so it is kept: "
+            f"to reach this one, set RIGBASE_URL={client_url}",
+            file=sys.stderr,
+        )
+    elif token:
         write_client_config(client_url, token, client_config)
         print(f"client config: {client_config} (URL and admin token, mode 0600)", file=sys.stderr)
     else:

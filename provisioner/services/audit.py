@@ -5,7 +5,12 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from provisioner.domain.text import printable
 from provisioner.store.models import AuditEvent
+
+# A reason is one line: the refusal's sentence, its (already bounded) quote of the client's input and
+# structured detail. Longer than this is cut, so no request can store more than a few KiB of audit text.
+REASON_MAX = 2000
 
 
 def record(
@@ -26,7 +31,7 @@ def record(
         actor=actor,
         from_state=from_state,
         to_state=to_state,
-        reason=reason,
+        reason=None if reason is None else printable(reason, REASON_MAX),
     )
     session.add(event)
     return event

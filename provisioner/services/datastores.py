@@ -11,7 +11,7 @@ import ipaddress
 from sqlalchemy.orm import Session
 
 from contracts.errors import Conflict, InvalidInput
-from contracts.regional import DatastoreType, check_datastore, normalize_root
+from contracts.regional import DatastoreType, check_datastore, check_one_line, normalize_root
 from provisioner.domain.states import DATASTORE_TRANSITIONS, DatastoreState
 from provisioner.services import lifecycle, names, regional_lookup
 from provisioner.services import regions as region_service
@@ -31,6 +31,7 @@ def transition(
 
 
 def _check_address(address: str) -> str:
+    check_one_line("datastore address", address)  # an IPv6 scope id ("fe80::1%eth0") takes any text
     try:
         return str(ipaddress.ip_address(address))
     except ValueError:

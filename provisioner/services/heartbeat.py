@@ -1,12 +1,15 @@
 """Heartbeats (POST /v1/nodes/{id}/heartbeat, node credential auth): the node reports its actual state
 and gets its desired state back; every K-th beat the response carries a nonce and the next beat must
 carry a fresh quote over it (continuous attestation). A quote that fails — a changed PCR, a quote not
-made by the AK recorded at join — moves the node to errored with the refusal's message."""
+made by the AK recorded at join — moves the node to errored with the refusal's message, and so does a
+request left unanswered for `HeartbeatTiming.quote_grace_beats` beats: ignoring the nonce must not keep a
+node in service. A quote is also asked for whenever the last verified one (or the join) is older than
+`HeartbeatTiming.quote_max_age_s`, so a node is never trusted on an old quote alone."""
 
 from __future__ import annotations
 
 import base64
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -21,6 +24,8 @@ from provisioner.services import join as join_service
 from provisioner.services import nodes as node_service
 from provisioner.services.heartbeat_timing import HeartbeatTiming
 from provisioner.services.wakeups import Wake, wake_after_commit
+from provisioner.store.join_models import NodeAttestation
+from provisioner.store.models import Node
 
 
 @desired_state.contributes("maintenance")
@@ -46,35 +51,8 @@ def beat(
     )
     node_address.record(node, observed_address)
     att.heartbeats += 1
-    issuer = nonce_store.issuer(session)
-    actor = f"minion:{node.minion_id}"
-    if body.quote is not None and att.quote_nonce:
-        policy = join_service.pcr_policy_for(session, node.region, att.pcr_record)
-        result = verify_fresh_quote(
-            issuer, node.id, att.ak_public, bytes.fromhex(att.quote_nonce), quote_evidence(body.quote), policy
-        )
-        att.quote_nonce = None
-        if isinstance(result, Refusal):
-            reason = f"continuous attestation: {result.message}"
-            audit.record(
-                session,
-                kind="join",
-                resource_id=node.minion_id,
-                name=node.name,
-                actor=actor,
-                from_state=None,
-                to_state=JoinOutcome.REFUSED.value,
-                reason=f"{result.code.value}: {result.message}",
-            )
-            if node.state not in NODE_STOPPED:
-                node_service.transition(session, node, NodeState.ERRORED, actor=actor, reason=reason)
-        else:
-            att.last_quote_at = now
-    quote_nonce = None
-    if (att.quote_nonce is None or body.quote is None) and quote_due(att.heartbeats, timing.quote_every):
-        record = issue_quote_nonce(issuer, node.id)
-        att.quote_nonce = record.nonce.hex()
-        quote_nonce = base64.b64encode(record.nonce).decode()
+    _continuous_attestation(session, node, att, body, now=now, timing=timing)
+    quote_nonce = _ask_for_quote(session, node, att, now=now, timing=timing)
     if node.region.state != RegionState.HEALTHY:
         # a first report makes the region healthy now, not at the next pass
         wake_after_commit(session, Wake.REGION_HEALTH)
@@ -88,3 +66,79 @@ def beat(
         quote_nonce=quote_nonce,
         heartbeat_interval_s=timing.interval_s,
     ).model_dump(mode="json")
+
+
+def _continuous_attestation(
+    session: Session,
+    node: Node,
+    att: NodeAttestation,
+    body: HeartbeatRequest,
+    *,
+    now: datetime,
+    timing: HeartbeatTiming,
+) -> None:
+    """Check the quote this beat carries, or count the beats since one was asked for."""
+    actor = f"minion:{node.minion_id}"
+    if body.quote is not None and att.quote_nonce:
+        policy = join_service.pcr_policy_for(session, node.region, att.pcr_record)
+        result = verify_fresh_quote(
+            nonce_store.issuer(session),
+            node.id,
+            att.ak_public,
+            bytes.fromhex(att.quote_nonce),
+            quote_evidence(body.quote),
+            policy,
+        )
+        att.quote_nonce = None
+        att.quote_asked_beat = None
+        if isinstance(result, Refusal):
+            audit.record(
+                session,
+                kind="join",
+                resource_id=node.minion_id,
+                name=node.name,
+                actor=actor,
+                from_state=None,
+                to_state=JoinOutcome.REFUSED.value,
+                reason=f"{result.code.value}: {result.message}",
+            )
+            _error(session, node, f"continuous attestation: {result.message}", actor=actor)
+        else:
+            att.last_quote_at = now
+        return
+    asked = att.quote_asked_beat
+    if att.quote_nonce is None or asked is None or att.heartbeats - asked < timing.quote_grace_beats:
+        return
+    att.quote_nonce = None
+    att.quote_asked_beat = None
+    last = att.last_quote_at.isoformat(timespec="seconds") if att.last_quote_at else "never since the join"
+    _error(
+        session,
+        node,
+        f"no quote answered within {timing.quote_grace_beats} heartbeats of the request (last verified "
+        f"quote: {last}); provision node retry {node.name} after checking the node",
+        actor=actor,
+    )
+
+
+def _error(session: Session, node: Node, reason: str, *, actor: str) -> None:
+    if node.state not in NODE_STOPPED:
+        node_service.transition(session, node, NodeState.ERRORED, actor=actor, reason=reason)
+
+
+def _ask_for_quote(
+    session: Session, node: Node, att: NodeAttestation, *, now: datetime, timing: HeartbeatTiming
+) -> str | None:
+    """The nonce (base64) this beat's answer carries, if any. While a request is unanswered every beat
+    carries a fresh nonce (the node may have lost an answer) but the grace counts from the first one."""
+    if node.state in NODE_STOPPED:
+        return None
+    last_proof = max(t for t in (att.last_quote_at, att.attested_at) if t is not None)
+    stale = now - last_proof > timedelta(seconds=timing.quote_max_age_s)
+    if att.quote_asked_beat is None and not (quote_due(att.heartbeats, timing.quote_every) or stale):
+        return None
+    record = issue_quote_nonce(nonce_store.issuer(session), node.id)
+    att.quote_nonce = record.nonce.hex()
+    if att.quote_asked_beat is None:
+        att.quote_asked_beat = att.heartbeats
+    return base64.b64encode(record.nonce).decode()

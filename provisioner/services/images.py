@@ -35,7 +35,7 @@ from provisioner.store.models import Region
 KEY_KIND = "image_key"
 KIND = "image"
 RUNNING_PHASE = "sysinit:ready"  # the PCR 11 phase a node reports once its minion runs
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_HEX64 = re.compile(r"[0-9a-f]{64}")  # fullmatch: `re.match` with `$` accepts a trailing newline
 
 
 # ---------------------------------------------------------------- trusted builder keys
@@ -156,7 +156,7 @@ def _hex(doc: dict[str, Any], *path: str) -> str:
     value: Any = doc
     for part in path:
         value = value.get(part) if isinstance(value, dict) else None
-    if not isinstance(value, str) or not _HEX64.match(value):
+    if not isinstance(value, str) or not _HEX64.fullmatch(value):
         raise InvalidInput(
             f"the manifest has no valid {'.'.join(path)} (64 lowercase hex characters): rebuild "
             "the image with the current image-builder",
@@ -177,7 +177,7 @@ def _expected(doc: dict[str, Any]) -> _Expected:
     return _Expected(
         pcr11=_hex({"pcr11": phases}, "pcr11", RUNNING_PHASE),
         pcr12=_hex(doc, "pcr12", "sha256"),
-        pcr4=pcr4 if isinstance(pcr4, str) and _HEX64.match(pcr4) else None,
+        pcr4=pcr4 if isinstance(pcr4, str) and _HEX64.fullmatch(pcr4) else None,
         image_sha256=_hex(doc, "image", "sha256"),
         uki_sha256=_hex(doc, "uki", "sha256"),
         verity_root_hash=root,

@@ -232,12 +232,12 @@ def begin(session: Session, body: Any) -> JoinChallenge:
             step="join",
         )
     failing = failed_rules(request.requirements)
-    if node is not None:
-        node_service.record_report(
-            session, node, inventory=request.inventory or None, requirements=request.requirements or None
-        )
-    else:
-        _upsert_pending(session, request, region, ek_sha)
+    # Nothing this request reports is proven yet (anyone holding the join token can replay or edit
+    # step 1): the report waits in the JoinAttempt until finish() has verified the proof. Only a minion
+    # nobody has seen attest may be listed from it, marked unattested, so the operator sees why a minion
+    # that fails its requirements never got further.
+    if node is None:
+        _note_unattested_pending(session, request, region, ek_sha)
     if request.requirements.get("ok") is False or failing:
         _refused(
             session,
@@ -247,22 +247,12 @@ def begin(session: Session, body: Any) -> JoinChallenge:
             ctx,
             step="join",
         )
-    if node is not None:
-        if node.state == NodeState.ERRORED:
-            session.commit()
-            raise Conflict(
-                f"node '{node.name}' is errored ({node.reason}): fix the cause and run "
-                f"`provision node retry {node.name}`",
-                code="node_errored",
-            )
-        if node.state == NodeState.NEW:
-            node_service.transition(
-                session,
-                node,
-                NodeState.ENROLLING,
-                actor=f"minion:{node.minion_id}",
-                reason="join started: EK verified, credential challenge sent",
-            )
+    if node is not None and node.state == NodeState.ERRORED:
+        raise Conflict(
+            f"node '{node.name}' is errored ({node.reason}): fix the cause and run "
+            f"`provision node retry {node.name}`",
+            code="node_errored",
+        )
     session.add(
         JoinAttempt(
             join_id=pending.join_id,
@@ -270,6 +260,7 @@ def begin(session: Session, body: Any) -> JoinChallenge:
             minion_id=pending.minion_id,
             token_sha256=token.token_sha256,
             pending=pending.model_dump_json(),
+            report={"inventory": request.inventory or None, "requirements": request.requirements or None},
         )
     )
     session.flush()
@@ -285,18 +276,41 @@ def _known_ek(session: Session, minion_id: str, node: Node | None) -> str | None
     return pending.ek_sha256 if pending is not None else None
 
 
-def _upsert_pending(session: Session, request: JoinRequest, region: Region, ek_sha: str) -> None:
+def _note_unattested_pending(session: Session, request: JoinRequest, region: Region, ek_sha: str) -> None:
+    """List a minion that has never attested (`attested: false`) with what it says. A minion that has
+    attested is left alone: its listing changes only through a verified proof (_record_pending)."""
     row = session.get(PendingMinion, request.minion_id)
+    if row is not None and row.attested:
+        return
+    _record_pending(
+        session,
+        request.minion_id,
+        region,
+        ek_sha,
+        {"inventory": request.inventory or None, "requirements": request.requirements or None},
+        attested=False,
+    )
+
+
+def _record_pending(
+    session: Session,
+    minion_id: str,
+    region: Region,
+    ek_sha: str,
+    report: Mapping[str, Any],
+    *,
+    attested: bool,
+) -> None:
+    row = session.get(PendingMinion, minion_id)
     now = _now()
     if row is None:
-        row = PendingMinion(
-            minion_id=request.minion_id, region_id=region.id, ek_sha256=ek_sha, first_seen=now, attested=False
-        )
+        row = PendingMinion(minion_id=minion_id, region_id=region.id, ek_sha256=ek_sha, first_seen=now)
         session.add(row)
     row.region_id = region.id
     row.last_seen = now
-    row.inventory = request.inventory or None
-    row.requirements = request.requirements or None
+    row.attested = attested
+    row.inventory = report.get("inventory")
+    row.requirements = report.get("requirements")
     row.refusal = None
     session.flush()
 
@@ -341,12 +355,10 @@ def finish(
     outcome = JoinVerifier(nonce_store.issuer(session)).finish(pending, proof, policy)
     if isinstance(outcome, Refusal):
         _refused(session, outcome, ctx, step="proof", error_node=True)
+    report = attempt.report or {}  # proven now: what step 1 reported may be recorded
     if node is None:
-        row = session.get(PendingMinion, pending.minion_id)
-        if row is not None:
-            row.attested = True
-            row.refusal = None
-            row.last_seen = _now()
+        ek_sha = _sha(_ek_spki(outcome.ek_public) or outcome.ek_public)
+        _record_pending(session, pending.minion_id, region, ek_sha, report, attested=True)
         return JoinResult(
             state=JoinOutcome.PENDING.value,
             message="attested; waiting for an operator to run `provision node add NAME "
@@ -361,9 +373,12 @@ def finish(
             code="node_errored",
         )
     credential = _record_attestation(session, node, outcome, att)
+    node_service.record_report(
+        session, node, inventory=report.get("inventory"), requirements=report.get("requirements")
+    )
     waiting = session.get(PendingMinion, node.minion_id)
     if waiting is not None:  # adopted while it waited (or between its two calls): keep what it reported
-        if node.inventory is None:
+        if node.inventory is None and waiting.attested:
             node_service.record_report(
                 session, node, inventory=waiting.inventory, requirements=waiting.requirements
             )
@@ -371,9 +386,13 @@ def finish(
     node_address.record(
         node, observed_address
     )  # before finalize is woken: its SSH host when no hostname is set
-    if node.state == NodeState.NEW:  # added between the two calls
+    if node.state == NodeState.NEW:  # only a verified proof starts a node's join (docs/join-protocol.md)
         node_service.transition(
-            session, node, NodeState.ENROLLING, actor=f"minion:{node.minion_id}", reason="join started"
+            session,
+            node,
+            NodeState.ENROLLING,
+            actor=f"minion:{node.minion_id}",
+            reason="join started: EK verified, credential activated",
         )
     if node.state == NodeState.ENROLLING:
         node_service.transition(
@@ -408,6 +427,7 @@ def _record_attestation(session: Session, node: Node, attested: Attested, att: N
     att.credential_sha256 = node_credentials.digest(credential)
     att.attested_at = _now()
     att.quote_nonce = None
+    att.quote_asked_beat = None
     session.flush()
     return credential
 

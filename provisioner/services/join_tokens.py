@@ -25,7 +25,8 @@ TOKEN_PREFIX = "rbj_"  # rigbase join token; recognisable in logs and secret sca
 DEFAULT_TTL = "7d"
 KIND = "join_token"  # audit kind
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_TTL = re.compile(r"^(\d+)([smhdw])$")
+_TTL = re.compile(r"(\d{1,12})([smhdw])")  # fullmatch: `re.match` with `$` lets "7d\n" through
+MAX_TTL = timedelta(days=365)  # longer is 'never'; also keeps expiry dates far from datetime's limits
 
 
 def digest(token: str) -> str:
@@ -36,12 +37,20 @@ def parse_ttl(text: str) -> timedelta | None:
     """'30m', '24h', '7d', '2w', '3600s'; 'never' for a token that does not expire."""
     if text == "never":
         return None
-    m = _TTL.match(text.strip())
+    m = _TTL.fullmatch(text)
     if not m or int(m.group(1)) == 0:
         raise InvalidInput(
-            f"TTL '{text}' is not valid: use a number with s, m, h, d or w (e.g. 24h, 7d) or 'never'"
+            f"TTL {text!r} is not valid: use a number with s, m, h, d or w (e.g. 24h, 7d) or 'never'",
+            code="invalid_ttl",
         )
-    return timedelta(seconds=int(m.group(1)) * _UNITS[m.group(2)])
+    seconds = int(m.group(1)) * _UNITS[m.group(2)]
+    if seconds > MAX_TTL.total_seconds():
+        raise InvalidInput(
+            f"TTL {text!r} is longer than the maximum of {MAX_TTL.days}d: use at most {MAX_TTL.days}d "
+            "or 'never'",
+            code="invalid_ttl",
+        )
+    return timedelta(seconds=seconds)
 
 
 def issue(session: Session, region: str, *, ttl: str = DEFAULT_TTL, actor: str) -> tuple[JoinToken, str]:

@@ -12,8 +12,9 @@ from contracts.identity import is_dns_label, is_minion_id
 
 T = TypeVar("T")
 
+# Checked with fullmatch, and \Z in the look-ahead: `$` would accept a trailing newline.
 HOSTNAME = re.compile(
-    r"^(?=.{1,253}$)[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$"
+    r"(?=.{1,253}\Z)[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*"
 )
 
 
@@ -21,7 +22,7 @@ def dns_label(kind: str, name: str) -> str:
     """Region and node names become hostnames and mDNS labels, so they must be DNS labels."""
     if not is_dns_label(name):
         raise InvalidInput(
-            f"{kind} name '{name}' is not a DNS label: use 1-63 lowercase letters, digits and hyphens, "
+            f"{kind} name {name!r} is not a DNS label: use 1-63 lowercase letters, digits and hyphens, "
             "starting and ending with a letter or digit",
             code="invalid_name",
         )
@@ -32,7 +33,7 @@ def minion_id(value: str) -> str:
     """minion_id = first 32 hex characters of SHA-256 over the TPM EK public key (contracts/identity.py)."""
     if not is_minion_id(value):
         raise InvalidInput(
-            f"minion_id '{value}' is not 32 lowercase hex characters: copy it from the node's console banner",
+            f"minion_id {value!r} is not 32 lowercase hex characters: copy it from the node's console banner",
             code="invalid_minion_id",
         )
     return value
@@ -41,7 +42,7 @@ def minion_id(value: str) -> str:
 def hostname(value: str) -> str:
     if not HOSTNAME.fullmatch(value):
         raise InvalidInput(
-            f"hostname '{value}' is not a valid DNS name: use lowercase labels separated by dots"
+            f"hostname {value!r} is not a valid DNS name: use lowercase labels separated by dots"
         )
     return value
 

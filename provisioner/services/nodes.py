@@ -19,6 +19,7 @@ from provisioner.domain.states import NODE_TRANSITIONS, Maintenance, NodeState, 
 from provisioner.services import audit, lifecycle, names, regional_lookup, reservations
 from provisioner.services import regions as region_service
 from provisioner.services.errors import flush
+from provisioner.store.join_models import NodeAttestation
 from provisioner.store.models import AuditEvent, Node, Region, new_id
 
 KIND = "node"
@@ -71,6 +72,12 @@ def record_report(
         node.requirements = requirements
     flush(session, f"node '{node.name}'")
     return node
+
+
+def last_quote_at(session: Session, node: Node) -> datetime | None:
+    """When the node's last continuous-attestation quote verified (None: none since its join)."""
+    att = session.get(NodeAttestation, node.id)
+    return att.last_quote_at if att is not None else None
 
 
 def by_minion_id(session: Session, minion_id: str) -> Node | None:
@@ -164,8 +171,9 @@ def list_page(
     if not 1 <= limit <= MAX_PAGE:
         raise InvalidInput(f"limit {limit} is out of range: use 1 to {MAX_PAGE}")
     stmt = (
-        select(*Node.__table__.c, Region.name.label("region_name"))
+        select(*Node.__table__.c, Region.name.label("region_name"), NodeAttestation.last_quote_at)
         .join(Region, Region.id == Node.region_id)
+        .outerjoin(NodeAttestation, NodeAttestation.node_id == Node.id)
         .order_by(Node.id)
         .limit(limit + 1)
     )

@@ -51,7 +51,11 @@ class Runtime:
             settings=settings,
             sealer=Sealer(settings.secret_key),
             finalizer=finalizer or AnsibleFinalizer(settings),
-            heartbeat=HeartbeatTiming(interval_s=settings.heartbeat_s, quote_every=settings.quote_every),
+            heartbeat=HeartbeatTiming(
+                interval_s=settings.heartbeat_s,
+                quote_every=settings.quote_every,
+                quote_grace_beats=settings.quote_grace_beats,
+            ),
             providers={**built, **(providers or {})},
         )
 

@@ -5,8 +5,10 @@ keys on); PostgreSQL gets a pre-ping pool so a restarted database does not fail 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
@@ -15,6 +17,27 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from contracts.errors import InvalidInput, Unavailable
+
+
+def _private_sqlite_file(database: str | None) -> None:
+    """The store holds token hashes and sealed secrets: its file is the owner's only. SQLite creates a
+    new file with the process umask (0644) and gives its -wal/-shm the database file's mode, so the file
+    is created 0600 here before SQLite opens it, and an existing one (with its -wal/-shm) is tightened."""
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return
+    path = Path(database)
+    if not path.parent.is_dir():
+        return  # SQLite reports the missing directory itself
+    try:  # an empty file is a new, empty SQLite database
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        pass
+    for file in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        try:
+            if file.stat().st_mode & 0o077:
+                file.chmod(0o600)
+        except FileNotFoundError:
+            pass
 
 
 def make_engine(url: str, **kwargs: Any) -> Engine:
@@ -28,6 +51,7 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     if parsed.drivername in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
     if parsed.get_backend_name() == "sqlite":
+        _private_sqlite_file(parsed.database)
         engine = create_engine(parsed, connect_args={"check_same_thread": False, "timeout": 15}, **kwargs)
 
         @event.listens_for(engine, "connect")

@@ -67,6 +67,9 @@ class JoinAttempt(Base):
     minion_id: Mapped[str] = mapped_column(String(32), index=True)
     token_sha256: Mapped[str] = mapped_column(String(64))
     pending: Mapped[str] = mapped_column(Text)  # PendingJoin.model_dump_json()
+    # What the minion reported with its JoinRequest (inventory, requirements): unproven until the proof
+    # verifies, so it waits here and finish() applies it (docs/join-protocol.md)
+    report: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
 
 
@@ -103,3 +106,6 @@ class NodeAttestation(Base):
         String(64)
     )  # hex; outstanding continuous-attestation nonce
     last_quote_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # the heartbeat count when the outstanding quote was first asked for: a node that has not answered
+    # within HeartbeatTiming.quote_grace_beats beats of it goes errored (None: nothing asked)
+    quote_asked_beat: Mapped[int | None] = mapped_column(Integer)

@@ -294,7 +294,9 @@ def test_refused_wrong_activated_secret(cp: ControlPlane, minion: Callable[..., 
         cp, m.prove(challenge, jt, body), m.minion_id, "attestation_wrong_secret", "could not recover"
     )
     assert "attestation_wrong_secret" in str(api(cp, "GET", "/v1/nodes/secret-1/history"))
-    assert node_state(cp, "secret-1")["state"] == "enrolling"  # anyone knowing the EK could cause this
+    # anyone knowing the EK could cause this, so it errors nothing; and since only a verified proof
+    # starts a join (issue 17), the node has not moved at all (it used to show enrolling)
+    assert node_state(cp, "secret-1")["state"] == "new"
 
 
 def test_refused_quote_with_one_byte_changed(cp: ControlPlane, minion: Callable[..., Minion]) -> None:
@@ -455,6 +457,104 @@ def test_pinned_ek_joins_without_certificate_only_with_that_ek(
     # Another TPM claiming that node is refused (it reports the node's minion_id, so the pin decides).
     forged = impostor.begin(jt, ek_certificate=None, minion_id=pinned.minion_id)
     assert forged.status_code == 403 and forged.json()["code"] == "attestation_pinned_ek_mismatch"
+
+
+# ---------------------------------------------------------------- issue 17: proven reports, bounded quotes
+
+H100S = {"gpus": [{"model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559}] * 8}
+
+
+def _attested_node(cp: ControlPlane, m: Minion, name: str) -> dict[str, Any]:
+    add_node(cp, name, m.minion_id, "lab")
+    joined = m.join(token(cp))
+    assert joined.status_code == 200, joined.text
+    wait_state(cp, name, "maintenance")
+    return dict(joined.json())
+
+
+def test_a_replayed_join_request_changes_nothing_without_the_proof(
+    cp: ControlPlane, minion: Callable[..., Minion]
+) -> None:
+    """Step 1 of a join carries no proof of possession: replaying it (edited) may only open a challenge."""
+    m = minion()
+    jt = token(cp)
+    node = _attested_node(cp, m, "replay-1")
+    m.beat(node)
+    before = node_state(cp, "replay-1")
+    history = api(cp, "GET", "/v1/nodes/replay-1/history")["items"]
+    assert before["inventory"]["gpus"] == []
+    time.sleep(0.05)
+    replayed = m.begin(jt, inventory=H100S)
+    assert replayed.status_code == 201, replayed.text  # a challenge only: nothing stored from the report
+    after = node_state(cp, "replay-1")
+    assert after["inventory"] == before["inventory"]
+    assert after["last_heartbeat_at"] == before["last_heartbeat_at"]
+    assert after["state"] == "maintenance"
+    assert api(cp, "GET", "/v1/nodes/replay-1/history")["items"] == history
+    # A node an operator added but that never proved itself stays new: only a verified proof starts it.
+    fresh = minion()
+    add_node(cp, "replay-2", fresh.minion_id, "lab")
+    assert fresh.begin(jt, inventory=H100S).status_code == 201
+    shown = node_state(cp, "replay-2")
+    assert shown["state"] == "new" and shown["inventory"] is None and shown["last_heartbeat_at"] is None
+    # An attested pending minion keeps what it proved.
+    waiting = minion()
+    assert waiting.join(jt).status_code == 202
+
+    def listed() -> dict[str, Any]:
+        items = api(cp, "GET", "/v1/pending-minions")["items"]
+        return dict(next(p for p in items if p["minion_id"] == waiting.minion_id))
+
+    proven = listed()
+    assert waiting.begin(jt, inventory=H100S).status_code == 201
+    assert listed()["inventory"] == proven["inventory"] and "H100" not in str(listed())
+    # The proof applies what its own step 1 reported.
+    challenge = fresh.begin(jt, inventory=H100S).json()
+    assert fresh.prove(challenge, jt).status_code == 200
+    assert node_state(cp, "replay-2")["inventory"]["gpus"] == H100S["gpus"]
+
+
+def test_a_node_that_ignores_quote_requests_goes_errored(
+    cp: ControlPlane, minion: Callable[..., Minion]
+) -> None:
+    """Continuous attestation is enforced: a quote asked for must come within quote_grace_beats (3)."""
+    m = minion()
+    node = _attested_node(cp, m, "noquote-1")
+    answers = [m.beat(node).json() for _ in range(4)]  # beat 2 asks (every 2nd); 3 and 4 ignore it
+    assert answers[0]["quote_nonce"] is None and all(a["quote_nonce"] for a in answers[1:])
+    assert all(a["state"] == "maintenance" for a in answers), answers
+    late = m.beat(node).json()  # the 3rd beat since the request: errored, with what to do
+    assert late["state"] == "errored", late
+    assert "no quote answered within 3 heartbeats" in late["reason"]
+    assert "provision node retry noquote-1" in late["reason"] and late["quote_nonce"] is None
+    history = cli(cp, "node", "history", "noquote-1").stdout
+    assert "no quote answered" in history
+    # An errored node is not asked again and stays errored (until the operator retries it).
+    again = m.beat(node).json()
+    assert again["state"] == "errored" and again["quote_nonce"] is None
+    shown = json.loads(cli(cp, "node", "show", "noquote-1", "--json").stdout)
+    assert "last_quote_at" in shown and shown["last_quote_at"] is None
+    assert "last_quote_at" in cli(cp, "node", "show", "noquote-1").stdout
+
+
+def test_an_old_last_quote_asks_for_one_at_once(cp: ControlPlane, minion: Callable[..., Minion]) -> None:
+    """A node whose last verified quote (or join) is older than twice the quote spacing is asked for a
+    quote on its next beat, whatever the beat count; the answer shows in `node show`."""
+    m = minion()
+    node = _attested_node(cp, m, "oldquote-1")
+    sql(
+        cp,
+        "UPDATE node_attestations SET attested_at = '2020-01-01 00:00:00.000000' WHERE node_id = ?",
+        node["node_id"],
+    )
+    first = m.beat(node).json()
+    assert first["quote_nonce"], first  # beat 1 is not a due beat: asked because the last proof is old
+    answered = m.beat(node, first["quote_nonce"]).json()
+    assert answered["state"] == "maintenance", answered
+    shown = json.loads(cli(cp, "node", "show", "oldquote-1", "--json").stdout)
+    assert shown["last_quote_at"] is not None
+    listed = api(cp, "GET", "/v1/nodes?limit=500")["items"]
+    assert next(n for n in listed if n["name"] == "oldquote-1")["last_quote_at"] == shown["last_quote_at"]
 
 
 # ---------------------------------------------------------------- two API processes, one nonce

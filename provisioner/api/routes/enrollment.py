@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import APIRouter
 from pydantic import BaseModel
 
+from contracts.bundle import check_control_plane_url
 from provisioner.api.deps import Db, Operator
 from provisioner.api.schemas import NodeOut, Page, RegionOut
 from provisioner.domain.states import TrustState, join_token_state
@@ -104,6 +105,7 @@ def revoke_tokens(ref: str, session: Db, actor: Operator) -> dict[str, Any]:
 @router.post("/v1/regions/{ref}/bundle", status_code=201)
 def bundle(ref: str, body: BundleIn, session: Db, actor: Operator) -> dict[str, Any]:
     """A fresh join token wrapped in the region's enrollment bundle (docs/enrollment-bundle.md)."""
+    check_control_plane_url(body.control_plane_url)  # before the token is stored
     _row, token = join_tokens.issue(session, ref, ttl=body.ttl, actor=actor)
     return join_tokens.bundle(
         session,

@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response
 
 from provisioner.api.deps import Db, Operator
-from provisioner.api.schemas import EventOut, MaintenanceIn, NodeIn, NodeOut, Page, ReplaceIn
+from provisioner.api.schemas import EventOut, MaintenanceIn, NodeIn, NodeOut, Page, ReplaceIn, nodes_page_json
 from provisioner.services import nodes as service
 
 router = APIRouter(prefix="/v1/nodes", tags=["nodes"])
@@ -42,12 +42,14 @@ def list_nodes(
     )
     # serialised once by pydantic-core: FastAPI would validate the 500 items a second time
     page = Page[NodeOut](items=[NodeOut.of(n) for n in rows], next=cursor)
-    return Response(page.model_dump_json(), media_type="application/json")
+    return Response(nodes_page_json(page), media_type="application/json")
 
 
 @router.get("/{ref}")
 def show(ref: str, session: Db, region: str | None = None) -> NodeOut:
-    return NodeOut.of(service.get(session, ref, region))
+    node = service.get(session, ref, region)
+    shown = NodeOut.of(node).readable()
+    return shown.model_copy(update={"last_quote_at": service.last_quote_at(session, node)})
 
 
 @router.delete("/{ref}")

@@ -1,0 +1,287 @@
+"""Request limits, enforced before a request reaches FastAPI (docs/control-plane.md, "Limits").
+
+An ASGI middleware, so it acts before any body is read:
+- a source address with too many failed authentications lately, or too many join attempts, gets 429 with
+  Retry-After and nothing else is done for it (no body read, no database, no audit row);
+- a route that needs a bearer token (operator, node credential, join token) answers 401 at once when the
+  Authorization header is missing or not of that token's form: an unauthenticated body is never read.
+  The full check of the token stays where it is (provisioner/api/deps.py and the services);
+- a body larger than its route's cap answers 413: at once when Content-Length says so, after reading at
+  most the cap when it is sent chunked.
+Every refusal is the API's one-line JSON {code, message}. Failed authentications are counted from the
+status the app answers (POLICIES[...].failures), so a well-behaved client never spends from its budget.
+
+The counters live in this process's memory: each `provision serve` process (and each restart) counts on
+its own, and they key on the TCP peer address (behind a proxy, every client shares the proxy's)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Final
+
+from provisioner.settings import Settings
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+App = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+KiB: Final = 1024
+MiB: Final = 1024 * KiB
+
+
+class Auth(Enum):
+    """A bearer token's kind: its prefix (provisioner/services/tokens.py, node_credentials.py,
+    join_tokens.py: prefix + secrets.token_urlsafe(32)), and the code and sentence of the refusal when the
+    header is missing or not of that form: the same words as the token's own check, so a client reads
+    one refusal whichever check caught it."""
+
+    OPERATOR = (
+        "rbo_",
+        (
+            "token_missing",
+            "no bearer token: set RIGBASE_TOKEN or use the client config written by `provision serve`",
+        ),
+        (
+            "token_invalid",
+            "the bearer token is not valid: use the token in the client config written by `provision serve`",
+        ),
+    )
+    NODE = (
+        "rbn_",
+        ("credential_missing", "no node credential: join first (`minion join`)"),
+        (
+            "credential_invalid",
+            "the node credential is not valid (the node was retried, removed or re-added): join again",
+        ),
+    )
+    JOIN = (
+        "rbj_",
+        (
+            "join_token_invalid",
+            "the proof must carry the join token that started this join: restart the join",
+        ),
+        (
+            "join_token_invalid",
+            "the proof must carry the join token that started this join: restart the join",
+        ),
+    )
+
+    def __init__(self, prefix: str, missing: tuple[str, str], invalid: tuple[str, str]) -> None:
+        self.missing = missing
+        self.invalid = invalid
+        self.form = re.compile(rf"Bearer {re.escape(prefix)}[A-Za-z0-9_-]{{20,100}}")
+
+
+# Statuses that count as a failed authentication from the source address.
+AUTH_FAILED: Final = frozenset({401, 403})
+# The join routes are what an unauthenticated client reaches; a malformed join is refused AND audited,
+# so it counts too (a flood of them would otherwise write one audit row each).
+JOIN_FAILED: Final = AUTH_FAILED | {422}
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What one route may receive. First match in POLICIES wins."""
+
+    method: str | None  # None: any
+    path: re.Pattern[str]
+    max_body: int
+    auth: Auth | None
+    failures: frozenset[int] = AUTH_FAILED
+    join_attempt: bool = False  # spends from the source's join-attempt budget
+
+
+def _path(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern)
+
+
+POLICIES: Final[tuple[Policy, ...]] = (
+    # JoinRequest: keys, EK certificate (~1.5 KiB) and two reports of at most 32 KiB each
+    # (contracts/messages.py REPORT_MAX_BYTES). The join token travels in the body, so no header check.
+    Policy("POST", _path(r"/v1/join"), 96 * KiB, None, JOIN_FAILED, join_attempt=True),
+    # ProofRequest: the activated secret and a quote over a few PCRs, about 1.2 KiB on the wire.
+    Policy("POST", _path(r"/v1/join/[^/]+/proof"), 16 * KiB, Auth.JOIN, JOIN_FAILED),
+    # HeartbeatRequest: three reports of at most 32 KiB each (actual, inventory, requirements) and a quote.
+    Policy("POST", _path(r"/v1/nodes/[^/]+/heartbeat"), 256 * KiB, Auth.NODE),
+    # An image manifest lists every package of the image (thousands of lines), sent base64-encoded.
+    Policy("POST", _path(r"/v1/images"), 8 * MiB, Auth.OPERATOR),
+    # Other operator routes carry names, PEM certificates, service-account keys: a few KiB at most.
+    Policy(None, _path(r"/v1/.*"), 1 * MiB, Auth.OPERATOR),
+    # /healthz, /openapi.json, /docs and unknown routes: public, and no body worth reading.
+    Policy(None, _path(r".*"), 64 * KiB, None),
+)
+
+
+def policy_for(method: str, path: str) -> Policy:
+    return next(p for p in POLICIES if p.method in (None, method) and p.path.fullmatch(path))
+
+
+@dataclass
+class _Bucket:
+    tokens: float
+    at: float
+
+
+@dataclass
+class Buckets:
+    """One token bucket per source address: `burst` tokens, refilled at `per_minute`. In memory."""
+
+    burst: int
+    per_minute: float
+    clock: Callable[[], float] = time.monotonic
+    max_sources: int = 100_000  # beyond this many addresses, full (idle) buckets are dropped
+    _buckets: dict[str, _Bucket] = field(default_factory=dict)
+
+    def _refilled(self, source: str) -> _Bucket:
+        now = self.clock()
+        bucket = self._buckets.get(source)
+        if bucket is None:
+            if len(self._buckets) >= self.max_sources:
+                self._drop_idle(now)
+            bucket = self._buckets[source] = _Bucket(float(self.burst), now)
+        bucket.tokens = min(float(self.burst), bucket.tokens + (now - bucket.at) * self.per_minute / 60)
+        bucket.at = now
+        return bucket
+
+    def _drop_idle(self, now: float) -> None:
+        full_after = self.burst * 60 / self.per_minute if self.per_minute > 0 else math.inf
+        self._buckets = {k: b for k, b in self._buckets.items() if now - b.at < full_after}
+
+    def retry_after(self, source: str) -> int | None:
+        """Seconds until `source` has a token again, or None when it has one now."""
+        bucket = self._refilled(source)
+        if bucket.tokens >= 1:
+            return None
+        if self.per_minute <= 0:
+            return 3600
+        return max(1, math.ceil((1 - bucket.tokens) * 60 / self.per_minute))
+
+    def spend(self, source: str) -> None:
+        bucket = self._refilled(source)
+        bucket.tokens = max(0.0, bucket.tokens - 1)
+
+
+def _refusal(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> list[Message]:
+    body = json.dumps({"code": code, "message": message}).encode()
+    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    raw += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+    return [
+        {"type": "http.response.start", "status": status, "headers": raw},
+        {"type": "http.response.body", "body": body},
+    ]
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class RequestLimits:
+    """The middleware (see the module docstring). `settings` gives the rate-limit parameters."""
+
+    def __init__(self, app: App, settings: Settings) -> None:
+        self.app = app
+        self.failures = Buckets(settings.auth_failures_burst, settings.auth_failures_per_minute)
+        self.joins = Buckets(settings.join_attempts_burst, settings.join_attempts_per_minute)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        policy = policy_for(scope["method"], scope["path"])
+        source = scope["client"][0] if scope.get("client") else "unknown"
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        refusal = self._refusal(policy, source, headers)
+        if refusal is not None:
+            for message in refusal:
+                await send(message)
+            return
+        try:
+            body = await self._read(receive, policy.max_body)
+        except _TooLarge:
+            for message in _too_large(policy):
+                await send(message)
+            return
+        await self.app(scope, _replay(body, receive), self._counting(send, policy, source))
+
+    def _refusal(self, policy: Policy, source: str, headers: dict[str, str]) -> list[Message] | None:
+        """What to answer without reading the body, or None to go on."""
+        if policy.auth is not None or policy.join_attempt:
+            wait = self.failures.retry_after(source)
+            if wait is not None:
+                return _rate_limited("failed authentications", wait)
+        if policy.join_attempt:
+            wait = self.joins.retry_after(source)
+            if wait is not None:
+                return _rate_limited("join attempts", wait)
+            self.joins.spend(source)
+        if policy.auth is not None and not policy.auth.form.fullmatch(headers.get("authorization", "")):
+            self.failures.spend(source)
+            code, message = policy.auth.invalid if headers.get("authorization") else policy.auth.missing
+            return _refusal(401, code, message, {"WWW-Authenticate": "Bearer"})
+        length = headers.get("content-length", "")
+        if length and (not length.isdigit() or int(length) > policy.max_body):
+            return _too_large(policy)
+        return None
+
+    @staticmethod
+    async def _read(receive: Receive, limit: int) -> bytes:
+        """The whole body (at most `limit` bytes; _TooLarge past it), however it is sent."""
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                break
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise _TooLarge
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        return b"".join(chunks)
+
+    def _counting(self, send: Send, policy: Policy, source: str) -> Send:
+        async def counted(message: Message) -> None:
+            if message["type"] == "http.response.start" and message["status"] in policy.failures:
+                self.failures.spend(source)
+            await send(message)
+
+        return counted
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A receive that hands the app the body already read, then the client's later messages."""
+    sent = False
+
+    async def replayed() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replayed
+
+
+def _too_large(policy: Policy) -> list[Message]:
+    return _refusal(
+        413, "body_too_large", f"the request body is larger than this route accepts ({policy.max_body} bytes)"
+    )
+
+
+def _rate_limited(what: str, wait: int) -> list[Message]:
+    return _refusal(
+        429,
+        "rate_limited",
+        f"too many {what} from this address: retry in {wait} s",
+        {"Retry-After": str(wait)},
+    )
