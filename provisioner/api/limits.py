@@ -20,18 +20,15 @@ import json
 import math
 import re
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Final
+from typing import Final
+
+from starlette.types import ASGIApp as App
+from starlette.types import Message, Receive, Scope, Send
 
 from provisioner.settings import Settings
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-App = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 KiB: Final = 1024
 MiB: Final = 1024 * KiB
