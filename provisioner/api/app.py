@@ -4,13 +4,17 @@ loaded once (provisioner/settings.py); the app keeps them on app.state and gives
 reconcilers what they need through the runtime it attaches to its sessions (provisioner/services/runtime.py).
 
 Adding a router is one line in OPERATOR_ROUTERS (operator bearer token required on every route) or
-in OPEN_ROUTERS (routes that authenticate differently, e.g. minions with node credentials)."""
+in OPEN_ROUTERS (routes that authenticate differently, e.g. minions with node credentials).
+The OpenAPI document at /openapi.json is the API's description (there are no /docs or /redoc pages):
+each route's security scheme comes from the credential it reads (provisioner/api/deps.py), and its
+error responses from the tables in provisioner/api/errors.py."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import Depends, FastAPI
 from sqlalchemy import Engine
@@ -51,6 +55,14 @@ OPERATOR_ROUTERS = [
 OPEN_ROUTERS: list = [join.router]  # join token / node credential auth of their own
 
 
+class ControlPlaneApp(FastAPI):
+    def openapi(self) -> dict[str, Any]:
+        """FastAPI's document, with the error responses the server really sends (errors.describe_errors)."""
+        if self.openapi_schema is None:
+            self.openapi_schema = errors.describe_errors(super().openapi())
+        return self.openapi_schema
+
+
 @asynccontextmanager
 async def _reconciler_lifespan(app: FastAPI) -> AsyncIterator[None]:
     loop = ReconcilerLoop(app.state.sessions)
@@ -84,12 +96,16 @@ def create_app(
     engine = engine or make_engine(url)
     if migrate:
         upgrade(url, engine)
-    app = FastAPI(
+    app = ControlPlaneApp(
         title="rigbase control plane",
         version="1",
         description="Providers, regions and nodes of a rigbase fleet. Every /v1/ route needs "
-        "`Authorization: Bearer <token>`; /openapi.json and /healthz do not.",
+        "`Authorization: Bearer <token>` (an operator token, a node credential or a join token: see "
+        "each route's security) except `POST /v1/join`, whose join token is in the body; /openapi.json "
+        "and /healthz are the only public routes. Every error answers `{code, message}`.",
         lifespan=_reconciler_lifespan if reconcilers else None,
+        docs_url=None,
+        redoc_url=None,
     )
     runtime = Runtime.from_settings(settings, finalizer=finalizer, providers=providers)
     if heartbeat_timing is not None:
@@ -107,7 +123,7 @@ def create_app(
         return {"status": "ok"}
 
     for router in OPERATOR_ROUTERS:
-        app.include_router(router, dependencies=[Depends(require_operator)])
+        app.include_router(router, dependencies=[Depends(require_operator)], responses=errors.OPERATOR_ERRORS)
     for router in OPEN_ROUTERS:
         app.include_router(router)
     return app

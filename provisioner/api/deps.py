@@ -1,4 +1,4 @@
-"""Request-scoped dependencies: one database unit of work per request, and operator auth.
+"""Request-scoped dependencies: one database unit of work per request, and the bearer credentials.
 
 `db` commits when the handler returns and rolls back when it raises, BEFORE the response is sent
 (scope="function"), so a client never sees success for a change that was not committed."""
@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Annotated
 
 from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
 from provisioner.services import tokens
@@ -37,17 +38,46 @@ def _heartbeat_timing(request: Request) -> HeartbeatTiming:
 Timing = Annotated[HeartbeatTiming, Depends(_heartbeat_timing)]
 
 
-def bearer_token(request: Request) -> str | None:
-    header = request.headers.get("authorization", "")
-    scheme, _, value = header.partition(" ")
-    return value.strip() if scheme.lower() == "bearer" and value.strip() else None
+# The three bearer credentials, each its own security scheme in the OpenAPI document. auto_error=False:
+# the refusal (code, message, 401) stays the services' own (provisioner/api/limits.py words it the same).
+OPERATOR_TOKEN = HTTPBearer(
+    auto_error=False, scheme_name="operatorToken", description="operator token (`provision token`)"
+)
+NODE_CREDENTIAL = HTTPBearer(
+    auto_error=False, scheme_name="nodeCredential", description="node credential issued at a join"
+)
+JOIN_TOKEN = HTTPBearer(
+    auto_error=False, scheme_name="joinToken", description="the region join token that started the join"
+)
+Credentials = HTTPAuthorizationCredentials | None
 
 
-def require_operator(request: Request, session: Db) -> str:
+def _value(credentials: Credentials) -> str | None:
+    return credentials.credentials if credentials else None  # HTTPBearer gives None for an empty one
+
+
+def _operator_token(credentials: Annotated[Credentials, Depends(OPERATOR_TOKEN)]) -> str | None:
+    return _value(credentials)
+
+
+def _node_credential(credentials: Annotated[Credentials, Depends(NODE_CREDENTIAL)]) -> str | None:
+    return _value(credentials)
+
+
+def _join_token(credentials: Annotated[Credentials, Depends(JOIN_TOKEN)]) -> str | None:
+    return _value(credentials)
+
+
+NodeCredential = Annotated[str | None, Depends(_node_credential)]
+JoinToken = Annotated[str | None, Depends(_join_token)]
+
+
+def require_operator(
+    request: Request, session: Db, token: Annotated[str | None, Depends(_operator_token)]
+) -> str:
     """The audit-trail actor (`operator:<token name>`) or 401. Applied to every operator router in
     the app factory; minion routes (join, heartbeat) use node credentials instead."""
-    token = tokens.authenticate(session, bearer_token(request))
-    actor = f"operator:{token.name}"
+    actor = f"operator:{tokens.authenticate(session, token).name}"
     request.state.actor = actor
     return actor
 

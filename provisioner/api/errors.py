@@ -1,8 +1,12 @@
-"""Every error leaves the API as JSON {"code", "message"} with one human line in `message`."""
+"""Every error leaves the API as JSON {"code", "message"} (schemas.ErrorOut) with one human line in
+`message`; the OpenAPI document says so for every status a route can answer with (`documented`,
+`describe_errors`), in place of FastAPI's own 422 shape, which this server never sends."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -20,6 +24,8 @@ from contracts.errors import (
     Unauthorized,
     Unavailable,
 )
+from provisioner.api.deps import OPERATOR_TOKEN
+from provisioner.api.schemas import ErrorOut
 from provisioner.domain.text import printable
 
 log = logging.getLogger("rigbase.api")
@@ -36,6 +42,86 @@ HTTP_STATUS: dict[type[RigbaseError], int] = {
     Unavailable: 503,
     RigbaseError: 400,
 }
+
+
+# What each refusal status means to a client, for the OpenAPI document; the body is always ErrorOut.
+MEANING: dict[int, str] = {
+    401: "no bearer token, or not a valid one for this route",
+    403: "refused: the message says which check failed",
+    404: "no such resource (or API route)",
+    409: "conflicts with the current state: already exists, still in use, or not allowed in this state",
+    413: "the body is larger than this route accepts",
+    422: "invalid input: the message names the first invalid field",
+    429: "too many failed authentications or join attempts from this address lately: see Retry-After",
+    503: "the database is unreachable: retry later",
+}
+
+
+def documented(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """`responses=` for a router or route: these statuses, each with the ErrorOut body."""
+    return {status: {"model": ErrorOut, "description": MEANING[status]} for status in statuses}
+
+
+# The refusals of each kind of route, whatever its shape (given to routers and routes as `responses=`).
+OPERATOR_ERRORS = documented(401, 429, 503)
+JOIN_ERRORS = documented(403, 409, 429, 503)  # the join token is in the body: a bad one is a 403
+PROOF_ERRORS = documented(401, 403, 409, 429, 503)
+NODE_ERRORS = documented(401, 403, 429, 503)
+
+Operation = dict[str, Any]
+
+
+def _has_path_params(_: str, op: Operation) -> bool:
+    return any(p.get("in") == "path" for p in op.get("parameters", []))
+
+
+def _has_body(_: str, op: Operation) -> bool:
+    return "requestBody" in op
+
+
+def _has_input(method: str, op: Operation) -> bool:
+    return _has_body(method, op) or bool(op.get("parameters"))
+
+
+def _is_operator_write(method: str, op: Operation) -> bool:
+    return method in ("post", "put", "patch", "delete") and {OPERATOR_TOKEN.scheme_name: []} in op.get(
+        "security", []
+    )
+
+
+# The refusals that follow from an operation's shape, added to every operation of that shape: a path
+# names a resource that may not exist, a body may be too large, input may be invalid, and an operator's
+# write may conflict with what is there.
+SHAPE_ERRORS: tuple[tuple[Callable[[str, Operation], bool], tuple[int, ...]], ...] = (
+    (_has_path_params, (404,)),
+    (_has_body, (413,)),
+    (_has_input, (422,)),
+    (_is_operator_write, (409,)),
+)
+_ERROR_REF = {"$ref": "#/components/schemas/ErrorOut"}
+
+
+def describe_errors(schema: dict[str, Any]) -> dict[str, Any]:
+    """The generated OpenAPI document with SHAPE_ERRORS added to each operation, and every 422 in the
+    shape the server sends (ErrorOut) instead of FastAPI's HTTPValidationError."""
+    for item in schema.get("paths", {}).values():
+        for method, op in item.items():
+            responses = op.setdefault("responses", {})
+            responses.pop("422", None)
+            for applies, statuses in SHAPE_ERRORS:
+                for status in statuses if applies(method, op) else ():
+                    responses.setdefault(
+                        str(status),
+                        {
+                            "description": MEANING[status],
+                            "content": {"application/json": {"schema": _ERROR_REF}},
+                        },
+                    )
+    models = schema.setdefault("components", {}).setdefault("schemas", {})
+    models.setdefault("ErrorOut", ErrorOut.model_json_schema())
+    for unused in ("HTTPValidationError", "ValidationError"):
+        models.pop(unused, None)
+    return schema
 
 
 def http_status(exc: RigbaseError) -> int:

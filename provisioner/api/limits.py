@@ -112,7 +112,7 @@ POLICIES: Final[tuple[Policy, ...]] = (
     Policy("POST", _path(r"/v1/images"), 8 * MiB, Auth.OPERATOR),
     # Other operator routes carry names, PEM certificates, service-account keys: a few KiB at most.
     Policy(None, _path(r"/v1/.*"), 1 * MiB, Auth.OPERATOR),
-    # /healthz, /openapi.json, /docs and unknown routes: public, and no body worth reading.
+    # /healthz, /openapi.json and unknown routes: public, and no body worth reading.
     Policy(None, _path(r".*"), 64 * KiB, None),
 )
 

@@ -15,6 +15,13 @@ from provisioner.store.models import AuditEvent, Node, Provider, Region
 T = TypeVar("T")
 
 
+class ErrorOut(BaseModel):
+    """Every refusal's body (provisioner/api/errors.py): a stable code and one human line."""
+
+    code: str = Field(description="stable, machine-readable: `not_found`, `token_invalid`, …")
+    message: str = Field(description="one line saying what went wrong and what to do about it")
+
+
 class Page(BaseModel, Generic[T]):
     items: list[T]
     next: str | None = Field(None, description="cursor for the next page (`after=`); null at the end")

@@ -12,7 +12,8 @@ from fastapi import APIRouter, Body, Request, Response
 from sqlalchemy.orm import Session
 
 from contracts.messages import HeartbeatRequest, JoinChallenge
-from provisioner.api.deps import Db, Timing, bearer_token
+from provisioner.api.deps import Db, JoinToken, NodeCredential, Timing
+from provisioner.api.errors import JOIN_ERRORS, NODE_ERRORS, PROOF_ERRORS
 from provisioner.domain.states import JoinOutcome
 from provisioner.services import heartbeat as heartbeat_service
 from provisioner.services import join as service
@@ -36,17 +37,24 @@ def _one_writer(session: Session) -> Iterator[None]:
         session.commit()
 
 
-@router.post("/v1/join", status_code=201, response_model=JoinChallenge)
+@router.post("/v1/join", status_code=201, response_model=JoinChallenge, responses=JOIN_ERRORS)
 def join(session: Db, body: Any = Body(...)) -> Response:
-    """Step 1 (docs/join-protocol.md): JoinRequest → JoinChallenge, or 403 with the refusal."""
+    """Step 1 (docs/join-protocol.md): JoinRequest → JoinChallenge, or 403 with the refusal.
+    No Authorization header: the join token travels in the body (`join_token`), checked here."""
     with _one_writer(session):
         challenge = service.begin(session, body)
     return Response(challenge.model_dump_json(), status_code=201, media_type="application/json")
 
 
-@router.post("/v1/join/{join_id}/proof")
+@router.post("/v1/join/{join_id}/proof", responses=PROOF_ERRORS)
 def proof(
-    join_id: str, request: Request, response: Response, session: Db, timing: Timing, body: Any = Body(...)
+    join_id: str,
+    request: Request,
+    response: Response,
+    session: Db,
+    timing: Timing,
+    token: JoinToken,
+    body: Any = Body(...),
 ) -> dict[str, Any]:
     """Step 2: ProofRequest (with `Authorization: Bearer <join token>`) → the node credential (200),
     or `pending` (202) while no operator has added this minion_id."""
@@ -54,7 +62,7 @@ def proof(
         result = service.finish(
             session,
             join_id,
-            bearer_token(request),
+            token,
             body,
             observed_address=request.client.host if request.client else None,
             timing=timing,
@@ -64,16 +72,21 @@ def proof(
     return result.model_dump(mode="json")
 
 
-@router.post("/v1/nodes/{node_id}/heartbeat")
+@router.post("/v1/nodes/{node_id}/heartbeat", responses=NODE_ERRORS)
 def heartbeat(
-    node_id: str, body: HeartbeatRequest, request: Request, session: Db, timing: Timing
+    node_id: str,
+    body: HeartbeatRequest,
+    request: Request,
+    session: Db,
+    timing: Timing,
+    credential: NodeCredential,
 ) -> dict[str, Any]:
     """Actual state in, desired state (and, every K beats, a quote nonce) out."""
     with _one_writer(session):
         return heartbeat_service.beat(
             session,
             node_id,
-            bearer_token(request),
+            credential,
             body,
             observed_address=request.client.host if request.client else None,
             timing=timing,
