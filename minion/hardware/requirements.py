@@ -103,6 +103,9 @@ RAM_PER_VRAM = 2
 # own page tables (about 1.6 % for struct page alone). A server with exactly 2x VRAM installed reads a few
 # percent short, so the memory rule accepts MemTotal down to 96 % of its figure and says so.
 MEMTOTAL_ALLOWANCE = 0.96
+# What a rule's `required` says when an input it needs is unknown (a GPU's memory without catalogue or
+# NVML), rather than a figure computed from a missing value.
+UNKNOWN_REQUIREMENT = "unknown"
 
 
 def _gpu_summary(gpus: list[Gpu]) -> str:
@@ -195,9 +198,11 @@ def _memory_vs_vram(inv: Inventory) -> Measurement:
     required = f">= {gib(need)} RAM ({RAM_PER_VRAM} x {gib(vram)} VRAM)"
     found = f"{gib(have)} RAM"
     if unknown:
+        # A GPU of unknown memory would otherwise add 0 GiB to the figure; the figure is not known, and
+        # the column says so in words (docs/hardware.md: `required` is always a string).
         return Measurement(
             False,
-            required,
+            f"{UNKNOWN_REQUIREMENT} ({RAM_PER_VRAM} x VRAM)",
             found,
             f"The memory of {plural(len(unknown), 'GPU')} is unknown; load the GPU driver "
             "so NVML can report it.",

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from minion.hardware import catalogue, hostfiles
-from minion.hardware.model import FormFactor, InvalidInventory, Inventory
+from minion.hardware.model import FormFactor, GpuClass, InvalidInventory, Inventory
 from minion.hardware.units import parse_link_speed, pcie_generation
 from tests.fixtures.umockdev import Testbed, load_profile, minion_executable, profile_names
 
@@ -287,3 +287,58 @@ def test_catalogue_covers_the_required_gpus_with_sources() -> None:
         assert set(entry.sources) == {"id", "vram", "class", "form_factor", "pcie_gen"}, entry.name
         # every short reference resolved to a citation from the catalogue's sources table
         assert all(len(text) > 20 for text in entry.sources.values()), entry.name
+
+
+def test_catalogue_has_current_gpus_with_pci_ids_and_fee_classes() -> None:
+    entries = catalogue.load()
+    expected = {
+        ("10de", "2684"): ("RTX 4090", GpuClass.DEVELOPMENT, FormFactor.PCIE, 24),
+        ("10de", "2704"): ("RTX 4080", GpuClass.DEVELOPMENT, FormFactor.PCIE, 16),
+        ("10de", "2786"): ("RTX 4070", GpuClass.DEVELOPMENT, FormFactor.PCIE, 12),
+        ("10de", "26b9"): ("L40S", GpuClass.DATACENTER, FormFactor.PCIE, 48),
+        ("10de", "26b5"): ("L40", GpuClass.DATACENTER, FormFactor.PCIE, 48),
+        ("10de", "2236"): ("A10", GpuClass.DATACENTER, FormFactor.PCIE, 24),
+        ("10de", "2235"): ("A40", GpuClass.DATACENTER, FormFactor.PCIE, 48),
+        ("10de", "26b1"): ("RTX 6000 Ada", GpuClass.PROFESSIONAL, FormFactor.PCIE, 48),
+        ("10de", "2321"): ("H100 NVL", GpuClass.DATACENTER, FormFactor.PCIE, 94),
+        ("10de", "2901"): ("B200", GpuClass.DATACENTER, FormFactor.SXM, 180),
+        ("1002", "740f"): ("MI210", GpuClass.DATACENTER, FormFactor.PCIE, 64),
+        ("1002", "740c"): ("MI250/MI250X", GpuClass.DATACENTER, FormFactor.SXM, 128),
+        ("1002", "74a1"): ("MI300X", GpuClass.DATACENTER, FormFactor.SXM, 192),
+        ("1002", "7448"): ("Radeon Pro W7900", GpuClass.PROFESSIONAL, FormFactor.PCIE, 48),
+    }
+    for key, (model, gpu_class, form_factor, vram_gib) in expected.items():
+        entry = entries[key]
+        assert (entry.model, entry.gpu_class, entry.form_factor, entry.vram_gib) == (
+            model,
+            gpu_class,
+            form_factor,
+            vram_gib,
+        ), key
+        assert "pciutils/pciids" in entry.sources["id"], key
+
+
+def test_unknown_gpu_memory_shows_as_unknown_in_check_json(umockdev_testbed: Make) -> None:
+    """Regression: `minion check --json` said ">= 0 GiB RAM (2 x 0 GiB VRAM)" for a GPU of unknown memory;
+    the JSON shape stays the same (a string), the text says unknown."""
+    testbed = umockdev_testbed(_profile("unknown-vram", [{"id": "10de:ffff", "gen": 4, "width": 16}]))
+    result = testbed.run("check", "--json", "--public-jobs")
+    rules = {r["rule"]: r for r in json.loads(result.stdout)["rules"]}
+    memory = rules["memory-vs-vram"]
+    assert (memory["ok"], memory["required"]) == (False, "unknown (2 x VRAM)")
+    assert result.returncode == 1, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("name", "model", "gpu_class", "form_factor"),
+    [
+        ("rtx4090-workstation", "RTX 4090", GpuClass.DEVELOPMENT, FormFactor.PCIE),
+        ("mi300x-server", "MI300X", GpuClass.DATACENTER, FormFactor.SXM),
+    ],
+)
+def test_current_gpus_classify_from_the_catalogue(
+    profile_inventory: Cached, name: str, model: str, gpu_class: GpuClass, form_factor: FormFactor
+) -> None:
+    inv = Inventory.from_json(profile_inventory(name))
+    assert {(g.model, g.gpu_class, g.form_factor) for g in inv.gpus} == {(model, gpu_class, form_factor)}
+    assert all(g.sources["gpu_class"] == "catalogue" for g in inv.gpus)

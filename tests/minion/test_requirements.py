@@ -158,6 +158,17 @@ def test_memory_rule_in_gib_with_the_memtotal_allowance() -> None:
     assert short.found == "256 GiB RAM" and "64 GiB" in short.detail
 
 
+def test_memory_rule_says_unknown_when_a_gpus_memory_is_unknown() -> None:
+    """Regression: a GPU without catalogue entry or NVML once made the requirement read "0 GiB"."""
+    inventory = _inventory(gpus=2, memory_gib=16)
+    inventory.gpus[1].vram_bytes = None
+    rule = _rule(inventory, "memory-vs-vram")
+    assert not rule.ok and rule.required == "unknown (2 x VRAM)"
+    assert "GiB" not in rule.required and "memory of 1 GPU is unknown" in rule.detail
+    # the --json shape does not change: `required` stays a string
+    assert rule.to_json()["required"] == "unknown (2 x VRAM)"
+
+
 def test_cores_per_gpu_by_generation_and_mixed() -> None:
     inventory = _inventory(gpus=0, cores=9)
     inventory.gpus = [_gpu(gen=3, index=0), _gpu(gen=3, index=1), _gpu(gen=4, index=2)]
