@@ -97,14 +97,13 @@ def finalize_node(sessions: sessionmaker[Session], node_id: str, runtime: Runtim
         if event.status not in RECORDED:
             return
         with session_scope(sessions) as s:
-            audit.record(
+            audit.note(
                 s,
                 kind=node_service.KIND,
                 resource_id=node_id,
                 name=name,
                 actor=ACTOR,
-                from_state=NodeState.PROVISIONING.value,
-                to_state=NodeState.PROVISIONING.value,
+                state=NodeState.PROVISIONING.value,
                 reason=f"task {event.task!r}: {event.status.value}"
                 + (f": {event.message}" if event.message else ""),
             )

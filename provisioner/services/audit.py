@@ -37,6 +37,23 @@ def record(
     return event
 
 
+def note(
+    session: Session, *, kind: str, resource_id: str, name: str, actor: str, state: str, reason: str
+) -> AuditEvent:
+    """A line in a resource's history that changes nothing: a playbook task, a setting, a refusal that
+    leaves the node where it is. From and to are both its current state."""
+    return record(
+        session,
+        kind=kind,
+        resource_id=resource_id,
+        name=name,
+        actor=actor,
+        from_state=state,
+        to_state=state,
+        reason=reason,
+    )
+
+
 def history(session: Session, kind: str, resource_ids: list[str]) -> list[AuditEvent]:
     """Events of one or more resources (a node and the nodes it replaced), oldest first."""
     stmt = (

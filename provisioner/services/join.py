@@ -121,14 +121,13 @@ def _refused(
         if error_node and refusal.code not in TRANSIENT and node.state not in NODE_STOPPED:
             node_service.transition(session, node, NodeState.ERRORED, actor=actor, reason=refusal.message)
         else:
-            audit.record(
+            audit.note(
                 session,
                 kind=node_service.KIND,
                 resource_id=node.id,
                 name=node.name,
                 actor=actor,
-                from_state=node.state,
-                to_state=node.state,
+                state=node.state,
                 reason=reason,
             )
     elif ctx.minion_id:

@@ -37,14 +37,13 @@ def retry(
 def set_region_attestation(session: Session, ref: str, *, allow_ek_without_cert: bool, actor: str) -> Region:
     region = region_service.get(session, ref)
     region.settings = {**(region.settings or {}), ALLOW_EK_WITHOUT_CERT: allow_ek_without_cert}
-    audit.record(
+    audit.note(
         session,
         kind=region_service.KIND,
         resource_id=region.id,
         name=region.name,
         actor=actor,
-        from_state=region.state,
-        to_state=region.state,
+        state=region.state,
         reason=f"EKs without a vendor certificate {'accepted' if allow_ek_without_cert else 'refused'}",
     )
     session.flush()
