@@ -1,7 +1,12 @@
 """Engines and sessions for the store: SQLite (default, a file under $RIGBASE_HOME) or PostgreSQL.
 
-SQLite is tuned for a single control-plane process with a thread pool (WAL, busy timeout, foreign
-keys on); PostgreSQL gets a pre-ping pool so a restarted database does not fail the first request."""
+SQLite (WAL, foreign keys on) takes its write lock where a unit of work begins: every transaction is
+`BEGIN IMMEDIATE`, which waits up to the busy timeout for the one writer's lock. A deferred transaction
+would start as a reader and fail at once with "database is locked" when it later writes after another
+writer committed in between (SQLite cannot wait there: the reader's snapshot is stale), which a join
+burst beside operator writes, or two `provision serve` processes on one file, trigger. Reads in WAL mode
+never wait for the writer. PostgreSQL gets a pre-ping pool so a restarted database does not fail the first
+request."""
 
 from __future__ import annotations
 
@@ -40,6 +45,10 @@ def _private_sqlite_file(database: str | None) -> None:
             pass
 
 
+# How long a unit of work waits for SQLite's write lock before it fails with "database is locked".
+SQLITE_BUSY_TIMEOUT_S = 30.0
+
+
 def make_engine(url: str, **kwargs: Any) -> Engine:
     """An engine for `url`; raises InvalidInput for a URL SQLAlchemy cannot parse or drive."""
     try:
@@ -52,15 +61,23 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         parsed = parsed.set(drivername="postgresql+psycopg")
     if parsed.get_backend_name() == "sqlite":
         _private_sqlite_file(parsed.database)
-        engine = create_engine(parsed, connect_args={"check_same_thread": False, "timeout": 15}, **kwargs)
+        engine = create_engine(
+            parsed, connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_S}, **kwargs
+        )
 
         @event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+            # The driver must not open transactions by itself: the "begin" hook below does, immediately.
+            dbapi_conn.isolation_level = None
             cur = dbapi_conn.cursor()
             cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA foreign_keys=ON")
             cur.execute("PRAGMA synchronous=NORMAL")
             cur.close()
+
+        @event.listens_for(engine, "begin")
+        def _sqlite_begin_immediate(conn: Any) -> None:
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
 
         return engine
     if parsed.get_backend_name() != "postgresql":

@@ -3,13 +3,9 @@ token; heartbeats with the node credential issued at a successful join (never th
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from fastapi import APIRouter, Body, Request, Response
-from sqlalchemy.orm import Session
 
 from contracts.messages import HeartbeatRequest, JoinChallenge
 from provisioner.api.deps import Db, JoinToken, NodeCredential, Timing
@@ -19,30 +15,13 @@ from provisioner.services import heartbeat as heartbeat_service
 from provisioner.services import join as service
 
 router = APIRouter(tags=["join"])
-_SQLITE_WRITER = threading.Lock()
-
-
-@contextmanager
-def _one_writer(session: Session) -> Iterator[None]:
-    """On SQLite, run a minion request's whole unit of work (commit included) under one process lock.
-    SQLite allows one writer anyway, but a WAL read transaction that later wants to write fails at
-    once with "database is locked" when another writer committed in between (its busy timeout does not
-    apply), which a burst of joins triggers. Serialising costs no throughput there; PostgreSQL needs
-    none of this (row locks, and the nonce's conditional UPDATE)."""
-    if session.get_bind().dialect.name != "sqlite":
-        yield
-        return
-    with _SQLITE_WRITER:
-        yield
-        session.commit()
 
 
 @router.post("/v1/join", status_code=201, response_model=JoinChallenge, responses=JOIN_ERRORS)
 def join(session: Db, body: Any = Body(...)) -> Response:
     """Step 1 (docs/join-protocol.md): JoinRequest → JoinChallenge, or 403 with the refusal.
     No Authorization header: the join token travels in the body (`join_token`), checked here."""
-    with _one_writer(session):
-        challenge = service.begin(session, body)
+    challenge = service.begin(session, body)
     return Response(challenge.model_dump_json(), status_code=201, media_type="application/json")
 
 
@@ -58,15 +37,14 @@ def proof(
 ) -> dict[str, Any]:
     """Step 2: ProofRequest (with `Authorization: Bearer <join token>`) → the node credential (200),
     or `pending` (202) while no operator has added this minion_id."""
-    with _one_writer(session):
-        result = service.finish(
-            session,
-            join_id,
-            token,
-            body,
-            observed_address=request.client.host if request.client else None,
-            timing=timing,
-        )
+    result = service.finish(
+        session,
+        join_id,
+        token,
+        body,
+        observed_address=request.client.host if request.client else None,
+        timing=timing,
+    )
     if result.state == JoinOutcome.PENDING:
         response.status_code = 202
     return result.model_dump(mode="json")
@@ -82,12 +60,11 @@ def heartbeat(
     credential: NodeCredential,
 ) -> dict[str, Any]:
     """Actual state in, desired state (and, every K beats, a quote nonce) out."""
-    with _one_writer(session):
-        return heartbeat_service.beat(
-            session,
-            node_id,
-            credential,
-            body,
-            observed_address=request.client.host if request.client else None,
-            timing=timing,
-        )
+    return heartbeat_service.beat(
+        session,
+        node_id,
+        credential,
+        body,
+        observed_address=request.client.host if request.client else None,
+        timing=timing,
+    )

@@ -1,0 +1,215 @@
+"""A node's whole life from the boot media, in one QEMU VM (TCG, OVMF, swtpm with an EK certificate from
+the test's vendor CA), against a real `provision serve` on loopback over TLS:
+
+1. region `vm` (central storage), an image built from its bundle, its manifest registered;
+2. the VM boots the USB image beside a 2 GiB NVMe for the OS, two sparse NVMe cache drives and three sparse
+   SATA drives; its only network is QEMU user networking with `restrict=on` and one `guestfwd` to the
+   control plane's port, on a virtio NIC that reports 10 GbE;
+3. 'yes', install, reboot: the banner shows the minion_id computed here from the swtpm's EK; the minion
+   shows up in `provision node pending`;
+4. `provision node add store-1 --service storage --wait`: the node runs its own finalize playbook (md RAID0
+   of the two cache drives, ext4, NFS export) and ends active — no connection from the control plane;
+5. a reset the guest did not ask for (`system_reset`): the node boots the installed OS again, re-applies its
+   saved configuration, heartbeats with the same credential, passes a fresh quote, and reports /scratch
+   mounted from the same array and the export back;
+6. a second VM whose UKI was modified is refused at join, with its refusal kind in `provision node
+   refusals`.
+
+One QEMU at a time (shared 2-core hosts); the whole test takes about the time docs/testing.md states."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from image_builder import build, manifest, pe, vm
+from image_builder.plan import BuildConfig
+from provisioner.lab.swtpm import Swtpm, VendorCA, create_vendor_ca, provision_swtpm
+from tests.fixtures.control_plane import ControlPlane, start_control_plane
+from tests.image_builder.conftest import _cache_dir
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
+
+GiB = 2**30
+GUEST_CP = "10.0.2.100"  # QEMU's guestfwd address for the control plane (image_builder.vm)
+EPOCH = 1700000000
+
+
+def _run(cp: ControlPlane, *args: str, rc: int = 0) -> str:
+    out = cp.provision(*args)
+    assert out.returncode == rc, f"provision {' '.join(args)}: rc {out.returncode}\n{out.stdout}\n{out.stderr}"
+    return out.stdout
+
+
+def _json(cp: ControlPlane, *args: str) -> Any:
+    return json.loads(_run(cp, *args, "--json"))
+
+
+def _until(what: str, timeout: float, probe: Any, m: vm.Machine | None = None) -> Any:
+    """Poll `probe()` until it returns something truthy; on timeout fail with the console's tail."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = probe()
+        if value:
+            return value
+        time.sleep(2)
+    tail = m.text()[-3000:] if m is not None else ""
+    raise AssertionError(f"{what} did not happen within {timeout:.0f} s; console tail:\n{tail}")
+
+
+@pytest.fixture(scope="module")
+def vendor(tmp_path_factory: pytest.TempPathFactory) -> VendorCA:
+    return create_vendor_ca(tmp_path_factory.mktemp("vm-vendor-ca") / "ca")
+
+
+@pytest.fixture(scope="module")
+def cp(tmp_path_factory: pytest.TempPathFactory, vendor: VendorCA) -> Iterator[ControlPlane]:
+    home = tmp_path_factory.mktemp("vm-cp") / "home"
+    with start_control_plane(home, advertise=[GUEST_CP]) as server:
+        _run(server, "provider", "enable", "physical")
+        _run(server, "region", "create", "vm", "--provider", "physical", "--storage-mode", "central")
+        for pem in (vendor.root_certificate, vendor.intermediate_certificate):
+            _run(server, "tpm-ca", "add", str(pem))
+        yield server
+
+
+@pytest.fixture(scope="module")
+def image(cp: ControlPlane, tmp_path_factory: pytest.TempPathFactory, source_snapshot: Path) -> Path:
+    """The region's boot media, built from its bundle, its builder key trusted and its manifest registered."""
+    d = tmp_path_factory.mktemp("vm-image")
+    bundle = d / "bundle.json"
+    _run(cp, "region", "bundle", "vm", "-o", str(bundle), "--control-plane-url", f"https://{GUEST_CP}:8470")
+    assert json.loads(bundle.read_text())["ca_certificate"], "the bundle must pin the control plane's CA"
+    priv, pub = manifest.keygen(d / "builder.pem")
+    cache = _cache_dir()
+    build.build(
+        BuildConfig(
+            bundle=bundle, output=d / "out", cache=cache, key=priv, source_date_epoch=EPOCH, repo=source_snapshot
+        ),
+        log=lambda _m: None,
+    )
+    _run(cp, "image", "trust-key", str(pub), "--name", "vm-test")
+    _run(cp, "image", "register", str(d / "out" / "manifest.json"))
+    return d / "out"
+
+
+def _machine(workdir: Path, usb: Path, tpm: Swtpm, cp: ControlPlane, disks: dict[str, list[Path]]) -> vm.Machine:
+    return vm.Machine(
+        workdir,
+        usb,
+        disks["nvme"],
+        tpm.state_dir,
+        sata_images=disks["sata"],
+        control_plane_port=int(cp.url.rsplit(":", 1)[1].rstrip("/")),
+    )
+
+
+def _disks(d: Path) -> dict[str, list[Path]]:
+    d.mkdir(parents=True, exist_ok=True)
+    return {
+        "nvme": [vm.blank_disk(d / "nvme0.img", 2 * GiB)]
+        + [vm.blank_disk(d / f"cache{i}.img", 4 * GiB) for i in (1, 2)],
+        "sata": [vm.blank_disk(d / f"sata{i}.img", 2 * GiB) for i in range(3)],
+    }
+
+
+def _install(m: vm.Machine) -> int:
+    m.wait_for(r"Type 'yes' to ERASE", 420)
+    m.send("yes\n")
+    mark = len(m.output)
+    m.wait_for(r"installed; rebooting", 300, mark)
+    return mark
+
+
+def _node(cp: ControlPlane, name: str) -> dict[str, Any]:
+    return _json(cp, "node", "show", name, "--region", "vm")
+
+
+def test_storage_node_life_from_usb_to_active_and_through_a_reset(
+    cp: ControlPlane, image: Path, vendor: VendorCA, tmp_path: Path
+) -> None:
+    tpm = provision_swtpm(tmp_path / "tpm", vendor)
+    expected_id = vm.minion_id_from_ek_cert(tpm.ek_certificate.read_bytes())
+    with _machine(tmp_path / "vm", image / "rigbase-usb.img", tpm, cp, _disks(tmp_path / "disks")) as m:
+        mark = _install(m)
+        shown = m.wait_for(r"(?:MINION_ID=|minion_id +)([0-9a-f]{32})", 420, mark)
+        assert shown.group(1) == expected_id
+
+        # The minion reaches the control plane through the guestfwd (TLS, pinned CA) and waits, attested.
+        def pending() -> bool:
+            return any(p["minion_id"] == expected_id for p in _json(cp, "node", "pending"))
+
+        _until("the minion showing up in `provision node pending`", 600, pending, m)
+
+        # Adopt it as the region's storage node: it finalizes itself and enters active.
+        added = cp.provision(
+            "node", "add", "store-1", "--region", "vm", "--minion-id", expected_id, "--service", "storage",
+            "--wait", "--timeout", "1500", "--json",
+        )  # fmt: skip
+        node = _node(cp, "store-1")
+        assert added.returncode == 0 and node["state"] == "active", (added.stderr, node, m.text()[-3000:])
+        history = " / ".join(e.get("reason") or "" for e in _json(cp, "node", "history", "store-1"))
+        assert "task" in history and "finalize" in history, history
+        assert "ssh" not in history.lower()
+        finalize = (node.get("actual") or {}).get("finalize") or {}
+        scratch = finalize.get("scratch") or {}
+        assert scratch.get("mounted") and "md" in str(scratch.get("device")), finalize
+        credential_beat = node["last_heartbeat_at"]
+        quoted = node.get("last_quote_at")
+
+        # A reset the guest did not ask for: it boots the installed OS again from the same disks.
+        mark = len(m.output)
+        m.system_reset()
+        m.wait_for(r"(?:MINION_ID=|minion_id +)" + expected_id, 600, mark)
+
+        def back() -> dict[str, Any] | None:
+            n = _node(cp, "store-1")
+            fin = (n.get("actual") or {}).get("finalize") or {}
+            fresh = n["last_heartbeat_at"] != credential_beat and n.get("last_quote_at") != quoted
+            return n if fresh and (fin.get("scratch") or {}).get("mounted") and fin.get("export") else None
+
+        again = _until("heartbeats, a fresh quote and /scratch after the reset", 900, back, m)
+        assert again["state"] == "active" and again["id"] == node["id"]
+        assert again["actual"]["finalize"]["scratch"]["device"] == scratch["device"]
+        # No re-enrolment: the node joined once.
+        joins = [e for e in _json(cp, "node", "history", "store-1") if e.get("to_state") == "provisioning"]
+        assert len(joins) == 1, joins
+        # The console shows the node serving (the banner after the reboot names its state).
+        assert re.search(r"store-1|active", m.text(mark)), m.text(mark)[-2000:]
+
+
+def test_modified_uki_is_refused_at_join(cp: ControlPlane, image: Path, vendor: VendorCA, tmp_path: Path) -> None:
+    doc = json.loads((image / "manifest.json").read_text())
+    usb = tmp_path / "modified.img"
+    subprocess.run(["cp", "--sparse=always", str(image / "rigbase-usb.img"), str(usb)], check=True)
+    uki = bytearray((image / "rigbase.efi").read_bytes())
+    osrel = pe.section(bytes(uki), ".osrel")
+    at = bytes(uki).index(osrel) + osrel.index(b"rigbase node")
+    uki[at : at + 12] = b"RIGBASE NODE"
+    (tmp_path / "rigbase.efi").write_bytes(bytes(uki))
+    esp = doc["image"]["partitions"]["rigbase-esp"]["offset"]
+    subprocess.run(
+        ["mcopy", "-o", "-i", f"{usb}@@{esp}", str(tmp_path / "rigbase.efi"), "::/EFI/Linux/rigbase.efi"],
+        check=True,
+        env={**os.environ, "MTOOLS_SKIP_CHECK": "1"},
+    )
+    tpm = provision_swtpm(tmp_path / "tpm", vendor)
+    minion_id = vm.minion_id_from_ek_cert(tpm.ek_certificate.read_bytes())
+    with _machine(tmp_path / "vm", usb, tpm, cp, _disks(tmp_path / "disks")) as m:
+        _install(m)
+
+        def refused() -> list[dict[str, Any]]:
+            return [r for r in _json(cp, "node", "refusals") if r.get("minion_id") == minion_id]
+
+        rows = _until("a refusal of the modified image", 900, refused, m)
+    reasons = " ".join(r.get("reason") or "" for r in rows)
+    assert "manifest" in reasons and ("PCR 11" in reasons or "boot application" in reasons), reasons
+    assert not any(p["minion_id"] == minion_id for p in _json(cp, "node", "pending"))
