@@ -33,6 +33,7 @@ from provisioner.api.routes import (
     providers,
     regions,
     reservations,
+    tokens,
 )
 from provisioner.providers.base import ProviderDriver
 from provisioner.reconcilers.loop import ReconcilerLoop
@@ -51,6 +52,7 @@ OPERATOR_ROUTERS = [
     gcp.router,
     enrollment.router,
     images.router,
+    tokens.router,
 ]
 OPEN_ROUTERS: list = [join.router]  # join token / node credential auth of their own
 

@@ -16,6 +16,7 @@ from provisioner.cli import (
     regions,
     reservations,
     serve,
+    tokens,
 )
 
 app = typer.Typer(
@@ -38,3 +39,4 @@ app.add_typer(
     enrollment.tpm_ca, name="tpm-ca"
 )  # also adds region join-token|bundle|update, node pending|retry
 app.add_typer(images.app, name="image")
+app.add_typer(tokens.app, name="token")

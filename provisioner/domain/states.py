@@ -195,6 +195,14 @@ class JoinTokenState(StrEnum):
     REVOKED = "revoked"  # `revoked_at` is set: joins presenting it are refused
 
 
+class OperatorTokenState(StrEnum):
+    """Derived from the row (services.tokens): revocation and expiry are checked on every request."""
+
+    LIVE = "live"  # accepted
+    EXPIRED = "expired"  # `expires_at` passed: refused; `provision token rotate` gives it a new secret
+    REVOKED = "revoked"  # `revoked_at` is set: refused for good
+
+
 class JoinOutcome(StrEnum):
     """What a join or heartbeat ends in when it is not a node state: the `state` of a join answer and
     of `node pending` rows, and the audit line of a refusal."""
@@ -219,6 +227,13 @@ JOIN_TOKEN_TRANSITIONS: dict[JoinTokenState, frozenset[JoinTokenState]] = {
 }
 
 
+OPERATOR_TOKEN_TRANSITIONS: dict[OperatorTokenState, frozenset[OperatorTokenState]] = {
+    OperatorTokenState.LIVE: frozenset({OperatorTokenState.EXPIRED, OperatorTokenState.REVOKED}),
+    OperatorTokenState.EXPIRED: frozenset({OperatorTokenState.LIVE, OperatorTokenState.REVOKED}),  # rotate
+    OperatorTokenState.REVOKED: frozenset(),
+}
+
+
 def join_token_state(revoked_at: datetime | None) -> JoinTokenState:
     """A token's state is derived from its row (expiry is checked at use, see services.join_tokens)."""
     return JoinTokenState.REVOKED if revoked_at is not None else JoinTokenState.ISSUED
@@ -237,6 +252,7 @@ TABLES: dict[type[StrEnum], Mapping[Any, frozenset[Any]]] = {
     TrustState: TRUST_TRANSITIONS,
     ImageState: IMAGE_TRANSITIONS,
     JoinTokenState: JOIN_TOKEN_TRANSITIONS,
+    OperatorTokenState: OPERATOR_TOKEN_TRANSITIONS,
 }
 
 # The states whose `reason` is kept: errored says why it failed; offline says why it went away
