@@ -6,6 +6,7 @@ from __future__ import annotations
 import typer
 
 from provisioner.cli import (
+    backup,
     datastores,
     enrollment,
     gcp,
@@ -28,6 +29,8 @@ app = typer.Typer(
 )
 
 app.command("serve")(serve.serve)
+app.command("backup")(backup.backup)
+app.command("restore")(backup.restore)
 app.add_typer(providers.app, name="provider")
 app.add_typer(regions.app, name="region")
 regions.app.command("quota")(gcp.quota)
