@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from provisioner.reconcilers.leader import Leadership
 from provisioner.services import wakeups
 from provisioner.services.wakeups import Wake
 
@@ -61,15 +62,23 @@ def register(name: Wake, period_s: float) -> Callable[[Reconcile], Reconcile]:
 class ReconcilerLoop:
     """Owns the reconciler threads of one control-plane process."""
 
-    def __init__(self, sessions: sessionmaker[Session], only: list[Wake] | None = None) -> None:
+    def __init__(
+        self, sessions: sessionmaker[Session], only: list[Wake] | None = None, *, elect: bool = True
+    ) -> None:
+        """`elect`: run passes only while this process leads (reconcilers/leader.py); tests stepping
+        the world with run_once() need no election."""
         for module in RECONCILER_MODULES:
             importlib.import_module(module)
         self.sessions = sessions
+        bind = sessions.kw.get("bind")
+        self.leadership = Leadership(bind) if elect and bind is not None else None
         self.reconcilers = [r for r in REGISTRY.values() if only is None or r.name in only]
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
     def start(self) -> None:
+        if self.leadership is not None:
+            self.leadership.start()
         wakeups.subscribe(self.wake)
         for rec in self.reconcilers:
             t = threading.Thread(target=self._run, args=(rec,), name=f"reconcile-{rec.name}", daemon=True)
@@ -83,6 +92,8 @@ class ReconcilerLoop:
             rec.wake.set()
         for t in self._threads:
             t.join(timeout)
+        if self.leadership is not None:
+            self.leadership.stop()
 
     def wake(self, which: Wake) -> None:
         """Wake one of this loop's reconcilers now (the wake-up subscriber)."""
@@ -97,6 +108,8 @@ class ReconcilerLoop:
 
     def _run(self, rec: Reconciler) -> None:
         while not self._stop.is_set():
+            if self.leadership is not None and not self.leadership.wait(1.0):
+                continue  # another process leads; check again (and stop promptly when asked)
             try:
                 rec.fn(self.sessions)
             except Exception:  # noqa: BLE001 - one failing pass must not kill the loop; the next retries
