@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTENDER = """
@@ -76,5 +77,5 @@ def test_one_leader_and_failover_on_sqlite(tmp_path: Path) -> None:
     _check_failover(f"sqlite:///{tmp_path / 'rigbase.db'}")
 
 
-def test_one_leader_and_failover_on_postgresql(postgres_cluster) -> None:  # type: ignore[no-untyped-def]
+def test_one_leader_and_failover_on_postgresql(postgres_cluster: Any) -> None:
     _check_failover(postgres_cluster.create_database())
