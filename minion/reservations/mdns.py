@@ -42,6 +42,11 @@ from minion.reservations.model import MdnsState, ReservationSpec
 
 log = logging.getLogger(__name__)
 
+# The zeroconf releases whose internals this module reads (the `zeroconf.const` private constants of the
+# probe, the outgoing queues of `_drop_pending_answers`), proven by tests/minion/test_mdns_netns.py.
+# pyproject.toml pins zeroconf to them; tests/minion/test_zeroconf_pin.py fails on any other version.
+ZEROCONF_TESTED: tuple[str, ...] = ("0.154.",)
+
 SERVICE_TYPES = {Protocol.TCP: "_rigbase._tcp.local.", Protocol.UDP: "_rigbase._udp.local."}
 PROBE_WINDOW_S = 0.05
 # Records with a TTL at or below this are goodbyes (zeroconf keeps them 1 s): a leaving holder, not a rival.
