@@ -31,6 +31,9 @@ def transition(
 
 
 def _check_address(address: str) -> str:
+    """The address in the one form the store keeps and nodes mount: an IP address in its canonical text
+    (IPv6 compressed, lowercase), else a lowercase DNS name as given. Comparing and showing stored
+    addresses then needs no normalising of its own."""
     check_one_line("datastore address", address)  # an IPv6 scope id ("fe80::1%eth0") takes any text
     try:
         return str(ipaddress.ip_address(address))
@@ -57,7 +60,7 @@ def add(
         raise InvalidInput(
             f"datastore type '{type}' is not known: use nfs or smb", code="invalid_type"
         ) from None
-    _check_address(address)
+    address = _check_address(address)
     # the node's rules, verbatim: root absolute without '..', SMB needs credentials, NFS refuses them
     check_datastore(name, kind, root, username or None, password)
     reg = region_service.get(session, region)

@@ -165,6 +165,16 @@ def test_smb_password_is_sealed_and_root_normalised(seeded: Store) -> None:
     assert "s3cret-pw" not in dump
 
 
+def test_datastore_address_is_stored_in_its_canonical_form(seeded: Store) -> None:
+    with seeded.sessions.begin() as s:  # type: ignore[attr-defined]
+        v6 = datastores.add(
+            s, "v6", region="lab-1", type="nfs", address="2001:DB8:0:0::0:1", root="/export", actor=ACTOR
+        )
+        assert v6.address == "2001:db8::1"
+        with pytest.raises(InvalidInput, match="lowercase"):
+            datastores.add(s, "upper", region="lab-1", type="nfs", address="NAS.lan", root="/x", actor=ACTOR)
+
+
 def _rsv(**kw: object) -> Callable[[Session], object]:
     args = {"region": "lab-1", "hostname": "web", "port": 9000, "actor": ACTOR, **kw}
     name = args.pop("name", "web")
