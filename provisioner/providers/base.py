@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 from contracts.errors import InvalidInput, Unavailable
+from provisioner.domain.health import RegionHealthView
+from provisioner.domain.states import ONLINE_WINDOW
 
 Progress = Callable[[str], None]  # one line of progress, saved where `--wait` shows it
 
@@ -103,9 +105,6 @@ class ProviderDriver(ABC):
     kind: ClassVar[str]
     title: ClassVar[str]
     payment_modes: ClassVar[tuple[str, ...]] = ("credits",)
-    # True when the provider's reconciler decides its regions' health (GCP: from its storage node and the
-    # VM events); the heartbeat-based region-health reconciler then leaves those regions alone
-    owns_region_health: ClassVar[bool] = False
 
     @abstractmethod
     def validate_config(self, raw: Mapping[str, Any]) -> ProviderConfig:
@@ -114,6 +113,16 @@ class ProviderDriver(ABC):
     @abstractmethod
     def validate_region(self, name: str, options: Mapping[str, Any]) -> dict[str, Any]:
         """Check a new region's provider-specific options; return the settings to store with it."""
+
+    def unhealthy_because(self, view: RegionHealthView) -> str | None:
+        """Why the region cannot serve now, or None (reconcilers/region_health.py applies the answer).
+        Own hardware: healthy while any of its nodes reports."""
+        if view.nodes_reporting == 0:
+            return f"no node reported in the last {ONLINE_WINDOW.total_seconds():.0f} s"
+        return None
+
+    def healthy_because(self, view: RegionHealthView) -> str:
+        return f"{view.nodes_reporting} node(s) reporting"
 
     def plan_enable(self, config: ProviderConfig) -> list[PlannedAction]:
         """What enabling creates in the provider's account (nothing for physical)."""

@@ -24,7 +24,6 @@ from contracts.errors import RigbaseError
 from contracts.identity import minion_id_from_spki
 from provisioner.domain.states import (
     NODE_TRANSITIONS,
-    ONLINE_WINDOW,
     REGION_LEAVING,
     REGION_SETTLED_BAD,
     VM_TRANSITIONS,
@@ -32,7 +31,6 @@ from provisioner.domain.states import (
     ProviderState,
     RegionState,
     VmStatus,
-    is_online,
 )
 from provisioner.providers.base import (
     EventWatch,
@@ -42,6 +40,7 @@ from provisioner.providers.base import (
     RegionNode,
     RegionNodeSpec,
 )
+from provisioner.reconcilers import region_health
 from provisioner.reconcilers.loop import register
 from provisioner.services import gcp, gcp_events, lifecycle
 from provisioner.services import nodes as node_service
@@ -280,36 +279,11 @@ def _pin_ek(sessions: sessionmaker[Session], region_id: str, config: ProviderCon
         )
 
 
-def unhealthy_because(running: bool, node: Node) -> str | None:
-    """Why a GCP region cannot serve now, or None: it needs its storage node's VM running (Compute's
-    events), the node active (joined and attested) and reporting (heartbeats within the online window)."""
-    if not running:
-        return f"storage node {node.name}: its VM is not running"
-    if node.state != NodeState.ACTIVE:
-        return f"storage node {node.name} is {node.state}"
-    if not is_online(node.last_heartbeat_at):
-        return f"storage node {node.name} has not reported for {ONLINE_WINDOW.total_seconds():.0f} s"
-    return None
-
-
 def _health(sessions: sessionmaker[Session], region_id: str) -> None:
-    """new/offline → healthy when nothing is wrong; healthy → offline with the reason otherwise. (A VM
-    stop is reported at once by the event consumer; this pass also catches silent failures.)"""
+    """The region's health by the GCP driver's rule (reconcilers/region_health.py), right after the VM is
+    ready; the region-health pass repeats it, and the event consumer reports a stopped VM at once."""
     with session_scope(sessions) as s:
-        rec = s.get_one(GcpStorageNode, region_id)
-        region, node = s.get_one(Region, region_id), s.get_one(Node, rec.node_id)
-        state = RegionState(region.state)
-        why = unhealthy_because(rec.running, node)
-        if why is None and state in (RegionState.NEW, RegionState.OFFLINE):
-            region_service.transition(
-                s,
-                region,
-                RegionState.HEALTHY,
-                actor=ACTOR,
-                reason=f"storage node {node.name} is active and reporting",
-            )
-        elif why is not None and state == RegionState.HEALTHY:
-            region_service.transition(s, region, RegionState.OFFLINE, actor=ACTOR, reason=why)
+        region_health.refresh_region(s, s.get_one(Region, region_id))
 
 
 def _delete_vm(

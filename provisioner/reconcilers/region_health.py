@@ -1,7 +1,9 @@
-"""Reconciler: a region's health follows its nodes' heartbeats. new/offline → healthy as soon as one of
-its nodes (its storage node included) heartbeated within the online window; healthy → offline when none
-did. A new region nobody ever reported from stays new. The same pass forgets expired join attempts and
-nonces."""
+"""Reconciler: every region's health, by its provider's rule. The pass builds a RegionHealthView from the
+store (nodes reporting within the online window; the storage node, its state and, for a cloud one, whether
+its VM runs) and asks the region's provider driver `unhealthy_because(view)`: own hardware is healthy
+while any node reports; a GCP region while its storage node's VM runs and the node is active and reports.
+new/offline → healthy when nothing is wrong; healthy → offline with the reason otherwise; a new region
+nobody ever reported from stays new. The same pass forgets expired join attempts and nonces."""
 
 from __future__ import annotations
 
@@ -10,50 +12,70 @@ from datetime import UTC, datetime
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from provisioner.domain.states import ONLINE_WINDOW, NodeState, RegionState
+from provisioner.domain.health import RegionHealthView, StorageNodeView
+from provisioner.domain.states import ONLINE_WINDOW, NodeState, RegionState, Service
 from provisioner.providers.base import provider_for
 from provisioner.reconcilers.loop import register
 from provisioner.services import join as join_service
 from provisioner.services import regions as region_service
 from provisioner.services.wakeups import Wake
 from provisioner.store.engine import session_scope
+from provisioner.store.gcp_models import GcpStorageNode
 from provisioner.store.models import Node, Region
 
 ACTOR = "reconciler:region-health"
 
 
-def refresh(session: Session, now: datetime | None = None) -> None:
-    now = now or datetime.now(UTC)
-    cutoff = now - ONLINE_WINDOW
-    regions = list(
-        session.scalars(
-            select(Region).where(
-                Region.state.in_([RegionState.NEW, RegionState.HEALTHY, RegionState.OFFLINE])
-            )
+def view_of(session: Session, region: Region, cutoff: datetime) -> RegionHealthView:
+    reporting = session.scalar(
+        select(func.count())
+        .select_from(Node)
+        .where(Node.region_id == region.id, Node.state != NodeState.REMOVED, Node.last_heartbeat_at >= cutoff)
+    )
+    storage = session.scalar(
+        select(Node).where(
+            Node.region_id == region.id, Node.service == Service.STORAGE, Node.state != NodeState.REMOVED
         )
     )
-    for region in regions:
-        if provider_for(region.provider.kind).owns_region_health:
-            continue  # e.g. GCP: reconcilers/gcp.py's health step (storage node + VM events) decides
-        online = session.scalar(
-            select(func.count())
-            .select_from(Node)
-            .where(
-                Node.region_id == region.id, Node.state != NodeState.REMOVED, Node.last_heartbeat_at >= cutoff
-            )
+    vm = session.get(GcpStorageNode, region.id)
+    if vm is not None and storage is None:
+        storage = session.get(Node, vm.node_id)
+    return RegionHealthView(
+        name=region.name,
+        nodes_reporting=int(reporting or 0),
+        storage_node=None
+        if storage is None
+        else StorageNodeView(
+            name=storage.name,
+            state=NodeState(storage.state),
+            reporting=storage.last_heartbeat_at is not None and storage.last_heartbeat_at >= cutoff,
+            vm_running=vm.running if vm is not None else None,
+        ),
+    )
+
+
+def refresh_region(session: Session, region: Region, now: datetime | None = None) -> None:
+    """Apply the region's provider's health rule to it now."""
+    state = RegionState(region.state)
+    if state not in (RegionState.NEW, RegionState.HEALTHY, RegionState.OFFLINE):
+        return
+    view = view_of(session, region, (now or datetime.now(UTC)) - ONLINE_WINDOW)
+    driver = provider_for(region.provider.kind)
+    why = driver.unhealthy_because(view)
+    if why is None and state != RegionState.HEALTHY:
+        region_service.transition(
+            session, region, RegionState.HEALTHY, actor=ACTOR, reason=driver.healthy_because(view)
         )
-        if online and region.state != RegionState.HEALTHY:
-            region_service.transition(
-                session, region, RegionState.HEALTHY, actor=ACTOR, reason=f"{online} node(s) reporting"
-            )
-        elif not online and region.state == RegionState.HEALTHY:
-            region_service.transition(
-                session,
-                region,
-                RegionState.OFFLINE,
-                actor=ACTOR,
-                reason=f"no node reported in the last {ONLINE_WINDOW.total_seconds():.0f} s",
-            )
+    elif why is not None and state == RegionState.HEALTHY:
+        region_service.transition(session, region, RegionState.OFFLINE, actor=ACTOR, reason=why)
+
+
+def refresh(session: Session, now: datetime | None = None) -> None:
+    regions = session.scalars(
+        select(Region).where(Region.state.in_([RegionState.NEW, RegionState.HEALTHY, RegionState.OFFLINE]))
+    )
+    for region in list(regions):
+        refresh_region(session, region, now)
     join_service.purge_stale(session)
 
 

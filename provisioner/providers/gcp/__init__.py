@@ -15,6 +15,8 @@ from typing import Any, ClassVar
 from cryptography.hazmat.primitives import serialization
 
 from contracts.errors import InvalidInput
+from provisioner.domain.health import RegionHealthView
+from provisioner.domain.states import ONLINE_WINDOW, NodeState
 from provisioner.providers.base import (
     EventWatch,
     NodeEvent,
@@ -40,8 +42,6 @@ class GcpProvider(ProviderDriver):
     # on demand only (docs/product-rules.md "Google Cloud provider"); the payment mode is how the
     # operator pays rigbase's fees, same choices as physical
     payment_modes: ClassVar[tuple[str, ...]] = ("credits",)
-    # a GCP region serves only while its storage node runs and reports: reconcilers/gcp.py decides its health
-    owns_region_health: ClassVar[bool] = True
 
     def __init__(
         self, *, regions_dir: Path | None = None, endpoints: Endpoints | None = None, anonymous: bool = False
@@ -55,6 +55,24 @@ class GcpProvider(ProviderDriver):
 
     def catalogue(self) -> catalogue.Catalogue:
         return catalogue.load(self.regions_dir)
+
+    # --- region health ---------------------------------------------------------------------------
+    def unhealthy_because(self, view: RegionHealthView) -> str | None:
+        """A GCP region serves only while its storage node's VM runs (Compute's events), the node is
+        active (joined and attested) and it reports (heartbeats within the online window)."""
+        node = view.storage_node
+        if node is None:
+            return "its storage node is not created yet"
+        if not node.vm_running:
+            return f"storage node {node.name}: its VM is not running"
+        if node.state != NodeState.ACTIVE:
+            return f"storage node {node.name} is {node.state}"
+        if not node.reporting:
+            return f"storage node {node.name} has not reported for {ONLINE_WINDOW.total_seconds():.0f} s"
+        return None
+
+    def healthy_because(self, view: RegionHealthView) -> str:
+        return f"storage node {view.storage_node.name if view.storage_node else '?'} is active and reporting"
 
     # --- validation (no network) -----------------------------------------------------------------
     def validate_config(self, raw: Mapping[str, Any]) -> ProviderConfig:

@@ -26,6 +26,7 @@ from provisioner.store.models import Node
 from provisioner.store.schema import metadata
 from tests.fixtures.control_plane import ControlPlane, Fakes, start_control_plane
 from tests.fixtures.gcp import PROJECT, make_sa_key
+from tests.fixtures.postgres import snapshot_of
 from tests.provisioner.gcp.fake_compute import quota
 from tests.provisioner.gcp.test_events import log_entry
 
@@ -116,10 +117,7 @@ def dump_store(database_url: str) -> dict[str, list[tuple[Any, ...]]]:
     """Every row of every table: to prove a refusal changed nothing."""
     engine = make_engine(database_url)
     try:
-        with engine.connect() as conn:
-            return {
-                t.name: sorted(map(tuple, conn.execute(t.select())), key=repr) for t in metadata.sorted_tables
-            }
+        return snapshot_of(engine)
     finally:
         engine.dispose()
 
