@@ -20,7 +20,7 @@ from fastapi import Depends, FastAPI
 from sqlalchemy import Engine
 
 from provisioner.adapters.ansible import Finalizer
-from provisioner.api import errors
+from provisioner.api import errors, links
 from provisioner.api.deps import require_operator
 from provisioner.api.limits import RequestLimits
 from provisioner.api.routes import (
@@ -61,7 +61,7 @@ class ControlPlaneApp(FastAPI):
     def openapi(self) -> dict[str, Any]:
         """FastAPI's document, with the error responses the server really sends (errors.describe_errors)."""
         if self.openapi_schema is None:
-            self.openapi_schema = errors.describe_errors(super().openapi())
+            self.openapi_schema = links.add_links(errors.describe_errors(super().openapi()))
         return self.openapi_schema
 
 

@@ -71,8 +71,19 @@ NODE_ERRORS = documented(401, 403, 429, 503)
 Operation = dict[str, Any]
 
 
-def _has_path_params(_: str, op: Operation) -> bool:
-    return any(p.get("in") == "path" for p in op.get("parameters", []))
+# query parameters that name a resource (a list filtered by region answers 404 for an unknown region)
+NAMING_QUERY = frozenset({"region", "provider", "node"})
+
+
+def _names_a_resource(method: str, op: Operation) -> bool:
+    """A path or query parameter names one, or an operator's write whose body names its region or
+    provider (a node added to a region that does not exist)."""
+    if _has_body(method, op) and _is_operator_write(method, op):
+        return True
+    return any(
+        p.get("in") == "path" or (p.get("in") == "query" and p.get("name") in NAMING_QUERY)
+        for p in op.get("parameters", [])
+    )
 
 
 def _has_body(_: str, op: Operation) -> bool:
@@ -93,7 +104,7 @@ def _is_operator_write(method: str, op: Operation) -> bool:
 # names a resource that may not exist, a body may be too large, input may be invalid, and an operator's
 # write may conflict with what is there.
 SHAPE_ERRORS: tuple[tuple[Callable[[str, Operation], bool], tuple[int, ...]], ...] = (
-    (_has_path_params, (404,)),
+    (_names_a_resource, (404,)),
     (_has_body, (413,)),
     (_has_input, (422,)),
     (_is_operator_write, (409,)),

@@ -97,7 +97,8 @@ class Policy:
 
 
 def _path(pattern: str) -> re.Pattern[str]:
-    return re.compile(pattern)
+    # DOTALL: a decoded path may hold a newline (%0A); every path must find a policy (found by fuzzing)
+    return re.compile(pattern, re.DOTALL)
 
 
 POLICIES: Final[tuple[Policy, ...]] = (

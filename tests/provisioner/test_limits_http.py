@@ -181,3 +181,11 @@ def test_failed_authentications_are_rate_limited_per_source(api_server: ControlP
     with _client(api_server, "127.0.0.5", WELL_FORMED["node"]) as node:
         answers = [node.post("/v1/nodes/n-1/heartbeat", json={}).status_code for _ in range(60)]
     assert answers[:50] == [401] * 50 and set(answers[50:]) == {429}
+
+
+def test_a_path_with_an_encoded_newline_is_an_ordinary_refusal(api_server: ControlPlane) -> None:
+    """Found by the fuzzer: the policy table did not match a decoded path holding a newline (500)."""
+    with api_server.client() as client:
+        for path in ("/v1/providers/a%0Ab", "/v1/datastores/x%0A", "/nowhere%0A"):
+            response = client.get(path)
+            assert response.status_code in (404, 422) and response.json()["code"], (path, response.text)

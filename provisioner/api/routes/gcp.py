@@ -11,6 +11,7 @@ from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
 from provisioner.api.deps import Db, Operator
+from provisioner.api.errors import documented
 from provisioner.api.schemas import NodeOut, ProviderOut, RegionOut
 from provisioner.services import gcp as service
 
@@ -48,7 +49,7 @@ def enable(body: GcpEnableIn, session: Db, actor: Operator) -> dict[str, Any]:
     return _out(result)
 
 
-@router.get("/provider")
+@router.get("/provider", responses=documented(404))
 def bootstrap_status(session: Db) -> dict[str, Any]:
     return _out(service.bootstrap_status(session))
 
