@@ -34,7 +34,8 @@ EVENTS_PER_REPORT: Final = 100  # a report carries at most this many events; a l
 TASK_NAME_MAX: Final = 200
 MESSAGE_MAX: Final = 1000
 
-Sha256Hex = Annotated[str, Field(pattern=r"^[0-9a-f]{64}\Z")]
+# pydantic-core matches with Rust regex, whose `$` is the end of the text (no trailing newline): a full match
+Sha256Hex = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 
 
 class TaskStatus(StrEnum):
@@ -57,7 +58,7 @@ class FinalizeWork(BaseModel):
 
     generation: Sha256Hex
     bundle_digest: Sha256Hex  # SHA-256 of the bundle's bytes (a gzip'd tar of the playbook directory)
-    playbook: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]*\.yml\Z")  # at the bundle's top level
+    playbook: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]*\.yml$")  # at the bundle's top level
     variables: dict[str, Any] = Field(default_factory=dict)
 
     @property
