@@ -33,6 +33,7 @@ from provisioner.api.routes import (
     providers,
     regions,
     reservations,
+    status,
     tokens,
 )
 from provisioner.providers.base import ProviderDriver
@@ -53,6 +54,7 @@ OPERATOR_ROUTERS = [
     enrollment.router,
     images.router,
     tokens.router,
+    status.router,
 ]
 OPEN_ROUTERS: list = [join.router]  # join token / node credential auth of their own
 

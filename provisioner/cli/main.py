@@ -17,6 +17,7 @@ from provisioner.cli import (
     regions,
     reservations,
     serve,
+    status,
     tokens,
 )
 
@@ -31,6 +32,8 @@ app = typer.Typer(
 app.command("serve")(serve.serve)
 app.command("backup")(backup.backup)
 app.command("restore")(backup.restore)
+app.command("status")(status.status)
+app.command("doctor")(status.doctor)
 app.add_typer(providers.app, name="provider")
 app.add_typer(regions.app, name="region")
 regions.app.command("quota")(gcp.quota)
