@@ -27,10 +27,10 @@ STATUS_COLUMNS = [
     ("provider", "PROVIDER"),
     ("state", "STATE"),
     ("nodes", "NODES"),
-    ("active", "ACTIVE"),
-    ("offline", "OFFLINE"),
-    ("errored", "ERRORED"),
-    ("pending", "PENDING"),
+    ("nodes_active", "ACTIVE"),
+    ("nodes_offline", "OFFLINE"),
+    ("nodes_errored", "ERRORED"),
+    ("minions_pending", "PENDING"),
     ("join_tokens", "JOIN TOKENS"),
     ("join_tokens_expiring", "EXPIRING <24H"),
 ]
@@ -71,7 +71,7 @@ class Probe:
     status: dict[str, Any] | None = None
 
 
-def _client_version() -> str:
+def client_version() -> str:
     try:
         return metadata.version("rigbase")
     except metadata.PackageNotFoundError:
@@ -122,7 +122,7 @@ def _authenticated(p: Probe) -> Finding:
 def _versions(p: Probe) -> Finding:
     if p.status is None:
         return Finding("versions", Verdict.FAIL, "not checked: no status from the server")
-    mine, theirs = _client_version(), p.status["version"]
+    mine, theirs = client_version(), p.status["version"]
     if mine != theirs:
         return Finding("versions", Verdict.WARN, f"client {mine}, server {theirs}: upgrade the older one")
     return Finding("versions", Verdict.OK, f"client and server {mine}, schema {p.status['schema_revision']}")

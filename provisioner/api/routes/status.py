@@ -22,10 +22,10 @@ class RegionStatus(BaseModel):
     state: str
     nodes: int
     by_state: dict[str, int]
-    active: int
-    offline: int
-    errored: int
-    pending: int
+    nodes_active: int
+    nodes_offline: int
+    nodes_errored: int
+    minions_pending: int
     join_tokens: int
     join_tokens_expiring: int
 
