@@ -6,6 +6,18 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+# pydantic's wording in front of a validator's own message ("Value error, name is not a DNS label"): an
+# operator reads the message, not the library's category
+_PYDANTIC_PREFIXES = ("Value error, ", "Assertion failed, ")
+
+
+def plain_validation_message(msg: str) -> str:
+    """A pydantic error's `msg` without pydantic's category prefix."""
+    for prefix in _PYDANTIC_PREFIXES:
+        if msg.startswith(prefix):
+            return msg[len(prefix) :]
+    return msg
+
 
 class RigbaseError(Exception):
     """Base of every refusal a program gives. `message` is shown to the operator as is."""

@@ -23,10 +23,13 @@ from pydantic import (
     ConfigDict,
     Field,
     PlainSerializer,
+    SerializerFunctionWrapHandler,
     WithJsonSchema,
+    model_serializer,
 )
 
 from contracts.attestation import PCR_BANK, PcrBank
+from contracts.eventlog import MAX_EVENT_LOG_BYTES
 from contracts.identity import MINION_ID_PATTERN
 
 PROTOCOL_VERSION: Final = 1
@@ -146,13 +149,37 @@ class JoinChallenge(_Answer):
     expires_at: datetime
 
 
+def bounded_event_log(value: bytes) -> bytes:
+    """`value`, or ValueError when it is larger than any firmware's event log (contracts/eventlog.py)."""
+    if len(value) > MAX_EVENT_LOG_BYTES:
+        raise ValueError(
+            f"{len(value)} bytes, more than the {MAX_EVENT_LOG_BYTES} an event log may have: "
+            "send the firmware's binary_bios_measurements unchanged"
+        )
+    return value
+
+
+EventLog = Annotated[B64Bytes, AfterValidator(bounded_event_log)]
+
+
 class QuoteMessage(_Sent):
-    """A quote and the PCR values it covers (join proof and continuous attestation). PCRs in index order."""
+    """A quote and the PCR values it covers (join proof and continuous attestation). PCRs in index order.
+    `event_log`: the firmware's TCG event log (binary_bios_measurements), which the verifier replays for
+    PCR 4 (docs/join-protocol.md, "Boot path (PCR 4)"); None where the node has none (older minions,
+    swtpm labs). Left out of the wire form when None, so a quote without one keeps version 1's bytes."""
 
     attest: B64Bytes  # TPMS_ATTEST
     signature: B64Bytes  # TPMT_SIGNATURE
     pcr_bank: PcrBank = PCR_BANK
     pcrs: dict[int, HexBytes]
+    event_log: EventLog | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_absent_log(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if self.event_log is None:
+            data.pop("event_log", None)
+        return data
 
 
 class ProofRequest(_Sent):
@@ -172,7 +199,6 @@ class JoinResult(_Answer):
     node_id: str | None = None
     node_name: str | None = None
     node_credential: str | None = None
-    ssh_authorized_key: str | None = None  # the control plane's public key, for the finalize playbook's SSH
     heartbeat_interval_s: float
 
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import Field, SecretStr, ValidationError
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from contracts.errors import InvalidInput
+from contracts.errors import InvalidInput, plain_validation_message
 
 DEFAULT_PORT = 8470
 # One heartbeat every 30 s: three missed beats (90 s, ONLINE_WINDOW) before a node shows offline.
@@ -22,6 +23,9 @@ DEFAULT_HEARTBEAT_S = 30.0
 DEFAULT_QUOTE_EVERY = 10
 # A node that lets this many heartbeats pass without answering a quote request goes errored.
 DEFAULT_QUOTE_GRACE_BEATS = 3
+# A node's minion reports its finalize run as it goes (docs/join-protocol.md, "Finalize"); one that stays in
+# provisioning this long without any report (a minion too old to finalize, a hung play) is errored.
+DEFAULT_FINALIZE_TIMEOUT_S = 30 * 60.0
 
 
 def _default_home() -> Path:
@@ -42,18 +46,33 @@ class Settings(BaseSettings):
     url: str | None = Field(None, description="the control plane a CLI talks to (else client.json)")
     token: SecretStr | None = Field(None, description="the operator token a CLI sends (else client.json)")
     public_url: str | None = Field(None, description="the URL nodes reach the control plane at")
+    ca_cert: Path | None = Field(
+        None, description="the CA a CLI trusts for the control plane's certificate (else client.json's)"
+    )
+    # TLS of `provision serve` (provisioner/adapters/tls.py; docs/control-plane.md, "TLS").
+    advertise: Annotated[tuple[str, ...], NoDecode] = Field(
+        (), description="names and addresses the server certificate is for (comma-separated)"
+    )
+    tls_cert: Path | None = Field(None, description="the operator's own server certificate (PEM chain)")
+    tls_key: Path | None = Field(None, description="the key of `tls_cert`")
+    tls_ca: Path | None = Field(None, description="the private CA `tls_cert` chains to (pinned by nodes)")
+    insecure_http: bool = Field(False, description="serve plain HTTP (loopback unless --host says otherwise)")
     playbooks: Path = Field(default=SHIPPED_PLAYBOOKS, description="the finalize playbooks")
     ansible_collections: Path = Field(
         default_factory=lambda: Path(sys.prefix) / "ansible-collections",
         description="where community.general lives (scripts/install-deps.sh puts it in the venv)",
     )
-    ssh_key: Path | None = Field(None, description="the control plane's SSH key; default under `home`")
     heartbeat_s: float = Field(DEFAULT_HEARTBEAT_S, gt=0, description="the interval minions heartbeat at")
     quote_every: int = Field(DEFAULT_QUOTE_EVERY, ge=1, description="a fresh quote every K-th heartbeat")
     quote_grace_beats: int = Field(
         DEFAULT_QUOTE_GRACE_BEATS, ge=1, description="heartbeats a node may let pass unanswered after a quote"
     )
     reconcilers: bool = Field(True, description="run the reconcilers in this process")
+    finalize_timeout_s: float = Field(
+        DEFAULT_FINALIZE_TIMEOUT_S,
+        gt=0,
+        description="seconds a node in provisioning may go without a finalize report before it is errored",
+    )
     # Rate limits per source address, in this process's memory (provisioner/api/limits.py). Only failed
     # authentications spend from the first budget, so well-behaved clients never meet it; joins spend
     # from the second, sized for a burst of a thousand minions behind one address.
@@ -73,6 +92,14 @@ class Settings(BaseSettings):
         None, description="catalogue data (regions/*.yaml) instead of the shipped"
     )
 
+    @field_validator("advertise", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: object) -> object:
+        """RIGBASE_ADVERTISE=cp.example,192.0.2.10 (the flag is repeated instead)."""
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
     @classmethod
     def load(cls, **overrides: object) -> Settings:
         """The environment, with the command's own flags (`overrides`, None meaning "not given") on top.
@@ -82,7 +109,8 @@ class Settings(BaseSettings):
         except ValidationError as exc:
             first = exc.errors()[0]
             name = "RIGBASE_" + "_".join(str(p) for p in first["loc"]).upper()
-            raise InvalidInput(f"{name}: {first['msg']} (see docs/control-plane.md)") from None
+            said = plain_validation_message(first["msg"])  # without pydantic's "Value error, "
+            raise InvalidInput(f"{name}: {said} (see docs/control-plane.md)") from None
 
     def ensure_home(self) -> Path:
         """The state directory, created 0700 on first use and tightened if it exists wider: it holds
@@ -104,10 +132,11 @@ class Settings(BaseSettings):
         return self.home / "client.json"
 
     @property
+    def tls_dir(self) -> Path:
+        """The control-plane CA and server certificate `provision serve` creates (keys 0600)."""
+        return self.home / "tls"
+
+    @property
     def secret_key(self) -> Path:
         """The key that seals secrets at rest (GCP service-account keys, join tokens for VMs)."""
         return self.home / "secret.key"
-
-    @property
-    def ssh_key_path(self) -> Path:
-        return self.ssh_key or self.home / "ssh" / "id_ed25519"

@@ -22,6 +22,7 @@ from image_builder import (
     initramfs,
     manifest,
     measure,
+    node_ansible,
     node_files,
     pe,
     rootfs,
@@ -110,15 +111,18 @@ def _copy_pinned(src: Path, dst: Path) -> Path:
     return dst
 
 
-def stage_tree(base: Path, work: Path, whl: Path, deps: Path, epoch: int) -> Path:
+def stage_tree(base: Path, work: Path, whl: Path, deps: Path, epoch: int, collections: Path) -> Path:
     stage = work / "stage"
     staging.link_tree(base, stage)
     wheel.unpack_node_packages(whl, stage / "usr/lib/python3/dist-packages")
     wheel.unpack_dependencies(deps, stage / wheel.NODE_SITE)
+    stage_ansible(stage, collections)
     for rel, (text, mode) in node_files.files(VERSION).items():
         staging.put(stage, rel, text, mode)
     for rel, target in node_files.enable_links().items():
         staging.link(stage, rel, target)
+    for rel in node_files.DISABLED_LINKS:
+        (stage / rel.lstrip("/")).unlink(missing_ok=True)
     for d in node_files.DIRS:
         (stage / d.lstrip("/")).mkdir(parents=True, exist_ok=True)
     staging.put(stage, "/usr/share/rigbase/nvme-esp.img", _nvme_esp(base, work, epoch).read_bytes())
@@ -129,6 +133,15 @@ def stage_tree(base: Path, work: Path, whl: Path, deps: Path, epoch: int) -> Pat
     return stage
 
 
+def stage_ansible(stage: Path, collections: Path) -> None:
+    """The node's local finalize: `ansible-playbook` and friends, and the collections."""
+    for name, text in node_ansible.console_scripts(stage / wheel.NODE_SITE).items():
+        staging.put(stage, f"{node_ansible.NODE_BIN}/{name}", text, 0o755)
+    for rel, src in node_ansible.collection_files(collections).items():
+        mode = 0o755 if src.stat().st_mode & 0o111 else 0o644
+        staging.put(stage, f"{node_ansible.NODE_COLLECTIONS}/{rel}", src.read_bytes(), mode)
+
+
 def build(cfg: BuildConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Build the image; returns the manifest dict (also written, signed, to cfg.output)."""
     bundle_raw, bundle = read_bundle(cfg.bundle)
@@ -136,6 +149,8 @@ def build(cfg: BuildConfig, log: Callable[[str], None] = print) -> dict[str, Any
     epoch = cfg.source_date_epoch
     t = Timings()
     inputs = rootfs.inputs_for(cfg.with_nvidia, cfg.mirror)
+    collections = node_ansible.host_collections()
+    node_ansible.collection_files(collections)  # a missing collection fails before the minutes of work
     cfg.cache.mkdir(parents=True, exist_ok=True)
     cfg.output.parent.mkdir(parents=True, exist_ok=True)
     out = Path(tempfile.mkdtemp(prefix=f".{cfg.output.name}.", dir=cfg.output.parent))
@@ -144,7 +159,7 @@ def build(cfg: BuildConfig, log: Callable[[str], None] = print) -> dict[str, Any
         base = t.run("base", lambda: rootfs.base_tree(cfg.cache, inputs, log), log)
         whl = t.run("wheel", lambda: wheel.build_wheel(cfg.repo, work / "wheel", epoch), log)
         deps = t.run("deps", lambda: wheel.dependency_wheelhouse(cfg.cache, log), log)
-        stage = t.run("stage", lambda: stage_tree(base, work, whl, deps, epoch), log)
+        stage = t.run("stage", lambda: stage_tree(base, work, whl, deps, epoch, collections), log)
         root_img = t.run(
             "rootfs",
             lambda: ext4.make(stage, work / "root.ext4", IDS["root_fs_uuid"], "rigbase-root", epoch),
@@ -328,6 +343,12 @@ def _manifest(
             "wheel": {"file": whl.name, "sha256": sha256_file(whl)},
             "python_requirements": wheel.pinned_requirements(),
             "python_wheels": {p.name: sha256_file(p) for p in sorted(deps.glob("*.whl"))},
+            "ansible_collections": {
+                "versions": node_ansible.collection_versions(node_ansible.host_collections()),
+                "sha256": node_ansible.files_digest(
+                    node_ansible.collection_files(node_ansible.host_collections())
+                ),
+            },
             "source_sha256": wheel.source_digest(cfg.repo),
             "systemd_stub_sha256": sha256_file(uki.STUB),
             "systemd_boot_sha256": sha256_file(uki.SYSTEMD_BOOT),

@@ -23,9 +23,9 @@ app = typer.Typer(
     cls=OneLineErrors,
     help="Build rigbase's TPM-measured USB boot media.",
     no_args_is_help=True,
-    add_completion=False,
     rich_markup_mode=None,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},  # -h as in `provision` and `minion`
 )
 
 Json = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of a table.")]
@@ -37,8 +37,25 @@ Key = Annotated[
 ]
 
 
+def _version(value: bool) -> None:
+    if value:
+        from importlib import metadata
+
+        try:
+            print(f"image-builder: {metadata.version('rigbase')}")
+        except metadata.PackageNotFoundError:
+            print("image-builder: unknown (not installed)")
+        raise typer.Exit()
+
+
 @app.callback()
-def _load_settings(ctx: typer.Context) -> None:
+def _load_settings(
+    ctx: typer.Context,
+    version: Annotated[
+        bool,
+        typer.Option("--version", is_eager=True, callback=_version, help="Print image-builder's version."),
+    ] = False,
+) -> None:
     """Build rigbase's TPM-measured USB boot media."""
     ctx.obj = BuilderSettings.from_env()
 

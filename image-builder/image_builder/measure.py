@@ -5,12 +5,46 @@ from __future__ import annotations
 
 import hashlib
 import json
-import struct
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 
+# The event log parser, replay and PCR 4 check live in the wire contract, shared with the control
+# plane's verifier; re-exported here for the builder's callers (tests/image_builder/test_image_boot.py).
+from contracts.eventlog import (
+    ALG_SHA256,
+    EV_EFI_ACTION,
+    EV_EFI_BOOT_SERVICES_APPLICATION,
+    EV_NO_ACTION,
+    EV_SEPARATOR,
+    Event,
+    Pcr4Check,
+    check_pcr4,
+    extend,
+    parse_event_log,
+    replay,
+)
 from image_builder.errors import BuildError
+
+__all__ = [
+    "ALG_SHA256",
+    "CALLING_EFI_APP",
+    "EV_EFI_ACTION",
+    "EV_EFI_BOOT_SERVICES_APPLICATION",
+    "EV_NO_ACTION",
+    "EV_SEPARATOR",
+    "PHASES",
+    "Event",
+    "Pcr4Check",
+    "check_pcr4",
+    "cmdline_digest",
+    "extend",
+    "parse_event_log",
+    "pcr4_for_path",
+    "pcr11",
+    "pcr11_python",
+    "pcr12",
+    "replay",
+]
 
 SYSTEMD_MEASURE = Path("/usr/lib/systemd/systemd-measure")
 
@@ -20,16 +54,7 @@ SYSTEMD_MEASURE = Path("/usr/lib/systemd/systemd-measure")
 #: "ready". The empty phase is the value right after the stub (what the initramfs sees).
 PHASES: tuple[str, ...] = ("", "sysinit", "sysinit:ready")
 
-EV_SEPARATOR = 0x4
-EV_NO_ACTION = 0x3
-EV_EFI_BOOT_SERVICES_APPLICATION = 0x80000003
-EV_EFI_ACTION = 0x80000007
-ALG_SHA256 = 0x000B
 CALLING_EFI_APP = b"Calling EFI Application from Boot Option"
-
-
-def extend(pcr: bytes, digest: bytes) -> bytes:
-    return hashlib.sha256(pcr + digest).digest()
 
 
 def pcr11(sections: dict[str, Path], phases: tuple[str, ...] = PHASES) -> dict[str, str]:
@@ -91,83 +116,3 @@ def pcr4_for_path(app_digests: list[str]) -> str:
     for d in app_digests:
         pcr = extend(pcr, bytes.fromhex(d))
     return pcr.hex()
-
-
-@dataclass(frozen=True)
-class Event:
-    pcr: int
-    type: int
-    sha256: bytes | None
-    data: bytes
-
-
-def parse_event_log(blob: bytes) -> list[Event]:
-    """TCG PC Client crypto-agile event log (binary_bios_measurements): a SHA-1-format header event
-    (TCG_EfiSpecIdEvent giving the digest sizes), then TCG_PCR_EVENT2 records."""
-    if len(blob) < 32:
-        raise ValueError("event log too short")
-    pcr, etype = struct.unpack_from("<II", blob, 0)
-    (size,) = struct.unpack_from("<I", blob, 28)
-    spec = blob[32 : 32 + size]
-    if not spec.startswith(b"Spec ID Event03"):
-        raise ValueError("not a crypto-agile event log")
-    (nalg,) = struct.unpack_from("<I", spec, 24)
-    sizes = {}
-    for i in range(nalg):
-        alg, dsize = struct.unpack_from("<HH", spec, 28 + 4 * i)
-        sizes[alg] = dsize
-    off = 32 + size
-    events: list[Event] = []
-    while off + 12 <= len(blob):
-        pcr, etype, count = struct.unpack_from("<III", blob, off)
-        off += 12
-        sha256 = None
-        for _ in range(count):
-            (alg,) = struct.unpack_from("<H", blob, off)
-            off += 2
-            if alg not in sizes:
-                raise ValueError(f"unknown digest algorithm {alg:#x} in the event log")
-            if alg == ALG_SHA256:
-                sha256 = blob[off : off + sizes[alg]]
-            off += sizes[alg]
-        (esize,) = struct.unpack_from("<I", blob, off)
-        off += 4
-        events.append(Event(pcr, etype, sha256, blob[off : off + esize]))
-        off += esize
-    return events
-
-
-def replay(events: list[Event], index: int) -> str:
-    pcr = b"\0" * 32
-    for e in events:
-        if e.pcr == index and e.type != EV_NO_ACTION and e.sha256 is not None:
-            pcr = extend(pcr, e.sha256)
-    return pcr.hex()
-
-
-@dataclass(frozen=True)
-class Pcr4Check:
-    ok: bool
-    replayed: str
-    loaded_images: list[str]
-    reason: str
-
-
-def check_pcr4(events: list[Event], pcr4_value: str, known_images: dict[str, str]) -> Pcr4Check:
-    """A verifier's PCR 4 check: the log must replay to the PCR value the TPM reports, and every PE image
-    the firmware loaded must be one the manifest names (systemd-boot, the UKI, the kernel)."""
-    replayed = replay(events, 4)
-    loaded = [
-        e.sha256.hex()
-        for e in events
-        if e.pcr == 4 and e.type == EV_EFI_BOOT_SERVICES_APPLICATION and e.sha256
-    ]
-    names = {v: k for k, v in known_images.items()}
-    if replayed != pcr4_value.lower():
-        return Pcr4Check(False, replayed, loaded, "the event log does not replay to the reported PCR 4")
-    unknown = [d for d in loaded if d not in names]
-    if unknown:
-        return Pcr4Check(False, replayed, loaded, f"PE images not in the manifest were loaded: {unknown}")
-    if not loaded:
-        return Pcr4Check(False, replayed, loaded, "no boot application measured into PCR 4")
-    return Pcr4Check(True, replayed, [names[d] for d in loaded], "ok")

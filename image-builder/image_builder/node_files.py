@@ -4,6 +4,7 @@ build plan can list it and tests can read it."""
 from __future__ import annotations
 
 from image_builder.initramfs import OS_STATE
+from image_builder.node_ansible import NODE_COLLECTIONS
 
 ESP_MOUNT = "/boot/efi"
 BUNDLE_ON_ESP = "rigbase/bundle.json"
@@ -59,19 +60,51 @@ ExecStart=/usr/local/bin/rigbase-measurements
 WantedBy=multi-user.target
 """
 
+# What the minion's local finalize reads (minion settings): the shipped collections. UTF-8:
+# ansible-core refuses to start under a non-UTF-8 locale, and a unit's default is the C locale.
+ANSIBLE_ENV = f"Environment=RIGBASE_ANSIBLE_COLLECTIONS={NODE_COLLECTIONS} LANG=C.UTF-8"
+
+#: The state partition's mount point, and the minion's state directory on it (`minion run`'s default),
+#: where it keeps its credential and the saved finalize configuration.
+STATE_DIR = "/var/lib/rigbase"
+MINION_STATE_DIR = f"{STATE_DIR}/minion"
+
 MINION_UNIT = f"""[Unit]
 Description=rigbase minion: attested join, heartbeats and desired state
-After=network-online.target rigbase-banner.service
+After=network-online.target rigbase-banner.service rigbase-node-config.service
 Wants=network-online.target
 # The node credential lives on the NVMe state partition: no join from a USB boot that has not installed.
-RequiresMountsFor=/var/lib/rigbase {ESP_MOUNT}
+RequiresMountsFor={STATE_DIR} {ESP_MOUNT}
 ConditionPathExists={ESP_MOUNT}/{BUNDLE_ON_ESP}
 
 [Service]
-ExecStart=/usr/local/bin/minion run --bundle {ESP_MOUNT}/{BUNDLE_ON_ESP} \\
-  --authorized-keys /root/.ssh/authorized_keys
+{ANSIBLE_ENV}
+ExecStart=/usr/local/bin/minion run --bundle {ESP_MOUNT}/{BUNDLE_ON_ESP}
 Restart=on-failure
 RestartSec=30s
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+# What finalize wrote under /etc (fstab, mdadm.conf, exports, hostname) lives in the tmpfs overlay and is
+# gone after a reboot: the minion re-applies the node's saved finalize configuration at every boot. Only
+# ordered before the minion (no Requires=/Wants= from it): a failure here never keeps the minion from
+# starting, and the minion reports it. Bounded, so a hung playbook cannot hold the minion back forever.
+# After the banner: two Python programs starting at once on a slow machine (TCG) delay the minion_id the
+# operator waits for, and the minion starts after the banner anyway.
+NODE_CONFIG_UNIT = f"""[Unit]
+Description=rigbase node configuration: re-apply the saved finalize configuration
+After=local-fs.target rigbase-banner.service
+RequiresMountsFor={STATE_DIR}
+Before=rigbase-minion.service
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+{ANSIBLE_ENV}
+ExecStart=/usr/local/bin/minion finalize apply-saved --state-dir {MINION_STATE_DIR}
+TimeoutStartSec=15min
 
 [Install]
 WantedBy=multi-user.target
@@ -124,9 +157,8 @@ sys.path.insert(0, "/usr/lib/rigbase/python")  # the minion's pinned dependencie
 sys.exit(importlib.import_module("minion.cli").main())
 """
 
-# DHCP on every wired interface, so the minion can reach the control plane (outbound only). networkd
-# ships in the image's systemd package; no wait-online unit is enabled, so a node without a link (the
-# QEMU boot test runs with -nic none) boots as fast as before and the minion simply retries its join.
+# DHCP on every wired interface, so the minion can reach the control plane (outbound only); the DNS
+# servers DHCP hands out go to systemd-resolved (networkd's state files, no D-Bus needed).
 DHCP_NETWORK = """[Match]
 Name=en* eth*
 
@@ -134,17 +166,30 @@ Name=en* eth*
 DHCP=yes
 """
 
-# debootstrap copies the build host's resolver into the tree; the image must not carry it (it leaks the
-# build host's network and makes the image differ between build hosts). networkd alone does not write
-# resolv.conf, so names in the bundle's control-plane URL do not resolve yet: use an address.
-RESOLV_CONF = (
-    "# rigbase: no resolver configured; the enrollment bundle's control-plane URL must be an address\n"
-)
+# network-online.target waits for one link to be up, at most 20 s: a node without a link (the QEMU boot
+# test runs with -nic none) boots on and the minion retries its join (Restart=on-failure). "-": a timeout is
+# no failure to show in red on the console.
+WAIT_ONLINE_DROPIN = """[Service]
+ExecStart=
+ExecStart=-/lib/systemd/systemd-networkd-wait-online --any --timeout=20
+"""
+
+# No LLMNR or mDNS responder from resolved: the minion's own mDNS (zeroconf) owns port 5353, and a node
+# answers no name queries from the network.
+RESOLVED_DROPIN = """[Resolve]
+LLMNR=no
+MulticastDNS=no
+"""
+
+#: The root is read-only: /etc/resolv.conf is a link to the stub resolver's file, which resolved writes
+#: under /run (debootstrap's copy of the build host's resolver must not reach the image either).
+RESOLV_CONF_LINK = "/run/systemd/resolve/stub-resolv.conf"
 
 UNITS = {
     "rigbase-installer.service": INSTALLER_UNIT,
     "rigbase-banner.service": BANNER_UNIT,
     "rigbase-measurements.service": MEASUREMENTS_UNIT,
+    "rigbase-node-config.service": NODE_CONFIG_UNIT,
     "rigbase-minion.service": MINION_UNIT,
 }
 
@@ -171,7 +216,11 @@ def files(version: str) -> dict[str, tuple[str, int]]:
         ),
         "/etc/rigbase/image-version": (version + "\n", 0o644),
         "/etc/systemd/network/80-rigbase-dhcp.network": (DHCP_NETWORK, 0o644),
-        "/etc/resolv.conf": (RESOLV_CONF, 0o644),
+        "/etc/systemd/system/systemd-networkd-wait-online.service.d/rigbase.conf": (
+            WAIT_ONLINE_DROPIN,
+            0o644,
+        ),
+        "/etc/systemd/resolved.conf.d/rigbase.conf": (RESOLVED_DROPIN, 0o644),
     }
     for name, text in UNITS.items():
         out[f"/etc/systemd/system/{name}"] = (text, 0o644)
@@ -187,8 +236,32 @@ def enable_links() -> dict[str, str]:
     links["/etc/systemd/system/sockets.target.wants/systemd-networkd.socket"] = (
         "/usr/lib/systemd/system/systemd-networkd.socket"
     )
+    links["/etc/systemd/system/network-online.target.wants/systemd-networkd-wait-online.service"] = (
+        "/usr/lib/systemd/system/systemd-networkd-wait-online.service"
+    )
+    links["/etc/systemd/system/sysinit.target.wants/systemd-resolved.service"] = (
+        "/usr/lib/systemd/system/systemd-resolved.service"
+    )
+    links["/etc/systemd/system/dbus-org.freedesktop.resolve1.service"] = (
+        "/usr/lib/systemd/system/systemd-resolved.service"
+    )
+    links["/etc/resolv.conf"] = RESOLV_CONF_LINK
     return links
 
+
+#: Links the Debian packages' postinsts enabled that a node must not start on its own: the NFS server and
+#: rpcbind listen on the network (finalize enables and starts them on a storage node, again at every boot
+#: through rigbase-node-config.service), pNFS block layout is never used, and apt's timers would fetch from
+#: the network for a root that is read-only and has no package lists.
+DISABLED_LINKS: tuple[str, ...] = (
+    "/etc/systemd/system/multi-user.target.wants/nfs-server.service",
+    "/etc/systemd/system/multi-user.target.wants/rpcbind.service",
+    "/etc/systemd/system/sockets.target.wants/rpcbind.socket",
+    "/etc/systemd/system/nfs-client.target.wants/nfs-blkmap.service",
+    "/etc/systemd/system/timers.target.wants/apt-daily.timer",
+    "/etc/systemd/system/timers.target.wants/apt-daily-upgrade.timer",
+    "/etc/systemd/system/timers.target.wants/dpkg-db-backup.timer",
+)
 
 #: Directories that must exist on the read-only root (mount points).
 DIRS = (ESP_MOUNT, "/var/lib/rigbase", "/etc/rigbase")

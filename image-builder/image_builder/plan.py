@@ -55,14 +55,14 @@ STEPS: tuple[PlanStep, ...] = (
     PlanStep("wheel", "pip wheel --no-deps of this repository", ("source tree",), ("work/rigbase-*.whl",)),
     PlanStep(
         "deps",
-        "pip wheel of the minion's pinned dependencies, cached by the pinned set",
+        "pip wheel of the minion's pinned dependencies and ansible-core/-runner, cached by the pinned set",
         ("host venv versions",),
         ("cache/wheelhouse/KEY",),
     ),
     PlanStep(
         "stage",
-        "hard-link the base tree, add the minion, units, banner, installer ESP",
-        ("base", "wheel"),
+        "hard-link the base tree, add the minion, units, banner, installer ESP, Ansible collections",
+        ("base", "wheel", "deps", "host venv's ansible-collections"),
         ("work/stage",),
     ),
     PlanStep(

@@ -48,6 +48,14 @@ BASE_PACKAGES: tuple[str, ...] = (
     "python3-ply",  # provides python3-ply-lex-3.10, which debootstrap cannot resolve as a virtual package
     "openssl",  # the banner placeholder derives minion_id from the EK certificate
     "ca-certificates",
+    "systemd-resolved",  # DNS from DHCP (networkd), so a bundle's control-plane URL may be a host name
+    "dbus",  # systemd-resolved depends on a system bus (a virtual package debootstrap cannot resolve)
+    # What the node's own finalize playbook (run locally by the minion; no apt on a node) calls:
+    "parted",  # community.general.parted
+    "mdadm",  # the scratch RAID0
+    "nfs-kernel-server",
+    "nfs-common",  # the storage node's region cache export, and NFS mounts of it
+    "cifs-utils",  # SMB datastores
 )
 
 #: Debian's non-free NVIDIA driver stack for real GPU nodes (--with-nvidia).

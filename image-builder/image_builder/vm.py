@@ -5,18 +5,29 @@ One QEMU at a time on a shared 2-core host: the caller owns the instance and mus
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 OVMF_CODE = Path("/usr/share/OVMF/OVMF_CODE_4M.fd")
 OVMF_VARS = Path("/usr/share/OVMF/OVMF_VARS_4M.fd")
+
+#: With `control_plane_port`, the guest reaches the host's control plane at this address and port (a QEMU
+#: user-network guestfwd; nothing else leaves the guest: restrict=on).
+GUEST_CONTROL_PLANE = "10.0.2.100"
+GUEST_CONTROL_PLANE_PORT = 8470
+
+#: Ports of one AHCI controller (QEMU's `ahci` device has six).
+AHCI_PORTS = 6
 
 
 class ConsoleTimeout(AssertionError):
@@ -71,17 +82,68 @@ class TpmProcess:
         self.ctrl.unlink(missing_ok=True)
 
 
+class MonitorError(RuntimeError):
+    """QEMU's QMP monitor refused a command or did not answer."""
+
+
 @dataclass
 class Machine:
+    """One QEMU guest. The disks are files the caller owns: NVMe drives and SATA drives are written in
+    place (they survive `system_reset()`, `power_cycle()` and a new Machine on the same files), the USB
+    image is opened with snapshot=on (the flashed image never changes; the guest's writes last until QEMU
+    exits)."""
+
     workdir: Path
     usb_image: Path | None
     nvme_images: list[Path]
     tpm_state: Path
     memory_mb: int = 1536
+    # SATA drives, each an ide-hd on one port of an AHCI controller (at most AHCI_PORTS)
+    sata_images: list[Path] = field(default_factory=list)
+    # None: no network at all (-nic none). A port: user networking (DHCP from QEMU, restrict=on) on a
+    # virtio NIC reporting 10 GbE, whose only way out is GUEST_CONTROL_PLANE:GUEST_CONTROL_PLANE_PORT,
+    # forwarded by socat to 127.0.0.1:control_plane_port on the host
+    control_plane_port: int | None = None
     proc: subprocess.Popen | None = None
     tpm: TpmProcess | None = None
     output: bytearray = field(default_factory=bytearray)
     _reader: threading.Thread | None = None
+
+    @property
+    def monitor_path(self) -> Path:
+        """The QMP monitor's unix socket (beside swtpm's control socket, which is longer)."""
+        return self.workdir / "qmp.sock"
+
+    def network_args(self) -> list[str]:
+        if self.control_plane_port is None:
+            return ["-nic", "none"]
+        forward = (
+            f"guestfwd=tcp:{GUEST_CONTROL_PLANE}:{GUEST_CONTROL_PLANE_PORT}"
+            f"-cmd:socat - TCP:127.0.0.1:{self.control_plane_port}"
+        )
+        return [
+            "-netdev",
+            f"user,id=n0,restrict=on,{forward}",
+            "-device",
+            "virtio-net-pci,netdev=n0,speed=10000,duplex=full",
+        ]
+
+    def sata_args(self) -> list[str]:
+        if not self.sata_images:
+            return []
+        if len(self.sata_images) > AHCI_PORTS:
+            raise ValueError(
+                f"at most {AHCI_PORTS} SATA drives (one AHCI controller), got {len(self.sata_images)}"
+            )
+        argv = ["-device", "ahci,id=ahci"]
+        for i, img in enumerate(self.sata_images):
+            argv += [
+                "-drive",
+                f"if=none,id=sata{i},format=raw,file={img}",
+                "-device",
+                f"ide-hd,drive=sata{i},bus=ahci.{i},serial=rigbase-sata{i}",
+            ]
+        return argv
 
     def argv(self) -> list[str]:
         vars_fd = self.workdir / "OVMF_VARS.fd"
@@ -97,12 +159,13 @@ class Machine:
             "1",
             "-m",
             str(self.memory_mb),
-            "-nic",
-            "none",
+            *self.network_args(),
             "-display",
             "none",
             "-monitor",
             "none",
+            "-qmp",
+            f"unix:{self.monitor_path},server=on,wait=off",
             "-serial",
             "stdio",
             "-no-user-config",
@@ -134,10 +197,11 @@ class Machine:
                 "-device",
                 f"nvme,serial=rigbase{i},drive=nvme{i},bootindex={i + 1}",
             ]
-        return argv
+        return argv + self.sata_args()
 
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
+        self.monitor_path.unlink(missing_ok=True)
         self.tpm = TpmProcess(self.tpm_state, self.workdir)
         self.tpm.start()
         self.proc = subprocess.Popen(
@@ -149,6 +213,14 @@ class Machine:
         )
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
+        # QEMU binds the monitor before it runs the guest: once it is there, qmp() can be called at once.
+        deadline = time.monotonic() + 30
+        while not self.monitor_path.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                time.sleep(0.2)  # let the reader collect QEMU's last words
+                self.close()
+                raise RuntimeError(f"QEMU did not start: {self.text()[-2000:]}")
+            time.sleep(0.05)
 
     def _read(self) -> None:
         assert self.proc and self.proc.stdout
@@ -179,6 +251,50 @@ class Machine:
         tail = _strip_ansi(self.text(start))[-3000:]
         raise ConsoleTimeout(f"console did not show /{pattern}/ within {timeout:.0f}s; last output:\n{tail}")
 
+    def qmp(self, command: str, timeout: float = 30, **arguments: Any) -> Any:
+        """Run one QMP command on the monitor socket and return its `return` value (events that arrive
+        meanwhile are skipped). One connection per command: QMP serves one client at a time."""
+        deadline = time.monotonic() + timeout
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(timeout)
+            sock.connect(str(self.monitor_path))
+            reader = sock.makefile("rb")
+
+            def reply() -> Any:
+                while time.monotonic() < deadline:
+                    line = reader.readline()
+                    if not line:
+                        break
+                    msg = json.loads(line)
+                    if "error" in msg:
+                        raise MonitorError(f"QMP {command}: {msg['error'].get('desc', msg['error'])}")
+                    if "return" in msg:
+                        return msg["return"]
+                raise MonitorError(f"QMP {command}: no answer from {self.monitor_path}")
+
+            greeting = json.loads(reader.readline() or b"{}")
+            if "QMP" not in greeting:
+                raise MonitorError(f"no QMP greeting on {self.monitor_path}: {greeting}")
+            sock.sendall(b'{"execute": "qmp_capabilities"}\n')
+            reply()
+            request: dict[str, Any] = {"execute": command}
+            if arguments:
+                request["arguments"] = arguments
+            sock.sendall(json.dumps(request).encode() + b"\n")
+            return reply()
+
+    def system_reset(self) -> None:
+        """A reset the guest did not ask for (the reset button): same QEMU, same disks (NVMe and SATA
+        written in place, the USB image's snapshot kept), same TPM state; the TPM itself is reset."""
+        self.qmp("system_reset")
+
+    def power_cycle(self) -> None:
+        """Power off and on: QEMU and swtpm stop and start again on the same disk files, OVMF variables and
+        TPM state; the console output keeps accumulating (take a mark first). The USB image's snapshot (the
+        guest's writes to it) is dropped, as on a real power cycle of a read-only stick."""
+        self.close()
+        self.start()
+
     def send(self, text: str) -> None:
         assert self.proc and self.proc.stdin
         self.proc.stdin.write(text.encode())
@@ -194,6 +310,7 @@ class Machine:
                 self.proc.wait()
         if self.tpm:
             self.tpm.stop()
+        self.monitor_path.unlink(missing_ok=True)
 
     def __enter__(self) -> Machine:
         self.start()

@@ -34,6 +34,18 @@ NODE_REQUIREMENTS = (
     "tpm2-pytss",
     "nvidia-ml-py",
     "cryptography",
+    # The node runs its own finalize playbook (node_ansible.py): ansible-core and ansible-runner, and their
+    # dependencies pinned too, so the wheelhouse does not drift to whatever PyPI has on the build day.
+    "ansible-core",
+    "ansible-runner",
+    "Jinja2",
+    "MarkupSafe",
+    "packaging",
+    "resolvelib",
+    "pexpect",
+    "ptyprocess",
+    "python-daemon",
+    "lockfile",
 )
 
 #: Where the dependency wheels go on the node; /usr/local/bin/minion puts it first on sys.path.

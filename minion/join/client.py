@@ -8,7 +8,7 @@ gives; only the transport can fail (ConnectionProblem), which the caller retries
 
 from __future__ import annotations
 
-import tempfile
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,12 +69,11 @@ class ControlPlane:
 
     def __init__(self, enrollment: Enrollment, timeout: float = 15.0) -> None:
         self.enrollment = enrollment
+        # Only the bundle's CA (not the system's store): a certificate any public CA signed for the name is
+        # no proof that this is the control plane the join token belongs to.
         verify: Any = True
         if enrollment.ca_certificate:
-            ca = tempfile.NamedTemporaryFile("w", suffix=".pem", delete=False)
-            ca.write(enrollment.ca_certificate)
-            ca.close()
-            verify = ca.name
+            verify = ssl.create_default_context(cadata=enrollment.ca_certificate)
         self.http = httpx.Client(
             base_url=enrollment.control_plane_url.rstrip("/"), verify=verify, timeout=timeout
         )
@@ -114,9 +113,16 @@ def _code(response: httpx.Response) -> str | None:
 
 
 def attempt_join(
-    cp: ControlPlane, session: Any, ak: Any, *, inventory: Mapping[str, Any], requirements: Mapping[str, Any]
+    cp: ControlPlane,
+    session: Any,
+    ak: Any,
+    *,
+    inventory: Mapping[str, Any],
+    requirements: Mapping[str, Any],
+    event_log: bytes | None = None,
 ) -> JoinStatus:
-    """One complete join attempt with the TPM session `session` and AK `ak`."""
+    """One complete join attempt with the TPM session `session` and AK `ak`; `event_log` (the firmware's,
+    attest.read_event_log) goes with the proof's quote."""
     token = cp.enrollment.join_token
     if not token:
         raise EnrollmentError("no join token: pass --bundle FILE or --join-token")
@@ -126,7 +132,7 @@ def attempt_join(
         return _refusal(response)
     challenge = parse_challenge(response.json())
     response = cp.post(
-        f"/v1/join/{challenge.join_id}/proof", proof_payload(session, ak, challenge), token=token
+        f"/v1/join/{challenge.join_id}/proof", proof_payload(session, ak, challenge, event_log), token=token
     )
     if response.status_code == 202:
         return JoinStatus("pending", JoinResult.model_validate_json(response.content).message)

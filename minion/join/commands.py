@@ -41,15 +41,6 @@ StateOpt = Annotated[
         "/var/lib/rigbase/minion).",
     ),
 ]
-AuthorizedKeys = Annotated[
-    Path | None,
-    typer.Option(
-        "--authorized-keys",
-        dir_okay=False,
-        help="After a successful join, write the control plane's SSH key into this authorized_keys file "
-        "(the boot image passes /root/.ssh/authorized_keys). Without it nothing is written.",
-    ),
-]
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:
@@ -93,11 +84,11 @@ def join_command(
     state_dir: StateOpt = None,
     inventory_file: InventoryFile = None,
     host_root: HostRoot = None,
-    authorized_keys: AuthorizedKeys = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print the outcome as JSON.")] = False,
 ) -> None:
     """Join the region once: attest with the TPM; prints joined, pending or the refusal."""
     os.environ.setdefault("TSS2_LOG", "all+none")
+    from minion.join.attest import read_event_log
     from minion.join.client import ConnectionProblem, ControlPlane, attempt_join
     from minion.join.run import collect_report, load_ak
     from minion.join.state import StateDir
@@ -116,20 +107,21 @@ def join_command(
     try:
         with TpmSession(tcti) as session:
             outcome = attempt_join(
-                cp, session, load_ak(session, state), inventory=inventory, requirements=report
+                cp,
+                session,
+                load_ak(session, state),
+                inventory=inventory,
+                requirements=report,
+                event_log=read_event_log(settings.event_log),
             )
     except (ConnectionProblem, TpmError) as exc:
         raise _fail(str(exc)) from None
     finally:
         cp.close()
-    problem = None
     if outcome.state == "joined":
-        from minion.join.authorized_keys import install_from_join
-
         state.save_node(
             {**outcome.node, "control_plane_url": enrollment.control_plane_url, "region": enrollment.region}
         )
-        problem = install_from_join(authorized_keys, outcome.node)
     state.save_status(outcome.state, outcome.message, code=outcome.code)
     if json_output:
         shown = {k: v for k, v in outcome.node.items() if k != "node_credential"}
@@ -140,8 +132,6 @@ def join_command(
         )
     else:
         print(f"{outcome.state}: {outcome.message}")
-    if problem:
-        raise _fail(f"joined, but {problem}")
     if outcome.state in ("refused", "errored"):
         raise typer.Exit(1)
 
@@ -155,7 +145,6 @@ def run_command(
     state_dir: StateOpt = None,
     inventory_file: InventoryFile = None,
     host_root: HostRoot = None,
-    authorized_keys: AuthorizedKeys = None,
     heartbeat_interval: Annotated[
         float | None,
         typer.Option(
@@ -202,8 +191,10 @@ def run_command(
             state,
             tcti,
             inventory,
-            authorized_keys=authorized_keys,
+            host_root=host_root,
+            ansible_collections=settings.ansible_collections,
             lan_address=settings.lan_address,
+            event_log=settings.event_log,
         ),
         report,
         heartbeat_interval,

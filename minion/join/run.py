@@ -27,13 +27,14 @@ from pydantic import ValidationError
 
 from contracts.messages import HeartbeatRequest, HeartbeatResponse, QuoteMessage
 from minion import desired
-from minion.join.authorized_keys import install_from_join
 from minion.join.client import ConnectionProblem, ControlPlane, Enrollment, attempt_join
 from minion.join.state import StateDir
 
 # Modules whose `setup(context: RunContext)` is called once before the first heartbeat (e.g. to start
 # the reservations agent and register its desired-state handler and shutdown hook). One line each.
-RUN_HOOKS: list[str] = []
+RUN_HOOKS: list[str] = [
+    "minion.finalize.agent",  # desired["finalize"]: on-node finalize (docs/finalize.md)
+]
 
 
 @dataclass
@@ -43,10 +44,14 @@ class RunContext:
     tcti: str | None
     inventory: dict[str, Any]
     node: dict[str, Any] = field(default_factory=dict)
-    # `--authorized-keys PATH`: where the control plane's SSH key goes after a join (None: nowhere)
-    authorized_keys: Path | None = None
+    # `--host-root DIR`: a lab node's root; finalize runs in a chroot of it (None: on this machine)
+    host_root: Path | None = None
+    # MinionSettings.ansible_collections: where finalize finds community.general (None: the default search)
+    ansible_collections: Path | None = None
     # MinionSettings.lan_address: the address mDNS answers from (None: the multicast route's)
     lan_address: str | None = None
+    # MinionSettings.event_log: the firmware's TCG event log, sent with every quote when readable
+    event_log: Path | None = None
 
 
 @desired.handles("maintenance")
@@ -85,12 +90,12 @@ def load_ak(session: Any, state: StateDir) -> Any:
     return ak
 
 
-def _quote(tcti: str | None, ak: Any, nonce_b64: str) -> QuoteMessage:
-    from minion.join.attest import quote_message
+def _quote(tcti: str | None, ak: Any, nonce_b64: str, event_log: Path | None = None) -> QuoteMessage:
+    from minion.join.attest import quote_message, read_event_log
     from minion.tpm.session import TpmSession
 
     with TpmSession(tcti) as session:
-        return quote_message(session.quote(ak, base64.b64decode(nonce_b64)))
+        return quote_message(session.quote(ak, base64.b64decode(nonce_b64)), read_event_log(event_log))
 
 
 @dataclass
@@ -108,6 +113,7 @@ class Runner:
 
     # -- join ----------------------------------------------------------------------------------------
     def join(self) -> dict[str, Any] | None:
+        from minion.join.attest import read_event_log
         from minion.tpm.session import TpmSession
 
         backoff = 0.5
@@ -117,7 +123,12 @@ class Runner:
                 with TpmSession(self.ctx.tcti) as session:
                     ak = load_ak(session, self.ctx.state)
                     outcome = attempt_join(
-                        self.cp, session, ak, inventory=self.ctx.inventory, requirements=self.requirements
+                        self.cp,
+                        session,
+                        ak,
+                        inventory=self.ctx.inventory,
+                        requirements=self.requirements,
+                        event_log=read_event_log(self.ctx.event_log),
                     )
             except ConnectionProblem as exc:
                 self.say("unreachable", str(exc))
@@ -129,9 +140,6 @@ class Runner:
                         "region": self.ctx.enrollment.region,
                     }
                     self.ctx.state.save_node(node)
-                    problem = install_from_join(self.ctx.authorized_keys, node)
-                    if problem:
-                        print(f"warning: {problem}", file=sys.stderr, flush=True)
                     self.say(node.get("state", "joined"), outcome.message, node_id=node.get("node_id"))
                     return node
                 self.say(outcome.state, outcome.message, code=outcome.code)
@@ -153,7 +161,7 @@ class Runner:
                 ak = read_json(self.ctx.state.ak_file)
                 from minion.tpm.session import AttestationKey
 
-                quote = _quote(self.ctx.tcti, AttestationKey.from_dict(ak or {}), nonce)
+                quote = _quote(self.ctx.tcti, AttestationKey.from_dict(ak or {}), nonce, self.ctx.event_log)
             body = HeartbeatRequest(actual=actual, quote=quote).to_wire()
             try:
                 response = self.cp.post(

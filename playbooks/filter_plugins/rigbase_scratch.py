@@ -1,4 +1,6 @@
-"""Ansible filter `rigbase_scratch_layout`: the scratch volume a node gets from its NVMe drives.
+"""Ansible filters `rigbase_scratch_layout` (the scratch volume a node gets from its NVMe drives) and
+`rigbase_cache_layout` (the local data cache a compute node in a local-mode region gets from its SATA
+drives).
 
 Computed in one pure function so a lab root (no block devices) and a real node get byte-identical
 /etc/rigbase/scratch.yaml and fstab entries for the same inputs; only the real node goes on to
@@ -8,6 +10,14 @@ exists after mkfs, which a lab never runs.
 Rules: no drive → no scratch volume; one drive → one GPT partition formatted directly; two or more →
 one partition per drive striped as RAID0 (md) — scratch is a cache of data that lives elsewhere, so
 capacity and bandwidth win over redundancy.
+
+Local data cache (compute node, storage mode `local`): the region requires at least three SATA drives
+(docs/hardware.md); they become one md RAID5 array. Why RAID5: the cache holds data sets that are slow
+to fetch again (hours over a WAN for a large one), on spinning SATA drives that fail far more often than
+NVMe, so losing one drive must not lose the whole cache or stop the jobs reading it — which RAID0 would.
+RAID5 survives one drive with the capacity of n-1 drives and works with any count from three (RAID10
+needs an even count and gives up half); the cache is read-mostly, so RAID5's slower small writes cost
+little.
 """
 
 from __future__ import annotations
@@ -18,6 +28,10 @@ from typing import Any
 SCRATCH_LABEL = "rigbase-scratch"  # ext4 labels hold 16 bytes
 MD_NAME = "rigbase-scratch"
 FSTYPE = "ext4"
+CACHE_LABEL = "rigbase-cache"
+CACHE_MD_NAME = "rigbase-cache"
+CACHE_RAID_LEVEL = 5
+CACHE_MIN_DRIVES = 3
 
 
 def partition_path(device: str, number: int = 1) -> str:
@@ -25,8 +39,12 @@ def partition_path(device: str, number: int = 1) -> str:
     return f"{device}p{number}" if re.search(r"\d$", device) else f"{device}{number}"
 
 
-def scratch_layout(drives: list[dict[str, Any]] | list[str], mountpoint: str = "/scratch",
-                   label: str = SCRATCH_LABEL, exclude: list[str] | None = None) -> dict[str, Any]:
+def scratch_layout(
+    drives: list[dict[str, Any]] | list[str],
+    mountpoint: str = "/scratch",
+    label: str = SCRATCH_LABEL,
+    exclude: list[str] | None = None,
+) -> dict[str, Any]:
     """`exclude`: drives found in use on a real node (the one holding the OS)."""
     excluded = sorted(set(exclude or []))
     paths = sorted({d if isinstance(d, str) else d["path"] for d in drives or []} - set(excluded))
@@ -59,6 +77,42 @@ def scratch_layout(drives: list[dict[str, Any]] | list[str], mountpoint: str = "
     }
 
 
+def cache_layout(
+    drives: list[dict[str, Any]] | list[str],
+    mountpoint: str = "/data/cache",
+    label: str = CACHE_LABEL,
+    exclude: list[str] | None = None,
+) -> dict[str, Any]:
+    """The local data cache: every SATA drive not in use (`exclude`) as one RAID5 array, ext4."""
+    excluded = sorted(set(exclude or []))
+    paths = sorted({d if isinstance(d, str) else d["path"] for d in drives or []} - set(excluded))
+    sizes = {d["path"]: int(d.get("size_bytes") or 0) for d in drives or [] if isinstance(d, dict)}
+    for path in paths:
+        if not re.fullmatch(r"/dev/[A-Za-z0-9/_-]+", path):
+            raise ValueError(f"{path!r} is not a block device path under /dev")
+    if len(paths) < CACHE_MIN_DRIVES:
+        raise ValueError(
+            f"a compute node in a local-mode region needs at least {CACHE_MIN_DRIVES} free SATA drives for "
+            f"its data cache, found {len(paths)} ({', '.join(paths) or 'none'})"
+        )
+    partitions = [partition_path(p) for p in paths]
+    device = f"/dev/md/{CACHE_MD_NAME}"
+    smallest = min(sizes.get(p, 0) for p in paths)
+    return {
+        "kind": f"raid{CACHE_RAID_LEVEL}",
+        "drives": paths,
+        "excluded": excluded,
+        "partitions": partitions,
+        "raid": {"device": device, "name": CACHE_MD_NAME, "level": CACHE_RAID_LEVEL, "members": partitions},
+        "device": device,
+        "filesystem": FSTYPE,
+        "label": label,
+        "mountpoint": mountpoint,
+        "size_bytes": smallest * (len(paths) - 1) or None,  # RAID5: n-1 drives of the smallest size
+        "fstab": f"LABEL={label} {mountpoint} {FSTYPE} defaults,noatime,nofail 0 2",
+    }
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
-        return {"rigbase_scratch_layout": scratch_layout}
+        return {"rigbase_scratch_layout": scratch_layout, "rigbase_cache_layout": cache_layout}

@@ -19,13 +19,13 @@ from typing import Any
 from fastapi import Depends, FastAPI
 from sqlalchemy import Engine
 
-from provisioner.adapters.ansible import Finalizer
 from provisioner.api import errors, links
 from provisioner.api.deps import require_operator
 from provisioner.api.limits import RequestLimits
 from provisioner.api.routes import (
     datastores,
     enrollment,
+    finalize,
     gcp,
     images,
     join,
@@ -56,7 +56,7 @@ OPERATOR_ROUTERS = [
     tokens.router,
     status.router,
 ]
-OPEN_ROUTERS: list = [join.router]  # join token / node credential auth of their own
+OPEN_ROUTERS: list = [join.router, finalize.router]  # join token / node credential auth of their own
 
 
 class ControlPlaneApp(FastAPI):
@@ -84,16 +84,14 @@ def create_app(
     migrate: bool = True,
     reconcilers: bool = False,
     heartbeat_timing: HeartbeatTiming | None = None,
-    finalizer: Finalizer | None = None,
     providers: Mapping[str, ProviderDriver] | None = None,
 ) -> FastAPI:
     """`reconcilers=True` (what `provision serve` passes) runs the reconciler loop for the app's lifetime;
     unit tests leave it off and step the world with `ReconcilerLoop(sessions).run_once()`.
 
     `settings`: what `provision serve` loaded; a database URL alone (tests) means the environment's
-    settings with that database. `finalizer` and `providers` replace the real Ansible finalizer and
-    provider drivers (tests inject fakes: a finalizer that skips the playbook, GCP clients pointed at
-    local servers)."""
+    settings with that database. `providers` replace the real provider drivers (tests inject fakes:
+    GCP clients pointed at local servers)."""
     if not isinstance(settings, Settings):
         settings = Settings.load(database_url=settings)
     url = settings.database
@@ -111,7 +109,7 @@ def create_app(
         docs_url=None,
         redoc_url=None,
     )
-    runtime = Runtime.from_settings(settings, finalizer=finalizer, providers=providers)
+    runtime = Runtime.from_settings(settings, providers=providers)
     if heartbeat_timing is not None:
         runtime = dataclasses.replace(runtime, heartbeat=heartbeat_timing)
     app.state.settings = settings

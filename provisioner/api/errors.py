@@ -23,6 +23,7 @@ from contracts.errors import (
     RuleViolation,
     Unauthorized,
     Unavailable,
+    plain_validation_message,
 )
 from provisioner.api.deps import OPERATOR_TOKEN
 from provisioner.api.schemas import ErrorOut
@@ -156,11 +157,13 @@ def install(app: FastAPI) -> None:
         where = ".".join(str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path"))
         more = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
         # the field path and message quote the client's keys and values: one bounded line
-        said = printable(f"{where or 'request'}: {first['msg']}")
+        said = printable(f"{where or 'request'}: {plain_validation_message(str(first['msg']))}")
         return _json(422, "invalid_input", f"{said}{more}: fix it and retry")
 
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
+        if exc.status_code == 400:  # FastAPI's "error parsing the body": invalid input like any other
+            return _json(422, "invalid_input", "the request body is not valid JSON: send a JSON object")
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         message = "no such API route: see /openapi.json" if exc.status_code == 404 else str(exc.detail)
         return _json(exc.status_code, code, message)

@@ -105,10 +105,17 @@ POLICIES: Final[tuple[Policy, ...]] = (
     # JoinRequest: keys, EK certificate (~1.5 KiB) and two reports of at most 32 KiB each
     # (contracts/messages.py REPORT_MAX_BYTES). The join token travels in the body, so no header check.
     Policy("POST", _path(r"/v1/join"), 96 * KiB, None, JOIN_FAILED, join_attempt=True),
-    # ProofRequest: the activated secret and a quote over a few PCRs, about 1.2 KiB on the wire.
-    Policy("POST", _path(r"/v1/join/[^/]+/proof"), 16 * KiB, Auth.JOIN, JOIN_FAILED),
-    # HeartbeatRequest: three reports of at most 32 KiB each (actual, inventory, requirements) and a quote.
-    Policy("POST", _path(r"/v1/nodes/[^/]+/heartbeat"), 256 * KiB, Auth.NODE),
+    # ProofRequest: the activated secret and a quote over a few PCRs (about 1.2 KiB on the wire) with the
+    # firmware's event log, at most 256 KiB raw (contracts/eventlog.py MAX_EVENT_LOG_BYTES), ~342 KiB base64.
+    Policy("POST", _path(r"/v1/join/[^/]+/proof"), 384 * KiB, Auth.JOIN, JOIN_FAILED),
+    # HeartbeatRequest: three reports of at most 32 KiB each (actual, inventory, requirements) and a quote
+    # with its event log (~342 KiB base64, as above).
+    Policy("POST", _path(r"/v1/nodes/[^/]+/heartbeat"), 640 * KiB, Auth.NODE),
+    # FinalizeReport: at most 100 task events of a 200-character name and a 1000-character message, an
+    # outcome, and the play's facts (a report of at most 32 KiB): well under 256 KiB.
+    Policy("POST", _path(r"/v1/nodes/[^/]+/finalize"), 256 * KiB, Auth.NODE),
+    # the playbook bundle download: a GET, no body
+    Policy("GET", _path(r"/v1/finalize/bundles/[^/]+"), 1 * KiB, Auth.NODE),
     # An image manifest lists every package of the image (thousands of lines), sent base64-encoded.
     Policy("POST", _path(r"/v1/images"), 8 * MiB, Auth.OPERATOR),
     # Other operator routes carry names, PEM certificates, service-account keys: a few KiB at most.

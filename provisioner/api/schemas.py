@@ -137,6 +137,12 @@ class NodeOut(BaseModel):
     )
     inventory: dict[str, Any] | None
     requirements: dict[str, Any] | None
+    finalize_applied: str | None = Field(
+        None, description="the finalize generation the node's minion last applied with success (null: none)"
+    )
+    finalize_retry: int = Field(
+        0, description="`provision node retry` count: part of the finalize generation"
+    )
     created_at: datetime
     updated_at: datetime
     version: int
@@ -163,6 +169,8 @@ class NodeOut(BaseModel):
             last_quote_at=getattr(n, "last_quote_at", None),
             inventory=n.inventory,
             requirements=n.requirements,
+            finalize_applied=n.finalize_applied,
+            finalize_retry=n.finalize_retry or 0,
             created_at=n.created_at,
             updated_at=n.updated_at,
             version=n.version,
@@ -182,6 +190,14 @@ def nodes_page_json(page: Page[NodeOut]) -> str:
         return page.model_dump_json()
     except PydanticSerializationError:
         return Page[NodeOut](items=[n.readable() for n in page.items], next=page.next).model_dump_json()
+
+
+class FinalizeReportOut(BaseModel):
+    """The answer to a FinalizeReport (contracts/finalize.py): the node's state after it."""
+
+    node_id: str
+    state: str
+    generation: str
 
 
 class ReplaceIn(BaseModel):

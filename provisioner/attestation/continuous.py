@@ -1,13 +1,15 @@
 """Continuous attestation: every K heartbeats the control plane hands the node a nonce (in the heartbeat
 response) and the next heartbeat carries a quote over it. The quote must verify against the AK recorded
-at join time and show the PCR values the region's policy expects (the recorded baseline in record
-mode); a refusal moves the node to errored with the refusal's message as the reason."""
+at join time, pass the boot-path check of its event log (boot_path.py) and show the PCR values the
+region's policy expects (the recorded baseline in record mode); a refusal moves the node to errored with
+the refusal's message as the reason."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from contracts.attestation import ATTESTED_PCRS
+from provisioner.attestation.boot_path import BootPathPolicy
 from provisioner.attestation.nonces import NonceIssuer, NonceRecord
 from provisioner.attestation.pcr_policy import PcrPolicy
 from provisioner.attestation.quote import QuoteEvidence, VerifiedQuote
@@ -37,10 +39,12 @@ def verify_fresh_quote(
     evidence: QuoteEvidence,
     policy: PcrPolicy,
     required: Sequence[int] = ATTESTED_PCRS,
+    boot: BootPathPolicy = BootPathPolicy(),
 ) -> VerifiedQuote | Refusal:
-    """Spend the node's nonce, then check the quote against the recorded AK and the PCR policy."""
+    """Spend the node's nonce, then check the quote against the recorded AK, the boot path and the PCR
+    policy."""
     refusal = nonces.redeem(nonce, f"node:{node_id}")
     if refusal:
         return refusal
-    result = check_quote(ak_public, evidence, nonce, policy, required)
+    result = check_quote(ak_public, evidence, nonce, policy, required, boot)
     return result if isinstance(result, Refusal) else result[0]

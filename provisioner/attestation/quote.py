@@ -27,6 +27,7 @@ class QuoteEvidence:
     attest: bytes  # TPMS_ATTEST, exactly as signed
     signature: bytes  # TPMT_SIGNATURE
     pcrs: Mapping[int, bytes]  # sha256 values the node read for the quoted PCRs
+    event_log: bytes | None = None  # the firmware's TCG event log, when the node sent one (boot_path.py)
 
 
 @dataclass(frozen=True)

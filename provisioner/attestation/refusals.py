@@ -36,6 +36,10 @@ class RefusalCode(StrEnum):
     pcr_digest_mismatch = "attestation_pcr_digest_mismatch"
     pcr_manifest_mismatch = "attestation_pcr_manifest_mismatch"
     pcr_changed = "attestation_pcr_changed"
+    # the boot path behind PCR 4, from the firmware's event log (provisioner/attestation/boot_path.py)
+    event_log_mismatch = "attestation_event_log_mismatch"
+    no_event_log = "attestation_no_event_log"
+    unknown_boot_application = "attestation_unknown_boot_application"
     # enrollment checks around the protocol (provisioner/services/join.py)
     join_token_invalid = "join_token_invalid"
     join_token_revoked = "join_token_revoked"
@@ -44,6 +48,7 @@ class RefusalCode(StrEnum):
     wrong_region = "join_wrong_region"
     pinned_ek_mismatch = "attestation_pinned_ek_mismatch"
     requirements_failed = "join_requirements_failed"
+    minion_rejected = "join_minion_rejected"  # `provision node reject MINION_ID`
 
 
 # The operator-facing sentence per code: what happened and what to do next. `{detail}` is filled from
@@ -109,6 +114,18 @@ MESSAGES: dict[RefusalCode, str] = {
         "PCR values changed since they were recorded ({detail}); the node's boot chain changed, "
         "inspect it and re-record with the operator's approval."
     ),
+    RefusalCode.event_log_mismatch: (
+        "The TCG event log does not replay to the quoted PCR 4 ({detail}); it is not this boot's log or "
+        "was altered, investigate the node before `provision node retry`."
+    ),
+    RefusalCode.no_event_log: (
+        "The quote carries no TCG event log, and this region's registered images need one to check the "
+        "boot path; boot the node from the region's current media (its minion sends the log)."
+    ),
+    RefusalCode.unknown_boot_application: (
+        "The firmware ran an EFI application no registered image names ({detail}); the node booted "
+        "something other than the region's media, reinstall it from that media or register its image."
+    ),
     RefusalCode.join_token_invalid: (
         "The join token is not one this control plane issued for any region; write a new bundle with "
         "`provision region bundle REGION -o FILE`."
@@ -136,6 +153,10 @@ MESSAGES: dict[RefusalCode, str] = {
     RefusalCode.requirements_failed: (
         "The node fails its hardware requirements ({detail}); fix them (`minion check` explains each) and "
         "reboot the node."
+    ),
+    RefusalCode.minion_rejected: (
+        "An operator rejected this minion ({detail}); it cannot join until `provision node unreject` "
+        "lifts that."
     ),
 }
 

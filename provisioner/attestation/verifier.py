@@ -6,7 +6,8 @@
     claim → AK is a restricted signing key → MakeCredential bound to the AK's name + fresh nonce.
 `finish(PendingJoin, ProofRequest, PcrPolicy)` → Attested or a Refusal:
     nonce issued for this join, unused, unexpired → activated secret right → quote structure and AK
-    signature → quote over this nonce → PCR selection and digest → PCR values against the policy.
+    signature → quote over this nonce → PCR selection and digest → boot path (the event log replays to
+    PCR 4, its EFI applications are the manifests') → PCR values against the policy.
 
 Transport-agnostic: the HTTP routes parse the bodies into the wire models, call these, write the audit
 entry for a Refusal and answer `refusal.as_error()`.
@@ -23,6 +24,7 @@ from datetime import datetime
 
 from contracts.attestation import ATTESTED_PCRS, PCR_BANK
 from contracts.messages import JoinChallenge, JoinRequest, ProofRequest
+from provisioner.attestation.boot_path import BootPathPolicy, check_boot_path
 from provisioner.attestation.credential import make_credential
 from provisioner.attestation.ek_certs import ChainError, TrustStore, load_certificate, verify_chain
 from provisioner.attestation.keys import minion_id_for, public_key, spki_der
@@ -147,14 +149,20 @@ class JoinVerifier:
         return message, pending
 
     # -- step 2 ---------------------------------------------------------------------------------------
-    def finish(self, pending: PendingJoin, proof: ProofRequest, policy: PcrPolicy) -> Attested | Refusal:
+    def finish(
+        self,
+        pending: PendingJoin,
+        proof: ProofRequest,
+        policy: PcrPolicy,
+        boot: BootPathPolicy = BootPathPolicy(),
+    ) -> Attested | Refusal:
         refusal = self.nonces.redeem(pending.nonce, f"join:{pending.join_id}")
         if refusal:
             return refusal
         if not hmac.compare_digest(hashlib.sha256(proof.activated_secret).digest(), pending.secret_sha256):
             return refuse(RefusalCode.wrong_secret)
         result = check_quote(
-            pending.ak_public, quote_evidence(proof.quote), pending.nonce, policy, self.required_pcrs
+            pending.ak_public, quote_evidence(proof.quote), pending.nonce, policy, self.required_pcrs, boot
         )
         if isinstance(result, Refusal):
             return result
@@ -177,14 +185,18 @@ def check_quote(
     nonce: bytes,
     policy: PcrPolicy,
     required: Sequence[int] = ATTESTED_PCRS,
+    boot: BootPathPolicy = BootPathPolicy(),
 ) -> tuple[VerifiedQuote, dict[int, bytes] | None] | Refusal:
-    """Quote checks + PCR policy, shared by the join proof and continuous attestation."""
+    """Quote checks + boot path + PCR policy, shared by the join proof and continuous attestation."""
     ak = _parse_key(ak_public, RefusalCode.ak_invalid)
     if isinstance(ak, Refusal):
         return ak
     verified = verify_quote(ak, evidence, nonce, required)
     if isinstance(verified, Refusal):
         return verified
+    refusal = check_boot_path(evidence.event_log, verified.pcrs, boot)
+    if refusal:
+        return refusal
     verdict = policy.check(verified.pcrs)
     if verdict.refusal:
         return verdict.refusal

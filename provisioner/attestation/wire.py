@@ -14,7 +14,7 @@ from provisioner.attestation.quote import QuoteEvidence
 
 def quote_evidence(quote: QuoteMessage) -> QuoteEvidence:
     """What the quote verifier checks, from a quote as it came over the wire."""
-    return QuoteEvidence(quote.attest, quote.signature, dict(quote.pcrs))
+    return QuoteEvidence(quote.attest, quote.signature, dict(quote.pcrs), quote.event_log)
 
 
 class PendingJoin(BaseModel):

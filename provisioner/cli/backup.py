@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from provisioner.cli import render
-from provisioner.cli.common import EXIT_USAGE, CliError, Json, fail
+from provisioner.cli.common import EXIT_USAGE, CliError, Json, read_input
 from provisioner.settings import Settings
 
 PASSPHRASE_ENV = "RIGBASE_BACKUP_PASSPHRASE"
@@ -33,12 +33,7 @@ Database = Annotated[
 
 def _passphrase(file: Path | None, *, confirm: bool) -> str:
     if file is not None:
-        try:
-            lines = file.read_text().splitlines()
-        except OSError as exc:
-            fail(
-                f"cannot read {file} ({exc.strerror}): give a file with the passphrase", exit_code=EXIT_USAGE
-            )
+        lines = read_input(file, "a file with the passphrase").splitlines()  # `-`: stdin
         return lines[0] if lines else ""
     if os.environ.get(PASSPHRASE_ENV):
         return os.environ[PASSPHRASE_ENV]

@@ -1,19 +1,29 @@
 """What every command group shares: the options (--json, --yes, --wait, --region …), the error type
 that prints one line on stderr with the right exit code (provisioner/cli/errors.py, re-exported here;
 each group turns the HTTP client's errors into it), confirmation, and show/remove of one resource. A new
-command group is a module with `app = group("…")` plus one `add_typer` line in provisioner/cli/main.py."""
+command group is a module with `app = group("…")` plus one `add_typer` line in provisioner/cli/main.py.
+
+Every list and show gets `-o table|wide|json|yaml` and `--watch` with ONE decorator, `@output_options`
+(under `@app.command`); a file argument reads stdin when it is `-` through `read_input`."""
 
 from __future__ import annotations
 
+import functools
+import inspect
+import io
 import sys
-from collections.abc import Sequence
-from typing import Annotated, Any
+import time
+from collections.abc import Callable, Sequence
+from contextlib import redirect_stdout
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any, TypeVar, get_type_hints
 
 import typer
 from typer.core import TyperGroup
 
 from provisioner.cli import render
-from provisioner.cli.errors import EXIT_REFUSED, EXIT_USAGE, CliError, fail, from_refusal
+from provisioner.cli.errors import EXIT_REFUSED, EXIT_USAGE, CliError, fail, from_refusal, usage_line
 from provisioner.cli.settings import connect
 from provisioner.client import ControlPlaneError
 
@@ -27,7 +37,14 @@ __all__ = [
     "confirm",
     "show_one",
     "remove_one",
+    "output_options",
+    "read_input",
+    "HELP_OPTIONS",
 ]
+
+HELP_OPTIONS = {"help_option_names": ["-h", "--help"]}
+WATCH_EVERY_S = 2.0
+F = TypeVar("F", bound=Callable[..., Any])
 
 Json = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of a table.")]
 Yes = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
@@ -41,15 +58,36 @@ RegionOpt = Annotated[
 ]
 
 
-class _ClientErrorsAsOneLine(TyperGroup):
-    """A command group whose commands' ControlPlaneErrors (the client's, provisioner/client/errors.py)
-    print as one line with the right exit code, like every other refusal of the CLI."""
+# Typer vendors click: its UsageError is the parent of typer.BadParameter
+_UsageError: type[Exception] = typer.BadParameter.__mro__[1]
+
+
+def _one_line(exc: Exception) -> CliError:
+    return CliError(usage_line(exc, "provision"), exit_code=EXIT_USAGE)
+
+
+class OneLineErrors(TyperGroup):
+    """A command group whose errors print as one line with the right exit code, like every other refusal
+    of the CLI: the client's ControlPlaneErrors (provisioner/client/errors.py), and click's usage errors
+    (a missing option, an unknown command) instead of click's usage block. `provision` and each group."""
+
+    def make_context(self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any) -> Any:
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except _UsageError as exc:
+            if type(exc).__name__ == "NoArgsIsHelpError":  # `provision node` alone: its help
+                raise
+            raise _one_line(exc) from exc
 
     def invoke(self, ctx: Any) -> Any:
         try:
             return super().invoke(ctx)
         except ControlPlaneError as exc:
             raise from_refusal(exc) from exc
+        except _UsageError as exc:  # a subcommand's own arguments did not parse
+            if type(exc).__name__ == "NoArgsIsHelpError":
+                raise
+            raise _one_line(exc) from exc
 
 
 def group(help_text: str) -> typer.Typer:
@@ -58,8 +96,98 @@ def group(help_text: str) -> typer.Typer:
         no_args_is_help=True,
         add_completion=False,
         rich_markup_mode=None,
-        cls=_ClientErrorsAsOneLine,
+        cls=OneLineErrors,
+        context_settings=HELP_OPTIONS,
     )
+
+
+def read_input(path: Path, what: str, *, called: str = "") -> str:
+    """The text of a file argument; `-` reads stdin (`--password-file -`, `tpm-ca add -`). One line of
+    error naming the file and what it should hold when it cannot be read."""
+    if str(path) == "-":
+        return sys.stdin.read()
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else "not text"
+        named = f"{called} {path}" if called else str(path)  # "password file /x": what the flag calls it
+        fail(f"cannot read {named} ({why}): pass {what}, or - to read it from stdin", exit_code=EXIT_USAGE)
+
+
+def _watch(draw: Callable[[], None]) -> None:
+    """Redraw every WATCH_EVERY_S until Ctrl-C: in place on a terminal (Rich Live), else one screen
+    after another (a log, a pipe). Ctrl-C ends it with exit 0, as kubectl's --watch does."""
+    from rich.console import Console
+    from rich.live import Live
+    from rich.text import Text
+
+    def screen() -> str:
+        out = io.StringIO()
+        with redirect_stdout(out):
+            draw()
+        stamp = datetime.now(UTC).strftime("%H:%M:%S")
+        return f"{out.getvalue().rstrip()}\n(every {WATCH_EVERY_S:.0f} s, last {stamp} UTC; Ctrl-C to stop)"
+
+    con = Console(width=render.FIT_WIDTH * 10)
+    try:
+        if not con.is_terminal:
+            while True:
+                print(screen() + "\n", flush=True)
+                time.sleep(WATCH_EVERY_S)
+        with Live(Text(screen()), console=con, auto_refresh=False) as live:
+            while True:
+                time.sleep(WATCH_EVERY_S)
+                live.update(Text(screen()), refresh=True)
+    except KeyboardInterrupt:
+        return
+
+
+def output_options(command: F) -> F:
+    """Give a list or show command `-o/--output table|wide|json|yaml`, `--watch/-w` and, unless it has
+    one, `--json` (the alias of `-o json`). The command prints with render.table / render.detail as
+    usual; this sets the format, and with --watch runs it again every 2 s."""
+    params = inspect.signature(command, eval_str=True).parameters
+    hints = get_type_hints(command, include_extras=True)
+    has_json = "json_out" in params
+    extra = {
+        "output": inspect.Parameter(
+            "output",
+            inspect.Parameter.KEYWORD_ONLY,
+            default=render.Output.TABLE,
+            annotation=Annotated[
+                render.Output,
+                typer.Option(
+                    "--output", "-o", help="table, wide (every column), json or yaml.", case_sensitive=False
+                ),
+            ],
+        ),
+        "watch": inspect.Parameter(
+            "watch",
+            inspect.Parameter.KEYWORD_ONLY,
+            default=False,
+            annotation=Annotated[bool, typer.Option("--watch", "-w", help="Redraw every 2 s until Ctrl-C.")],
+        ),
+    }
+    if not has_json:
+        extra["json_out"] = inspect.Parameter(
+            "json_out", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=Json
+        )
+
+    @functools.wraps(command)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        output, watch = kwargs.pop("output"), kwargs.pop("watch")
+        as_json = kwargs["json_out"] if has_json else kwargs.pop("json_out")
+        render.use(render.Output.JSON if as_json else output)
+        if not watch:
+            return command(*args, **kwargs)
+        _watch(lambda: command(*args, **kwargs))
+        return None
+
+    run.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [p.replace(annotation=hints.get(n, p.annotation)) for n, p in params.items()] + list(extra.values())
+    )
+    run.__annotations__ = {**hints, **{n: p.annotation for n, p in extra.items()}}
+    return run  # type: ignore[return-value]
 
 
 def confirm(question: str, yes: bool) -> None:

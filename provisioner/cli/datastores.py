@@ -9,7 +9,16 @@ import typer
 
 from contracts.regional import DatastoreType
 from provisioner.cli import render
-from provisioner.cli.common import EXIT_USAGE, Json, RegionOpt, Yes, fail, group, remove_one, show_one
+from provisioner.cli.common import (
+    Json,
+    RegionOpt,
+    Yes,
+    group,
+    output_options,
+    read_input,
+    remove_one,
+    show_one,
+)
 from provisioner.cli.settings import connect
 
 app = group("Datastores: NFS or SMB shares of a region; jobs get paths below the root, never above.")
@@ -27,13 +36,7 @@ COLUMNS = [
 
 def _read_password(path: Path) -> str:
     """The first line of the file (a trailing newline is not part of the password)."""
-    try:
-        return path.read_text().rstrip("\r\n")
-    except (OSError, UnicodeDecodeError) as exc:
-        fail(
-            f"cannot read password file {path} ({exc.__class__.__name__}): give a readable text file",
-            exit_code=EXIT_USAGE,
-        )
+    return read_input(path, "a text file holding the password", called="password file").rstrip("\r\n")
 
 
 @app.command("add")
@@ -48,7 +51,10 @@ def add(
     ] = None,
     password_file: Annotated[
         Path | None,
-        typer.Option("--password-file", help="File holding the SMB password (never on the command line)."),
+        typer.Option(
+            "--password-file",
+            help="File holding the SMB password (never on the command line); - reads stdin.",
+        ),
     ] = None,
     json_out: Json = False,
 ) -> None:
@@ -66,6 +72,7 @@ def add(
 
 
 @app.command("list")
+@output_options
 def list_(
     region: Annotated[
         str | None, typer.Option("--region", "-r", help="Only this region's datastores.")
@@ -73,7 +80,7 @@ def list_(
     json_out: Json = False,
 ) -> None:
     """List datastores."""
-    rows = connect().get("/v1/datastores", region=region)["items"]
+    rows = render.by_region_then_name(connect().get("/v1/datastores", region=region)["items"])
     render.table(
         rows,
         COLUMNS,
@@ -83,6 +90,7 @@ def list_(
 
 
 @app.command("show")
+@output_options
 def show(name: str, region: RegionOpt = None, json_out: Json = False) -> None:
     """Show one datastore (the password is never shown; `has_password` says whether one is stored)."""
     show_one(f"/v1/datastores/{name}", as_json=json_out, region=region)

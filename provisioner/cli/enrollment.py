@@ -4,6 +4,7 @@ and the `provision tpm-ca` group. The region and node commands attach to those g
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -11,27 +12,28 @@ import typer
 
 from contracts.bundle import EnrollmentBundle, write_bundle
 from provisioner.cli import nodes, regions, render
-from provisioner.cli.common import EXIT_USAGE, Json, RegionOpt, Yes, confirm, fail, group
+from provisioner.cli.common import Json, RegionOpt, Yes, confirm, group, output_options, read_input
 from provisioner.cli.settings import connect
 
-TOKEN_COLUMNS = [
+TOKEN_COLUMNS: render.Columns = [
     ("id", "ID"),
     ("region", "REGION"),
-    ("state", "STATE"),
-    ("created_at", "CREATED"),
-    ("expires_at", "EXPIRES"),
-    ("revoked_at", "REVOKED"),
+    ("state", "STATE"),  # issued, expired or revoked
+    ("created_at", "AGE", render.ago("created_at")),
+    ("expires_at", "EXPIRES", render.until("expires_at")),
 ]
+TOKEN_WIDE: render.Columns = [("expires_at", "EXPIRES AT"), ("revoked_at", "REVOKED AT")]
 CA_COLUMNS = [("id", "ID"), ("subject", "SUBJECT"), ("sha256", "SHA256"), ("not_after", "NOT AFTER")]
-PENDING_COLUMNS = [
+PENDING_COLUMNS: render.Columns = [
     ("minion_id", "MINION ID"),
     ("region", "REGION"),
-    ("first_seen", "FIRST SEEN"),
     ("attested", "ATTESTED"),
-    ("inventory", "INVENTORY"),
     ("requirements", "REQUIREMENTS"),
-    ("refusal", "LAST REFUSAL"),
+    ("last_seen", "LAST SEEN", render.ago("last_seen")),
+    ("first_seen", "AGE", render.ago("first_seen")),
+    ("inventory", "INVENTORY"),
 ]
+PENDING_WIDE: render.Columns = [("refusal", "LAST REFUSAL")]
 Ttl = Annotated[str, typer.Option("--ttl", help="Token lifetime: 30m, 24h, 7d, 2w or 'never'.")]
 
 
@@ -43,26 +45,40 @@ def join_token(
     region: str,
     ttl: Ttl = "7d",
     revoke: Annotated[
-        bool, typer.Option("--revoke", help="Revoke every live join token of the region instead.")
+        str | None,
+        typer.Option("--revoke", metavar="ID", help="Revoke this one join token (ids: --list)."),
+    ] = None,
+    revoke_all: Annotated[
+        bool, typer.Option("--revoke-all", help="Revoke every live join token of the region.")
     ] = False,
     list_: Annotated[
-        bool, typer.Option("--list", help="List the region's join tokens (never the secrets).")
+        bool,
+        typer.Option("--list", help="List the region's join tokens: issued, expired, revoked (no secrets)."),
     ] = False,
+    output: Annotated[
+        render.Output, typer.Option("--output", "-o", help="With --list: table, wide, json or yaml.")
+    ] = render.Output.TABLE,
     json_out: Json = False,
 ) -> None:
-    """Issue a region join token (printed once; only its hash is stored), or --revoke / --list them."""
+    """Issue a region join token (printed once; only its hash is stored), or --list / --revoke them.
+
+    Example: provision region join-token lab-1 --revoke jt_0123456789abcdef
+    """
     client = connect()
-    if revoke:
+    render.use(render.Output.JSON if json_out else output)
+    if revoke is not None:
+        out = client.delete(f"/v1/regions/{region}/join-tokens/{revoke}")
+        if not render.machine(out, render.chosen()):
+            print(f"join token {out['id']} of region '{out['region']}' is {out['state']}")
+    elif revoke_all:
         out = client.delete(f"/v1/regions/{region}/join-tokens")
-        if json_out:
-            render.print_json(out)
-        else:
+        if not render.machine(out, render.chosen()):
             print(f"revoked {out['revoked']} join token(s) of region '{region}'")
     elif list_:
         render.table(
             client.get(f"/v1/regions/{region}/join-tokens")["items"],
             TOKEN_COLUMNS,
-            as_json=json_out,
+            wide=TOKEN_WIDE,
             empty=f"no join token yet: `provision region join-token {region}`",
         )
     else:
@@ -74,7 +90,10 @@ def join_token(
 def bundle(
     region: str,
     output: Annotated[
-        Path, typer.Option("--output", "-o", help="File to write (mode 0600: it holds a join token).")
+        Path,
+        typer.Option(
+            "--output", "-o", help="File to write (mode 0600: it holds a join token); - for stdout."
+        ),
     ],
     ttl: Ttl = "7d",
     control_plane_url: Annotated[
@@ -90,19 +109,27 @@ def bundle(
 ) -> None:
     """Write the region's enrollment bundle (docs/enrollment-bundle.md) with a fresh join token."""
     client = connect()
-    ca = None
-    if ca_certificate is not None:
-        try:
-            ca = ca_certificate.read_text()
-        except OSError as exc:
-            fail(
-                f"cannot read {ca_certificate} ({exc.strerror}): pass the CA certificate in PEM",
-                exit_code=EXIT_USAGE,
-            )
+    ca = None if ca_certificate is None else read_input(ca_certificate, "the CA certificate in PEM")
     body = {"control_plane_url": control_plane_url or client.url, "ca_certificate": ca, "ttl": ttl}
     out = client.post(f"/v1/regions/{region}/bundle", body)
-    write_bundle(output, EnrollmentBundle.model_validate(out))
-    print(output)
+    made = EnrollmentBundle.model_validate(out)
+    if str(output) == "-":
+        print(made.to_json())
+    else:
+        write_bundle(output, made)
+        print(output)
+    # on stderr, so `-o -` stays the bundle alone: what an operator must know before flashing media
+    print(_enrols_until(region, out.get("expires_at")), file=sys.stderr)
+
+
+def _enrols_until(region: str, expires_at: str | None) -> str:
+    if expires_at is None:
+        return f"media with this bundle enrol nodes into '{region}' until its token is revoked (ttl never)"
+    left = render.until("expires_at")({"expires_at": expires_at})
+    return (
+        f"media with this bundle enrol nodes into '{region}' until {expires_at} ({left}); after that a node "
+        f"booted from it is refused: write a fresh one with `provision region bundle {region} -o FILE`"
+    )
 
 
 @regions.app.command("update")
@@ -129,16 +156,25 @@ def update(
 
 
 @nodes.app.command("pending")
+@output_options
 def pending(
     region: Annotated[str | None, typer.Option("--region", "-r", help="Only this region's minions.")] = None,
     json_out: Json = False,
 ) -> None:
-    """Minions that reached the control plane and wait for `provision node add … --minion-id`."""
+    """Minions that reached the control plane and wait for `provision node accept MINION_ID --name NAME`."""
     rows = connect().get("/v1/pending-minions", region=region)["items"]
-    render.table(rows, PENDING_COLUMNS, as_json=json_out, empty="no pending minion")
+    rows = sorted(rows, key=lambda r: (r["region"], r["minion_id"]))
+    render.table(
+        rows,
+        PENDING_COLUMNS,
+        wide=PENDING_WIDE,
+        as_json=json_out,
+        empty="no pending minion: boot a node from the region's media (`provision region bundle`)",
+    )
 
 
 @nodes.app.command("refusals")
+@output_options
 def refusals(
     minion_id: Annotated[str | None, typer.Option("--minion-id", help="Only this minion's refusals.")] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, max=500)] = 50,
@@ -148,7 +184,8 @@ def refusals(
     rows = connect().get("/v1/join-refusals", minion_id=minion_id, limit=limit)["items"]
     render.table(
         rows,
-        [("at", "WHEN"), ("minion_id", "MINION ID"), ("name", "NODE"), ("reason", "WHY")],
+        [("at", "AGE", render.ago("at")), ("minion_id", "MINION ID"), ("name", "NODE"), ("reason", "WHY")],
+        wide=[("at", "WHEN")],
         as_json=json_out,
         empty="no refused join",
     )
@@ -186,10 +223,7 @@ def ca_add(
     json_out: Json = False,
 ) -> None:
     """Trust the CA certificate(s) in FILE; prints their ids."""
-    try:
-        pem = file.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        fail(f"cannot read {file} ({exc}): pass a PEM certificate file", exit_code=EXIT_USAGE)
+    pem = read_input(file, "a PEM certificate file")
     rows = connect().post("/v1/tpm-cas", {"pem": pem})["items"]
     if json_out:
         render.print_json(rows)
@@ -199,6 +233,7 @@ def ca_add(
 
 
 @tpm_ca.command("list")
+@output_options
 def ca_list(json_out: Json = False) -> None:
     """List trusted TPM vendor CAs."""
     render.table(

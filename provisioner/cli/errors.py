@@ -42,5 +42,13 @@ def from_refusal(exc: RigbaseError) -> CliError:
     return CliError(exc.message, code=exc.code, exit_code=EXIT_USAGE if malformed else EXIT_REFUSED)
 
 
+def usage_line(exc: Exception, program: str) -> str:
+    """click's usage error (usage, hint and message on three lines) as one line naming the --help to read."""
+    ctx = getattr(exc, "ctx", None)
+    where = ctx.command_path if ctx is not None else program
+    message = " ".join(exc.format_message().split()).rstrip(".")  # type: ignore[attr-defined]
+    return f"{message}: see `{where} --help`"
+
+
 def fail(message: str, *, exit_code: int = EXIT_REFUSED) -> NoReturn:
     raise CliError(message, exit_code=exit_code)

@@ -5,13 +5,14 @@ control plane"). Files are read here and sent as base64: the server verifies the
 from __future__ import annotations
 
 import base64
+import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from provisioner.cli import render
-from provisioner.cli.common import EXIT_USAGE, Json, Yes, confirm, fail, group
+from provisioner.cli.common import EXIT_USAGE, Json, Yes, confirm, fail, group, output_options
 from provisioner.cli.settings import connect
 
 app = group(
@@ -53,7 +54,7 @@ SIGNATURE_SUFFIX = ".sig"  # contracts.manifest.SIGNATURE_SUFFIX: the builder wr
 
 def _read(path: Path, what: str, hint: str, exit_code: int = EXIT_USAGE) -> bytes:
     try:
-        return path.read_bytes()
+        return sys.stdin.buffer.read() if str(path) == "-" else path.read_bytes()
     except OSError as exc:
         fail(f"cannot read {what} {path} ({exc.strerror}): {hint}", exit_code=exit_code)
 
@@ -84,6 +85,7 @@ def trust_key(
 
 
 @app.command("list-keys")
+@output_options
 def list_keys(json_out: Json = False) -> None:
     """List trusted image-builder keys."""
     render.table(
@@ -131,14 +133,6 @@ def register(
             help="Region to bind it to (default: the region named in the manifest; must agree with it).",
         ),
     ] = None,
-    pin_pcr4: Annotated[
-        bool,
-        typer.Option(
-            "--pin-pcr4",
-            help="Also require the manifest's PCR 4 (only for a fixed firmware boot path, e.g. a "
-            "direct USB boot).",
-        ),
-    ] = False,
     json_out: Json = False,
 ) -> None:
     """Verify a signed image manifest against the trusted keys and register it for its region; prints
@@ -155,13 +149,13 @@ def register(
             "manifest": base64.b64encode(data).decode(),
             "signature": sig.decode(errors="replace"),
             "region": region,
-            "pin_pcr4": pin_pcr4,
         },
     )
     render.created(out, as_json=json_out)
 
 
 @app.command("list")
+@output_options
 def list_images(
     region: Annotated[str | None, typer.Option("--region", "-r", help="Only this region's images.")] = None,
     json_out: Json = False,
@@ -176,6 +170,7 @@ def list_images(
 
 
 @app.command("show")
+@output_options
 def show(
     ref: Annotated[str, typer.Argument(help="Image id or manifest SHA-256 prefix (8+ characters).")],
     json_out: Json = False,

@@ -3,9 +3,12 @@ adding one is ONE `add_typer` line below. Shared options and output live in comm
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
 from provisioner.cli import (
+    adoption,  # noqa: F401 - adds node accept|reject|unreject|rejected
     backup,
     datastores,
     enrollment,
@@ -20,14 +23,47 @@ from provisioner.cli import (
     status,
     tokens,
 )
+from provisioner.cli.common import HELP_OPTIONS, OneLineErrors
 
 app = typer.Typer(
     help="rigbase control plane: providers, regions and nodes of your GPU fleet.",
     no_args_is_help=True,
-    add_completion=False,
     rich_markup_mode=None,
     pretty_exceptions_enable=False,
+    cls=OneLineErrors,
+    context_settings=HELP_OPTIONS,
 )
+
+
+def _server_version() -> str:
+    """The version the control plane reports (GET /v1/status), or why there is none: --version must
+    answer even when no server is configured or up."""
+    from provisioner.cli.settings import connect
+
+    try:
+        return str(connect().http.get("/v1/status", timeout=3).raise_for_status().json()["version"])
+    except Exception as exc:  # any failure is an answer here, not an error: the client's version stands
+        return f"unreachable ({type(exc).__name__})"
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"client: {status.client_version()}")
+        print(f"server: {_server_version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", is_eager=True, callback=_version, help="Print the client's and the server's version."
+        ),
+    ] = False,
+) -> None:
+    """rigbase control plane: providers, regions and nodes of your GPU fleet."""
+
 
 app.command("serve")(serve.serve)
 app.command("backup")(backup.backup)

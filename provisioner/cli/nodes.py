@@ -7,23 +7,37 @@ from typing import Annotated
 import typer
 
 from provisioner.cli import render
-from provisioner.cli.common import Json, RegionOpt, Timeout, Wait, Yes, confirm, group, remove_one, show_one
+from provisioner.cli.common import (
+    Json,
+    RegionOpt,
+    Timeout,
+    Wait,
+    Yes,
+    confirm,
+    group,
+    output_options,
+    remove_one,
+    show_one,
+)
 from provisioner.cli.settings import connect
-from provisioner.cli.wait import wait_for_state
+from provisioner.cli.wait import wait_for_node
 from provisioner.client import Client
-from provisioner.domain.states import NODE_READY, NODE_STOPPED, Maintenance, Service
+from provisioner.domain.states import NODE_READY, NODE_STOPPED, Maintenance, NodeState, Service
 
 app = group("Nodes: servers added by the minion_id shown on their console.")
-COLUMNS = [
+# the default table fits 120 columns with names of up to ~20 characters; `-o wide` adds the rest
+COLUMNS: render.Columns = [
     ("id", "ID"),
     ("name", "NAME"),
     ("region", "REGION"),
     ("service", "SERVICE"),
-    ("minion_id", "MINION ID"),
     ("state", "STATE"),
     ("online", "ONLINE"),
-    ("reason", "REASON"),
+    ("gpus", "GPUS", render.gpu_summary),
+    ("last_heartbeat_at", "LAST SEEN", render.ago("last_heartbeat_at")),
+    ("created_at", "AGE", render.ago("created_at")),
 ]
+WIDE_COLUMNS: render.Columns = [("minion_id", "MINION ID"), ("hostname", "HOSTNAME"), ("reason", "REASON")]
 HISTORY_COLUMNS = [
     ("at", "WHEN"),
     ("actor", "WHO"),
@@ -36,8 +50,11 @@ HISTORY_COLUMNS = [
 READY, FAILED = NODE_READY, NODE_STOPPED  # what `--wait` stops at
 
 
-def _wait_ready(client: Client, node: dict, timeout: float) -> dict:
-    return wait_for_state(client, f"/v1/nodes/{node['id']}", done=READY, failed=FAILED, timeout=timeout)
+def _wait_ready(client: Client, node: dict, timeout: float, *, as_json: bool) -> dict:
+    """Print the id first (the node exists whatever the wait's outcome), then wait for it to be ready."""
+    if not as_json:
+        print(node["id"], flush=True)
+    return wait_for_node(client, node, done=READY, failed=FAILED, timeout=timeout)
 
 
 @app.command("add")
@@ -76,27 +93,52 @@ def add(
         },
     )
     if wait:
-        node = _wait_ready(client, node, timeout)
+        ready = _wait_ready(client, node, timeout, as_json=json_out)
+        if json_out:
+            render.print_json(ready)
+        return
     render.created(node, as_json=json_out)
 
 
 @app.command("list")
+@output_options
 def list_(
     region: Annotated[str | None, typer.Option("--region", "-r", help="Only this region's nodes.")] = None,
+    state: Annotated[
+        list[NodeState] | None, typer.Option("--state", help="Only nodes in this state (repeatable).")
+    ] = None,
+    service: Annotated[
+        Service | None, typer.Option("--service", help="Only compute or storage nodes.")
+    ] = None,
     removed: Annotated[bool, typer.Option("--removed", help="Include removed nodes.")] = False,
     json_out: Json = False,
 ) -> None:
-    """List nodes (every page)."""
-    rows = list(connect().pages("/v1/nodes", region=region, include_removed=removed or None))
+    """List nodes (every page), by region then name. `-o wide` adds minion id, hostname and reason.
+
+    Example: provision node list --region lab-1 --state errored --state new -o wide
+    """
+    # the API filters by region; state and service are filtered here (the list is paged in full anyway)
+    wanted = {s.value for s in state or ()}
+    include_removed = removed or NodeState.REMOVED.value in wanted
+    rows = [
+        row
+        for row in connect().pages("/v1/nodes", region=region, include_removed=include_removed or None)
+        if (not wanted or row["state"] in wanted) and (service is None or row["service"] == service.value)
+    ]
+    filtered = bool(wanted or service)
     render.table(
-        rows,
+        render.by_region_then_name(rows),
         COLUMNS,
+        wide=WIDE_COLUMNS,
         as_json=json_out,
-        empty="no node yet: `provision node add NAME --region R --minion-id ID`",
+        empty="no node matches these filters"
+        if filtered
+        else "no node yet: `provision node pending`, then `provision node accept MINION_ID --name NAME`",
     )
 
 
 @app.command("show")
+@output_options
 def show(name: str, region: RegionOpt = None, json_out: Json = False) -> None:
     """Show one node (by name or id)."""
     show_one(f"/v1/nodes/{name}", as_json=json_out, region=region)
@@ -123,7 +165,10 @@ def replace(
     client = connect()
     node = client.post(f"/v1/nodes/{old}/replace", {"minion_id": minion_id}, region=region)
     if wait:
-        node = _wait_ready(client, node, timeout)
+        ready = _wait_ready(client, node, timeout, as_json=json_out)
+        if json_out:
+            render.print_json(ready)
+        return
     render.created(node, as_json=json_out)
 
 
@@ -144,6 +189,7 @@ def maintenance(
 
 
 @app.command("history")
+@output_options
 def history(name: str, region: RegionOpt = None, json_out: Json = False) -> None:
     """Every state change of a node: when, who, from, to, why."""
     rows = connect().get(f"/v1/nodes/{name}/history", region=region)["items"]

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from provisioner.cli import render
-from provisioner.cli.common import Json, Timeout, Wait, Yes, group, remove_one, show_one
+from provisioner.cli.common import Json, Timeout, Wait, Yes, group, output_options, remove_one, show_one
 from provisioner.cli.settings import connect
 
 app = group("Providers: where nodes come from (physical servers, GCP).")
@@ -54,6 +54,7 @@ def enable(
 
 
 @app.command("list")
+@output_options
 def list_(json_out: Json = False) -> None:
     """List enabled providers."""
     render.table(
@@ -65,6 +66,7 @@ def list_(json_out: Json = False) -> None:
 
 
 @app.command("show")
+@output_options
 def show(kind: str, json_out: Json = False) -> None:
     """Show one provider (by kind or id)."""
     show_one(f"/v1/providers/{kind}", as_json=json_out)

@@ -8,7 +8,7 @@ import typer
 
 from contracts.regional import StorageMode
 from provisioner.cli import render
-from provisioner.cli.common import Json, Timeout, Wait, Yes, group, remove_one, show_one
+from provisioner.cli.common import Json, Timeout, Wait, Yes, group, output_options, remove_one, show_one
 from provisioner.cli.settings import connect
 
 app = group("Regions: groups of nodes of one provider, named by a DNS label.")
@@ -70,9 +70,10 @@ def create(
 
 
 @app.command("list")
+@output_options
 def list_(provider: ProviderOpt = None, json_out: Json = False) -> None:
     """List regions."""
-    rows = connect().get("/v1/regions", provider=provider)["items"]
+    rows = render.by_region_then_name(connect().get("/v1/regions", provider=provider)["items"])
     render.table(
         rows,
         COLUMNS,
@@ -82,6 +83,7 @@ def list_(provider: ProviderOpt = None, json_out: Json = False) -> None:
 
 
 @app.command("show")
+@output_options
 def show(name: str, provider: ProviderOpt = None, json_out: Json = False) -> None:
     """Show one region (by name or id)."""
     show_one(f"/v1/regions/{name}", as_json=json_out, provider=provider)

@@ -8,7 +8,7 @@ import typer
 
 from contracts.regional import Protocol
 from provisioner.cli import render
-from provisioner.cli.common import Json, RegionOpt, Yes, group, remove_one, show_one
+from provisioner.cli.common import Json, RegionOpt, Yes, group, output_options, remove_one, show_one
 from provisioner.cli.settings import connect
 
 app = group(
@@ -58,6 +58,7 @@ def add(
 
 
 @app.command("list")
+@output_options
 def list_(
     region: Annotated[
         str | None, typer.Option("--region", "-r", help="Only this region's reservations.")
@@ -65,7 +66,7 @@ def list_(
     json_out: Json = False,
 ) -> None:
     """List reservations with their node and state (the node's report once it has one)."""
-    rows = connect().get("/v1/reservations", region=region)["items"]
+    rows = render.by_region_then_name(connect().get("/v1/reservations", region=region)["items"])
     render.table(
         rows if json_out else [_row(r) for r in rows],
         COLUMNS,
@@ -75,6 +76,7 @@ def list_(
 
 
 @app.command("show")
+@output_options
 def show(name: str, region: RegionOpt = None, json_out: Json = False) -> None:
     """Show one reservation: `desired` (operator) and `actual` (node report) side by side."""
     show_one(
@@ -115,6 +117,7 @@ def unassign(name: str, region: RegionOpt = None, json_out: Json = False) -> Non
 
 
 @app.command("history")
+@output_options
 def history(name: str, region: RegionOpt = None, json_out: Json = False) -> None:
     """Every change: operator decisions and the states the node reported."""
     rows = connect().get(f"/v1/reservations/{name}/history", region=region)["items"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -16,23 +17,50 @@ from provisioner.cli.common import CliError
 from provisioner.settings import DEFAULT_PORT, Settings
 
 if TYPE_CHECKING:  # pragma: no cover
-    from provisioner.adapters.ansible import Finalizer
+    from provisioner.adapters.tls import ServerTls
     from provisioner.providers.base import ProviderDriver
 
 
-def _client_url(host: str, port: int) -> str:
-    shown = "127.0.0.1" if host in ("0.0.0.0", "") else ("[::1]" if host == "::" else host)
-    return f"http://{shown}:{port}"
+# The address a plain `--insecure-http` server binds to unless --host says otherwise: tokens must not
+# cross a network unencrypted, so plain HTTP stays on this host by default.
+INSECURE_DEFAULT_HOST = "127.0.0.1"
+TLS_DEFAULT_HOST = "0.0.0.0"
 
 
-def _answers(url: str) -> bool:
+def _is_address(name: str) -> bool:
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+def _client_url(host: str, port: int, tls: ServerTls | None) -> str:
+    """The URL the `provision` commands of this host use: loopback for a wildcard bind. An operator's
+    certificate that does not name that address is reached at its first DNS name instead (it names this
+    host, or nothing here could verify it)."""
+    shown = "127.0.0.1" if host in ("0.0.0.0", "") else ("::1" if host == "::" else host)
+    if tls is not None and tls.names and shown not in tls.names:
+        dns = [n for n in tls.names if not n.startswith("*") and not _is_address(n)]
+        shown = dns[0] if dns else shown
+    if ":" in shown:
+        shown = f"[{shown}]"
+    return f"{'https' if tls else 'http'}://{shown}:{port}"
+
+
+def _answers(url: str, ca: str | None) -> bool:
     """Whether a control plane answers at `url` now (a second `serve` on the same home must not take
     the client config away from a server that is still running)."""
     import httpx
 
+    from provisioner.adapters.tls import client_context
+
     try:
-        return httpx.get(f"{url.rstrip('/')}/healthz", timeout=2.0).status_code == 200
-    except (httpx.HTTPError, ValueError):
+        verify = client_context(Path(ca) if ca else None)
+        return httpx.get(f"{url.rstrip('/')}/healthz", timeout=2.0, verify=verify).status_code == 200
+    except (httpx.HTTPError, ValueError, OSError):
         return False
 
 
@@ -50,18 +78,19 @@ def _tune_gc() -> None:
 
 def run_control_plane(
     settings: Settings,
-    host: str,
+    host: str | None,
     port: int,
     fds: Sequence[int] = (),
     *,
-    finalizer: Finalizer | None = None,
     providers: Mapping[str, ProviderDriver] | None = None,
 ) -> None:
     """Build the app from `settings`, bootstrap the admin token and client config, serve until stopped.
-    `finalizer` / `providers`: fakes a test injects (create_app)."""
+    `providers`: fakes a test injects (create_app). `host` None: all interfaces with TLS, loopback
+    with --insecure-http."""
     import uvicorn  # heavy imports only for this command, so `provision --help` stays instant
 
     from contracts.errors import RigbaseError
+    from provisioner.adapters.tls import server_tls
     from provisioner.api.app import create_app
     from provisioner.client import read_client_config, write_client_config
     from provisioner.services import tokens
@@ -69,8 +98,11 @@ def run_control_plane(
 
     settings.ensure_home()
     client_config = settings.client_config
+    if host is None:
+        host = INSECURE_DEFAULT_HOST if settings.insecure_http else TLS_DEFAULT_HOST
     try:
-        app = create_app(settings, reconcilers=settings.reconcilers, finalizer=finalizer, providers=providers)
+        tls = server_tls(settings, host)
+        app = create_app(settings, reconcilers=settings.reconcilers, providers=providers)
         with session_scope(make_sessionmaker(app.state.engine)) as session:
             token = tokens.bootstrap_admin(session)
             saved = read_client_config(client_config)
@@ -78,17 +110,27 @@ def run_control_plane(
                 token = saved["token"]  # keep the operator's token; refresh the URL (port may have changed)
     except RigbaseError as exc:
         raise CliError(exc.message) from exc
-    client_url = _client_url(host, port)
+    client_url = _client_url(host, port, tls)
+    ca = str(tls.ca) if tls and tls.ca else None
+    if tls is None:
+        print(
+            f"WARNING: --insecure-http: plain HTTP on {host}:{port}; operator tokens, join tokens and "
+            "node credentials travel unencrypted. Use it on loopback or in a throwaway lab only.",
+            file=sys.stderr,
+        )
+    elif tls.issued:
+        print(f"TLS: new server certificate for {', '.join(tls.names)} (CA {tls.ca})", file=sys.stderr)
     other = saved.get("url")
-    if other and other != client_url and _answers(other):
+    if other and other != client_url and _answers(other, saved.get("ca")):
         print(
             f"note: {client_config} points at the control plane running at {other}, so it is kept: "
             f"to reach this one, set RIGBASE_URL={client_url}",
             file=sys.stderr,
         )
     elif token:
-        write_client_config(client_url, token, client_config)
-        print(f"client config: {client_config} (URL and admin token, mode 0600)", file=sys.stderr)
+        write_client_config(client_url, token, client_config, ca=ca)
+        what = "URL, CA and admin token" if ca else "URL and admin token"
+        print(f"client config: {client_config} ({what}, mode 0600)", file=sys.stderr)
     else:
         print(
             f"note: an admin token exists but {client_config} does not hold it: "
@@ -101,8 +143,9 @@ def run_control_plane(
         flush=True,
     )
     _tune_gc()
+    ssl_files = {"ssl_certfile": str(tls.cert), "ssl_keyfile": str(tls.key)} if tls else {}
     if not fds:
-        uvicorn.run(app, host=host, port=port, log_level="warning")
+        uvicorn.run(app, host=host, port=port, log_level="warning", **ssl_files)  # type: ignore[arg-type]
         return
     # A listening socket keeps the network namespace it was created in, so one process can answer on
     # the host's loopback and, through an inherited socket, on a LAN that exists only in a namespace.
@@ -110,11 +153,16 @@ def run_control_plane(
 
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sockets = [socket.create_server((host, port), family=family), *(socket.socket(fileno=fd) for fd in fds)]
-    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=sockets)
+    uvicorn.Server(uvicorn.Config(app, log_level="warning", **ssl_files)).run(sockets=sockets)  # type: ignore[arg-type]
 
 
 def serve(
-    host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
+    host: Annotated[
+        str | None,
+        typer.Option(
+            "--host", help="Address to listen on (default: all interfaces; 127.0.0.1 with --insecure-http)."
+        ),
+    ] = None,
     port: Annotated[int, typer.Option("--port", help="TCP port.", min=1, max=65535)] = DEFAULT_PORT,
     database: Annotated[
         str | None,
@@ -130,12 +178,48 @@ def serve(
             "passes one bound inside the lab's LAN namespace).",
         ),
     ] = None,
+    advertise: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--advertise",
+            help="A DNS name or IP address nodes and operators reach this server at, for its certificate "
+            "(repeat it; default: this host's name and addresses; loopback is always included).",
+        ),
+    ] = None,
+    tls_cert: Annotated[
+        Path | None,
+        typer.Option("--tls-cert", dir_okay=False, help="Your own server certificate (PEM, chain)."),
+    ] = None,
+    tls_key: Annotated[Path | None, typer.Option("--tls-key", dir_okay=False, help="Its key (PEM).")] = None,
+    tls_ca: Annotated[
+        Path | None,
+        typer.Option(
+            "--tls-ca",
+            dir_okay=False,
+            help="The private CA --tls-cert chains to: the CLI and the nodes then trust only it.",
+        ),
+    ] = None,
+    insecure_http: Annotated[
+        bool,
+        typer.Option(
+            "--insecure-http",
+            help="Serve plain HTTP (binds 127.0.0.1 unless --host): tokens travel unencrypted.",
+        ),
+    ] = False,
 ) -> None:
-    """Run the control plane. The first start creates an admin token and writes the client config."""
+    """Run the control plane over TLS. The first start creates the control-plane CA, an admin token and
+    the client config."""
     from contracts.errors import RigbaseError
 
     try:
-        settings = Settings.load(database_url=database)
+        settings = Settings.load(
+            database_url=database,
+            advertise=tuple(advertise) if advertise else None,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
+            tls_ca=tls_ca,
+            insecure_http=True if insecure_http else None,
+        )
     except RigbaseError as exc:
         raise CliError(exc.message) from exc
     run_control_plane(settings, host, port, fds or ())

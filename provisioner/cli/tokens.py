@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from provisioner.cli import render
-from provisioner.cli.common import Json, Yes, group, remove_one, show_one
+from provisioner.cli.common import Json, Yes, group, output_options, remove_one, show_one
 from provisioner.cli.settings import connect
 
 app = group("Operator tokens: who may use this API. A token's secret is printed once.")
@@ -45,12 +45,14 @@ def create(
 
 
 @app.command("list")
+@output_options
 def list_(json_out: Json = False) -> None:
     """List operator tokens (never their secrets)."""
     render.table(connect().get("/v1/operator-tokens")["items"], COLUMNS, as_json=json_out)
 
 
 @app.command("show")
+@output_options
 def show(name: str, json_out: Json = False) -> None:
     """Show one token (by name or id)."""
     show_one(f"/v1/operator-tokens/{name}", as_json=json_out)

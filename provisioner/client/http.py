@@ -1,27 +1,32 @@
 """HTTP client of the operator API. Where to connect: the settings' `url` / `token` (RIGBASE_URL /
-RIGBASE_TOKEN), else the client config that `provision serve` writes in the home (mode 0600). Every
-failure is one ControlPlaneError (provisioner/client/errors.py)."""
+RIGBASE_TOKEN), else the client config that `provision serve` writes in the home (mode 0600). What to
+trust: RIGBASE_CA_CERT, else the control-plane CA the client config names (only that CA, not the system's
+trust store), else the system's (an operator's publicly trusted certificate). Every failure is one
+ControlPlaneError (provisioner/client/errors.py)."""
 
 from __future__ import annotations
 
 import json
 import os
+import ssl
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from provisioner.adapters.tls import client_context
 from provisioner.client.errors import ControlPlaneError
 from provisioner.settings import Settings
 
 
-def write_client_config(url: str, token: str, path: Path) -> Path:
-    """Write URL + token readable by the owner only (created 0600, never world-readable in between)."""
+def write_client_config(url: str, token: str, path: Path, *, ca: str | None = None) -> Path:
+    """Write URL + token (+ the CA file to trust) readable by the owner only (created 0600, never
+    world-readable in between)."""
     tmp = path.with_suffix(".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
-        json.dump({"url": url, "token": token}, f)
+        json.dump({"url": url, "token": token, **({"ca": ca} if ca else {})}, f)
     os.chmod(tmp, 0o600)
     os.replace(tmp, path)
     return path
@@ -41,16 +46,30 @@ def read_client_config(path: Path) -> dict[str, str]:
 class Client:
     """The operator API over HTTP: JSON in, JSON out, the admin (or operator) token as a bearer."""
 
-    def __init__(self, url: str, token: str | None, timeout: float = 30.0) -> None:
+    def __init__(self, url: str, token: str | None, timeout: float = 30.0, *, ca: Path | None = None) -> None:
+        """`ca`: the only CA the server's certificate may chain to; None: the system's trust store."""
         self.url = url.rstrip("/")
+        self.ca = ca
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+        try:
+            verify = client_context(ca)
+        except (OSError, ssl.SSLError) as exc:
+            raise ControlPlaneError(
+                f"cannot use the CA certificate {ca} ({exc}): "
+                "fix RIGBASE_CA_CERT or restart `provision serve`"
+            ) from None
+        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout, verify=verify)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Client:
-        """Where the settings point: their url and token when both are set, else the client config."""
+        """Where the settings point: their url and token when both are set, else the client config.
+        The client config's CA is trusted for the client config's URL only."""
         given = settings.token.get_secret_value() if settings.token else None
-        saved = read_client_config(settings.client_config) if not (settings.url and given) else {}
+        saved = (
+            read_client_config(settings.client_config)
+            if not (settings.url and given and settings.ca_cert)
+            else {}
+        )
         url = settings.url or saved.get("url")
         token = given or saved.get("token")
         if not url:
@@ -58,11 +77,24 @@ class Client:
                 f"no control plane configured: start one with `provision serve` (it "
                 f"writes {settings.client_config}) or set RIGBASE_URL and RIGBASE_TOKEN"
             )
-        return cls(url, token)
+        saved_ca = saved.get("ca") if url.rstrip("/") == saved.get("url", "").rstrip("/") else None
+        ca = settings.ca_cert or (Path(saved_ca) if saved_ca else None)
+        return cls(url, token, ca=ca)
 
     def request(self, method: str, path: str, **kwargs: Any) -> Any:
         try:
             response = self.http.request(method, path, **kwargs)
+        except httpx.ConnectError as exc:
+            if "CERTIFICATE_VERIFY_FAILED" in str(exc):
+                raise ControlPlaneError(
+                    f"the control plane at {self.url} shows a certificate not from "
+                    f"{self.ca or 'a CA this system trusts'}: check RIGBASE_URL / RIGBASE_CA_CERT "
+                    "(an impostor, or another control plane)"
+                ) from exc
+            raise ControlPlaneError(
+                f"cannot reach the control plane at {self.url} ({type(exc).__name__}): "
+                "start it with `provision serve` or fix RIGBASE_URL"
+            ) from exc
         except httpx.TransportError as exc:
             raise ControlPlaneError(
                 f"cannot reach the control plane at {self.url} ({type(exc).__name__}): "

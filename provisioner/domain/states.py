@@ -94,7 +94,11 @@ REGION_TRANSITIONS: dict[RegionState, frozenset[RegionState]] = {
 NODE_TRANSITIONS: dict[NodeState, frozenset[NodeState]] = {
     NodeState.NEW: frozenset({NodeState.ENROLLING, NodeState.ERRORED, NodeState.REMOVED}),
     NodeState.ENROLLING: frozenset({NodeState.PROVISIONING, NodeState.ERRORED, NodeState.REMOVED}),
-    NodeState.PROVISIONING: frozenset({NodeState.MAINTENANCE, NodeState.ERRORED, NodeState.REMOVED}),
+    # finalize ok: a compute node waits in maintenance for the operator; a storage node serves its region
+    # at once (docs/product-rules.md: storage nodes enter active when provisioning completes)
+    NodeState.PROVISIONING: frozenset(
+        {NodeState.MAINTENANCE, NodeState.ACTIVE, NodeState.ERRORED, NodeState.REMOVED}
+    ),
     NodeState.MAINTENANCE: frozenset({NodeState.ACTIVE, NodeState.ERRORED, NodeState.REMOVED}),
     NodeState.ACTIVE: frozenset({NodeState.MAINTENANCE, NodeState.ERRORED, NodeState.REMOVED}),
     # retry: an errored node starts over from new (waits for its minion to join again)
@@ -192,7 +196,16 @@ class ImageState(StrEnum):
 
 class JoinTokenState(StrEnum):
     ISSUED = "issued"  # usable until `expires_at`
+    EXPIRED = "expired"  # derived: `expires_at` passed; joins presenting it are refused
     REVOKED = "revoked"  # `revoked_at` is set: joins presenting it are refused
+
+
+class MinionRejection(StrEnum):
+    """`provision node reject` / `unreject`: a minion_id (its EK) whose joins are refused. The row exists
+    while it is rejected; the audit trail keeps both transitions."""
+
+    REJECTED = "rejected"  # every join from it is refused (join_minion_rejected), audited
+    LIFTED = "lifted"  # `node unreject`: it may join (and show as pending) again
 
 
 class OperatorTokenState(StrEnum):
@@ -222,8 +235,15 @@ IMAGE_TRANSITIONS: dict[ImageState, frozenset[ImageState]] = {
 }
 
 JOIN_TOKEN_TRANSITIONS: dict[JoinTokenState, frozenset[JoinTokenState]] = {
-    JoinTokenState.ISSUED: frozenset({JoinTokenState.REVOKED}),
+    JoinTokenState.ISSUED: frozenset({JoinTokenState.EXPIRED, JoinTokenState.REVOKED}),
+    JoinTokenState.EXPIRED: frozenset({JoinTokenState.REVOKED}),  # revoking it stops it for good
     JoinTokenState.REVOKED: frozenset(),
+}
+
+
+MINION_REJECTION_TRANSITIONS: dict[MinionRejection, frozenset[MinionRejection]] = {
+    MinionRejection.REJECTED: frozenset({MinionRejection.LIFTED}),
+    MinionRejection.LIFTED: frozenset(),  # the row is gone; a new `reject` starts a new rejection
 }
 
 
@@ -234,9 +254,20 @@ OPERATOR_TOKEN_TRANSITIONS: dict[OperatorTokenState, frozenset[OperatorTokenStat
 }
 
 
-def join_token_state(revoked_at: datetime | None) -> JoinTokenState:
-    """A token's state is derived from its row (expiry is checked at use, see services.join_tokens)."""
-    return JoinTokenState.REVOKED if revoked_at is not None else JoinTokenState.ISSUED
+def join_token_state(
+    revoked_at: datetime | None, expires_at: datetime | None = None, now: datetime | None = None
+) -> JoinTokenState:
+    """A token's state is derived from its row (expiry is also checked at use, see services.join_tokens)."""
+    if revoked_at is not None:
+        return JoinTokenState.REVOKED
+    if expires_at is not None and (now or datetime.now(UTC)) > _aware(expires_at):
+        return JoinTokenState.EXPIRED
+    return JoinTokenState.ISSUED
+
+
+def _aware(at: datetime) -> datetime:
+    """SQLite gives naive datetimes back; the store writes UTC."""
+    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
 
 
 # ------------------------------------------------------------------------------- tables and named sets
@@ -252,6 +283,7 @@ TABLES: dict[type[StrEnum], Mapping[Any, frozenset[Any]]] = {
     TrustState: TRUST_TRANSITIONS,
     ImageState: IMAGE_TRANSITIONS,
     JoinTokenState: JOIN_TOKEN_TRANSITIONS,
+    MinionRejection: MINION_REJECTION_TRANSITIONS,
     OperatorTokenState: OPERATOR_TOKEN_TRANSITIONS,
 }
 

@@ -34,6 +34,7 @@ from typing import Any, Protocol
 
 from contracts.bundle import EnrollmentBundle, write_bundle
 from contracts.errors import Conflict, RigbaseError, Unavailable
+from provisioner.adapters.tls import TlsFiles
 from provisioner.client import Client, ControlPlaneError, read_client_config
 from provisioner.domain.states import NODE_READY, NODE_STOPPED
 from provisioner.lab import hardware, netns, rootfs
@@ -259,16 +260,22 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _healthy(url: str) -> bool:
+def _ca(state: LabState) -> Path:
+    """The control-plane CA `provision serve` made in the lab's home: the operator side and the
+    minions (through the bundle) trust only it."""
+    return TlsFiles(Path(state.home) / "tls").ca_cert
+
+
+def _healthy(url: str, ca: Path) -> bool:
     try:
-        Client(url, None, timeout=1).get("/healthz")
+        Client(url, None, timeout=1, ca=ca).get("/healthz")
     except ControlPlaneError:
         return False
     return True
 
 
 def _ensure_control_plane(state: LabState, progress: Progress) -> None:
-    if state.serve and state.serve.alive() and state.host_url and _healthy(state.host_url):
+    if state.serve and state.serve.alive() and state.host_url and _healthy(state.host_url, _ca(state)):
         return
     if state.serve:
         state.serve.stop()
@@ -279,7 +286,7 @@ def _ensure_control_plane(state: LabState, progress: Progress) -> None:
     env |= {
         "RIGBASE_HOME": state.home,
         "TSS2_LOG": "all+none",
-        "RIGBASE_PUBLIC_URL": f"http://{address(Role.CP)}:{CP_PORT}",
+        "RIGBASE_PUBLIC_URL": f"https://{address(Role.CP)}:{CP_PORT}",
     }
     log = open(lab_dir() / "serve.log", "ab")  # noqa: SIM115 - handed to the server process
     try:
@@ -295,6 +302,9 @@ def _ensure_control_plane(state: LabState, progress: Progress) -> None:
                 f"sqlite:///{lab_dir() / 'rigbase.db'}",
                 "--fd",
                 str(lan_sock.fileno()),
+                # the certificate names the LAN address minions dial (and loopback, always)
+                "--advertise",
+                address(Role.CP),
             ],
             pass_fds=[lan_sock.fileno()],
             env=env,
@@ -307,10 +317,10 @@ def _ensure_control_plane(state: LabState, progress: Progress) -> None:
         lan_sock.close()
         log.close()
     state.serve = Proc.of("serve", proc.pid)
-    state.host_url, state.lan_url = f"http://127.0.0.1:{port}", f"http://{address(Role.CP)}:{CP_PORT}"
+    state.host_url, state.lan_url = f"https://127.0.0.1:{port}", f"https://{address(Role.CP)}:{CP_PORT}"
     state.save()
     deadline = time.monotonic() + 60
-    while not _healthy(state.host_url):
+    while not _healthy(state.host_url, _ca(state)):
         if proc.poll() is not None or time.monotonic() > deadline:
             tail = (lab_dir() / "serve.log").read_text(errors="replace").strip().splitlines()[-3:]
             raise Unavailable(
@@ -326,7 +336,7 @@ def _ensure_control_plane(state: LabState, progress: Progress) -> None:
 def _client(state: LabState) -> Client:
     """The operator API of the lab's control plane, with the admin token `provision serve` wrote."""
     token = read_client_config(Path(state.home) / "client.json").get("token")
-    return Client(state.host_url or "", token, timeout=10)
+    return Client(state.host_url or "", token, timeout=10, ca=_ca(state))
 
 
 def _ensure_region(state: LabState, ca: VendorCA, progress: Progress) -> Path:
@@ -387,6 +397,11 @@ def _minion_id(tcti: str) -> str:
 
 def _start_minion(node: LabNodeRecord, tpm: Swtpm, bundle: Path) -> None:
     d = _node_dir(node.name)
+    if node.root is None:
+        raise Unavailable(f"{node.name} has no lab root yet: `provision lab down`, then `lab up` again")
+    # the node's debootstrap'd root is its --host-root: /proc files of the profile for the inventory,
+    # and the tree the minion's own finalize chroots into (rigbase_lab=true)
+    root = hardware.write_host_root(hardware.load_profile(HARDWARE_PROFILE), Path(node.root))
     record = d / "hardware" / f"{HARDWARE_PROFILE}.umockdev"
     argv = [
         "umockdev-run",
@@ -406,8 +421,8 @@ def _start_minion(node: LabNodeRecord, tpm: Swtpm, bundle: Path) -> None:
         "--max-backoff",
         str(JOIN_RETRY_SECONDS),
         "--host-root",
-        str(d / "hardware" / "host"),
-    ]  # the profile's RAM and cores, not this machine's
+        str(root),
+    ]  # the profile's RAM and cores, not this machine's; and the root the minion finalizes in a chroot
     (d / "minion").mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("RIGBASE_")} | {"TSS2_LOG": "all+none"}
     with open(d / "minion.log", "ab") as log:
@@ -564,18 +579,22 @@ def up(
         ca = create_vendor_ca(lab_dir() / "tpm-ca")
         _ensure_control_plane(state, step)
         bundle = _ensure_region(state, ca, step)
-        _ensure_nodes(plan, state, ca, bundle, step)
-        new = [n for n in state.nodes.values() if n.added_at is None]
-        if new:
-            _show_pending(state, new, step, pending, timeout)
+        # each minion finalizes itself in a chroot of its root: the roots exist before the minions start
+        for p in plan.node_plans():
+            state.nodes.setdefault(p.name, LabNodeRecord(p.k, p.name, p.netns, p.address))
+        if any(n.root is None for n in state.nodes.values()):
             if not base.done():
                 step("waiting for the cached Debian root (debootstrap, first run only)")
             base_root = base.result()
-            for node in new:
+            for node in state.nodes.values():
                 if node.root is None:
                     root = rootfs.node_root(node.name)
                     node.root = str(root if root.exists() else rootfs.clone(base_root, root))
             state.save()
+        _ensure_nodes(plan, state, ca, bundle, step)
+        new = [n for n in state.nodes.values() if n.added_at is None]
+        if new:
+            _show_pending(state, new, step, pending, timeout)
             _add_nodes(state, adopt, step)
     _wait_ready(state, step, timeout)
     step("all nodes in maintenance")
@@ -617,7 +636,7 @@ def status(home: Path | None = None) -> dict[str, Any]:
                 {"kind": "minion", "pid": node.minion.pid, "alive": node.minion.alive(), "node": node.name}
             )
     nodes: list[dict[str, Any]] = []
-    reachable = bool(state.host_url and _healthy(state.host_url))
+    reachable = bool(state.host_url and _healthy(state.host_url, _ca(state)))
     if reachable:
         nodes = list(_client(state).pages("/v1/nodes", region=REGION))
     order = {name: node.k for name, node in state.nodes.items()}

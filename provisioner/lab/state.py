@@ -15,7 +15,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from provisioner.adapters.ansible import process_start_time
 from provisioner.settings import Settings
 
 STATE_VERSION = 1
@@ -33,6 +32,16 @@ def lab_dir(home: Path | None = None) -> Path:
 
 def state_path(home: Path | None = None) -> Path:
     return lab_dir(home) / "state.json"
+
+
+def process_start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks (field 22 of /proc/PID/stat); None once it is gone or a
+    zombie. With the pid it names one process for good: a reused pid has another start time."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()  # comm may hold ")"
+    except OSError:
+        return None
+    return None if fields[0] == "Z" else int(fields[19])
 
 
 @dataclass

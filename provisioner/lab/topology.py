@@ -100,4 +100,4 @@ class LabPlan:
 
     @property
     def cp_lan_url(self) -> str:
-        return f"http://{address(Role.CP)}:{CP_PORT}"
+        return f"https://{address(Role.CP)}:{CP_PORT}"

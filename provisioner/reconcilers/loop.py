@@ -44,7 +44,7 @@ REGISTRY: dict[Wake, Reconciler] = {}
 # modules whose import registers reconcilers; one line each
 RECONCILER_MODULES: list[str] = [
     "provisioner.reconcilers.gcp",
-    "provisioner.reconcilers.finalize",  # provisioning → finalize playbook → maintenance | errored
+    "provisioner.reconcilers.finalize",  # provisioning without a finalize report for too long → errored
     "provisioner.reconcilers.region_health",  # regions new/healthy/offline from heartbeats
 ]
 

@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 
 from contracts.errors import Conflict, RuleViolation
 from contracts.regional import StorageMode
+from provisioner.adapters import tls
 from provisioner.domain.states import VM_TRANSITIONS, NodeState, ProviderState, Service, VmStatus
 from provisioner.providers.gcp import GcpContext, GcpProvider, naming, permissions, quota
 from provisioner.services import join_tokens, lifecycle, names
@@ -206,8 +207,15 @@ def create_region(
 
 def enrollment_bundle(session: Session, region: Region, join_token: str) -> dict[str, Any]:
     """The storage node's bundle (docs/enrollment-bundle.md): built by the one bundle function, with
-    the URL that VMs in Google Cloud can reach."""
-    return join_tokens.bundle(session, region, join_token, control_plane_url=runtime_of(session).node_url())
+    the URL that VMs in Google Cloud can reach and the CA they pin (docs/control-plane.md, "TLS")."""
+    runtime = runtime_of(session)
+    return join_tokens.bundle(
+        session,
+        region,
+        join_token,
+        control_plane_url=runtime.node_url(),
+        ca_certificate=tls.node_trust(runtime.settings),
+    )
 
 
 def storage_status(session: Session, ref: str) -> dict[str, Any]:

@@ -1,10 +1,11 @@
 """Heartbeats (POST /v1/nodes/{id}/heartbeat, node credential auth): the node reports its actual state
 and gets its desired state back; every K-th beat the response carries a nonce and the next beat must
 carry a fresh quote over it (continuous attestation). A quote that fails — a changed PCR, a quote not
-made by the AK recorded at join — moves the node to errored with the refusal's message, and so does a
-request left unanswered for `HeartbeatTiming.quote_grace_beats` beats: ignoring the nonce must not keep a
-node in service. A quote is also asked for whenever the last verified one (or the join) is older than
-`HeartbeatTiming.quote_max_age_s`, so a node is never trusted on an old quote alone."""
+made by the AK recorded at join, an event log that does not replay to its PCR 4 or names an EFI
+application no registered manifest has — moves the node to errored with the refusal's message, and so
+does a request left unanswered for `HeartbeatTiming.quote_grace_beats` beats: ignoring the nonce must
+not keep a node in service. A quote is also asked for whenever the last verified one (or the join) is
+older than `HeartbeatTiming.quote_max_age_s`, so a node is never trusted on an old quote alone."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from provisioner.attestation.continuous import issue_quote_nonce, quote_due, ver
 from provisioner.attestation.refusals import Refusal
 from provisioner.attestation.wire import quote_evidence
 from provisioner.domain.states import NODE_STOPPED, JoinOutcome, NodeState, RegionState
-from provisioner.services import audit, desired_state, node_address, node_credentials, nonce_store
+from provisioner.services import audit, desired_state, images, node_address, node_credentials, nonce_store
 from provisioner.services import join as join_service
 from provisioner.services import nodes as node_service
 from provisioner.services.heartbeat_timing import HeartbeatTiming
@@ -43,7 +44,7 @@ def beat(
     observed_address: str | None = None,
     timing: HeartbeatTiming = HeartbeatTiming(),
 ) -> dict[str, Any]:
-    """`observed_address`: where this beat came from (the finalize playbook's SSH host without a hostname)."""
+    """`observed_address`: where this beat came from (provisioner/services/node_address.py)."""
     node, att = node_credentials.node_for_credential(session, node_id, credential)
     now = datetime.now(UTC)
     node_service.record_report(
@@ -88,6 +89,7 @@ def _continuous_attestation(
             bytes.fromhex(att.quote_nonce),
             quote_evidence(body.quote),
             policy,
+            boot=images.boot_path_policy_for(session, node.region),
         )
         att.quote_nonce = None
         att.quote_asked_beat = None

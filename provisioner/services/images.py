@@ -7,9 +7,10 @@ and `image-builder verify` use, so the two sides cannot disagree about the signe
 
 What a joining node must show (docs/image-builder.md, "Registering images with the control plane"):
 PCR 11 as predicted for the phase a running node reports (`sysinit:ready`) and PCR 12 (the command line).
-PCR 4 depends on the firmware's boot path (other boot options tried first, a shim…) and the join protocol
-carries no event log to replay, so it is compared only where the operator pins it for a fixed boot path
-(`--pin-pcr4`). Several manifests in one region are a rollout: a node matching any of them passes."""
+PCR 4 depends on the firmware's boot path (other boot options tried first, a shim…), so it is not compared
+with one value: the node sends the firmware's event log, which must replay to its PCR 4 and name only EFI
+applications among the manifests' `pe_hashes` (provisioner/attestation/boot_path.py). Several manifests in
+one region are a rollout: a node matching any of them passes."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from contracts.errors import Conflict, InvalidInput, NotFound, RuleViolation
+from provisioner.attestation.boot_path import BootPathPolicy
 from provisioner.attestation.pcr_policy import ManifestPolicy, PcrPolicy, PcrPolicyMode, PcrVerdict
 from provisioner.domain.states import IMAGE_TRANSITIONS, TRUST_TRANSITIONS, ImageState, TrustState
 from provisioner.services import lifecycle
@@ -146,6 +148,7 @@ class _Expected:
     pcr11: str
     pcr12: str
     pcr4: str | None
+    pe_hashes: list[str]
     image_sha256: str
     uki_sha256: str
     verity_root_hash: str
@@ -165,6 +168,19 @@ def _hex(doc: dict[str, Any], *path: str) -> str:
     return value
 
 
+def _pe_hashes(doc: dict[str, Any]) -> list[str]:
+    """The manifest's pe_hashes (name → Authenticode sha256) as a sorted list of digests."""
+    found = doc.get("pe_hashes")
+    digests = list(found.values()) if isinstance(found, dict) else []
+    if not digests or not all(isinstance(d, str) and _HEX64.fullmatch(d) for d in digests):
+        raise InvalidInput(
+            "the manifest has no valid pe_hashes (name → 64 lowercase hex characters), which joins need "
+            "to check the boot path: rebuild the image with the current image-builder",
+            code="manifest_incomplete",
+        )
+    return sorted(set(digests))
+
+
 def _expected(doc: dict[str, Any]) -> _Expected:
     phases = {e.get("phase"): e.get("sha256") for e in doc.get("pcr11") or [] if isinstance(e, dict)}
     pcr4 = (doc.get("pcr4") or {}).get("sha256") if isinstance(doc.get("pcr4"), dict) else None
@@ -178,6 +194,7 @@ def _expected(doc: dict[str, Any]) -> _Expected:
         pcr11=_hex({"pcr11": phases}, "pcr11", RUNNING_PHASE),
         pcr12=_hex(doc, "pcr12", "sha256"),
         pcr4=pcr4 if isinstance(pcr4, str) and _HEX64.fullmatch(pcr4) else None,
+        pe_hashes=_pe_hashes(doc),
         image_sha256=_hex(doc, "image", "sha256"),
         uki_sha256=_hex(doc, "uki", "sha256"),
         verity_root_hash=root,
@@ -268,19 +285,12 @@ def register(
     signature: bytes,
     *,
     region: str | None = None,
-    pin_pcr4: bool = False,
     actor: str,
 ) -> RegisteredManifest:
     """Verify, check shape, bind to a region, store. Every check runs before the first write, so a
     refused manifest leaves nothing behind."""
     doc, key = _verified(session, manifest, signature)
     expected = _expected(doc)
-    if pin_pcr4 and expected.pcr4 is None:
-        raise InvalidInput(
-            "--pin-pcr4 needs a manifest with pcr4.sha256: rebuild with the current image-builder "
-            "or register without --pin-pcr4",
-            code="manifest_incomplete",
-        )
     target = _region_for(session, doc, region)
     sha = hashlib.sha256(manifest).hexdigest()
     existing = session.scalar(
@@ -309,13 +319,12 @@ def register(
         pcr11=expected.pcr11,
         pcr12=expected.pcr12,
         pcr4=expected.pcr4,
-        pin_pcr4=pin_pcr4,
+        pe_hashes=expected.pe_hashes,
         packages=expected.packages,
         created_by=actor[:128],
     )
     session.add(row)
     session.flush()
-    pcrs = "PCR 4, 11, 12" if pin_pcr4 else "PCR 11, 12"
     lifecycle.record(
         session,
         kind=KIND,
@@ -325,7 +334,8 @@ def register(
         table=IMAGE_TRANSITIONS,
         frm=None,
         to=ImageState.REGISTERED,
-        reason=f"manifest sha256 {sha} signed by '{key.name}' ({key.fingerprint[:16]}); joins check {pcrs}",
+        reason=f"manifest sha256 {sha} signed by '{key.name}' ({key.fingerprint[:16]}); joins check "
+        f"PCR 11, 12 and the boot path ({len(expected.pe_hashes)} EFI applications)",
     )
     return row
 
@@ -387,10 +397,7 @@ def _delete_manifest(session: Session, row: RegisteredManifest, *, actor: str, r
 
 
 def expected_pcrs(row: RegisteredManifest) -> dict[int, bytes]:
-    expected = {11: bytes.fromhex(row.pcr11), 12: bytes.fromhex(row.pcr12)}
-    if row.pin_pcr4 and row.pcr4:
-        expected[4] = bytes.fromhex(row.pcr4)
-    return expected
+    return {11: bytes.fromhex(row.pcr11), 12: bytes.fromhex(row.pcr12)}
 
 
 def manifest_pcr_sets(session: Session, region: Region) -> list[dict[int, bytes]]:
@@ -430,3 +437,12 @@ def manifest_policy_for(session: Session, region: Region) -> PcrPolicy | None:
     if len(sets) == 1:
         return ManifestPolicy(sets[0])
     return AnyManifestPolicy(tuple(ManifestPolicy(s) for s in sets))
+
+
+def boot_path_policy_for(session: Session, region: Region) -> BootPathPolicy:
+    """What the region's event logs must show: with manifests registered, a log whose EFI applications
+    are all among their pe_hashes (any manifest's, as in a rollout); without, only a log that replays."""
+    rows = list(session.scalars(select(RegisteredManifest).where(RegisteredManifest.region_id == region.id)))
+    if not rows:
+        return BootPathPolicy()
+    return BootPathPolicy(frozenset(d for row in rows for d in row.pe_hashes or ()))

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ValidationError
 from sqlalchemy import delete
 from sqlalchemy.orm import Session
 
-from contracts.errors import Conflict, Unauthorized
+from contracts.errors import Conflict, Unauthorized, plain_validation_message
 from contracts.messages import JoinChallenge, JoinRequest, JoinResult, ProofRequest
 from provisioner.attestation.keys import public_key, spki_der
 from provisioner.attestation.pcr_policy import PcrPolicy, RecordPolicy
@@ -36,14 +36,12 @@ from provisioner.services import (
     node_address,
     node_credentials,
     nonce_store,
-    ssh_keys,
     tpm_cas,
 )
 from provisioner.services import nodes as node_service
 from provisioner.services.heartbeat_timing import HeartbeatTiming
 from provisioner.services.nonce_store import DbNonceStore
 from provisioner.services.pending import failed_rules
-from provisioner.services.runtime import runtime_of
 from provisioner.services.wakeups import Wake, wake_after_commit
 from provisioner.store.join_models import JoinAttempt, NodeAttestation, PendingMinion
 from provisioner.store.models import Node, Region
@@ -144,9 +142,10 @@ def _parse(session: Session, model: type[_Body], body: Any, ctx: _Context, *, st
         return model.model_validate(body)
     except ValidationError as exc:
         first = exc.errors()[0]
+        where, what = ".".join(map(str, first["loc"])), plain_validation_message(str(first["msg"]))
         _refused(
             session,
-            refuse(RefusalCode.malformed_request, f"{'.'.join(map(str, first['loc']))}: {first['msg']}"),
+            refuse(RefusalCode.malformed_request, f"{where}: {what}"),
             ctx,
             step=step,
         )
@@ -183,6 +182,10 @@ def begin(session: Session, body: Any) -> JoinChallenge:
     if ctx.minion_id and len(ctx.minion_id) > 32:
         ctx.minion_id = None
     request = _parse(session, JoinRequest, body, ctx, step="join")
+    from provisioner.services.rejections import refusal_for  # `provision node reject`: refused first
+
+    if (rejected := refusal_for(session, request.minion_id)) is not None:
+        _refused(session, rejected, ctx, step="join")
     resolved = join_tokens.resolve(session, request.join_token)
     if isinstance(resolved, Refusal):
         _refused(session, resolved, ctx, step="join")
@@ -351,7 +354,8 @@ def finish(
     ctx.node = node
     att = session.get(NodeAttestation, node.id) if node is not None else None
     policy = pcr_policy_for(session, region, att.pcr_record if att else None)
-    outcome = JoinVerifier(nonce_store.issuer(session)).finish(pending, proof, policy)
+    boot = images.boot_path_policy_for(session, region)
+    outcome = JoinVerifier(nonce_store.issuer(session)).finish(pending, proof, policy, boot)
     if isinstance(outcome, Refusal):
         _refused(session, outcome, ctx, step="proof", error_node=True)
     report = attempt.report or {}  # proven now: what step 1 reported may be recorded
@@ -382,9 +386,8 @@ def finish(
                 session, node, inventory=waiting.inventory, requirements=waiting.requirements
             )
         session.delete(waiting)
-    node_address.record(
-        node, observed_address
-    )  # before finalize is woken: its SSH host when no hostname is set
+    # before the first finalize work: a storage node's NFS address when no hostname is set
+    node_address.record(node, observed_address)
     if node.state == NodeState.NEW:  # only a verified proof starts a node's join (docs/join-protocol.md)
         node_service.transition(
             session,
@@ -408,7 +411,6 @@ def finish(
         node_id=node.id,
         node_name=node.name,
         node_credential=credential,
-        ssh_authorized_key=ssh_keys.authorized_key_line(runtime_of(session).ssh_key),
         heartbeat_interval_s=timing.interval_s,
     )
 

@@ -7,7 +7,7 @@ from sqlalchemy.orm import Session
 
 from contracts.errors import Conflict
 from provisioner.domain.states import NodeState
-from provisioner.services import audit
+from provisioner.services import audit, finalize
 from provisioner.services import nodes as node_service
 from provisioner.services import regions as region_service
 from provisioner.services.join import ALLOW_EK_WITHOUT_CERT
@@ -18,7 +18,8 @@ from provisioner.store.models import Node, Region
 def retry(
     session: Session, ref: str, *, region: str | None = None, accept_pcrs: bool = False, actor: str
 ) -> Node:
-    """errored → new: the minion's next attempt joins again (fresh attestation, then finalize).
+    """errored → new: the minion's next attempt joins again (fresh attestation, then finalize of a new
+    generation).
     `accept_pcrs` forgets the recorded PCR baseline, so the next join records the current values."""
     node = node_service.get(session, ref, region)
     if node.state != NodeState.ERRORED:
@@ -30,6 +31,7 @@ def retry(
         att.credential_sha256 = None  # the node proves itself again before anything else
         if accept_pcrs:
             att.pcr_record = None
+    finalize.next_attempt(node)  # a new finalize generation: the minion runs the playbook again
     why = "retry by operator" + (" (PCR baseline reset)" if accept_pcrs else "")
     return node_service.transition(session, node, NodeState.NEW, actor=actor, reason=why)
 

@@ -13,9 +13,14 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from contracts.bundle import EnrollmentBundle
-from contracts.errors import InvalidInput
+from contracts.errors import InvalidInput, NotFound
 from provisioner.attestation.refusals import Refusal, RefusalCode, refuse
-from provisioner.domain.states import JOIN_TOKEN_TRANSITIONS, REGION_LEAVING, JoinTokenState
+from provisioner.domain.states import (
+    JOIN_TOKEN_TRANSITIONS,
+    REGION_LEAVING,
+    JoinTokenState,
+    join_token_state,
+)
 from provisioner.services import lifecycle
 from provisioner.services import regions as region_service
 from provisioner.store.join_models import JoinToken
@@ -87,14 +92,15 @@ def revoke(session: Session, region: str, *, actor: str) -> int:
     """Revoke every live token of `region`; minions holding one are refused from now on."""
     reg = region_service.get(session, region)
     now = datetime.now(UTC)
-    ids = list(
+    rows = list(
         session.scalars(
-            select(JoinToken.id).where(JoinToken.region_id == reg.id, JoinToken.revoked_at.is_(None))
+            select(JoinToken).where(JoinToken.region_id == reg.id, JoinToken.revoked_at.is_(None))
         )
     )
-    if ids:
-        session.execute(update(JoinToken).where(JoinToken.id.in_(ids)).values(revoked_at=now))
-    for token_id in ids:
+    was = {row.id: join_token_state(None, row.expires_at, now) for row in rows}  # issued or expired
+    if rows:
+        session.execute(update(JoinToken).where(JoinToken.id.in_(list(was))).values(revoked_at=now))
+    for token_id, frm in was.items():
         lifecycle.record(
             session,
             kind=KIND,
@@ -102,12 +108,43 @@ def revoke(session: Session, region: str, *, actor: str) -> int:
             name=reg.name,
             actor=actor,
             table=JOIN_TOKEN_TRANSITIONS,
-            frm=JoinTokenState.ISSUED,
+            frm=frm,
             to=JoinTokenState.REVOKED,
             reason="revoked by operator",
         )
     session.flush()
-    return len(ids)
+    return len(rows)
+
+
+def revoke_one(session: Session, region: str, token_id: str, *, actor: str) -> tuple[JoinToken, bool]:
+    """Revoke one token of `region` (media carrying it stop enrolling nodes); the row, and whether this
+    call revoked it (False: it already was, and nothing changed)."""
+    reg = region_service.get(session, region)
+    row = session.scalar(select(JoinToken).where(JoinToken.id == token_id, JoinToken.region_id == reg.id))
+    if row is None:
+        raise NotFound(
+            f"region '{reg.name}' has no join token {token_id!r}: "
+            f"see provision region join-token {reg.name} --list",
+            code="join_token_not_found",
+        )
+    if row.revoked_at is not None:
+        return row, False
+    now = datetime.now(UTC)
+    frm = join_token_state(None, row.expires_at, now)
+    row.revoked_at = now
+    lifecycle.record(
+        session,
+        kind=KIND,
+        resource_id=row.id,
+        name=reg.name,
+        actor=actor,
+        table=JOIN_TOKEN_TRANSITIONS,
+        frm=frm,
+        to=JoinTokenState.REVOKED,
+        reason="revoked by operator",
+    )
+    session.flush()
+    return row, True
 
 
 def list_for(session: Session, region: str) -> list[JoinToken]:

@@ -1,6 +1,7 @@
 """The address a node's minion connects from, as the control plane sees it (the HTTP client host of its
 proof and heartbeats). Kept in the node's report (`inventory.observed_address`, an existing JSON field,
-so no schema change) and used as the SSH host of the finalize playbook when the operator set no hostname.
+so no schema change) and given to the compute nodes of a central region as their storage node's NFS server
+when the operator set no hostname (provisioner/services/finalize.py).
 Behind a reverse proxy this is the proxy's address: set `--hostname` on such nodes."""
 
 from __future__ import annotations

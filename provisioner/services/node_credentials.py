@@ -25,6 +25,22 @@ def digest(credential: str) -> str:
     return hashlib.sha256(credential.encode()).hexdigest()
 
 
+def any_node(session: Session, credential: str | None) -> Node:
+    """The live node this credential belongs to, whichever it is (a download any node may make: the
+    playbook bundle), or Unauthorized/NotFound as node_for_credential refuses."""
+    if not credential:
+        raise Unauthorized("no node credential: join first (`minion join`)", code="credential_missing")
+    att = session.scalar(
+        select(NodeAttestation).where(NodeAttestation.credential_sha256 == digest(credential))
+    )
+    if att is None:
+        raise Unauthorized(
+            "the node credential is not valid (the node was retried, removed or re-added): join again",
+            code="credential_invalid",
+        )
+    return node_for_credential(session, att.node_id, credential)[0]
+
+
 def node_for_credential(
     session: Session, node_id: str, credential: str | None
 ) -> tuple[Node, NodeAttestation]:

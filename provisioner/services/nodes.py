@@ -99,6 +99,24 @@ def storage_node(session: Session, region: Region) -> Node | None:
     return regional_lookup.holder(session, Node, region.id, service=Service.STORAGE)
 
 
+def _refuse_without_active_storage(region: Region, storage: Node | None) -> None:
+    """A compute node of a central region mounts its storage node's cache at finalize, so that node must
+    be serving (active) before a compute node is added (docs/product-rules.md)."""
+    if storage is None:
+        raise RuleViolation(
+            f"region '{region.name}' uses central storage and has no storage node yet: add it first "
+            f"with `provision node add NAME --region {region.name} --service storage --minion-id ID`",
+            code="storage_node_first",
+        )
+    if storage.state != NodeState.ACTIVE:
+        raise RuleViolation(
+            f"region '{region.name}' uses central storage and its storage node '{storage.name}' is "
+            f"{storage.state}, not active: add compute nodes once it is "
+            f"(`provision node show {storage.name}`)",
+            code="storage_node_not_active",
+        )
+
+
 def add(
     session: Session,
     name: str,
@@ -134,12 +152,14 @@ def add(
             f"`provision node replace {existing_storage.name} --minion-id NEW`",
             code="second_storage_node",
         )
-    if svc == Service.COMPUTE and reg.storage_mode == StorageMode.CENTRAL and existing_storage is None:
+    if svc == Service.STORAGE and reg.storage_mode != StorageMode.CENTRAL:
         raise RuleViolation(
-            f"region '{reg.name}' uses central storage and has no storage node yet: add it first "
-            f"with `provision node add NAME --region {reg.name} --service storage --minion-id ID`",
-            code="storage_node_first",
+            f"region '{reg.name}' uses {reg.storage_mode} storage: storage nodes serve only regions in "
+            "central storage mode; add this node as compute, or to a central region",
+            code="storage_node_in_local_region",
         )
+    if svc == Service.COMPUTE and reg.storage_mode == StorageMode.CENTRAL:
+        _refuse_without_active_storage(reg, existing_storage)
     node = Node(
         id=new_id("node"),
         name=name,

@@ -3,18 +3,16 @@
 `create_app` builds a Runtime from the Settings `provision serve` loaded (provisioner/settings.py) and
 attaches it to the app's session factory, so every unit of work (a request's session, a reconciler's
 session factory) carries it and no service reads the environment. Tests build the Runtime they want
-(a finalizer that skips the playbook, a GCP provider pointed at local fakes) and attach it the same way."""
+(a GCP provider pointed at local fakes) and attach it the same way."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from provisioner.adapters.ansible import AnsibleFinalizer, Finalizer
 from provisioner.adapters.secrets import Sealer
 from provisioner.providers.base import ProviderDriver, provider_for
 from provisioner.services.heartbeat_timing import HeartbeatTiming
@@ -27,7 +25,6 @@ _KEY = "rigbase.runtime"  # the key in Session.info
 class Runtime:
     settings: Settings
     sealer: Sealer
-    finalizer: Finalizer
     heartbeat: HeartbeatTiming
     # provider drivers built with something of their own (GCP: the catalogue directory, or in tests
     # endpoints of local fakes); kinds not here are built plainly
@@ -38,7 +35,6 @@ class Runtime:
         cls,
         settings: Settings,
         *,
-        finalizer: Finalizer | None = None,
         providers: Mapping[str, ProviderDriver] | None = None,
     ) -> Runtime:
         settings.ensure_home()
@@ -50,7 +46,6 @@ class Runtime:
         return cls(
             settings=settings,
             sealer=Sealer(settings.secret_key),
-            finalizer=finalizer or AnsibleFinalizer(settings),
             heartbeat=HeartbeatTiming(
                 interval_s=settings.heartbeat_s,
                 quote_every=settings.quote_every,
@@ -63,10 +58,6 @@ class Runtime:
         """The driver for `kind`: the one this runtime was given, else the plain one."""
         return self.providers.get(kind) or provider_for(kind)
 
-    @property
-    def ssh_key(self) -> Path:
-        return self.settings.ssh_key_path
-
     def node_url(self) -> str:
         """The URL nodes dial, written into their bundles and minion.yaml: RIGBASE_PUBLIC_URL (what VMs in
         Google Cloud or a lab's LAN can reach), else the URL `provision serve` wrote, else the default."""
@@ -75,7 +66,8 @@ class Runtime:
         try:
             return str(json.loads(self.settings.client_config.read_text())["url"])
         except (OSError, ValueError, KeyError):
-            return f"http://127.0.0.1:{DEFAULT_PORT}"
+            scheme = "http" if self.settings.insecure_http else "https"
+            return f"{scheme}://127.0.0.1:{DEFAULT_PORT}"
 
 
 def attach(sessions: sessionmaker[Session], runtime: Runtime) -> sessionmaker[Session]:

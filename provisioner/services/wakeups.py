@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 class Wake(StrEnum):
     """The reconcilers, by the name they run under (thread `reconcile-<name>`, log lines)."""
 
-    FINALIZE = "finalize"  # provisioning → finalize playbook → maintenance | errored
+    FINALIZE = "finalize"  # provisioning with no finalize report for too long → errored
     REGION_HEALTH = "region-health"  # regions new/healthy/offline from heartbeats
     GCP_PROVIDER = "gcp-provider"  # bootstrap `new` gcp providers, tear down `removing` ones
     GCP_REGIONS = "gcp-regions"  # each gcp region's storage node VM

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import Boolean, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy import JSON, ForeignKey, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from provisioner.store.models import Base, Region, UTCDateTime, new_id, utcnow
@@ -51,7 +51,9 @@ class RegisteredManifest(Base):
     pcr4: Mapped[str | None] = mapped_column(
         String(64)
     )  # the manifest's direct-USB-boot value, if it has one
-    pin_pcr4: Mapped[bool] = mapped_column(Boolean, default=False)  # operator opted in to a fixed boot path
+    # the Authenticode digests of the EFI applications the image boots (manifest pe_hashes, sorted):
+    # what the event log's PCR 4 applications must be among (provisioner/attestation/boot_path.py)
+    pe_hashes: Mapped[list[str] | None] = mapped_column(JSON)
     packages: Mapped[int] = mapped_column(Integer, default=0)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     created_by: Mapped[str] = mapped_column(String(128))

@@ -109,3 +109,15 @@ class NodeAttestation(Base):
     # the heartbeat count when the outstanding quote was first asked for: a node that has not answered
     # within HeartbeatTiming.quote_grace_beats beats of it goes errored (None: nothing asked)
     quote_asked_beat: Mapped[int | None] = mapped_column(Integer)
+
+
+class RejectedMinion(Base):
+    """A minion_id an operator rejected (`provision node reject`): its joins are refused until
+    `provision node unreject` deletes the row (the audit trail keeps both)."""
+
+    __tablename__ = "rejected_minions"
+
+    minion_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    reason: Mapped[str | None] = mapped_column(Text)
+    created_by: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

@@ -160,6 +160,12 @@ class Node(Base):
     # node (finalize runs through community.general.chroot instead of SSH).
     pinned_ek_public: Mapped[bytes | None] = mapped_column(LargeBinary)
     lab_root: Mapped[str | None] = mapped_column(Text)
+    # on-node finalize (revision 0008, provisioner/services/finalize.py): `provision node retry` counts up
+    # (a new generation, so the minion runs the playbook again); the generation the minion last applied
+    # with success; when its last finalize report came (the timeout of a node stuck in provisioning)
+    finalize_retry: Mapped[int] = mapped_column(Integer, default=0, server_default="0", nullable=False)
+    finalize_applied: Mapped[str | None] = mapped_column(String(64))
+    finalize_reported_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
     version: Mapped[int] = mapped_column(Integer, nullable=False)

@@ -53,7 +53,21 @@ def compact(value: Any) -> bytes:
     ],
 )
 def test_message_round_trips_byte_identical(name: str, model: type[BaseModel]) -> None:
-    assert model.model_validate_json(raw(name)).model_dump_json().encode() == raw(name)
+    expected = raw(name)
+    if REMOVED.get(name):  # the recorded answer still parses; re-serialized it lacks the removed fields
+        kept = {k: v for k, v in json.loads(expected).items() if k not in REMOVED[name]}
+        expected = compact(kept)
+    assert model.model_validate_json(raw(name)).model_dump_json().encode() == expected
+
+
+# Fields removed from the control plane's answers since they were recorded, on purpose. Answers are read
+# ignoring unknown fields, so a newer minion reads an old control plane's answer, and an old minion
+# ignores the field's absence: `ssh_authorized_key` went with the control plane's SSH access to nodes
+# (docs/join-protocol.md, "Finalize": the minion runs the playbook itself).
+REMOVED: dict[str, frozenset[str]] = {
+    "join_result.json": frozenset({"ssh_authorized_key"}),
+    "join_pending.json": frozenset({"ssh_authorized_key"}),
+}
 
 
 @pytest.mark.parametrize("name", ["heartbeat_request.json", "heartbeat_request_quote.json"])
@@ -137,7 +151,10 @@ def test_control_plane_answers_have_the_recorded_fields() -> None:
     pending = JoinResult(
         state="pending", message="attested; waiting for an operator", heartbeat_interval_s=30
     )
-    assert list(pending.model_dump(mode="json")) == list(recorded("join_pending.json"))
-    assert list(JoinResult.model_fields) == list(recorded("join_result.json"))
+    kept = [k for k in recorded("join_pending.json") if k not in REMOVED["join_pending.json"]]
+    assert list(pending.model_dump(mode="json")) == kept
+    assert list(JoinResult.model_fields) == [
+        k for k in recorded("join_result.json") if k not in REMOVED["join_result.json"]
+    ]
     assert list(HeartbeatResponse.model_fields) == list(recorded("heartbeat_response.json"))
     assert list(EnrollmentBundle.model_fields) == list(recorded("enrollment_bundle.json"))

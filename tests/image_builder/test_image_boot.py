@@ -45,6 +45,9 @@ def test_two_builds_from_one_cache_are_byte_identical_and_signed(built_image) ->
     assert [p["phase"] for p in doc["pcr11"]] == list(measure.PHASES)
     assert "join_token" not in json.dumps(doc)  # the bundle's secret stays off the manifest
     assert any(p["name"] == "linux-image-amd64" for p in doc["packages"])
+    names = {p["name"] for p in doc["packages"]}
+    assert {"systemd-resolved", "parted", "mdadm", "nfs-kernel-server", "cifs-utils"} <= names
+    assert not names & {"openssh-server", "dropbear", "dropbear-bin"}  # no SSH server on a node
     uki = (a / "rigbase.efi").read_bytes()
     assert doc["pe_hashes"]["uki"] == pe.authenticode_sha256(uki)
     # The second build reused the debootstrap stage: seconds, not minutes.

@@ -45,7 +45,9 @@ EPOCH = 1700000000
 
 def _run(cp: ControlPlane, *args: str, rc: int = 0) -> str:
     out = cp.provision(*args)
-    assert out.returncode == rc, f"provision {' '.join(args)}: rc {out.returncode}\n{out.stdout}\n{out.stderr}"
+    assert out.returncode == rc, (
+        f"provision {' '.join(args)}: rc {out.returncode}\n{out.stdout}\n{out.stderr}"
+    )
     return out.stdout
 
 
@@ -92,7 +94,12 @@ def image(cp: ControlPlane, tmp_path_factory: pytest.TempPathFactory, source_sna
     cache = _cache_dir()
     build.build(
         BuildConfig(
-            bundle=bundle, output=d / "out", cache=cache, key=priv, source_date_epoch=EPOCH, repo=source_snapshot
+            bundle=bundle,
+            output=d / "out",
+            cache=cache,
+            key=priv,
+            source_date_epoch=EPOCH,
+            repo=source_snapshot,
         ),
         log=lambda _m: None,
     )
@@ -101,7 +108,9 @@ def image(cp: ControlPlane, tmp_path_factory: pytest.TempPathFactory, source_sna
     return d / "out"
 
 
-def _machine(workdir: Path, usb: Path, tpm: Swtpm, cp: ControlPlane, disks: dict[str, list[Path]]) -> vm.Machine:
+def _machine(
+    workdir: Path, usb: Path, tpm: Swtpm, cp: ControlPlane, disks: dict[str, list[Path]]
+) -> vm.Machine:
     return vm.Machine(
         workdir,
         usb,
@@ -186,7 +195,9 @@ def test_storage_node_life_from_usb_to_active_and_through_a_reset(
         assert re.search(r"store-1|active", m.text(mark)), m.text(mark)[-2000:]
 
 
-def test_modified_uki_is_refused_at_join(cp: ControlPlane, image: Path, vendor: VendorCA, tmp_path: Path) -> None:
+def test_modified_uki_is_refused_at_join(
+    cp: ControlPlane, image: Path, vendor: VendorCA, tmp_path: Path
+) -> None:
     doc = json.loads((image / "manifest.json").read_text())
     usb = tmp_path / "modified.img"
     subprocess.run(["cp", "--sparse=always", str(image / "rigbase-usb.img"), str(usb)], check=True)

@@ -16,7 +16,23 @@ from pathlib import Path
 
 import pytest
 
-from image_builder import cpio, disk, ext4, installer, manifest, measure, pe, uki, verity
+from image_builder import (
+    cpio,
+    disk,
+    ext4,
+    installer,
+    manifest,
+    measure,
+    node_ansible,
+    node_files,
+    pe,
+    rootfs,
+    uki,
+    verity,
+    vm,
+    wheel,
+)
+from image_builder.errors import BuildError
 from image_builder.plan import IDS, STEPS, fixed_uuid
 
 EPOCH = 1700000000
@@ -191,7 +207,8 @@ def test_cpio_archive_is_readable_by_cpio_and_deterministic(tmp_path: Path) -> N
 
 def _read_newc(blob: bytes) -> list[tuple[str, int, bytes]]:
     """An independent reader of the newc format (the kernel's initramfs unpacker reads the same layout)."""
-    out, off = [], 0
+    out: list[tuple[str, int, bytes]] = []
+    off = 0
     while True:
         assert blob[off : off + 6] == b"070701"
         f = [int(blob[off + 6 + 8 * i : off + 14 + 8 * i], 16) for i in range(13)]
@@ -333,3 +350,122 @@ def test_installer_layout_is_accepted_by_sfdisk(tmp_path: Path) -> None:
             assert parts[1]["size"] * 512 == 800 * disk.MiB
         else:
             assert names == ["rigbase-data-1"]
+
+
+# --- node files: units, resolver, local finalize ------------------------------------------------------
+
+
+def _unit(text: str) -> dict[str, list[str]]:
+    """`Key` → every value it is given (systemd allows repeats), across sections; continuations joined."""
+    out: dict[str, list[str]] = {}
+    for line in text.replace("\\\n", " ").splitlines():
+        if "=" in line and not line.startswith(("#", "[")):
+            key, _, value = line.partition("=")
+            out.setdefault(key.strip(), []).append(" ".join(value.split()))
+    return out
+
+
+def test_node_config_unit_reapplies_saved_finalize_before_the_minion_without_blocking_it() -> None:
+    config = _unit(node_files.UNITS["rigbase-node-config.service"])
+    # The minion's own state directory (`minion run`'s default), where finalize saves what it applied.
+    assert config["ExecStart"] == [
+        "/usr/local/bin/minion finalize apply-saved --state-dir /var/lib/rigbase/minion"
+    ]
+    assert config["Type"] == ["oneshot"] and "local-fs.target" in config["After"][0]
+    assert config["RequiresMountsFor"] == ["/var/lib/rigbase"]
+    assert config["Before"] == ["rigbase-minion.service"]
+    minion = _unit(node_files.UNITS["rigbase-minion.service"])
+    assert "rigbase-node-config.service" in minion["After"][0]
+    # Ordering only: a failed re-apply must not keep the minion from starting.
+    assert not any(
+        "rigbase-node-config" in v for k in ("Requires", "Wants", "BindsTo") for v in minion.get(k, [])
+    )
+    assert "--authorized-keys" not in node_files.UNITS["rigbase-minion.service"]
+    for unit in (config, minion):
+        env = " ".join(unit["Environment"])
+        assert f"RIGBASE_ANSIBLE_COLLECTIONS={node_ansible.NODE_COLLECTIONS}" in env and "LANG=C.UTF-8" in env
+    links = node_files.enable_links()
+    assert "/etc/systemd/system/multi-user.target.wants/rigbase-node-config.service" in links
+
+
+def test_resolver_is_resolved_fed_by_dhcp_and_resolv_conf_is_its_stub() -> None:
+    links = node_files.enable_links()
+    assert links["/etc/resolv.conf"] == "/run/systemd/resolve/stub-resolv.conf"
+    assert "/etc/resolv.conf" not in node_files.files(
+        "0"
+    )  # a link, not a file with the build host's resolver
+    assert "/etc/systemd/system/sysinit.target.wants/systemd-resolved.service" in links
+    # Nothing listens on the network before finalize asks for it.
+    assert "/etc/systemd/system/sockets.target.wants/rpcbind.socket" in node_files.DISABLED_LINKS
+    assert not set(node_files.DISABLED_LINKS) & set(links)
+    assert "DHCP=yes" in node_files.DHCP_NETWORK
+    # network-online is bounded: a node without a link boots on.
+    wait = _unit(node_files.WAIT_ONLINE_DROPIN)["ExecStart"]
+    assert wait[0] == "" and "--timeout=20" in wait[1] and "--any" in wait[1]
+    assert {"systemd-resolved", "parted", "mdadm", "nfs-kernel-server"} <= set(rootfs.BASE_PACKAGES)
+    assert not any("ssh" in p for p in rootfs.BASE_PACKAGES)
+
+
+def test_ansible_console_script_launchers_run_with_the_pinned_wheels(tmp_path: Path) -> None:
+    from importlib.metadata import distribution
+
+    site = Path(str(distribution("ansible-core").locate_file("")))
+    scripts = node_ansible.console_scripts(site)
+    assert {"ansible-playbook", "ansible-runner"} <= set(scripts)
+    for name in ("ansible-playbook", "ansible-runner"):
+        path = tmp_path / name
+        path.write_text(scripts[name])
+        out = subprocess.run(
+            [sys.executable, str(path), "--version"], capture_output=True, text=True, check=False
+        )
+        assert out.returncode == 0, out.stderr
+    assert {"ansible-core", "ansible-runner", "Jinja2"} <= set(wheel.NODE_REQUIREMENTS)
+
+
+def test_shipped_collections_come_from_the_venv_and_a_missing_one_is_a_one_line_error(tmp_path: Path) -> None:
+    files = node_ansible.collection_files(node_ansible.host_collections())
+    assert "ansible_collections/community/general/plugins/modules/parted.py" in files
+    assert list(files) == sorted(files) and not any("__pycache__" in f for f in files)
+    assert node_ansible.collection_versions(node_ansible.host_collections())["community.general"]
+    with pytest.raises(BuildError, match="community.general is missing .* run scripts/install-deps.sh"):
+        node_ansible.collection_files(tmp_path)
+
+
+# --- QEMU helper ------------------------------------------------------------------------------------
+
+
+def test_vm_command_line_defaults_to_no_network_and_adds_nic_and_sata_on_request(tmp_path: Path) -> None:
+    for d in "abc":
+        (tmp_path / d).mkdir()
+    plain = vm.Machine(tmp_path / "a", None, [], tmp_path / "tpm").argv()
+    assert plain[plain.index("-nic") + 1] == "none" and "ahci,id=ahci" not in plain
+    sata = [tmp_path / f"s{i}.img" for i in range(3)]
+    argv = vm.Machine(
+        tmp_path / "b", None, [], tmp_path / "tpm", sata_images=sata, control_plane_port=18470
+    ).argv()
+    line = " ".join(argv)
+    assert "-nic" not in argv
+    assert "user,id=n0,restrict=on,guestfwd=tcp:10.0.2.100:8470-cmd:socat - TCP:127.0.0.1:18470" in argv
+    assert "virtio-net-pci,netdev=n0,speed=10000,duplex=full" in argv
+    assert "ide-hd,drive=sata2,bus=ahci.2,serial=rigbase-sata2" in line
+    with pytest.raises(ValueError, match="at most 6 SATA drives"):
+        vm.Machine(tmp_path / "c", None, [], tmp_path / "tpm", sata_images=sata * 3).argv()
+
+
+def test_vm_monitor_resets_the_guest_and_keeps_its_drives(tmp_path: Path) -> None:
+    """Real QEMU (TCG) and swtpm, firmware only: QEMU accepts the network and drive options, and the QMP
+    monitor answers, resets, and still shows the same drives after the reset."""
+    nvme = [vm.blank_disk(tmp_path / "n0.img", 2**20)]
+    sata = [vm.blank_disk(tmp_path / f"s{i}.img", 2**20) for i in range(2)]
+    (tmp_path / "tpm").mkdir()
+    with vm.Machine(
+        tmp_path / "vm", None, nvme, tmp_path / "tpm", sata_images=sata, control_plane_port=18470
+    ) as m:
+        assert m.qmp("query-status")["status"] == "running"
+        before = sorted(b["device"] for b in m.qmp("query-block") if b.get("inserted"))
+        m.system_reset()
+        assert m.qmp("query-status")["status"] == "running"
+        after = sorted(b["device"] for b in m.qmp("query-block") if b.get("inserted"))
+        assert before == after and {"nvme0", "sata0", "sata1"} <= set(after)
+        with pytest.raises(vm.MonitorError):
+            m.qmp("no-such-command")

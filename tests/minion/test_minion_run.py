@@ -18,7 +18,8 @@ from minion.banner import BannerEnrollment, render
 from minion.hardware.model import Inventory
 from minion.hardware.requirements import check
 from provisioner.lab.swtpm import Swtpm, VendorCA
-from tests.fixtures.control_plane import Fakes, start_control_plane
+from tests.fixtures.control_plane import start_control_plane
+from tests.fixtures.finalize import finish_finalize
 from tests.fixtures.umockdev import Testbed, load_profile, minion_executable
 
 
@@ -36,7 +37,7 @@ def _wait(predicate: Callable[[], Any], what: str, timeout: float = 30) -> Any:
 def region_lab(tmp_path: Path, tpm_vendor_ca: VendorCA) -> Iterator[Any]:
     """A control plane (finalize skipped) with region `lab`, the swtpm vendor CA trusted, and the
     region's bundle written to tmp_path/bundle.json."""
-    with start_control_plane(tmp_path / "home", fakes=Fakes(skip_finalize=True)) as cp:
+    with start_control_plane(tmp_path / "home") as cp:
         ca = tmp_path / "vendor.pem"
         ca.write_bytes(b"".join(tpm_vendor_ca.certificate_pems()))
         for args in (
@@ -94,6 +95,13 @@ def test_minion_run_joins_heartbeats_and_stops_on_sigterm(
                 cp.provision("node", "add", "gpu-1", "--region", "lab", "--minion-id", minion_id).returncode
                 == 0
             )
+            # the minion never finalizes this machine in place (not a rigbase node image: its actual
+            # state says "refused"); report the node's finalize as its minion would on a node
+            joined = _wait(
+                lambda: (state / "node.json").exists() and json.loads((state / "node.json").read_text()),
+                "node.json",
+            )
+            finish_finalize(client, joined["node_id"], joined["node_credential"])
             node = _wait(
                 lambda: (
                     (n := client.get("/v1/nodes/gpu-1").json())["state"] == "maintenance"

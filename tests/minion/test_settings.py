@@ -18,6 +18,7 @@ def test_defaults_are_a_nodes() -> None:
         state_dir=Path("/var/lib/rigbase/minion"), gpu_catalogue=None, lan_address=None
     )
     assert MinionSettings.from_env({}).state_dir == DEFAULT_STATE_DIR
+    assert MinionSettings().event_log == Path("/sys/kernel/security/tpm0/binary_bios_measurements")
 
 
 def test_every_variable_is_read() -> None:
@@ -26,6 +27,7 @@ def test_every_variable_is_read() -> None:
             "RIGBASE_STATE_DIR": "/tmp/minion-state",
             "RIGBASE_GPU_CATALOGUE": "/etc/gpus.yaml",
             "RIGBASE_LAN_ADDRESS": "192.168.1.20",
+            "RIGBASE_EVENT_LOG": "/tmp/event-log.bin",
             "UNRELATED": "x",
         }
     )
@@ -33,11 +35,17 @@ def test_every_variable_is_read() -> None:
         state_dir=Path("/tmp/minion-state"),
         gpu_catalogue=Path("/etc/gpus.yaml"),
         lan_address="192.168.1.20",
+        event_log=Path("/tmp/event-log.bin"),
     )
 
 
 def test_empty_means_default() -> None:
-    empty = {"RIGBASE_STATE_DIR": "", "RIGBASE_GPU_CATALOGUE": "", "RIGBASE_LAN_ADDRESS": ""}
+    empty = {
+        "RIGBASE_STATE_DIR": "",
+        "RIGBASE_GPU_CATALOGUE": "",
+        "RIGBASE_LAN_ADDRESS": "",
+        "RIGBASE_EVENT_LOG": "",
+    }
     assert MinionSettings.from_env(empty) == MinionSettings()
 
 

@@ -56,33 +56,25 @@ def test_walkthrough_with_tables_and_json(api_server: ControlPlane) -> None:
     node_id = _ok(
         api_server, "node", "add", "gpu-1", "--region", "lab-1", "--minion-id", MID[0], "--no-upnp"
     ).strip()
-    storage = json.loads(
-        _ok(
-            api_server,
-            "node",
-            "add",
-            "nas",
-            "--region",
-            "lab-1",
-            "--minion-id",
-            MID[1],
-            "--service",
-            "storage",
-            "--json",
-        )
-    )
+    # storage nodes serve central regions only: refused in lab-1 (local), added in hub-1
+    storage_add = ("node", "add", "nas", "--minion-id", MID[1], "--service", "storage", "--json")
+    assert "only regions in central storage mode" in _refused(api_server, *storage_add, "--region", "lab-1")
+    _ok(api_server, "region", "create", "hub-1", "--provider", "physical", "--storage-mode", "central")
+    storage = json.loads(_ok(api_server, *storage_add, "--region", "hub-1"))
     assert storage["service"] == "storage" and storage["state"] == "new"
 
     table = _ok(api_server, "node", "list")
-    assert node_id in table and MID[0] in table and "…" not in table  # ids never truncated
-    nodes = json.loads(_ok(api_server, "node", "list", "--region", "lab-1", "--json"))
+    assert node_id in table and "…" not in table  # ids never truncated
+    assert MID[0] in _ok(api_server, "node", "list", "-o", "wide")  # the minion id is a wide column
+    nodes = json.loads(_ok(api_server, "node", "list", "--json"))
     assert {n["name"]: (n["state"], n["online"], n["upnp"]) for n in nodes} == {
         "gpu-1": ("new", False, False),
         "nas": ("new", False, True),
     }
     regions = json.loads(_ok(api_server, "region", "list", "--json"))
     assert [(r["name"], r["public_jobs"], r["storage_mode"], r["state"]) for r in regions] == [
-        ("lab-1", False, "local", "new")
+        ("hub-1", True, "central", "new"),
+        ("lab-1", False, "local", "new"),
     ]
     assert json.loads(_ok(api_server, "provider", "show", "physical", "--json"))["payment_mode"] == "credits"
 
@@ -101,6 +93,7 @@ def test_walkthrough_with_tables_and_json(api_server: ControlPlane) -> None:
     _refused(api_server, "region", "remove", "lab-1", "--yes")
     removed = json.loads(_ok(api_server, "region", "remove", "lab-1", "--force", "--yes", "--json"))
     assert removed["state"] == "removed"
+    _ok(api_server, "region", "remove", "hub-1", "--force", "--yes")
     assert json.loads(_ok(api_server, "node", "list", "--json")) == []
 
 
@@ -266,7 +259,8 @@ def test_admin_token_is_stored_hashed_and_kept_across_restarts(tmp_path: Path) -
         _ok(first, "provider", "enable", "physical")
     with start_control_plane(home) as second:  # another free port
         config = json.loads((home / "client.json").read_text())
-        assert config == {"url": second.url, "token": first.token} and first.url != second.url
+        assert config == {"url": second.url, "token": first.token, "ca": str(second.ca)}
+        assert first.url != second.url and second.url.startswith("https://127.0.0.1:")
         assert json.loads(_ok(second, "provider", "list", "--json"))[0]["kind"] == "physical"
     engine = make_engine(f"sqlite:///{home / 'rigbase.db'}")
     with engine.connect() as conn:

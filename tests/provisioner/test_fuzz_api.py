@@ -23,6 +23,7 @@ from schemathesis.checks import (
 
 from provisioner.lab.swtpm import VendorCA
 from tests.fixtures.control_plane import ControlPlane, start_control_plane
+from tests.fixtures.finalize import current_work
 from tests.provisioner.test_join_http import Minion, api
 
 EXAMPLES = 20  # per operation; ~60 operations, about 30 s in all
@@ -79,7 +80,9 @@ def world(
         )
         api(cp, "POST", "/v1/operator-tokens", {"name": "victim"})
         node = joined.json()
+        work = current_work(cp.url, node["node_id"], node["node_credential"])
         refs = {
+            "/v1/finalize/bundles/{digest}": work["bundle_digest"],
             "/v1/providers/{ref}": "physical",
             "/v1/regions/{ref}": "lab",
             "/v1/nodes/{ref}": "gpu-1",
@@ -97,7 +100,7 @@ def world(
 
 @pytest.fixture(scope="module")
 def fuzz_schema(world: World) -> Any:
-    schema = schemathesis.openapi.from_url(f"{world.cp.url}/openapi.json")
+    schema = schemathesis.openapi.from_url(f"{world.cp.url}/openapi.json", verify=str(world.cp.ca))
 
     @schema.hook  # type: ignore[misc]
     def map_path_parameters(ctx: Any, path_parameters: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -114,14 +117,14 @@ def fuzz_schema(world: World) -> Any:
     return schema
 
 
-def _fuzz(operation: Any, auth: dict[str, str]) -> set[int]:
+def _fuzz(operation: Any, auth: dict[str, str], ca: str) -> set[int]:
     """Fuzz one operation; the statuses it answered."""
     seen: set[int] = set()
 
     @given(case=operation.as_strategy())
     @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=HEALTH, database=None)
     def run(case: Any) -> None:
-        seen.add(case.call_and_validate(headers=auth, checks=CHECKS).status_code)
+        seen.add(case.call_and_validate(headers=auth, checks=CHECKS, verify=ca).status_code)
 
     run()
     return seen
@@ -143,9 +146,8 @@ def test_every_operation_keeps_its_documented_contract(fuzz_schema: Any, world: 
     reached: dict[str, set[int]] = {}
     for operation in operations:
         try:
-            reached[operation.label] = _fuzz(
-                operation, {"Authorization": f"Bearer {world.credential(operation)}"}
-            )
+            auth = {"Authorization": f"Bearer {world.credential(operation)}"}
+            reached[operation.label] = _fuzz(operation, auth, str(world.cp.ca))
         except (Exception, BaseExceptionGroup) as exc:  # collected: one report for every failing operation
             failures.append(f"{operation.label}: {' '.join(str(exc).split())[:600]}")
     assert not failures, "\n".join(failures)
@@ -169,7 +171,8 @@ def test_stateful_runs_chain_create_read_act_delete(fuzz_schema: Any, world: Wor
 
     class Machine(fuzz_schema.as_state_machine()):  # type: ignore[misc]
         def get_call_kwargs(self, case: Any) -> dict[str, Any]:
-            return {"headers": {"Authorization": f"Bearer {world.credential(case.operation)}"}}
+            auth = {"Authorization": f"Bearer {world.credential(case.operation)}"}
+            return {"headers": auth, "verify": str(world.cp.ca)}
 
         def validate_response(
             self, response: Any, case: Any, additional_checks: Any = None, **kwargs: Any

@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from contracts.errors import Conflict, InvalidInput, NotFound, RigbaseError, RuleViolation
 from image_builder.manifest import SCHEMA, canonical, keygen, load_private_key, public_key_fingerprint, sign
+from provisioner.attestation.boot_path import BootPathPolicy
 from provisioner.attestation.refusals import RefusalCode
 from provisioner.services import images, providers, regions
 from provisioner.services.join import pcr_policy_for
@@ -42,6 +43,7 @@ class Builder:
         pcr12: str = ZERO,
         pcr4: str | None = None,
         image: str = "1" * 64,
+        pe_hashes: dict[str, str] | None = None,
     ) -> dict[str, Any]:
         """A manifest of the documented schema (docs/image-builder.md) predicting the given PCR values."""
         return {
@@ -51,7 +53,7 @@ class Builder:
             "uki": {"file": "rigbase.efi", "sha256": "2" * 64, "size": 50 << 20},
             "kernel": {"version": "6.1.0-test", "cmdline": "rigbase.roothash=" + "3" * 64},
             "verity": {"root_hash": "3" * 64, "salt": "4" * 64, "data_blocks": 1000},
-            "pe_hashes": {"systemd-boot": "5" * 64, "uki": "6" * 64, "kernel": "7" * 64},
+            "pe_hashes": pe_hashes or {"systemd-boot": "5" * 64, "uki": "6" * 64, "kernel": "7" * 64},
             "pcr4": {"boot_path": ["systemd-boot", "uki", "kernel"], "sha256": pcr4 or "8" * 64},
             "pcr11": [
                 {"phase": "", "sha256": "9" * 64},
@@ -147,6 +149,7 @@ def test_trust_key_and_register(seeded: Store, builder: Builder) -> None:
         "region_mismatch",
         "no_region",
         "incomplete",
+        "no_pe_hashes",
         "no_key_trusted",
     ],
 )
@@ -175,6 +178,10 @@ def test_refused_manifests_leave_no_state(
         expected = InvalidInput
     elif case == "incomplete":
         del doc["pcr12"]
+        data, sig = builder.signed(doc)
+        expected = InvalidInput
+    elif case == "no_pe_hashes":  # joins could not check the boot path
+        doc["pe_hashes"] = {"uki": "not hex"}
         data, sig = builder.signed(doc)
         expected = InvalidInput
     before = seeded.snapshot()
@@ -206,33 +213,33 @@ def test_bad_public_keys_refused(seeded: Store, builder: Builder) -> None:
     assert seeded.snapshot() == before
 
 
-def test_rollout_policy_and_pinned_pcr4(seeded: Store, builder: Builder) -> None:
+def test_rollout_policy_and_boot_path(seeded: Store, builder: Builder) -> None:
     a, b, c = (bytes([n]) * 32 for n in (1, 2, 3))
     with _session(seeded) as s:
         images.trust_key(s, builder.public, name=None, actor=ACTOR)
         lab = regions.get(s, "lab")
         assert pcr_policy_for(s, lab).mode.value == "record"  # nothing registered yet
+        assert images.boot_path_policy_for(s, lab) == BootPathPolicy()  # a log is optional
         images.register(s, *builder.signed(builder.manifest(pcr11=a.hex(), pcr12=ZERO)), actor=ACTOR)
         images.register(
-            s, *builder.signed(builder.manifest(pcr11=b.hex(), pcr12=ZERO, image="e" * 64)), actor=ACTOR
+            s,
+            *builder.signed(
+                builder.manifest(pcr11=b.hex(), pcr12=ZERO, image="e" * 64, pe_hashes={"uki": "d" * 64})
+            ),
+            actor=ACTOR,
         )
         policy = pcr_policy_for(s, lab)
         assert policy.mode.value == "manifest"
         zero = bytes(32)
+        # PCR 4 is never compared with one value (the event log's boot path is checked instead)
         assert policy.check({11: a, 12: zero, 4: c}).ok and policy.check({11: b, 12: zero}).ok
         refused = policy.check({11: c, 12: zero})
         assert refused.refusal is not None and refused.refusal.code == RefusalCode.pcr_manifest_mismatch
         assert refused.differing == (11,)
         assert policy.check({11: a, 12: c}).differing == (12,)  # the closest manifest is named
-        # --pin-pcr4: the manifest's fixed boot-path value is compared too
-        pinned = images.register(
-            s, *builder.signed(builder.manifest(region="other", pcr4=c.hex())), pin_pcr4=True, actor=ACTOR
-        )
-        other = regions.get(s, "other")
-        assert images.manifest_pcr_sets(s, other) == [{4: c, 11: zero, 12: zero}]
-        assert pcr_policy_for(s, other).check({4: a, 11: zero, 12: zero}).differing == (4,)
-        images.remove(s, pinned.id, actor=ACTOR)
-        assert pcr_policy_for(s, other).mode.value == "record"
+        # the boot path: any registered manifest's EFI applications may run (a rollout)
+        assert images.boot_path_policy_for(s, lab).pe_hashes == {"5" * 64, "6" * 64, "7" * 64, "d" * 64}
+        assert images.boot_path_policy_for(s, regions.get(s, "other")).pe_hashes is None
 
 
 def test_untrust_key_with_manifests(seeded: Store, builder: Builder) -> None:

@@ -16,7 +16,8 @@ import pytest
 
 from provisioner.lab.swtpm import Swtpm, VendorCA
 from provisioner.store.engine import make_engine
-from tests.fixtures.control_plane import ControlPlane, Fakes, start_control_plane
+from tests.fixtures.control_plane import ControlPlane, start_control_plane
+from tests.fixtures.eventlog import boot_path_events, extend_digests, write_event_log
 from tests.fixtures.postgres import Store
 from tests.provisioner.test_images import Builder
 from tests.provisioner.test_join_http import Minion, api
@@ -26,7 +27,7 @@ MISMATCH = "attestation_pcr_manifest_mismatch"
 
 @pytest.fixture
 def cp(database_url: str, tmp_path: Path, tpm_vendor_ca: VendorCA) -> Iterator[ControlPlane]:
-    with start_control_plane(tmp_path / "home", database_url, fakes=Fakes(skip_finalize=True)) as server:
+    with start_control_plane(tmp_path / "home", database_url) as server:
         ca_file = tmp_path / "vendor.pem"
         ca_file.write_bytes(b"".join(tpm_vendor_ca.certificate_pems()))
         api(server, "POST", "/v1/providers", {"kind": "physical", "config": {}})
@@ -61,6 +62,12 @@ def test_register_and_join_against_manifest(cp: ControlPlane, tmp_path: Path, ma
     bad_tpm: Swtpm = make_swtpm()
     good, bad = Minion(good_tpm, cp.url), Minion(bad_tpm, cp.url)
     try:
+        # Both firmwares ran the manifests' EFI applications and their minions send that event log
+        # (the boot path itself: test_boot_path_join.py).
+        for m in (good, bad):
+            events = boot_path_events(list(builder.manifest()["pe_hashes"].values()))
+            extend_digests(m.session, events)
+            m.event_log = write_event_log(events)
         # The "other UKI": PCR 11 of the second node carries one more measurement.
         bad.session.extend_pcr(11, b"a different UKI section")
         good_pcrs, bad_pcrs = good.session.read_pcrs([11, 12]), bad.session.read_pcrs([11, 12])

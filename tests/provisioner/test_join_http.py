@@ -23,7 +23,8 @@ import pytest
 from minion.join.attest import join_request, parse_challenge, proof_payload, quote_payload
 from minion.tpm.session import TpmSession
 from provisioner.lab.swtpm import Swtpm, VendorCA
-from tests.fixtures.control_plane import ControlPlane, Fakes, start_control_plane
+from tests.fixtures.control_plane import ControlPlane, start_control_plane
+from tests.fixtures.finalize import current_work, finish_finalize
 from tests.fixtures.swtpm import _started_copy
 
 PASSING = {"ok": True, "rules": [{"rule": "tpm", "ok": True}]}
@@ -31,13 +32,12 @@ PASSING = {"ok": True, "rules": [{"rule": "tpm", "ok": True}]}
 
 @pytest.fixture(scope="module")
 def cp(tmp_path_factory: pytest.TempPathFactory, tpm_vendor_ca: VendorCA) -> Iterator[ControlPlane]:
-    """One control plane for the module; finalize is skipped (test_finalize covers the playbooks) and a
-    fresh quote is asked for every 2nd heartbeat."""
+    """One control plane for the module; a fresh quote is asked for every 2nd heartbeat. Nodes are finalized
+    by posting an ok report as their minion would (tests/fixtures/finalize.py; the playbooks run on the
+    minion side, tests/minion/)."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("RIGBASE_QUOTE_EVERY", "2")
-        with start_control_plane(
-            tmp_path_factory.mktemp("join-cp") / "home", fakes=Fakes(skip_finalize=True)
-        ) as server:
+        with start_control_plane(tmp_path_factory.mktemp("join-cp") / "home") as server:
             ca_file = tmp_path_factory.mktemp("ca") / "vendor.pem"
             ca_file.write_bytes(b"".join(tpm_vendor_ca.certificate_pems()))
             for args in (
@@ -84,6 +84,8 @@ class Minion:
         self.ak = self.session.create_ak()
         self.minion_id = self.session.endorsement_key().minion_id
         self.http = httpx.Client(base_url=url, timeout=30)
+        # the firmware's event log its quotes carry (tests/fixtures/eventlog.py); None: it has none
+        self.event_log: bytes | None = None
 
     def close(self) -> None:
         self.session.close()
@@ -107,7 +109,7 @@ class Minion:
         return self.http.post("/v1/join", json=body)
 
     def proof_body(self, challenge: dict[str, Any]) -> dict[str, Any]:
-        return proof_payload(self.session, self.ak, parse_challenge(challenge))
+        return proof_payload(self.session, self.ak, parse_challenge(challenge), self.event_log)
 
     def prove(
         self, challenge: dict[str, Any], join_token: str, body: dict[str, Any] | None = None
@@ -128,7 +130,9 @@ class Minion:
     ) -> httpx.Response:
         body: dict[str, Any] = {"actual": {"maintenance": True}}
         if quote_nonce:
-            body["quote"] = quote_payload(self.session, self.ak, base64.b64decode(quote_nonce))
+            body["quote"] = quote_payload(
+                self.session, self.ak, base64.b64decode(quote_nonce), event_log=self.event_log
+            )
         return self.http.post(
             f"/v1/nodes/{node['node_id']}/heartbeat",
             json=body,
@@ -226,15 +230,18 @@ def test_pending_adopt_heartbeat_continuous_attestation_retry(
     node = joined.json()
     assert node["state"] == "provisioning" and node["node_credential"].startswith("rbn_")
     assert m.minion_id not in cli(cp, "node", "pending").stdout
-    wait_state(cp, "gpu-1", "maintenance")
-    history = cli(cp, "node", "history", "gpu-1").stdout
-    for step in ("enrolling", "provisioning", "maintenance", "attested"):
-        assert step in history
     # The join token is not a node credential.
     assert m.beat(node, credential=jt).status_code == 401
-    # Heartbeats: desired state out; every 2nd beat asks for a fresh quote, which verifies.
+    # Heartbeats: desired state out (the finalize work from provisioning on); every 2nd beat asks for a
+    # fresh quote, which verifies. The minion finalizes and reports: the node moves on to maintenance.
     beat1 = m.beat(node).json()
     assert beat1["desired"]["maintenance"] is True and beat1["quote_nonce"] is None
+    first_generation = beat1["desired"]["finalize"]["generation"]
+    finish_finalize(cp.url, node["node_id"], node["node_credential"], first_generation)
+    wait_state(cp, "gpu-1", "maintenance")
+    history = cli(cp, "node", "history", "gpu-1").stdout
+    for step in ("enrolling", "provisioning", "maintenance", "attested", "finalized in"):
+        assert step in history
     beat2 = m.beat(node).json()
     assert beat2["quote_nonce"]
     beat3 = m.beat(node, beat2["quote_nonce"]).json()
@@ -258,7 +265,12 @@ def test_pending_adopt_heartbeat_continuous_attestation_retry(
     assert m.beat(node).status_code == 401  # the old credential died with the retry
     again = m.join(jt)
     assert again.status_code == 200 and again.json()["state"] == "provisioning", again.text
-    wait_state(cp, "gpu-1", "maintenance")
+    # the retry gave the node a new finalize generation: its minion runs the playbook again
+    rejoined = again.json()
+    work = current_work(cp.url, rejoined["node_id"], rejoined["node_credential"])
+    assert work["generation"] != first_generation
+    finish_finalize(cp.url, rejoined["node_id"], rejoined["node_credential"], work["generation"])
+    assert wait_state(cp, "gpu-1", "maintenance")["finalize_applied"] == work["generation"]
 
 
 # ---------------------------------------------------------------- refusals
@@ -341,9 +353,9 @@ def test_refused_wrong_pcrs(cp: ControlPlane, minion: Callable[..., Minion]) -> 
     m = minion()
     jt = token(cp)
     add_node(cp, "pcr-1", m.minion_id, "lab")
-    assert m.join(jt).status_code == 200  # records the baseline
-    # let the (skipped) finalize settle first: a join racing the provisioning → maintenance move of the
-    # same row is answered 409 "retry", which is not what this test is about
+    joined = m.join(jt)
+    assert joined.status_code == 200  # records the baseline
+    finish_finalize(cp.url, joined.json()["node_id"], joined.json()["node_credential"])
     wait_state(cp, "pcr-1", "maintenance")
     m.session.extend_pcr(7, b"secure boot turned off")
     challenge = m.begin(jt).json()
@@ -468,8 +480,13 @@ def _attested_node(cp: ControlPlane, m: Minion, name: str) -> dict[str, Any]:
     add_node(cp, name, m.minion_id, "lab")
     joined = m.join(token(cp))
     assert joined.status_code == 200, joined.text
+    node = dict(joined.json())
+    finish_finalize(cp.url, node["node_id"], node["node_credential"])
     wait_state(cp, name, "maintenance")
-    return dict(joined.json())
+    # the fixture's heartbeat (it read the finalize work) is not one of the test's: count from 0 again,
+    # so the tests about quote spacing see their own beats 1, 2, 3
+    sql(cp, "UPDATE node_attestations SET heartbeats = 0 WHERE node_id = ?", node["node_id"])
+    return node
 
 
 def test_a_replayed_join_request_changes_nothing_without_the_proof(

@@ -1,11 +1,11 @@
 """The reconcilers the join hands over to, stepped with ReconcilerLoop.run_once() on a real migrated
-store: finalize (a lab node's playbook through ansible-runner; a failure → errored with the failing task
-and the task events in the node's history), region health from heartbeats, and the loop's lifetime in
-the server process."""
+store: finalize (a node whose minion never reports its finalize errors after the timeout; the variables
+its work carries), region health from heartbeats, and the loop's lifetime in the server process."""
 
 from __future__ import annotations
 
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -17,7 +17,8 @@ from provisioner.api.app import create_app
 from provisioner.domain.states import NodeState, RegionState
 from provisioner.reconcilers import region_health
 from provisioner.reconcilers.loop import ReconcilerLoop
-from provisioner.services import audit, nodes, providers, regions
+from provisioner.services import audit, finalize, node_address, nodes, providers, regions
+from provisioner.services.wakeups import Wake
 from provisioner.store.engine import make_engine, make_sessionmaker, session_scope
 from provisioner.store.migrate import upgrade
 
@@ -35,57 +36,69 @@ def sessions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> sessionmaker[Se
     return factory
 
 
-def _node_in_provisioning(sessions: sessionmaker[Session], lab_root: Path, hostname: str = "n1") -> str:
+def _node_in_provisioning(sessions: sessionmaker[Session], name: str = "n1", region: str = "lab") -> str:
     with session_scope(sessions) as s:
-        node = nodes.add(s, "n1", region="lab", minion_id="a" * 32, hostname=hostname, actor="test")
-        node.lab_root = str(lab_root)
+        node = nodes.add(s, name, region=region, minion_id=f"{len(name):x}" * 32, actor="test")
         for state in (NodeState.ENROLLING, NodeState.PROVISIONING):
             nodes.transition(s, node, state, actor="test")
         return node.id
 
 
-def test_a_failed_finalize_errors_the_node_with_the_failing_task(
-    sessions: sessionmaker[Session], tmp_path: Path
+def test_a_node_without_finalize_reports_times_out(
+    sessions: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A lab root whose python3 cannot run (an empty file): the first task that runs inside the chroot
-    fails, and that task's name is the node's reason. The reconciler keeps no memory, so a restarted
-    control plane finds the node in provisioning and runs the playbook again — the same pass as here.
-    (The converging run into a debootstrap'd root is tests/provisioner/test_finalize.py's.)"""
-    root = tmp_path / "broken-root"
-    python = root / "usr" / "bin" / "python3"
-    python.parent.mkdir(parents=True)
-    python.write_text("")
-    python.chmod(0o755)
-    node_id = _node_in_provisioning(sessions, root)
-    ReconcilerLoop(sessions, only=["finalize"]).run_once()
+    """The minion finalizes its own node; a node that stays in provisioning without a report for the
+    settings' finalize_timeout_s errors with a reason that says what to check. A report restarts the
+    wait. The reconciler keeps no memory: a restarted control plane computes the same deadlines."""
+    monkeypatch.setenv("RIGBASE_FINALIZE_TIMEOUT_S", "1")
+    node_id = _node_in_provisioning(sessions)
+    ReconcilerLoop(sessions, only=[Wake.FINALIZE]).run_once()
+    with session_scope(sessions) as s:
+        node = nodes.get(s, node_id)
+        assert node.state == NodeState.PROVISIONING  # within the timeout
+        entered = finalize.waiting_since(s, node)
+        # a report (any: events only) restarts the wait
+        node.finalize_reported_at = entered + timedelta(seconds=30)
+        assert not finalize.time_out(s, node, timeout_s=60, now=entered + timedelta(seconds=80), actor="t")
+        node.finalize_reported_at = None
+    time.sleep(1.1)
+    ReconcilerLoop(sessions, only=[Wake.FINALIZE]).run_once()
     with session_scope(sessions) as s:
         node = nodes.get(s, node_id)
         assert node.state == NodeState.ERRORED
-        assert node.reason.startswith("finalize failed at task '"), node.reason
-        events = [
-            e.reason or "" for e in audit.history(s, "node", [node_id]) if e.actor == "reconciler:finalize"
-        ]
-    assert any(": failed" in e or "unreachable" in e for e in events), events
+        reason = node.reason or ""
+        assert reason.startswith("no finalize report from the minion within"), reason
+        assert f"provision node retry {node.name}" in reason
+        assert audit.history(s, "node", [node_id])[-1].actor == "reconciler:finalize"
 
 
-def test_a_storage_node_exports_its_cache_to_the_region_networks(sessions: sessionmaker[Session]) -> None:
-    """Nothing sets a region's `nfs_clients` unless the operator does, and the storage playbook refuses
-    an empty list: the request must default to the private (RFC 1918) ranges the region's nodes use,
-    and follow the region setting when there is one."""
-    from provisioner.reconcilers.finalize import DEFAULT_NFS_CLIENTS, request_for
-
-    cp_url = "http://127.0.0.1:8470"  # the node-facing URL, beside the point here
-
+def test_finalize_variables_follow_the_region_and_its_storage_node(sessions: sessionmaker[Session]) -> None:
+    """A storage node exports the cache to the RFC 1918 ranges unless the region says otherwise (the
+    storage playbook refuses an empty list); a compute node of a central region mounts its storage node
+    at the operator's hostname, else where its minion connects from; a retry is a new generation."""
     with session_scope(sessions) as s:
-        node = nodes.add(s, "store1", region="lab", minion_id="b" * 32, service="storage", actor="test")
-        assert list(request_for(node, cp_url).nfs_clients) == [
-            "10.0.0.0/8",
-            "172.16.0.0/12",
-            "192.168.0.0/16",
-        ]
-        assert tuple(request_for(node, cp_url).nfs_clients) == DEFAULT_NFS_CLIENTS
-        node.region.settings = {**(node.region.settings or {}), "nfs_clients": ["10.77.0.0/24"]}
-        assert list(request_for(node, cp_url).nfs_clients) == ["10.77.0.0/24"]
+        regions.create(s, "hub", provider="physical", storage_mode="central", actor="test")
+        store = nodes.add(s, "store1", region="hub", minion_id="b" * 32, service="storage", actor="test")
+        cp_url = "https://127.0.0.1:8470"
+        variables = finalize.variables_for(s, store, cp_url)
+        assert variables["rigbase_nfs_clients"] == list(finalize.DEFAULT_NFS_CLIENTS)
+        assert variables["rigbase_nfs_server"] is None and variables["rigbase_storage_mode"] == "central"
+        store.region.settings = {**(store.region.settings or {}), "nfs_clients": ["10.77.0.0/24"]}
+        assert finalize.variables_for(s, store, cp_url)["rigbase_nfs_clients"] == ["10.77.0.0/24"]
+        for state in (NodeState.ENROLLING, NodeState.PROVISIONING, NodeState.ACTIVE):
+            nodes.transition(s, store, state, actor="test")
+        node_address.record(store, "10.1.2.3")
+        gpu = nodes.add(s, "gpu1", region="hub", minion_id="c" * 32, actor="test")
+        assert finalize.variables_for(s, gpu, cp_url)["rigbase_nfs_server"] == "10.1.2.3"
+        store.hostname = "nas.hub.lan"
+        assert finalize.variables_for(s, gpu, cp_url)["rigbase_nfs_server"] == "nas.hub.lan"
+        for state in (NodeState.ENROLLING, NodeState.PROVISIONING):
+            nodes.transition(s, gpu, state, actor="test")
+        before = finalize.work_for(s, gpu)
+        finalize.next_attempt(gpu)
+        after = finalize.work_for(s, gpu)
+        assert before is not None and after is not None
+        assert after.generation != before.generation and after.variables == before.variables
 
 
 def test_region_health_follows_heartbeats(sessions: sessionmaker[Session], tmp_path: Path) -> None:

@@ -107,7 +107,7 @@ def test_plan_names_and_addresses_are_fixed_and_only_the_labs_names_match() -> N
         ("node-2", "10.77.0.12"),
         ("node-3", "10.77.0.13"),
     ]
-    assert address(Role.CP) == "10.77.0.2" and plan.cp_lan_url == "http://10.77.0.2:8470"
+    assert address(Role.CP) == "10.77.0.2" and plan.cp_lan_url == "https://10.77.0.2:8470"
     assert all(NAME_PATTERN.match(n) for n in plan.namespaces())
     # namespaces of tests (netns.Lab: rigbase-<tag>-<role>-<random>) are never the lab's to delete
     for other in ("rigbase-lab-lan-1a2b3c", "rigbase-t-node-ffffff", "rigbase-lab-nodex", "lab-node1"):
@@ -257,7 +257,7 @@ def test_two_nodes_join_reach_maintenance_and_down_leaves_nothing(cached_lab_hom
     # every minion_id is its swtpm's EK, each node was finalized into its own lab root over the chroot
     for node in report["nodes"]:
         root = Path(node["lab_root"])
-        assert "http://10.77.0.2:8470" in (root / "etc/rigbase/minion.yaml").read_text()
+        assert "https://10.77.0.2:8470" in (root / "etc/rigbase/minion.yaml").read_text()
         assert (root / "etc/hostname").read_text().strip() == node["name"]
         history = json.loads(provision(lab_home, "node", "history", node["name"], "--json").stdout)
         assert [h["to_state"] for h in history if h["from_state"] != h["to_state"]] == [
@@ -270,10 +270,21 @@ def test_two_nodes_join_reach_maintenance_and_down_leaves_nothing(cached_lab_hom
     # plain `provision …` in the same home talks to the lab; the client namespace reaches it over the LAN
     listed = json.loads(provision(lab_home, "node", "list", "--json").stdout)
     assert {n["name"] for n in listed} == {"node-1", "node-2"}
+    # over TLS, with the certificate of the lab's CA for its LAN address; plain HTTP gets no answer
+    ca = lab_home / "tls" / "ca.pem"
     probe = netns.Netns(netns_name(Role.CLIENT)).run(
-        [sys.executable, "-c", "import httpx; print(httpx.get('http://10.77.0.2:8470/healthz').status_code)"]
+        [
+            sys.executable,
+            "-c",
+            f"import httpx, ssl; v = ssl.create_default_context(cafile='{ca}'); "
+            "print(httpx.get('https://10.77.0.2:8470/healthz', verify=v).status_code)",
+        ]
     )
-    assert probe.stdout.strip() == "200"
+    assert probe.stdout.strip() == "200", probe.stderr
+    plain = netns.Netns(netns_name(Role.CLIENT)).run(
+        [sys.executable, "-c", "import httpx; httpx.get('http://10.77.0.2:8470/healthz')"], check=False
+    )
+    assert plain.returncode != 0
 
     # a second `lab up` changes nothing: same nodes, same processes
     again = provision(lab_home, "lab", "up", "--nodes", "2", "--json", timeout=120)

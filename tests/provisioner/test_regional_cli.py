@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from provisioner.domain.states import NodeState
 from provisioner.services import desired_state, nodes
 from provisioner.services import reservations as reservation_service  # noqa: F401  (registers the seam)
 from provisioner.store.engine import make_engine, make_sessionmaker
@@ -23,20 +24,28 @@ PASSWORD = "correct-horse-battery-staple"
 
 @pytest.fixture
 def fleet(api_server: ControlPlane) -> Iterator[tuple[ControlPlane, Store]]:
-    """A region with two compute nodes and a storage node, and the server's own store."""
+    """A central region with a storage node (active, as its finalize would leave it) and two compute
+    nodes, a second region, and the server's own store."""
+    engine = make_engine(api_server.database_url)
+    sessions = make_sessionmaker(engine)
     with api_server.client() as http:  # setup through the API: the node/region CLI has its own tests
         requests = [
             ("/v1/providers", {"kind": "physical"}),
-            *[("/v1/regions", {"name": r, "provider": "physical"}) for r in ("lab-1", "lab-2")],
-            ("/v1/nodes", {"name": "gpu-1", "region": "lab-1", "minion_id": MID[0]}),
-            ("/v1/nodes", {"name": "gpu-2", "region": "lab-1", "minion_id": MID[1]}),
+            ("/v1/regions", {"name": "lab-1", "provider": "physical", "storage_mode": "central"}),
+            ("/v1/regions", {"name": "lab-2", "provider": "physical"}),
             ("/v1/nodes", {"name": "nas-1", "region": "lab-1", "minion_id": MID[2], "service": "storage"}),
             ("/v1/nodes", {"name": "gpu-9", "region": "lab-2", "minion_id": MID[3]}),
         ]
         for path, body in requests:
             assert http.post(path, json=body).status_code == 201, (path, body)
-    engine = make_engine(api_server.database_url)
-    yield api_server, Store(api_server.database_url, engine, make_sessionmaker(engine))
+        with sessions.begin() as s:
+            nas = nodes.get(s, "nas-1")
+            for state in (NodeState.ENROLLING, NodeState.PROVISIONING, NodeState.ACTIVE):
+                nodes.transition(s, nas, state, actor="minion:test")
+        for name, mid in (("gpu-1", MID[0]), ("gpu-2", MID[1])):
+            body = {"name": name, "region": "lab-1", "minion_id": mid}
+            assert http.post("/v1/nodes", json=body).status_code == 201, body
+    yield api_server, Store(api_server.database_url, engine, sessions)
     engine.dispose()
 
 

@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 
 from contracts.errors import Conflict, InvalidInput, NotFound, RigbaseError, RuleViolation
 from contracts.regional import ReportedState as NodeActualState
-from provisioner.domain.states import ActualState
+from provisioner.domain.states import ActualState, NodeState
 from provisioner.services import (
     audit,
     datastores,
@@ -36,11 +36,14 @@ def seeded(store: Store, tmp_path, monkeypatch: pytest.MonkeyPatch) -> Store:  #
     monkeypatch.setenv("RIGBASE_HOME", str(tmp_path / "home"))  # the secrets key lives here
     with store.sessions.begin() as s:  # type: ignore[attr-defined]
         providers.enable(s, "physical", {}, actor=ACTOR)
-        regions.create(s, "lab-1", provider="physical", actor=ACTOR)
+        regions.create(s, "lab-1", provider="physical", storage_mode="central", actor=ACTOR)
         regions.create(s, "lab-2", provider="physical", actor=ACTOR)
+        # a central region: its storage node first, serving (active) before compute nodes join it
+        nas = nodes.add(s, "nas-1", region="lab-1", minion_id=MID[2], service="storage", actor=ACTOR)
+        for state in (NodeState.ENROLLING, NodeState.PROVISIONING, NodeState.ACTIVE):
+            nodes.transition(s, nas, state, actor="minion:test")
         nodes.add(s, "gpu-1", region="lab-1", minion_id=MID[0], actor=ACTOR)
         nodes.add(s, "gpu-2", region="lab-1", minion_id=MID[1], actor=ACTOR, upnp=False)
-        nodes.add(s, "nas-1", region="lab-1", minion_id=MID[2], service="storage", actor=ACTOR)
         nodes.add(s, "gpu-9", region="lab-2", minion_id=MID[3], actor=ACTOR)
         reservations.add(s, "nb", region="lab-1", hostname="jupyter", port=8888, actor=ACTOR)
         datastores.add(

@@ -31,7 +31,7 @@ def test_load_reads_rigbase_variables_with_flags_on_top(
     assert settings.home == tmp_path and settings.database == "sqlite:///env.db" and not settings.reconcilers
     assert Settings.load(database_url="sqlite:///flag.db").database == "sqlite:///flag.db"
     assert settings.client_config == tmp_path / "client.json"
-    assert settings.ssh_key_path == tmp_path / "ssh" / "id_ed25519"
+    assert settings.finalize_timeout_s == 30 * 60.0
     with pytest.raises(ValidationError):
         settings.home = Path("/elsewhere")  # frozen
 

@@ -30,7 +30,8 @@ def _seed(session: Session) -> None:
         session, "central-1", provider="physical", storage_mode="central", public_jobs=False, actor=ACTOR
     )
     nodes.add(session, "gpu-1", region="lab-1", minion_id=MID[0], actor=ACTOR)
-    nodes.add(session, "store-1", region="lab-1", minion_id=MID[1], service="storage", actor=ACTOR)
+    # storage nodes serve central regions only
+    nodes.add(session, "store-1", region="central-1", minion_id=MID[1], service="storage", actor=ACTOR)
 
 
 @pytest.fixture
@@ -217,12 +218,18 @@ BAD: list[tuple[str, type[RigbaseError], str, Callable[[Session], object]]] = [
         "second storage node",
         Conflict,
         "already has storage node 'store-1'",
+        lambda s: nodes.add(s, "s2", region="central-1", minion_id=MID[9], service="storage", actor=ACTOR),
+    ),
+    (
+        "storage node in a local region",
+        RuleViolation,
+        "storage nodes serve only regions in central storage mode",
         lambda s: nodes.add(s, "s2", region="lab-1", minion_id=MID[9], service="storage", actor=ACTOR),
     ),
     (
-        "central needs storage",
+        "central needs an active storage node",
         RuleViolation,
-        "central storage",
+        "storage node 'store-1' is new, not active",
         lambda s: nodes.add(s, "g2", region="central-1", minion_id=MID[9], actor=ACTOR),
     ),
     (
@@ -265,7 +272,7 @@ BAD: list[tuple[str, type[RigbaseError], str, Callable[[Session], object]]] = [
     (
         "region with nodes",
         Conflict,
-        "still has 2 node(s)",
+        "still has 1 node(s) (gpu-1)",
         lambda s: region_removal.remove(s, "lab-1", actor=ACTOR),
     ),
     (
@@ -292,23 +299,24 @@ def test_bad_input_is_refused_and_changes_nothing(
 
 def test_storage_rules_replace_and_forced_region_removal(seeded: Store) -> None:
     with seeded.sessions.begin() as s:  # type: ignore[attr-defined]
-        nodes.add(s, "nas", region="central-1", minion_id=MID[10], service="storage", actor=ACTOR)
-        nodes.add(
-            s, "gpu-a", region="central-1", minion_id=MID[11], actor=ACTOR
-        )  # allowed once storage exists
-        new = nodes.replace(s, "nas", minion_id=MID[12], actor=ACTOR)
-        assert (new.name, new.state, new.service) == ("nas", "new", "storage")
+        _walk_to_active(s, "store-1")
+        nodes.add(s, "gpu-a", region="central-1", minion_id=MID[11], actor=ACTOR)  # allowed: storage active
+        new = nodes.replace(s, "store-1", minion_id=MID[12], actor=ACTOR)
+        assert (new.name, new.state, new.service) == ("store-1", "new", "storage")
+        with pytest.raises(RuleViolation, match="storage node 'store-1' is new, not active"):
+            nodes.add(s, "gpu-c", region="central-1", minion_id=MID[13], actor=ACTOR)
     with seeded.sessions.begin() as s:  # type: ignore[attr-defined]
-        _, events = nodes.history(s, "nas")
-        assert [e.to_state for e in events] == ["new", "removed", "new"]
+        _, events = nodes.history(s, "store-1")
+        assert [e.to_state for e in events][-3:] == ["active", "removed", "new"]
+        _walk_to_active(s, "store-1")
         # the replaced hardware's minion_id is free again
-        nodes.add(s, "gpu-b", region="central-1", minion_id=MID[10], actor=ACTOR)
+        nodes.add(s, "gpu-b", region="central-1", minion_id=MID[1], actor=ACTOR)
         region_removal.remove(s, "central-1", force=True, actor=ACTOR)
     with seeded.sessions() as s:  # type: ignore[attr-defined]
         assert [r.name for r in regions.list_all(s)] == ["lab-1"]
         rows, _ = nodes.list_page(s, include_removed=True)
         assert {n.name: n.state for n in rows if n.region_name == "central-1"} == {
-            "nas": "removed",
+            "store-1": "removed",
             "gpu-a": "removed",
             "gpu-b": "removed",
         }
@@ -342,7 +350,7 @@ def test_keyset_pagination_visits_every_node_once(seeded: Store) -> None:
             if after is None:
                 break
         assert len(seen) == len(set(seen)) == 25
-        assert len(nodes.list_page(s, region="lab-1", limit=500)[0]) == 25
+        assert len(nodes.list_page(s, region="lab-1", limit=500)[0]) == 24  # store-1 is in central-1
 
 
 def test_schema_newer_than_the_code_is_refused(store: Store) -> None:

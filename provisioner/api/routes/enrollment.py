@@ -6,17 +6,18 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from pydantic import BaseModel
 
 from contracts.bundle import check_control_plane_url
+from provisioner.adapters import tls
 from provisioner.api.deps import Db, Operator
 from provisioner.api.schemas import NodeOut, Page, RegionOut
-from provisioner.domain.states import TrustState, join_token_state
-from provisioner.services import join_operator, join_tokens, tpm_cas
+from provisioner.domain.states import MinionRejection, TrustState, join_token_state
+from provisioner.services import join_operator, join_tokens, rejections, tpm_cas
 from provisioner.services import pending as pending_service
 from provisioner.services import regions as region_service
-from provisioner.store.join_models import JoinToken, TpmVendorCa
+from provisioner.store.join_models import JoinToken, RejectedMinion, TpmVendorCa
 
 router = APIRouter(tags=["enrollment"])
 
@@ -36,7 +37,7 @@ class TokenOut(BaseModel):
 
     @classmethod
     def of(cls, row: JoinToken, region: str, token: str | None = None) -> TokenOut:
-        state = join_token_state(row.revoked_at).value
+        state = join_token_state(row.revoked_at, row.expires_at).value
         return cls(
             id=row.id,
             region=region,
@@ -85,6 +86,25 @@ class RetryIn(BaseModel):
     accept_pcrs: bool = False
 
 
+class RejectIn(BaseModel):
+    minion_id: str
+    reason: str | None = None
+
+
+class RejectedOut(BaseModel):
+    minion_id: str
+    reason: str | None
+    created_by: str
+    created_at: datetime | None
+    state: str = MinionRejection.REJECTED.value
+
+    @classmethod
+    def of(cls, row: RejectedMinion) -> RejectedOut:
+        return cls(
+            minion_id=row.minion_id, reason=row.reason, created_by=row.created_by, created_at=row.created_at
+        )
+
+
 @router.post("/v1/regions/{ref}/join-tokens", status_code=201)
 def issue_token(ref: str, body: TokenIn, session: Db, actor: Operator) -> TokenOut:
     row, token = join_tokens.issue(session, ref, ttl=body.ttl, actor=actor)
@@ -102,17 +122,28 @@ def revoke_tokens(ref: str, session: Db, actor: Operator) -> dict[str, Any]:
     return {"revoked": join_tokens.revoke(session, ref, actor=actor)}
 
 
+@router.delete("/v1/regions/{ref}/join-tokens/{token_id}")
+def revoke_token(ref: str, token_id: str, session: Db, actor: Operator) -> TokenOut:
+    """Revoke one join token (idempotent: an already revoked one is answered as it is)."""
+    row, _changed = join_tokens.revoke_one(session, ref, token_id, actor=actor)
+    return TokenOut.of(row, region_service.get(session, ref).name)
+
+
 @router.post("/v1/regions/{ref}/bundle", status_code=201)
-def bundle(ref: str, body: BundleIn, session: Db, actor: Operator) -> dict[str, Any]:
-    """A fresh join token wrapped in the region's enrollment bundle (docs/enrollment-bundle.md)."""
+def bundle(ref: str, body: BundleIn, session: Db, actor: Operator, request: Request) -> dict[str, Any]:
+    """A fresh join token wrapped in the region's enrollment bundle (docs/enrollment-bundle.md). Without
+    a `ca_certificate` the bundle pins this control plane's own CA (docs/control-plane.md, "TLS")."""
+    settings = request.app.state.runtime.settings
     check_control_plane_url(body.control_plane_url)  # before the token is stored
+    tls.check_node_url(body.control_plane_url, settings)
+    ca_certificate = body.ca_certificate or tls.node_trust(settings)
     _row, token = join_tokens.issue(session, ref, ttl=body.ttl, actor=actor)
     return join_tokens.bundle(
         session,
         region_service.get(session, ref),
         token,
         control_plane_url=body.control_plane_url,
-        ca_certificate=body.ca_certificate,
+        ca_certificate=ca_certificate,
     )
 
 
@@ -140,6 +171,26 @@ def remove_ca(ref: str, session: Db, actor: Operator) -> CaOut:
     out = CaOut.of(tpm_cas.remove(session, ref, actor=actor))
     out.state = TrustState.REMOVED.value
     return out
+
+
+@router.post("/v1/rejected-minions", status_code=201)
+def reject_minion(body: RejectIn, session: Db, actor: Operator) -> RejectedOut:
+    """Refuse every join of this minion_id (audited) until it is unrejected; idempotent."""
+    return RejectedOut.of(rejections.reject(session, body.minion_id, reason=body.reason, actor=actor))
+
+
+@router.get("/v1/rejected-minions")
+def rejected_minions(session: Db) -> Page[RejectedOut]:
+    return Page(items=[RejectedOut.of(r) for r in rejections.list_all(session)])
+
+
+@router.delete("/v1/rejected-minions/{minion_id}")
+def unreject_minion(minion_id: str, session: Db, actor: Operator) -> dict[str, str]:
+    """Let the minion join again: it shows as pending at its next attempt."""
+    return {
+        "minion_id": rejections.unreject(session, minion_id, actor=actor),
+        "state": MinionRejection.LIFTED,
+    }
 
 
 @router.get("/v1/pending-minions")

@@ -42,7 +42,6 @@ class ManifestIn(BaseModel):
     manifest: str  # base64 of the exact manifest.json bytes
     signature: str  # the .sig file's contents (base64 of the 64-byte Ed25519 signature)
     region: str | None = None
-    pin_pcr4: bool = False
 
 
 class ManifestOut(BaseModel):
@@ -116,7 +115,6 @@ def register(body: ManifestIn, session: Db, actor: Operator) -> ManifestOut:
         _b64(body.manifest, "manifest"),
         body.signature.encode(),
         region=body.region,
-        pin_pcr4=body.pin_pcr4,
         actor=actor,
     )
     return ManifestOut.of(row)

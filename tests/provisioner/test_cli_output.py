@@ -1,0 +1,125 @@
+"""The CLI's output conventions through the real `provision` against a real server (issue 18, item 4):
+`-o table|wide|json|yaml` (and `--json`) on lists and shows, `--watch`, the node list's filters, its order
+(region, then name), its AGE / LAST SEEN / GPUS columns, a default table that fits 120 columns without
+ever cutting an id or a name."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import yaml
+
+from tests.fixtures.control_plane import PROVISION, ControlPlane
+from tests.provisioner.test_join_http import api
+
+LONG_NAME = "a-very-long-node-name-that-an-operator-chose-for-reasons-of-their-own"[:63]
+
+
+def _ok(cp: ControlPlane, *args: str) -> str:
+    out = cp.provision(*args)
+    assert out.returncode == 0, (args, out.stdout, out.stderr)
+    return out.stdout
+
+
+def _fleet(cp: ControlPlane) -> None:
+    api(cp, "POST", "/v1/providers", {"kind": "physical", "config": {}})
+    api(cp, "POST", "/v1/regions", {"name": "zulu", "provider": "physical"})
+    api(cp, "POST", "/v1/regions", {"name": "alpha", "provider": "physical", "storage_mode": "central"})
+    api(cp, "POST", "/v1/regions", {"name": "mike", "provider": "physical"})
+    api(
+        cp,
+        "POST",
+        "/v1/nodes",
+        {"name": "nas", "region": "alpha", "minion_id": f"{1:032x}", "service": "storage"},
+    )
+    for i, (name, region) in enumerate([("gpu-2", "zulu"), ("gpu-1", "zulu"), ("gpu-9", "mike")]):
+        api(cp, "POST", "/v1/nodes", {"name": name, "region": region, "minion_id": f"{i + 2:032x}"})
+    api(cp, "POST", "/v1/nodes", {"name": LONG_NAME, "region": "zulu", "minion_id": f"{9:032x}"})
+
+
+def _names(table: str) -> list[str]:
+    return [line.split()[1] for line in table.splitlines()[1:]]
+
+
+def test_node_list_order_columns_and_formats(api_server: ControlPlane) -> None:
+    cp = api_server
+    _fleet(cp)
+    table = _ok(cp, "node", "list")
+    header = table.splitlines()[0].split()
+    assert header[:6] == ["ID", "NAME", "REGION", "SERVICE", "STATE", "ONLINE"]
+    assert "GPUS" in header and "AGE" in header and "LAST SEEN" in table.splitlines()[0]
+    assert "MINION ID" not in table  # a wide column
+    # by region, then name; ids and the 63-character name printed in full
+    assert _names(table) == ["nas", "gpu-9", LONG_NAME, "gpu-1", "gpu-2"]
+    rows = json.loads(_ok(cp, "node", "list", "--json"))
+    assert all(r["id"] in table for r in rows)
+    # the default table fits 120 columns; only a name that is itself that long makes it wider
+    assert max(len(line) for line in _ok(cp, "node", "list", "--region", "mike").splitlines()) <= 120
+    # AGE is a human duration, LAST SEEN `-` (no heartbeat yet), GPUS `-` (no inventory yet)
+    first = table.splitlines()[1].split()
+    assert first[-1].endswith("s") and first[-2] == "-" and first[-3] == "-"
+    wide = _ok(cp, "node", "list", "-o", "wide")
+    assert "MINION ID" in wide and f"{2:032x}" in wide and "HOSTNAME" in wide
+    # -o json is --json; yaml is the same data; both in the same order as the table
+    assert json.loads(_ok(cp, "node", "list", "-o", "json")) == rows
+    assert [r["name"] for r in rows] == _names(table)
+    assert yaml.safe_load(_ok(cp, "node", "list", "-o", "yaml")) == rows
+    shown = yaml.safe_load(_ok(cp, "node", "show", "gpu-1", "-o", "yaml"))
+    assert shown["name"] == "gpu-1" and shown["region"] == "zulu"
+    assert json.loads(_ok(cp, "region", "show", "alpha", "-o", "json"))["storage_mode"] == "central"
+    assert "alpha" in _ok(cp, "region", "list", "-o", "wide")
+    assert yaml.safe_load(_ok(cp, "provider", "list", "-o", "yaml"))[0]["kind"] == "physical"
+
+
+def test_node_list_filters(api_server: ControlPlane) -> None:
+    cp = api_server
+    _fleet(cp)
+    assert _names(_ok(cp, "node", "list", "--service", "storage")) == ["nas"]
+    assert _names(_ok(cp, "node", "list", "--region", "zulu", "--state", "new")) == [
+        LONG_NAME,
+        "gpu-1",
+        "gpu-2",
+    ]
+    assert "no node matches" in _ok(cp, "node", "list", "--state", "active")
+    api(cp, "DELETE", "/v1/nodes/gpu-2?region=zulu")
+    assert _names(_ok(cp, "node", "list", "--state", "removed")) == ["gpu-2"]
+    bad = cp.provision("node", "list", "--state", "sleepy")
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+    assert bad.stderr.startswith("error: ") and "--state" in bad.stderr
+
+
+def test_watch_redraws_until_ctrl_c(api_server: ControlPlane) -> None:
+    cp = api_server
+    _fleet(cp)
+    proc = subprocess.Popen(
+        [str(PROVISION), "node", "list", "--watch"],
+        env=cp.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        time.sleep(5)
+        api(cp, "POST", "/v1/nodes", {"name": "gpu-late", "region": "zulu", "minion_id": f"{20:032x}"})
+        time.sleep(4)
+        os.kill(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    screens = out.split("Ctrl-C to stop")
+    assert len(screens) >= 3 and "gpu-late" not in screens[0] and "gpu-late" in screens[-2]
+    # a show watches too (checked with a short timeout: it only ends on Ctrl-C)
+    try:
+        subprocess.run(
+            [str(PROVISION), "node", "show", "gpu-1", "--watch"], env=cp.env, capture_output=True, timeout=3
+        )
+    except subprocess.TimeoutExpired as running:
+        assert b"gpu-1" in (running.stdout or b"")
+    else:
+        raise AssertionError("`node show --watch` ended on its own")
