@@ -80,6 +80,9 @@ ConditionPathExists={ESP_MOUNT}/{BUNDLE_ON_ESP}
 [Service]
 {ANSIBLE_ENV}
 ExecStart=/usr/local/bin/minion run --bundle {ESP_MOUNT}/{BUNDLE_ON_ESP}
+# one line per change of state (joining, pending, refused: why, active) on the console the operator reads
+StandardOutput=journal+console
+StandardError=journal+console
 Restart=on-failure
 RestartSec=30s
 

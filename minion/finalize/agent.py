@@ -41,6 +41,7 @@ from minion import desired
 from minion.finalize import saved
 from minion.finalize.apply import apply_work
 from minion.finalize.bundle import BundleProblem, download
+from minion.finalize.live import live_state
 from minion.finalize.paths import FinalizePaths
 from minion.finalize.process import RunBusy
 from minion.finalize.runner import RunResult, not_a_node, read_facts
@@ -105,13 +106,16 @@ class FinalizeAgent:
                 state = "applied" if self.applied else "pending"
             else:
                 state = "pending"
-            return {
+            reported = {
                 "generation": self.applied,
                 "running": self.running,
                 "state": state,
                 "message": self.message,
                 "facts": self.facts,
             }
+        if self.host_root is None and self.facts:  # a real node: what is mounted and exported now
+            reported["live"] = live_state(self.facts)
+        return reported
 
     # -- one run ---------------------------------------------------------------------------------------
     def _run(self, work: FinalizeWork) -> None:

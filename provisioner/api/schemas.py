@@ -143,6 +143,9 @@ class NodeOut(BaseModel):
     finalize_retry: int = Field(
         0, description="`provision node retry` count: part of the finalize generation"
     )
+    finalize_actual: dict[str, Any] | None = Field(
+        None, description="what the minion last reported of its finalize: state, generation, facts"
+    )
     created_at: datetime
     updated_at: datetime
     version: int
@@ -171,6 +174,7 @@ class NodeOut(BaseModel):
             requirements=n.requirements,
             finalize_applied=n.finalize_applied,
             finalize_retry=n.finalize_retry or 0,
+            finalize_actual=getattr(n, "finalize_actual", None),
             created_at=n.created_at,
             updated_at=n.updated_at,
             version=n.version,

@@ -156,6 +156,14 @@ def _desired(session: Session, node: Any) -> dict[str, Any] | None:
     return None if work is None else work.model_dump(mode="json")
 
 
+@desired_state.reports(DESIRED_KEY)
+def _reported(session: Session, node: Any, value: Any) -> None:
+    """What the minion says of its finalize (state, generation applied, facts: scratch, export), shown by
+    `provision node show`. Already bounded as part of the heartbeat's `actual` report."""
+    if isinstance(value, dict) and value != node.finalize_actual:
+        node.finalize_actual = value
+
+
 def next_attempt(node: Node) -> None:
     """`provision node retry`: a new generation, so the minion runs the playbook again."""
     node.finalize_retry = (node.finalize_retry or 0) + 1

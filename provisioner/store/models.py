@@ -166,6 +166,9 @@ class Node(Base):
     finalize_retry: Mapped[int] = mapped_column(Integer, default=0, server_default="0", nullable=False)
     finalize_applied: Mapped[str | None] = mapped_column(String(64))
     finalize_reported_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # what the minion last reported under actual["finalize"] (revision 0011): state, generation and the
+    # facts the play found (scratch array and mount, the export); bounded like every report
+    finalize_actual: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
     version: Mapped[int] = mapped_column(Integer, nullable=False)

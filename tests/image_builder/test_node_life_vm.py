@@ -75,12 +75,20 @@ def vendor(tmp_path_factory: pytest.TempPathFactory) -> VendorCA:
 @pytest.fixture(scope="module")
 def cp(tmp_path_factory: pytest.TempPathFactory, vendor: VendorCA) -> Iterator[ControlPlane]:
     home = tmp_path_factory.mktemp("vm-cp") / "home"
-    with start_control_plane(home, advertise=[GUEST_CP]) as server:
+    # short beats and a quote every 3rd: the reset's fresh quote within a minute, not five
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RIGBASE_HEARTBEAT_S", "5")
+        mp.setenv("RIGBASE_QUOTE_EVERY", "3")
+        started = start_control_plane(home, advertise=("127.0.0.1", GUEST_CP))
+        server = started.__enter__()
+    try:
         _run(server, "provider", "enable", "physical")
         _run(server, "region", "create", "vm", "--provider", "physical", "--storage-mode", "central")
         for pem in (vendor.root_certificate, vendor.intermediate_certificate):
             _run(server, "tpm-ca", "add", str(pem))
         yield server
+    finally:
+        started.__exit__(None, None, None)
 
 
 @pytest.fixture(scope="module")
@@ -142,6 +150,12 @@ def _node(cp: ControlPlane, name: str) -> dict[str, Any]:
     return _json(cp, "node", "show", name, "--region", "vm")
 
 
+def _live(cp: ControlPlane) -> dict[str, Any]:
+    """What the storage node's minion reports is mounted and exported right now."""
+    reported = _node(cp, "store-1").get("finalize_actual") or {}
+    return reported.get("live") or {"mounts": {}, "exports": []}
+
+
 def test_storage_node_life_from_usb_to_active_and_through_a_reset(
     cp: ControlPlane, image: Path, vendor: VendorCA, tmp_path: Path
 ) -> None:
@@ -166,11 +180,12 @@ def test_storage_node_life_from_usb_to_active_and_through_a_reset(
         node = _node(cp, "store-1")
         assert added.returncode == 0 and node["state"] == "active", (added.stderr, node, m.text()[-3000:])
         history = " / ".join(e.get("reason") or "" for e in _json(cp, "node", "history", "store-1"))
-        assert "task" in history and "finalize" in history, history
+        assert "task" in history and "finalized in" in history, history
         assert "ssh" not in history.lower()
-        finalize = (node.get("actual") or {}).get("finalize") or {}
-        scratch = finalize.get("scratch") or {}
-        assert scratch.get("mounted") and "md" in str(scratch.get("device")), finalize
+        live = _live(cp)
+        scratch = live["mounts"].get("/scratch")
+        assert scratch and scratch.startswith("/dev/md"), node.get("finalize_actual")
+        assert live["exports"], node.get("finalize_actual")
         credential_beat = node["last_heartbeat_at"]
         quoted = node.get("last_quote_at")
 
@@ -181,13 +196,13 @@ def test_storage_node_life_from_usb_to_active_and_through_a_reset(
 
         def back() -> dict[str, Any] | None:
             n = _node(cp, "store-1")
-            fin = (n.get("actual") or {}).get("finalize") or {}
             fresh = n["last_heartbeat_at"] != credential_beat and n.get("last_quote_at") != quoted
-            return n if fresh and (fin.get("scratch") or {}).get("mounted") and fin.get("export") else None
+            now = _live(cp)
+            return n if fresh and now["mounts"].get("/scratch") and now["exports"] else None
 
-        again = _until("heartbeats, a fresh quote and /scratch after the reset", 900, back, m)
+        again = _until("heartbeats, a fresh quote, /scratch and the export after the reset", 1200, back, m)
         assert again["state"] == "active" and again["id"] == node["id"]
-        assert again["actual"]["finalize"]["scratch"]["device"] == scratch["device"]
+        assert _live(cp)["exports"] == live["exports"]
         # No re-enrolment: the node joined once.
         joins = [e for e in _json(cp, "node", "history", "store-1") if e.get("to_state") == "provisioning"]
         assert len(joins) == 1, joins

@@ -109,3 +109,24 @@ def test_a_bundle_link_is_refused(tmp_path: Path) -> None:
     link.type, link.linkname = tarfile.SYMTYPE, "/etc/shadow"
     with pytest.raises(BundleProblem, match="not a plain relative path"):
         unpack(_tgz(link), tmp_path / "b")
+
+
+def test_live_state_reads_mounts_and_exports_the_play_recorded(tmp_path: Path) -> None:
+    """What the minion reports after a reboot: each recorded mount point and its device, the exports."""
+    from minion.finalize.live import live_state
+
+    mounts = tmp_path / "mounts"
+    mounts.write_text(
+        "/dev/vda2 / ext4 rw 0 0\n/dev/md127 /scratch ext4 rw,noatime 0 0\nnfsd /proc/fs/nfsd nfsd rw 0 0\n"
+    )
+    etab = tmp_path / "etab"
+    etab.write_text("/scratch/cache\t10.0.0.0/8(rw,sync)\n")
+    facts = {"scratch": {"mountpoint": "/scratch", "device": "/dev/md/rigbase-scratch"}, "other": "x"}
+    assert live_state(facts, mounts, etab) == {
+        "mounts": {"/scratch": "/dev/md127"},
+        "exports": ["/scratch/cache"],
+    }
+    assert live_state({"storage": {"cache": {"mountpoint": "/data/cache"}}}, mounts, tmp_path / "none") == {
+        "mounts": {"/data/cache": None},
+        "exports": [],
+    }

@@ -157,6 +157,15 @@ def test_storage_node_gets_work_downloads_the_bundle_and_goes_active(
     assert any(r and r.startswith("finalized in 12.5 s (1 task(s) changed)") for r in reasons)
     out = cp.provision("node", "show", "store-1")
     assert out.returncode == 0 and "finalize_applied" in out.stdout and work.generation[:12] in out.stdout
+    # What the minion reports of its finalize in the next heartbeat is what `node show` shows.
+    actual = {"generation": work.generation, "state": "applied", "facts": {"scratch": {"mounted": True}}}
+    beat = m.http.post(
+        f"/v1/nodes/{node['node_id']}/heartbeat",
+        json={"version": 1, "actual": {"finalize": actual}},
+        headers=auth,
+    )
+    assert beat.status_code == 200, beat.text
+    assert show(cp, "store-1")["finalize_actual"] == actual
 
 
 def test_compute_node_in_a_central_region_needs_an_active_storage_node_and_mounts_it(
