@@ -5,16 +5,13 @@ from __future__ import annotations
 import contextlib
 import io
 import sys
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 
 from provisioner.cli import render
 from provisioner.cli.common import EXIT_USAGE, Json, Yes, confirm, fail, from_refusal, group
 from provisioner.cli.enrollment import PENDING_COLUMNS
-
-if TYPE_CHECKING:
-    from provisioner.lab.lifecycle import LabAdoption
 
 app = group(
     "Local lab: a control plane and simulated nodes (swtpm, umockdev, network namespaces) on this machine."
@@ -53,32 +50,6 @@ def _run(fn: Any, *args: Any, **kwargs: Any) -> Any:
         raise from_refusal(exc) from exc
 
 
-def _adopt_with_lab_root(adoption: LabAdoption) -> str:
-    """The lab's one local admin step (AdoptWithRoot in provisioner/lab/lifecycle.py; docs/lab.md, "How the
-    lab talks to the control plane"): `provision node add` and the node's lab root in one transaction of
-    the lab's own store on this machine, opened as `provision serve` opens it. Everything else the lab
-    does goes over the HTTP API."""
-    from provisioner.services import nodes as node_service
-    from provisioner.store.engine import make_engine, make_sessionmaker, session_scope
-
-    engine = make_engine(adoption.database_url)
-    try:
-        with session_scope(make_sessionmaker(engine)) as session:
-            row = node_service.add(
-                session,
-                adoption.name,
-                region=adoption.region,
-                minion_id=adoption.minion_id,
-                hostname=adoption.hostname,
-                upnp=adoption.upnp,
-                actor="operator:lab",
-            )
-            row.lab_root = adoption.root
-            return str(row.id)
-    finally:
-        engine.dispose()
-
-
 def _show_nodes(nodes: list[dict[str, Any]]) -> None:
     render.table(nodes, NODE_COLUMNS, as_json=False, empty="no lab node yet")
 
@@ -106,7 +77,6 @@ def up(
     _run(
         lifecycle.up,
         plan,
-        adopt=_adopt_with_lab_root,
         progress=_progress,
         pending=_pending_table,
         timeout=timeout,

@@ -13,7 +13,7 @@ namespace it was created in, so minions reach the control plane over the lab LAN
 no new interface, no route and no forwarder: nothing the lab does touches the host's interfaces.
 
 How the lab talks to that control plane: as an operator, over its HTTP API with the admin token and the
-`provision` commands' own client, plus one local admin step (AdoptWithRoot, below) that the CLI hands in.
+`provision` commands' own client, and nothing else (each node's minion finalizes its own root).
 """
 
 from __future__ import annotations
@@ -28,9 +28,8 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from contracts.bundle import EnrollmentBundle, write_bundle
 from contracts.errors import Conflict, RigbaseError, Unavailable
@@ -61,34 +60,6 @@ Progress = Callable[[str], None]
 # How the operator sees pending minions (the rows of GET /v1/pending-minions) in the progress: the CLI
 # hands in its `provision node pending` table; this package returns data and prints nothing itself.
 PendingView = Callable[[list[dict[str, Any]]], str]
-
-
-@dataclass(frozen=True)
-class LabAdoption:
-    """One lab node to adopt: what `provision node add` sends, plus the root the lab made for it."""
-
-    database_url: str  # the lab's own control-plane store (this machine, this RIGBASE_HOME)
-    name: str
-    region: str
-    minion_id: str
-    hostname: str
-    upnp: bool
-    root: str
-
-
-class AdoptWithRoot(Protocol):
-    """The lab's ONE local admin step: add a node and set its lab root in one transaction, on this
-    machine, against the lab's own store; returns the node's id (docs/lab.md, "How the lab talks to the
-    control plane").
-
-    Everything else the lab does goes through the control plane's HTTP API with the admin token. This step
-    cannot: a root path the control plane will chroot into and run a playbook in, as root, is no field an
-    API token may set; only the process that made the root on this machine may name it. And it must be one
-    step, because the minion is already waiting: a node added first and given its root a moment later could
-    be finalized over SSH in between. The CLI (provisioner/cli/lab.py) supplies it, so this package never
-    imports the control plane's services or store."""
-
-    def __call__(self, adoption: LabAdoption) -> str: ...
 
 
 BIN = Path(sys.executable).parent  # provision, minion and python of this installation
@@ -491,25 +462,25 @@ def _show_pending(
     progress("pending minions (what `provision node pending` shows):\n" + view(rows).rstrip())
 
 
-def _add_nodes(state: LabState, adopt: AdoptWithRoot, progress: Progress) -> list[LabNodeRecord]:
-    """Adopt each minion by its minion_id, as `provision node add` does, giving the node its lab root in
-    the same step (`adopt`, the lab's one local admin step: see AdoptWithRoot)."""
-    existing = {n["name"] for n in _client(state).pages("/v1/nodes", region=REGION)}
+def _add_nodes(state: LabState, progress: Progress) -> list[LabNodeRecord]:
+    """Adopt each minion by its minion_id, as `provision node add` does (POST /v1/nodes). Each node's
+    minion then finalizes its own root (`minion run --host-root`): the control plane needs no path."""
+    client = _client(state)
+    existing = {n["name"] for n in client.pages("/v1/nodes", region=REGION)}
     added = []
     for node in sorted(state.nodes.values(), key=lambda n: n.k):
         if node.name in existing:
             continue
-        node_id = adopt(
-            LabAdoption(
-                database_url=f"sqlite:///{lab_dir() / 'rigbase.db'}",
-                name=node.name,
-                region=REGION,
-                minion_id=node.minion_id or "",
-                hostname=f"{node.name}.{REGION}.rigbase.test",
-                upnp=state.upnp,
-                root=node.root or "",
-            )
-        )
+        node_id = client.post(
+            "/v1/nodes",
+            {
+                "name": node.name,
+                "region": REGION,
+                "minion_id": node.minion_id or "",
+                "hostname": f"{node.name}.{REGION}.rigbase.test",
+                "upnp": state.upnp,
+            },
+        )["id"]
         node.added_at = time.time()
         state.save()
         added.append(node)
@@ -554,7 +525,6 @@ def _wait_ready(state: LabState, progress: Progress, timeout: float) -> None:
 def up(
     plan: LabPlan,
     *,
-    adopt: AdoptWithRoot,
     progress: Progress = _quiet,
     pending: PendingView = _minion_ids,
     timeout: float = 600,
@@ -595,7 +565,7 @@ def up(
         new = [n for n in state.nodes.values() if n.added_at is None]
         if new:
             _show_pending(state, new, step, pending, timeout)
-            _add_nodes(state, adopt, step)
+            _add_nodes(state, step)
     _wait_ready(state, step, timeout)
     step("all nodes in maintenance")
     return state

@@ -156,10 +156,8 @@ class Node(Base):
     requirements: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # requirement verdict
     last_heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     # join (revision 0002): an EK pinned by the provider (GCP storage nodes: the vTPM's EK, which has no
-    # vendor certificate) — when set, only this EK may join as this node; and the chroot root of a lab
-    # node (finalize runs through community.general.chroot instead of SSH).
+    # vendor certificate) — when set, only this EK may join as this node.
     pinned_ek_public: Mapped[bytes | None] = mapped_column(LargeBinary)
-    lab_root: Mapped[str | None] = mapped_column(Text)
     # on-node finalize (revision 0008, provisioner/services/finalize.py): `provision node retry` counts up
     # (a new generation, so the minion runs the playbook again); the generation the minion last applied
     # with success; when its last finalize report came (the timeout of a node stuck in provisioning)

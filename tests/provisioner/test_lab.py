@@ -118,9 +118,9 @@ def test_plan_names_and_addresses_are_fixed_and_only_the_labs_names_match() -> N
 
 
 def test_the_lab_reaches_the_control_plane_over_http_only() -> None:
-    """docs/lab.md "How the lab talks to the control plane": API calls with the admin token, plus the one
-    local admin step (adopting a node with its lab root) that the CLI hands in; no services, no store rows,
-    nothing of the CLI (it prints what the lab returns), no `provision` subprocesses."""
+    """docs/lab.md "How the lab talks to the control plane": API calls with the admin token only; no
+    services, no store rows, nothing of the CLI (it prints what the lab returns), no `provision`
+    subprocesses."""
     import ast
 
     lab_package = Path(__file__).resolve().parents[2] / "provisioner" / "lab"
