@@ -112,6 +112,23 @@ class Settings(BaseSettings):
             said = plain_validation_message(first["msg"])  # without pydantic's "Value error, "
             raise InvalidInput(f"{name}: {said} (see docs/control-plane.md)") from None
 
+    def as_environment(self) -> dict[str, str]:
+        """These settings as RIGBASE_* variables, which Settings.load() in another process (a worker of
+        `provision serve --workers`) reads back as the same settings; unset optional ones are left out."""
+        env: dict[str, str] = {}
+        for name, value in self.model_dump().items():
+            if value is None:
+                continue
+            if isinstance(value, SecretStr):
+                value = value.get_secret_value()
+            elif isinstance(value, tuple):
+                value = ",".join(value)
+            elif isinstance(value, bool):
+                value = "1" if value else "0"
+            env[f"RIGBASE_{name.upper()}"] = str(value)
+        env["RIGBASE_DATABASE_URL"] = self.database  # the store the parent migrated, also when defaulted
+        return env
+
     def ensure_home(self) -> Path:
         """The state directory, created 0700 on first use and tightened if it exists wider: it holds
         keys, tokens and the store."""

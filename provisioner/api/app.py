@@ -12,6 +12,7 @@ error responses from the tables in provisioner/api/errors.py."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -70,6 +71,7 @@ class ControlPlaneApp(FastAPI):
 @asynccontextmanager
 async def _reconciler_lifespan(app: FastAPI) -> AsyncIterator[None]:
     loop = ReconcilerLoop(app.state.sessions)
+    app.state.reconciler_loop = loop
     loop.start()
     try:
         yield
@@ -121,8 +123,12 @@ def create_app(
     app.add_middleware(RequestLimits, settings=settings)
 
     @app.get("/healthz", tags=["health"])
-    def healthz() -> dict[str, str]:
-        return {"status": "ok"}
+    def healthz() -> dict[str, str | int | bool]:
+        """Liveness, and which process answered: its pid and whether it runs the reconcilers (one process
+        of all the workers on a store does; provisioner/reconcilers/leader.py)."""
+        loop = getattr(app.state, "reconciler_loop", None)
+        leading = bool(loop and loop.leadership and loop.leadership.leading.is_set())
+        return {"status": "ok", "pid": os.getpid(), "reconciler_leader": leading}
 
     for router in OPERATOR_ROUTERS:
         app.include_router(router, dependencies=[Depends(require_operator)], responses=errors.OPERATOR_ERRORS)

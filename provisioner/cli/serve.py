@@ -6,6 +6,7 @@ injected fakes."""
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -83,10 +84,12 @@ def run_control_plane(
     fds: Sequence[int] = (),
     *,
     providers: Mapping[str, ProviderDriver] | None = None,
+    workers: int = 1,
 ) -> None:
     """Build the app from `settings`, bootstrap the admin token and client config, serve until stopped.
     `providers`: fakes a test injects (create_app). `host` None: all interfaces with TLS, loopback
-    with --insecure-http."""
+    with --insecure-http. `workers` > 1: that many processes (provisioner/api/asgi.py), the reconcilers
+    in one of them."""
     import uvicorn  # heavy imports only for this command, so `provision --help` stays instant
 
     from contracts.errors import RigbaseError
@@ -142,8 +145,24 @@ def run_control_plane(
         file=sys.stderr,
         flush=True,
     )
-    _tune_gc()
     ssl_files = {"ssl_certfile": str(tls.cert), "ssl_keyfile": str(tls.key)} if tls else {}
+    if workers > 1:
+        if fds or providers:
+            raise CliError("--workers cannot be combined with --fd (the lab) or injected providers")
+        # every worker loads the same settings: the ones given as flags go into the environment
+        os.environ.update(settings.as_environment())
+        app.state.engine.dispose()  # the workers open their own connections
+        uvicorn.run(
+            "provisioner.api.asgi:app_from_environment",
+            factory=True,
+            workers=workers,
+            host=host,
+            port=port,
+            log_level="warning",
+            **ssl_files,  # type: ignore[arg-type]
+        )
+        return
+    _tune_gc()
     if not fds:
         uvicorn.run(app, host=host, port=port, log_level="warning", **ssl_files)  # type: ignore[arg-type]
         return
@@ -206,6 +225,15 @@ def serve(
             help="Serve plain HTTP (binds 127.0.0.1 unless --host): tokens travel unencrypted.",
         ),
     ] = False,
+    workers: Annotated[
+        int,
+        typer.Option(
+            "--workers",
+            min=1,
+            max=64,
+            help="API processes (PostgreSQL recommended); the reconcilers run in exactly one of them.",
+        ),
+    ] = 1,
 ) -> None:
     """Run the control plane over TLS. The first start creates the control-plane CA, an admin token and
     the client config."""
@@ -222,4 +250,4 @@ def serve(
         )
     except RigbaseError as exc:
         raise CliError(exc.message) from exc
-    run_control_plane(settings, host, port, fds or ())
+    run_control_plane(settings, host, port, fds or (), workers=workers)
