@@ -181,8 +181,7 @@ def create_region(
     rec = GcpStorageNode(
         region_id=region.id,
         node_id=node.id,
-        instance_name=node.name,
-        gcp_region=settings["gcp_region"],
+        node=node,
         running=False,
         progress="waiting for the storage-node reconciler",
         sealed_join_token=runtime_of(session).sealer.seal(token.encode()),

@@ -1,8 +1,9 @@
 """Store models: GCP provider bootstrap progress and the storage node record of each GCP region.
 
 The storage node itself is an ordinary `nodes` row (service storage): it joins, heartbeats and moves
-through the node lifecycle like any node. What only GCP needs lives here: which VM the reconciler made
-for it (name, zone), how far creation got (status, for crash-safe resumption and `--wait` progress),
+through the node lifecycle like any node. What only GCP needs lives here: the zone of the VM the
+reconciler made for it (the VM is named after the node), how far creation got (status, for crash-safe
+resumption and `--wait` progress),
 whether Compute reports the VM running (from the event consumer), and the region's join token for the
 VM's enrollment bundle (sealed: the same bundle must go out if an insert is retried after a crash)."""
 
@@ -11,10 +12,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, ForeignKey, Integer, String, Text
-from sqlalchemy.orm import Mapped, mapped_column
+from sqlalchemy import JSON, Boolean, ForeignKey, Integer, String, Text, select
+from sqlalchemy.ext.hybrid import hybrid_property
+from sqlalchemy.orm import Mapped, mapped_column, relationship
 
-from provisioner.store.models import Base, UTCDateTime, utcnow
+from provisioner.store.models import Base, Node, UTCDateTime, utcnow
 
 
 class GcpStorageNode(Base):
@@ -22,8 +24,9 @@ class GcpStorageNode(Base):
 
     region_id: Mapped[str] = mapped_column(ForeignKey("regions.id"), primary_key=True)
     node_id: Mapped[str] = mapped_column(ForeignKey("nodes.id"), index=True)
-    instance_name: Mapped[str] = mapped_column(String(63))
-    gcp_region: Mapped[str] = mapped_column(String(63))
+    # The VM carries its node's name, and the GCP region is the region's setting `gcp_region`: neither is
+    # stored twice (revision 0013 dropped the copies this table kept).
+    node: Mapped[Node] = relationship(lazy="joined")
     zone: Mapped[str | None] = mapped_column(String(63))
     # domain.states.VmStatus; change it only through services.lifecycle.apply (VM_TRANSITIONS)
     status: Mapped[str] = mapped_column(String(16), index=True)
@@ -35,6 +38,15 @@ class GcpStorageNode(Base):
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
     version: Mapped[int] = mapped_column(Integer, nullable=False)
     __mapper_args__ = {"version_id_col": version}
+
+    @hybrid_property
+    def instance_name(self) -> str:
+        return self.node.name
+
+    @instance_name.inplace.expression
+    @classmethod
+    def _instance_name(cls) -> Any:
+        return select(Node.name).where(Node.id == cls.node_id).scalar_subquery()
 
 
 class GcpBootstrap(Base):
