@@ -67,7 +67,11 @@ def unpack(data: bytes, dest: Path) -> Path:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
             members = _members(tar)
             tmp.mkdir(parents=True, mode=0o700)
-            tar.extractall(tmp, members=members, filter="data")
+            # The members are checked above (plain files and directories, relative, no ".."). The "data"
+            # filter adds owner/mode hygiene where tarfile has it: 3.11.4+, while Debian 12, the node's OS,
+            # ships 3.11.2 (found by the VM test: extractall() refused the keyword on the node).
+            safe: dict[str, Any] = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+            tar.extractall(tmp, members=members, **safe)
     except (tarfile.TarError, OSError, EOFError) as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         raise BundleProblem(f"playbook bundle cannot be unpacked ({exc})") from None

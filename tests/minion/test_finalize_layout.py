@@ -111,6 +111,24 @@ def test_a_bundle_link_is_refused(tmp_path: Path) -> None:
         unpack(_tgz(link), tmp_path / "b")
 
 
+@pytest.mark.parametrize("has_data_filter", [True, False])
+def test_a_bundle_unpacks_with_and_without_tarfiles_data_filter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, has_data_filter: bool
+) -> None:
+    """Debian 12's python3 (3.11.2, the node's) has no tarfile.data_filter (3.11.4+): unpack must work
+    on both, and the member checks hold either way."""
+    if not has_data_filter:
+        monkeypatch.delattr(tarfile, "data_filter")
+    play, roles = tarfile.TarInfo("site.yml"), tarfile.TarInfo("roles")
+    play.size, roles.type = 3, tarfile.DIRTYPE
+    out = unpack(_tgz(roles, play), tmp_path / "b")
+    assert (out / "site.yml").read_bytes() == b"xxx" and (out / "roles").is_dir()
+    escape = tarfile.TarInfo("../x.yml")
+    escape.size = 1
+    with pytest.raises(BundleProblem, match="not a plain relative path"):
+        unpack(_tgz(escape), tmp_path / "c")
+
+
 def test_live_state_reads_mounts_and_exports_the_play_recorded(tmp_path: Path) -> None:
     """What the minion reports after a reboot: each recorded mount point and its device, the exports."""
     from minion.finalize.live import live_state
