@@ -4,6 +4,7 @@ keys, one reader and one writer, so the three programs cannot disagree on what a
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 from pathlib import Path
@@ -36,6 +37,31 @@ def check_control_plane_url(url: str) -> str:
         raise InvalidInput(
             f"control plane URL {url!r} is not an http(s) URL with a host: use e.g. https://cp.example:8443",
             code="invalid_url",
+        )
+    return url
+
+
+def is_loopback_url(url: str) -> bool:
+    """Whether the URL's host is this machine (127.0.0.0/8, ::1, localhost): fine for a CLI, useless in a
+    bundle, since every node flashed from it would dial itself."""
+    host = (urlsplit(url).hostname or "").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def refuse_loopback(url: str, allow_flag: str = "--allow-loopback") -> str:
+    """`url`, or InvalidInput when it points at loopback: media made from it could never reach the
+    control plane, and nothing would say so until a node sat unreachable at a rack."""
+    if is_loopback_url(url):
+        raise InvalidInput(
+            f"control plane URL {url} is this machine's loopback: nodes could never reach it; pass "
+            f"--control-plane-url https://ADDRESS:PORT with an address nodes reach ({allow_flag} for a "
+            "single-host test)",
+            code="loopback_url",
         )
     return url
 

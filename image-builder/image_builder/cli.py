@@ -102,14 +102,30 @@ def build(
         str | None, typer.Option("--mirror", help="Debian mirror (default: the one apt uses here).")
     ] = None,
     plan: Annotated[bool, typer.Option("--plan", help="Print the build plan as JSON and stop.")] = False,
+    allow_loopback: Annotated[
+        bool,
+        typer.Option(
+            "--allow-loopback",
+            help="Accept a bundle whose control-plane URL is loopback (media for a VM on this host only).",
+        ),
+    ] = False,
     json_out: Json = False,
 ) -> None:
     """Build the USB image, its UKI and the signed manifest."""
+    from contracts.bundle import BundleError, read_bundle, refuse_loopback
+    from contracts.errors import InvalidInput
     from image_builder import build as builder
     from image_builder.plan import BuildConfig
 
     settings = _settings(ctx)
     repo = _repo()
+    if not allow_loopback:  # media that can never reach its control plane, caught before minutes of build
+        try:
+            refuse_loopback(read_bundle(bundle).control_plane_url)
+        except BundleError:
+            pass  # the build itself says what is wrong with the bundle, with its path
+        except InvalidInput as exc:
+            fail(exc.message)
     with _refusals():
         cfg = BuildConfig(
             bundle=bundle,

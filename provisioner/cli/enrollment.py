@@ -10,9 +10,20 @@ from typing import Annotated
 
 import typer
 
-from contracts.bundle import EnrollmentBundle, write_bundle
+from contracts.bundle import EnrollmentBundle, refuse_loopback, write_bundle
+from contracts.errors import RigbaseError
 from provisioner.cli import nodes, regions, render
-from provisioner.cli.common import Json, RegionOpt, Yes, confirm, group, output_options, read_input
+from provisioner.cli.common import (
+    EXIT_USAGE,
+    Json,
+    RegionOpt,
+    Yes,
+    confirm,
+    fail,
+    group,
+    output_options,
+    read_input,
+)
 from provisioner.cli.settings import connect
 
 TOKEN_COLUMNS: render.Columns = [
@@ -106,11 +117,23 @@ def bundle(
         Path | None,
         typer.Option("--ca-certificate", dir_okay=False, help="PEM of the CA of the API's TLS certificate."),
     ] = None,
+    allow_loopback: Annotated[
+        bool,
+        typer.Option(
+            "--allow-loopback", help="Accept a loopback URL (a single-host test: nodes on this machine only)."
+        ),
+    ] = False,
 ) -> None:
     """Write the region's enrollment bundle (docs/enrollment-bundle.md) with a fresh join token."""
     client = connect()
+    url = control_plane_url or client.url
+    if not allow_loopback:
+        try:
+            refuse_loopback(url)
+        except RigbaseError as exc:
+            fail(exc.message, exit_code=EXIT_USAGE)
     ca = None if ca_certificate is None else read_input(ca_certificate, "the CA certificate in PEM")
-    body = {"control_plane_url": control_plane_url or client.url, "ca_certificate": ca, "ttl": ttl}
+    body = {"control_plane_url": url, "ca_certificate": ca, "ttl": ttl}
     out = client.post(f"/v1/regions/{region}/bundle", body)
     made = EnrollmentBundle.model_validate(out)
     if str(output) == "-":

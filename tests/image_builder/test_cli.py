@@ -104,3 +104,39 @@ def test_verify_json_on_a_signed_manifest_and_a_refusal_on_a_changed_one(tmp_pat
     path.write_bytes(raw.replace(b"abab", b"abac", 1))
     r = _run("verify", str(path), "--public-key", str(pub), "--json", home=tmp_path)
     assert r.returncode == 1 and r.stdout == "" and r.stderr.count("\n") == 1 and "altered" in r.stderr
+
+
+def test_a_bundle_pointing_at_loopback_is_refused_before_building(tmp_path: Path) -> None:
+    """Media whose bundle names 127.0.0.1 could never reach the control plane from a node: refused in one
+    line before any work, unless --allow-loopback (a VM on this host)."""
+    manifest.keygen(tmp_path / "k.pem")
+    bundle = tmp_path / "bundle.json"
+    bundle.write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "control_plane_url": "https://127.0.0.1:8470",
+                "ca_certificate": None,
+                "region": "dc1",
+                "region_id": "rg-1",
+                "provider": "physical",
+                "join_token": "t",
+                "expires_at": None,
+            }
+        )
+    )
+    args = (
+        "build",
+        "--bundle",
+        str(bundle),
+        "--output",
+        str(tmp_path / "out"),
+        "--cache",
+        str(tmp_path / "c"),
+    )
+    r = _run(*args, "--key", str(tmp_path / "k.pem"), home=tmp_path)
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert "loopback" in r.stderr and "--control-plane-url" in r.stderr
+    assert not (tmp_path / "out").exists()
+    planned = _run(*args, "--key", str(tmp_path / "k.pem"), "--allow-loopback", "--plan", home=tmp_path)
+    assert planned.returncode == 0, planned.stderr

@@ -100,7 +100,17 @@ def test_join_tokens_expired_revoke_one_and_bundle(api_server: ControlPlane) -> 
         assert json.loads(out.stdout)["ca_certificate"] == pem
     else:  # the server checks the PEM: what matters is that stdin was read, not "cannot read -"
         assert "cannot read" not in out.stderr
-    missing = cp.provision("region", "bundle", "lab", "-o", "-", "--ca-certificate", "/nonexistent.pem")
+    missing = cp.provision(
+        "region",
+        "bundle",
+        "lab",
+        "-o",
+        "-",
+        "--control-plane-url",
+        url,
+        "--ca-certificate",
+        "/nonexistent.pem",
+    )
     assert missing.returncode == 2 and "or - to read it from stdin" in missing.stderr
 
 

@@ -441,7 +441,11 @@ def test_operator_commands_refuse_bad_input(cp: ControlPlane, tmp_path: Path) ->
     assert refused.returncode == 2 and "is not a CA" in refused.stderr, refused.stderr
     assert cli(cp, "node", "retry", "nope", ok=False).returncode == 1
     out = tmp_path / "bundle.json"
-    cli(cp, "region", "bundle", "lab", "-o", str(out))
+    # the default URL is the CLI's own, on loopback: media made from it could never reach the control plane
+    refused = cli(cp, "region", "bundle", "lab", "-o", str(out), ok=False)
+    assert refused.returncode == 2 and "loopback" in refused.stderr and refused.stderr.count("\n") == 1
+    assert not out.exists()
+    cli(cp, "region", "bundle", "lab", "-o", str(out), "--allow-loopback")
     bundle = json.loads(out.read_text())
     assert (
         bundle["region"] == "lab"
