@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated
 
 import typer
@@ -145,9 +146,19 @@ def show(name: str, region: RegionOpt = None, json_out: Json = False) -> None:
 
 
 @app.command("remove")
-def remove(name: str, region: RegionOpt = None, yes: Yes = False, json_out: Json = False) -> None:
+def remove(
+    name: str,
+    region: RegionOpt = None,
+    force: Annotated[
+        bool,
+        typer.Option("--force", help="A storage node: remove it even while compute nodes use its cache."),
+    ] = False,
+    yes: Yes = False,
+    json_out: Json = False,
+) -> None:
     """Remove a node (kept as `removed` in the history); the reservations it served become unassigned."""
-    remove_one(f"remove node '{name}'?", f"/v1/nodes/{name}", yes=yes, as_json=json_out, region=region)
+    params = {"region": region, **({"force": "true"} if force else {})}
+    remove_one(f"remove node '{name}'?", f"/v1/nodes/{name}", yes=yes, as_json=json_out, **params)
 
 
 @app.command("replace")
@@ -180,10 +191,12 @@ def maintenance(
     region: RegionOpt = None,
     json_out: Json = False,
 ) -> None:
-    """Put a node into maintenance (on) or back to active (off)."""
-    node = connect().post(
-        f"/v1/nodes/{name}/maintenance", {"mode": mode.value, "reason": reason}, region=region
-    )
+    """Put a node into maintenance (on) or back to active (off); asking for the state it is in is fine."""
+    client = connect()
+    before = client.get(f"/v1/nodes/{name}", region=region)["state"]
+    node = client.post(f"/v1/nodes/{name}/maintenance", {"mode": mode.value, "reason": reason}, region=region)
+    if node["state"] == before and mode is not Maintenance.TOGGLE:
+        print(f"node {node['name']} is already {before}: nothing to do", file=sys.stderr)
     fields = None if json_out else ["id", "name", "region", "state", "online"]
     render.detail(node, as_json=json_out, fields=fields)
 

@@ -300,6 +300,10 @@ REGION_SETTLED_BAD: frozenset[RegionState] = frozenset({RegionState.ERRORED, *RE
 
 # A node that finished provisioning (what the lab waits for); only an active one takes jobs.
 NODE_READY: frozenset[NodeState] = frozenset({NodeState.MAINTENANCE, NodeState.ACTIVE})
+# not joined and finalized yet: maintenance on/off means nothing for these
+NODE_AWAITING_MINION: frozenset[NodeState] = frozenset(
+    {NodeState.NEW, NodeState.ENROLLING, NodeState.PROVISIONING}
+)
 NODE_SCHEDULABLE: frozenset[NodeState] = frozenset({NodeState.ACTIVE})
 # A node that will not get ready without an operator (retry, or add it again).
 NODE_STOPPED: frozenset[NodeState] = frozenset({NodeState.ERRORED, NodeState.REMOVED})

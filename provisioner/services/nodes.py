@@ -15,7 +15,14 @@ from sqlalchemy.orm import Session
 
 from contracts.errors import Conflict, InvalidInput, RuleViolation
 from contracts.regional import StorageMode
-from provisioner.domain.states import NODE_TRANSITIONS, Maintenance, NodeState, RegionState, Service
+from provisioner.domain.states import (
+    NODE_AWAITING_MINION,
+    NODE_TRANSITIONS,
+    Maintenance,
+    NodeState,
+    RegionState,
+    Service,
+)
 from provisioner.services import audit, lifecycle, names, regional_lookup, reservations
 from provisioner.services import regions as region_service
 from provisioner.services.errors import flush
@@ -222,9 +229,32 @@ def get(session: Session, ref: str, region: str | None = None, *, include_remove
     )
 
 
-def remove(session: Session, ref: str, *, region: str | None = None, actor: str) -> Node:
+def remove(session: Session, ref: str, *, region: str | None = None, actor: str, force: bool = False) -> Node:
+    """Remove a node. A central region's storage node serves the cache its compute nodes mount: removing it
+    while they are there needs `force`, and the refusal lists what would lose its cache."""
     node = get(session, ref, region)
-    return transition(session, node, NodeState.REMOVED, actor=actor, reason="removed by operator")
+    if node.service == Service.STORAGE and not force:
+        users = list(
+            session.scalars(
+                select(Node.name)
+                .where(
+                    Node.region_id == node.region_id,
+                    Node.service == Service.COMPUTE,
+                    Node.state != NodeState.REMOVED,
+                )
+                .order_by(Node.name)
+            )
+        )
+        if users:
+            shown = ", ".join(users[:10]) + (f" and {len(users) - 10} more" if len(users) > 10 else "")
+            raise RuleViolation(
+                f"storage node '{node.name}' serves the cache of {len(users)} compute node(s) in region "
+                f"'{node.region.name}' ({shown}): replace it (`provision node replace`), or remove it with "
+                "--force and they lose their cache",
+                code="storage_node_in_use",
+            )
+    why = "removed by operator" + (" (--force: its compute nodes lose their cache)" if force else "")
+    return transition(session, node, NodeState.REMOVED, actor=actor, reason=why)
 
 
 def replace(session: Session, ref: str, *, minion_id: str, region: str | None = None, actor: str) -> Node:
@@ -269,6 +299,14 @@ def maintenance(
     if wanted == Maintenance.TOGGLE:
         wanted = Maintenance.OFF if node.state == NodeState.MAINTENANCE else Maintenance.ON
     target = NodeState.MAINTENANCE if wanted == Maintenance.ON else NodeState.ACTIVE
+    if node.state == target:
+        return node  # already there: asking again is not an error (the CLI says so), and nothing is written
+    if node.state in NODE_AWAITING_MINION:
+        raise RuleViolation(
+            f"node '{node.name}' is {node.state}: it waits for its minion to join and finalize, so it has no "
+            "maintenance mode yet; see `provision node pending` and `provision node refusals`",
+            code="node_not_ready",
+        )
     why = reason or f"maintenance {wanted.value} by operator"
     return transition(session, node, target, actor=actor, reason=why)
 

@@ -79,7 +79,7 @@ def test_walkthrough_with_tables_and_json(api_server: ControlPlane) -> None:
     assert json.loads(_ok(api_server, "provider", "show", "physical", "--json"))["payment_mode"] == "credits"
 
     line = _refused(api_server, "node", "maintenance", "gpu-1", "off")
-    assert "is new and cannot go to active" in line
+    assert "is new: it waits for its minion" in line and "node pending" in line
     history = json.loads(_ok(api_server, "node", "history", "gpu-1", "--json"))
     assert [(e["from_state"], e["to_state"], e["actor"]) for e in history] == [
         (None, "new", "operator:admin")

@@ -247,7 +247,7 @@ BAD: list[tuple[str, type[RigbaseError], str, Callable[[Session], object]]] = [
     (
         "maintenance off on new",
         RuleViolation,
-        "is new and cannot go to active",
+        "is new: it waits for its minion",
         lambda s: nodes.maintenance(s, "gpu-1", "off", actor=ACTOR),
     ),
     (
@@ -420,3 +420,26 @@ def test_one_enrollment_bundle_for_the_route_and_the_gcp_storage_node(
             s, regions.get(s, "lab-1"), forever, control_plane_url="http://127.0.0.1:8470"
         )
         assert (lab["expires_at"], lab["storage_mode"], lab["public_jobs"]) == (None, "local", True)
+
+
+def test_maintenance_is_idempotent_and_says_what_a_new_node_waits_for(seeded: Store) -> None:
+    with seeded.sessions.begin() as s:  # type: ignore[attr-defined]
+        with pytest.raises(RuleViolation, match="waits for its minion.*node pending.*node refusals"):
+            nodes.maintenance(s, "gpu-1", "off", actor=ACTOR)  # still new
+        _walk_to_active(s, "gpu-1")
+        before = len(nodes.history(s, "gpu-1")[1])
+        assert nodes.maintenance(s, "gpu-1", "off", actor=ACTOR).state == "active"  # already active: fine
+        assert len(nodes.history(s, "gpu-1")[1]) == before  # …and nothing written
+
+
+def test_a_storage_node_in_use_is_removed_only_with_force_naming_its_users(seeded: Store) -> None:
+    with seeded.sessions.begin() as s:  # type: ignore[attr-defined]
+        _walk_to_active(s, "store-1")
+        nodes.add(s, "gpu-a", region="central-1", minion_id=MID[11], actor=ACTOR)
+    with seeded.sessions.begin() as s:  # type: ignore[attr-defined]
+        with pytest.raises(RuleViolation, match=r"serves the cache of 1 compute node\(s\).*gpu-a.*--force"):
+            nodes.remove(s, "store-1", actor=ACTOR)
+    with seeded.sessions.begin() as s:  # type: ignore[attr-defined]
+        assert nodes.get(s, "store-1").state == "active"  # the refusal changed nothing
+        gone = nodes.remove(s, "store-1", actor=ACTOR, force=True)
+        assert gone.state == "removed" and "--force" in (nodes.history(s, "store-1")[1][-1].reason or "")

@@ -53,8 +53,9 @@ def show(ref: str, session: Db, region: str | None = None) -> NodeOut:
 
 
 @router.delete("/{ref}")
-def remove(ref: str, session: Db, actor: Operator, region: str | None = None) -> NodeOut:
-    return NodeOut.of(service.remove(session, ref, region=region, actor=actor))
+def remove(ref: str, session: Db, actor: Operator, region: str | None = None, force: bool = False) -> NodeOut:
+    """`force`: remove a storage node even while compute nodes of its region use its cache."""
+    return NodeOut.of(service.remove(session, ref, region=region, actor=actor, force=force))
 
 
 @router.post("/{ref}/replace", status_code=201)
