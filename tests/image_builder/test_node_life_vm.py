@@ -152,6 +152,13 @@ def _node(cp: ControlPlane, name: str) -> dict[str, Any]:
     return _json(cp, "node", "show", name, "--region", "vm")
 
 
+def _serving(cp: ControlPlane) -> dict[str, Any] | None:
+    """The live report once /scratch is mounted from an array and something is exported, else None."""
+    live = _live(cp)
+    mounted = live["mounts"].get("/scratch") or ""
+    return live if mounted.startswith("/dev/md") and live["exports"] else None
+
+
 def _live(cp: ControlPlane) -> dict[str, Any]:
     """What the storage node's minion reports is mounted and exported right now."""
     reported = _node(cp, "store-1").get("finalize_actual") or {}
@@ -187,10 +194,10 @@ def test_storage_node_life_from_usb_to_active_and_through_a_reset(
         history = " / ".join(e.get("reason") or "" for e in _json(cp, "node", "history", "store-1"))
         assert "task" in history and "finalized in" in history, history
         assert "ssh" not in history.lower()
-        live = _live(cp)
-        scratch = live["mounts"].get("/scratch")
-        assert scratch and scratch.startswith("/dev/md"), node.get("finalize_actual")
-        assert live["exports"], node.get("finalize_actual")
+        # the minion's next heartbeats report what the run left mounted and exported
+        live = _until("the minion reporting /scratch and the export", 180, lambda: _serving(cp), m)
+        scratch = live["mounts"]["/scratch"]
+        assert scratch.startswith("/dev/md"), live
         credential_beat = node["last_heartbeat_at"]
         quoted = node.get("last_quote_at")
 
@@ -202,8 +209,7 @@ def test_storage_node_life_from_usb_to_active_and_through_a_reset(
         def back() -> dict[str, Any] | None:
             n = _node(cp, "store-1")
             fresh = n["last_heartbeat_at"] != credential_beat and n.get("last_quote_at") != quoted
-            now = _live(cp)
-            return n if fresh and now["mounts"].get("/scratch") and now["exports"] else None
+            return n if fresh and _serving(cp) else None
 
         again = _until("heartbeats, a fresh quote, /scratch and the export after the reset", 1200, back, m)
         assert again["state"] == "active" and again["id"] == node["id"]
