@@ -144,7 +144,7 @@ def _install(m: vm.Machine) -> int:
     m.wait_for(r"Type 'yes' to ERASE", 420)
     m.send("yes\n")
     mark = len(m.output)
-    m.wait_for(r"installed; rebooting", 300, mark)
+    m.wait_for(r"installed; rebooting", 900, mark)
     return mark
 
 

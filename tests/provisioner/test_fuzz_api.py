@@ -96,6 +96,7 @@ def world(
         finally:
             for m in minions:
                 m.close()
+                m.tpm.stop()  # its swtpm copy is this fixture's to stop
 
 
 @pytest.fixture(scope="module")
