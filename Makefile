@@ -11,7 +11,7 @@ deps:
 	./scripts/install-deps.sh
 
 test: deps
-	$(PY) -m pytest -q --durations=15 tests
+	./scripts/run-tests.sh
 
 demo: deps
 	./scripts/demo.sh

@@ -44,7 +44,7 @@ def region_lab(tmp_path: Path, tpm_vendor_ca: VendorCA) -> Iterator[Any]:
             ["provider", "enable", "physical"],
             ["region", "create", "lab", "--provider", "physical"],
             ["tpm-ca", "add", str(ca)],
-            ["region", "bundle", "lab", "-o", str(tmp_path / "bundle.json")],
+            ["region", "bundle", "lab", "-o", str(tmp_path / "bundle.json"), "--allow-loopback"],
         ):
             assert cp.provision(*args).returncode == 0
         yield cp

@@ -77,7 +77,7 @@ def test_errors_are_json_with_code_and_one_line(api_server: ControlPlane) -> Non
             (c.post("/v1/nodes", json={"name": "x"}), 422, "invalid_input"),
             (c.get("/v1/nodes/ghost"), 404, "node_not_found"),
             (c.get("/v1/nodes", params={"limit": 501}), 422, "invalid_input"),
-            (c.post("/v1/nodes/gpu-1/maintenance", json={"mode": "off"}), 409, "illegal_transition"),
+            (c.post("/v1/nodes/gpu-1/maintenance", json={"mode": "off"}), 409, "node_not_ready"),
             (c.get("/v1/nothing-here"), 404, "not_found"),
         ]
         for response, status, code in cases:
