@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypedDict
 
 from contracts.finalize import FAILING, MESSAGE_MAX, FinalizeEvent, FinalizeOutcome, FinalizeWork
 from minion.finalize.events import to_event
@@ -57,6 +57,15 @@ class RunResult:
     outcome: FinalizeOutcome
     facts: dict[str, Any] = field(default_factory=dict)
     artifact_dir: Path | None = None
+
+
+class RunOptions(TypedDict, total=False):
+    """run_work's keyword arguments, for callers that pass them through (apply.apply_work)."""
+
+    host_root: Path | None
+    collections: Path | None
+    on_event: Callable[[FinalizeEvent], None] | None
+    timeout: int | None
 
 
 def find_collections(configured: Path | None, search: Iterable[Path] = ANSIBLE_COLLECTIONS_SEARCH) -> Path:

@@ -46,21 +46,70 @@ def scratch_layout(
     exclude: list[str] | None = None,
 ) -> dict[str, Any]:
     """`exclude`: drives found in use on a real node (the one holding the OS)."""
-    excluded = sorted(set(exclude or []))
-    paths = sorted({d if isinstance(d, str) else d["path"] for d in drives or []} - set(excluded))
-    sizes = {d["path"]: int(d.get("size_bytes") or 0) for d in drives or [] if isinstance(d, dict)}
-    for path in paths:
-        if not re.fullmatch(r"/dev/[A-Za-z0-9/_-]+", path):
-            raise ValueError(f"{path!r} is not a block device path under /dev")
+    paths, excluded, sizes = _free_drives(drives, exclude)
     partitions = [partition_path(p) for p in paths]
     if not paths:
         kind, device, raid = "none", None, None
     elif len(paths) == 1:
         kind, device, raid = "single", partitions[0], None
     else:
-        kind, device = "raid0", f"/dev/md/{MD_NAME}"
-        raid = {"device": device, "name": MD_NAME, "level": 0, "members": partitions}
+        kind, raid = "raid0", _raid(MD_NAME, 0, partitions)
+        device = raid["device"]
     total = sum(sizes.get(p, 0) for p in paths)
+    return _layout(kind, paths, excluded, partitions, raid, device, label, mountpoint, total)
+
+
+def cache_layout(
+    drives: list[dict[str, Any]] | list[str],
+    mountpoint: str = "/data/cache",
+    label: str = CACHE_LABEL,
+    exclude: list[str] | None = None,
+) -> dict[str, Any]:
+    """The local data cache: every SATA drive not in use (`exclude`) as one RAID5 array, ext4."""
+    paths, excluded, sizes = _free_drives(drives, exclude)
+    if len(paths) < CACHE_MIN_DRIVES:
+        raise ValueError(
+            f"a compute node in a local-mode region needs at least {CACHE_MIN_DRIVES} free SATA drives for "
+            f"its data cache, found {len(paths)} ({', '.join(paths) or 'none'})"
+        )
+    partitions = [partition_path(p) for p in paths]
+    raid = _raid(CACHE_MD_NAME, CACHE_RAID_LEVEL, partitions)
+    smallest = min(sizes.get(p, 0) for p in paths)
+    capacity = smallest * (len(paths) - 1)  # RAID5: n-1 drives of the smallest size
+    kind = f"raid{CACHE_RAID_LEVEL}"
+    return _layout(kind, paths, excluded, partitions, raid, raid["device"], label, mountpoint, capacity)
+
+
+def _free_drives(
+    drives: list[dict[str, Any]] | list[str], exclude: list[str] | None
+) -> tuple[list[str], list[str], dict[str, int]]:
+    """The drives' paths less `exclude` (sorted, each checked to be under /dev), the excluded paths
+    (sorted), and the sizes the inventory gave (drives may be bare paths, with no size)."""
+    excluded = sorted(set(exclude or []))
+    paths = sorted({d if isinstance(d, str) else d["path"] for d in drives or []} - set(excluded))
+    sizes = {d["path"]: int(d.get("size_bytes") or 0) for d in drives or [] if isinstance(d, dict)}
+    for path in paths:
+        if not re.fullmatch(r"/dev/[A-Za-z0-9/_-]+", path):
+            raise ValueError(f"{path!r} is not a block device path under /dev")
+    return paths, excluded, sizes
+
+
+def _raid(name: str, level: int, members: list[str]) -> dict[str, Any]:
+    return {"device": f"/dev/md/{name}", "name": name, "level": level, "members": members}
+
+
+def _layout(
+    kind: str,
+    paths: list[str],
+    excluded: list[str],
+    partitions: list[str],
+    raid: dict[str, Any] | None,
+    device: str | None,
+    label: str,
+    mountpoint: str,
+    size_bytes: int,
+) -> dict[str, Any]:
+    """The filter's answer; with no device (no drive for scratch) there is nothing to format or mount."""
     return {
         "kind": kind,
         "drives": paths,
@@ -71,45 +120,9 @@ def scratch_layout(
         "filesystem": FSTYPE if device else None,
         "label": label if device else None,
         "mountpoint": mountpoint,
-        "size_bytes": total or None,
-        # nofail: a dead scratch drive must not keep the node from booting and reporting the fault
+        "size_bytes": size_bytes or None,  # unknown (bare paths, sizes of 0) rather than 0 bytes
+        # nofail: a dead scratch or cache drive must not keep the node from booting and reporting the fault
         "fstab": f"LABEL={label} {mountpoint} {FSTYPE} defaults,noatime,nofail 0 2" if device else None,
-    }
-
-
-def cache_layout(
-    drives: list[dict[str, Any]] | list[str],
-    mountpoint: str = "/data/cache",
-    label: str = CACHE_LABEL,
-    exclude: list[str] | None = None,
-) -> dict[str, Any]:
-    """The local data cache: every SATA drive not in use (`exclude`) as one RAID5 array, ext4."""
-    excluded = sorted(set(exclude or []))
-    paths = sorted({d if isinstance(d, str) else d["path"] for d in drives or []} - set(excluded))
-    sizes = {d["path"]: int(d.get("size_bytes") or 0) for d in drives or [] if isinstance(d, dict)}
-    for path in paths:
-        if not re.fullmatch(r"/dev/[A-Za-z0-9/_-]+", path):
-            raise ValueError(f"{path!r} is not a block device path under /dev")
-    if len(paths) < CACHE_MIN_DRIVES:
-        raise ValueError(
-            f"a compute node in a local-mode region needs at least {CACHE_MIN_DRIVES} free SATA drives for "
-            f"its data cache, found {len(paths)} ({', '.join(paths) or 'none'})"
-        )
-    partitions = [partition_path(p) for p in paths]
-    device = f"/dev/md/{CACHE_MD_NAME}"
-    smallest = min(sizes.get(p, 0) for p in paths)
-    return {
-        "kind": f"raid{CACHE_RAID_LEVEL}",
-        "drives": paths,
-        "excluded": excluded,
-        "partitions": partitions,
-        "raid": {"device": device, "name": CACHE_MD_NAME, "level": CACHE_RAID_LEVEL, "members": partitions},
-        "device": device,
-        "filesystem": FSTYPE,
-        "label": label,
-        "mountpoint": mountpoint,
-        "size_bytes": smallest * (len(paths) - 1) or None,  # RAID5: n-1 drives of the smallest size
-        "fstab": f"LABEL={label} {mountpoint} {FSTYPE} defaults,noatime,nofail 0 2",
     }
 
 

@@ -5,14 +5,18 @@ the files under RIGBASE_HOME, not through the API, like `serve`."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from provisioner.cli import render
 from provisioner.cli.common import EXIT_USAGE, CliError, Json, read_input
 from provisioner.settings import Settings
+
+if TYPE_CHECKING:
+    from provisioner.services.backup import BackupSummary
 
 PASSPHRASE_ENV = "RIGBASE_BACKUP_PASSPHRASE"
 PassphraseFile = Annotated[
@@ -40,13 +44,29 @@ def _passphrase(file: Path | None, *, confirm: bool) -> str:
     return str(typer.prompt("backup passphrase", hide_input=True, confirmation_prompt=confirm))
 
 
-def _settings(database: str | None) -> Settings:
-    from contracts.errors import RigbaseError
+def _run(
+    service: Callable[[Settings, Path, str], BackupSummary],
+    path: Path,
+    passphrase_file: Path | None,
+    database: str | None,
+    *,
+    confirm: bool,
+) -> tuple[Settings, BackupSummary]:
+    """Load the settings, then ask for the passphrase and run `service` (services.backup's backup or
+    restore) on `path`. Errors are one line: bad settings and a Conflict (restore into a home that is not
+    empty) refuse (exit 1); any other error of the service is bad input (exit 2)."""
+    from contracts.errors import Conflict, RigbaseError
 
     try:
-        return Settings.load(database_url=database)
+        settings = Settings.load(database_url=database)
     except RigbaseError as exc:
         raise CliError(exc.message) from exc
+    try:
+        return settings, service(settings, path, _passphrase(passphrase_file, confirm=confirm))
+    except Conflict as exc:
+        raise CliError(exc.message) from exc
+    except RigbaseError as exc:
+        raise CliError(exc.message, exit_code=EXIT_USAGE) from exc
 
 
 def backup(
@@ -58,14 +78,9 @@ def backup(
     json_out: Json = False,
 ) -> None:
     """Back up the store (SQLite) and the key material of RIGBASE_HOME into one encrypted file."""
-    from contracts.errors import RigbaseError
     from provisioner.services import backup as service
 
-    settings = _settings(database)
-    try:
-        summary = service.backup(settings, output, _passphrase(passphrase_file, confirm=True))
-    except RigbaseError as exc:
-        raise CliError(exc.message, exit_code=EXIT_USAGE) from exc
+    _, summary = _run(service.backup, output, passphrase_file, database, confirm=True)
     out = {
         "path": str(summary.path),
         "members": summary.members,
@@ -87,16 +102,9 @@ def restore(
     json_out: Json = False,
 ) -> None:
     """Restore a backup into an empty RIGBASE_HOME; then start `provision serve` as before."""
-    from contracts.errors import Conflict, RigbaseError
     from provisioner.services import backup as service
 
-    settings = _settings(database)
-    try:
-        summary = service.restore(settings, source, _passphrase(passphrase_file, confirm=False))
-    except Conflict as exc:
-        raise CliError(exc.message) from exc
-    except RigbaseError as exc:
-        raise CliError(exc.message, exit_code=EXIT_USAGE) from exc
+    settings, summary = _run(service.restore, source, passphrase_file, database, confirm=False)
     out = {"home": str(settings.home), "members": summary.members, "store": summary.store}
     if json_out:
         render.print_json(out)

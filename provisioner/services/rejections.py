@@ -37,18 +37,7 @@ def reject(session: Session, minion_id: str, *, reason: str | None, actor: str) 
     pending = session.get(PendingMinion, minion_id)
     if pending is not None:
         session.delete(pending)
-    lifecycle.record(
-        session,
-        kind=KIND,
-        resource_id=minion_id,
-        name=minion_id,
-        actor=actor,
-        table=MINION_REJECTION_TRANSITIONS,
-        frm=None,
-        to=MinionRejection.REJECTED,
-        reason=reason or "rejected by operator",
-    )
-    session.flush()
+    _record(session, minion_id, actor, None, MinionRejection.REJECTED, reason or "rejected by operator")
     return row
 
 
@@ -61,6 +50,22 @@ def unreject(session: Session, minion_id: str, *, actor: str) -> str:
             f"minion {minion_id} is not rejected: see `provision node rejected`", code="minion_not_rejected"
         )
     session.delete(row)
+    _record(
+        session, minion_id, actor, MinionRejection.REJECTED, MinionRejection.LIFTED, "unrejected by operator"
+    )
+    return minion_id
+
+
+def _record(
+    session: Session,
+    minion_id: str,
+    actor: str,
+    frm: MinionRejection | None,
+    to: MinionRejection,
+    reason: str,
+) -> None:
+    """Audit one step of the minion_id's rejection history (checked against MINION_REJECTION_TRANSITIONS)
+    and flush, so the row change and its audit line land together."""
     lifecycle.record(
         session,
         kind=KIND,
@@ -68,12 +73,11 @@ def unreject(session: Session, minion_id: str, *, actor: str) -> str:
         name=minion_id,
         actor=actor,
         table=MINION_REJECTION_TRANSITIONS,
-        frm=MinionRejection.REJECTED,
-        to=MinionRejection.LIFTED,
-        reason="unrejected by operator",
+        frm=frm,
+        to=to,
+        reason=reason,
     )
     session.flush()
-    return minion_id
 
 
 def list_all(session: Session) -> list[RejectedMinion]:
