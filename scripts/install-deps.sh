@@ -22,6 +22,14 @@ APT_PACKAGES=(
   binutils zstd qemu-system-x86 ovmf python3-venv git
   # Ansible's chroot connection needs nothing extra; util-linux gives unshare
   util-linux
+  # the console's browser test drives headless Chromium through Debian's driver (nothing downloaded)
+  chromium chromium-driver
+  # job containers on the minion (minion/jobs/): rootful podman; runc for cgroups v1 hosts; catatonit for
+  # `--init` so SIGTERM reaches the job's command
+  podman runc catatonit
+  # the Vagrant lab: `vagrant validate` of the top-level Vagrantfile (tests/test_vagrantfile.py)
+  # (and its real `vagrant up` of one node VM: tests/image_builder/test_vagrant_up.py)
+  vagrant vagrant-libvirt libvirt-daemon-system libvirt-daemon-driver-qemu
 )
 
 missing=()
