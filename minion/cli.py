@@ -97,7 +97,10 @@ def _load_settings(
     ] = False,
 ) -> None:
     """rigbase minion: the agent on each GPU node."""
-    ctx.obj = MinionSettings.from_env()
+    try:
+        ctx.obj = MinionSettings.from_env()
+    except ValueError as exc:  # a RIGBASE_* variable with a value it cannot take: one line, exit 2
+        raise typer.BadParameter(str(exc)) from None
 
 
 for _module in COMMAND_MODULES:

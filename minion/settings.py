@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, TypeVar
 
@@ -26,6 +26,19 @@ GPU_CATALOGUE_ENV = "RIGBASE_GPU_CATALOGUE"
 LAN_ADDRESS_ENV = "RIGBASE_LAN_ADDRESS"
 ANSIBLE_COLLECTIONS_ENV = "RIGBASE_ANSIBLE_COLLECTIONS"
 EVENT_LOG_ENV = "RIGBASE_EVENT_LOG"
+# Job containers (minion/jobs/, docs/minion-jobs.md): unset means podman's own default
+JOBS_PODMAN_ENV = "RIGBASE_JOBS_PODMAN"
+JOBS_OCI_RUNTIME_ENV = "RIGBASE_JOBS_OCI_RUNTIME"
+JOBS_CGROUP_MANAGER_ENV = "RIGBASE_JOBS_CGROUP_MANAGER"
+JOBS_ULIMITS_ENV = "RIGBASE_JOBS_ULIMITS"
+JOBS_NETWORK_ENV = "RIGBASE_JOBS_NETWORK"
+JOBS_CDI_SPEC_DIRS_ENV = "RIGBASE_JOBS_CDI_SPEC_DIRS"
+JOBS_GPU_KIND_ENV = "RIGBASE_JOBS_GPU_KIND"
+JOBS_DISK_QUOTA_ENV = "RIGBASE_JOBS_DISK_QUOTA"
+JOBS_CACHE_DIR_ENV = "RIGBASE_JOBS_CACHE_DIR"
+JOBS_DATASTORE_DIR_ENV = "RIGBASE_JOBS_DATASTORE_DIR"
+JOBS_PODMAN_ROOT_ENV = "RIGBASE_JOBS_PODMAN_ROOT"
+JOBS_PODMAN_RUNROOT_ENV = "RIGBASE_JOBS_PODMAN_RUNROOT"
 
 DEFAULT_STATE_DIR = Path("/var/lib/rigbase/minion")
 # Where community.general (the chroot connection, parted, filesystem) is looked for, first hit wins: the
@@ -37,6 +50,61 @@ ANSIBLE_COLLECTIONS_SEARCH = (
 # The firmware's TCG event log as the kernel exposes it; sent with every quote (docs/join-protocol.md,
 # "Boot path (PCR 4)"). Absent on machines without a firmware TPM log (the lab's swtpm nodes).
 DEFAULT_EVENT_LOG = Path("/sys/kernel/security/tpm0/binary_bios_measurements")
+# Where the NVIDIA Container Toolkit (`nvidia-ctk cdi generate`) writes its spec: podman's own defaults
+DEFAULT_CDI_SPEC_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
+DISK_QUOTA_MODES = ("watch", "storage-opt", "off")  # docs/minion-jobs.md, "Disk quota"
+
+
+@dataclass(frozen=True)
+class ContainerSettings:
+    """How the minion runs job containers. The defaults are podman's own, right for a node with systemd
+    and unified cgroups; a machine without them (cgroups v1, no CAP_SYS_RESOURCE) sets e.g.
+    RIGBASE_JOBS_OCI_RUNTIME=runc RIGBASE_JOBS_CGROUP_MANAGER=cgroupfs
+    RIGBASE_JOBS_ULIMITS=nofile=1024:1024,nproc=4096:4096."""
+
+    podman: str = "podman"
+    oci_runtime: str | None = None  # --runtime
+    cgroup_manager: str | None = None  # --cgroup-manager
+    ulimits: tuple[str, ...] = ()  # --ulimit each, e.g. ("nofile=1024:1024",); () = podman's defaults
+    network: str | None = None  # --network, e.g. ns:/run/netns/NAME (a lab node's namespace)
+    # read to find the GPUs; passed to podman as --cdi-spec-dir only when set explicitly (podman >= 4.7)
+    cdi_spec_dirs: tuple[Path, ...] = DEFAULT_CDI_SPEC_DIRS
+    cdi_spec_dirs_explicit: bool = False
+    gpu_kind: str = "nvidia.com/gpu"  # the CDI kind whose devices are the node's GPUs
+    disk_quota: str = "watch"  # one of DISK_QUOTA_MODES
+    cache_dir: Path = Path("/data/cache")  # the region cache that `cache` mounts are below
+    datastore_dir: Path = Path("/run/rigbase/datastores")  # where datastore roots are mounted, one per name
+    podman_root: Path | None = None  # --root (a separate image/container store; the lab, tests)
+    podman_runroot: Path | None = None  # --runroot
+
+    def __post_init__(self) -> None:
+        if self.disk_quota not in DISK_QUOTA_MODES:
+            raise ValueError(
+                f"{JOBS_DISK_QUOTA_ENV}={self.disk_quota!r}: use one of {', '.join(DISK_QUOTA_MODES)}"
+            )
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> ContainerSettings:
+        def path(name: str) -> Path | None:
+            return Path(value) if (value := environ.get(name)) else None
+
+        cdi = environ.get(JOBS_CDI_SPEC_DIRS_ENV)
+        ulimits = environ.get(JOBS_ULIMITS_ENV)
+        return cls(
+            podman=environ.get(JOBS_PODMAN_ENV) or "podman",
+            oci_runtime=environ.get(JOBS_OCI_RUNTIME_ENV) or None,
+            cgroup_manager=environ.get(JOBS_CGROUP_MANAGER_ENV) or None,
+            ulimits=tuple(u.strip() for u in ulimits.split(",") if u.strip()) if ulimits else (),
+            network=environ.get(JOBS_NETWORK_ENV) or None,
+            cdi_spec_dirs=tuple(Path(d) for d in cdi.split(":") if d) if cdi else DEFAULT_CDI_SPEC_DIRS,
+            cdi_spec_dirs_explicit=bool(cdi),
+            gpu_kind=environ.get(JOBS_GPU_KIND_ENV) or "nvidia.com/gpu",
+            disk_quota=environ.get(JOBS_DISK_QUOTA_ENV) or "watch",
+            cache_dir=path(JOBS_CACHE_DIR_ENV) or Path("/data/cache"),
+            datastore_dir=path(JOBS_DATASTORE_DIR_ENV) or Path("/run/rigbase/datastores"),
+            podman_root=path(JOBS_PODMAN_ROOT_ENV),
+            podman_runroot=path(JOBS_PODMAN_RUNROOT_ENV),
+        )
 
 
 class CommandContext(Protocol):
@@ -59,6 +127,8 @@ class MinionSettings:
     event_log: Path = DEFAULT_EVENT_LOG
     # the Ansible collections finalize runs with (minion/finalize/runner.py); None: ANSIBLE_COLLECTIONS_SEARCH
     ansible_collections: Path | None = None
+    # job containers (minion/jobs/): runtime, cgroup manager, ulimits, network, CDI, quota, data roots
+    jobs: ContainerSettings = field(default_factory=ContainerSettings)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> MinionSettings:
@@ -72,6 +142,7 @@ class MinionSettings:
             lan_address=environ.get(LAN_ADDRESS_ENV) or None,
             event_log=Path(event_log) if event_log else DEFAULT_EVENT_LOG,
             ansible_collections=Path(coll) if (coll := environ.get(ANSIBLE_COLLECTIONS_ENV)) else None,
+            jobs=ContainerSettings.from_env(environ),
         )
 
     @classmethod

@@ -195,6 +195,7 @@ def run_command(
             ansible_collections=settings.ansible_collections,
             lan_address=settings.lan_address,
             event_log=settings.event_log,
+            jobs=settings.jobs,
         ),
         report,
         heartbeat_interval,

@@ -29,11 +29,13 @@ from contracts.messages import HeartbeatRequest, HeartbeatResponse, QuoteMessage
 from minion import desired
 from minion.join.client import ConnectionProblem, ControlPlane, Enrollment, attempt_join
 from minion.join.state import StateDir
+from minion.settings import ContainerSettings
 
 # Modules whose `setup(context: RunContext)` is called once before the first heartbeat (e.g. to start
 # the reservations agent and register its desired-state handler and shutdown hook). One line each.
 RUN_HOOKS: list[str] = [
     "minion.finalize.agent",  # desired["finalize"]: on-node finalize (docs/finalize.md)
+    "minion.jobs.agent",  # desired["jobs"]: job containers with podman (docs/minion-jobs.md)
 ]
 
 
@@ -52,6 +54,8 @@ class RunContext:
     lan_address: str | None = None
     # MinionSettings.event_log: the firmware's TCG event log, sent with every quote when readable
     event_log: Path | None = None
+    # MinionSettings.jobs: how job containers run (runtime, cgroups, ulimits, network, CDI); None: defaults
+    jobs: ContainerSettings | None = None
 
 
 @desired.handles("maintenance")

@@ -1,0 +1,236 @@
+"""Jobs on a node, as both ends agree on it (docs/minion-jobs.md).
+
+The control plane never opens a connection to a node. Every heartbeat answer carries the node's share of
+the fleet's jobs under `desired["jobs"]` (a JobsDesired): one WorkerAssignment per container the node must
+run (a job with several workers may put several on one node). The minion runs each as a rootful podman
+container and reports every worker it knows under `actual["jobs"]` (a JobsActual) on the next heartbeat.
+
+A worker is named by (job_id, worker); `generation` names one attempt of it (the control plane changes it to
+run a worker again), so a container of another generation is stopped and replaced, never adopted. A worker
+the desired state no longer lists is stopped and forgotten once its last report was sent. `stop: true`
+asks for SIGTERM, `stop_grace_s` seconds, then SIGKILL.
+
+Logs: the minion posts each worker's combined stdout/stderr, in order, to LOG_ROUTE as LogChunks. `offset`
+is the byte offset of the chunk's first byte in the worker's output (utf-8); the control plane stores chunks
+idempotently by offset and answers with LogAck(acked) = the number of bytes it now holds contiguously from
+0. The minion keeps the acked offset on its state partition and resends from there after a restart of
+either side, so no byte is lost or stored twice. `eof` marks the chunk after which the output is complete
+(the container ended and everything before it was acked)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import PurePosixPath
+from typing import Annotated, Final
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from contracts.errors import InvalidInput
+from contracts.regional import DatastoreType, Protocol, check_datastore, requested_parts
+
+DESIRED_KEY: Final = "jobs"  # the key of HeartbeatResponse.desired (and of HeartbeatRequest.actual)
+LOG_ROUTE: Final = "/v1/nodes/{node_id}/jobs/{job_id}/workers/{worker}/logs"
+OUTPUT_PATH: Final = "/opt/ml/output"  # RIGBASE_OUTPUT_PATH inside every container
+INPUT_PATH: Final = "/opt/ml/input"
+
+MAX_WORKERS_PER_NODE: Final = 64  # actual["jobs"] must fit the heartbeat's 32 KiB report bound
+MAX_MOUNTS: Final = 32
+MAX_ENV: Final = 256
+MAX_ENV_VALUE: Final = 32 * 1024
+MAX_COMMAND: Final = 64 * 1024
+MAX_PATH: Final = 4096
+MESSAGE_MAX: Final = 1000
+LOG_CHUNK_MAX: Final = 256 * 1024  # bytes of utf-8 in one LogChunk; the minion sends at most this much
+
+# Ids become container names, label values and directory names on the node: a safe alphabet, bounded.
+JobId = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
+Generation = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
+WorkerNumber = Annotated[int, Field(ge=0, lt=10_000)]
+EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")]
+
+
+class MountSource(StrEnum):
+    DATASTORE = "datastore"  # a regional datastore; `path` is below the datastore's root
+    CACHE = "cache"  # the region cache on the node (/data/cache or /scratch); `path` is below it
+
+
+class WorkerRunState(StrEnum):
+    """What the minion observes of one worker's container."""
+
+    STARTING = "starting"  # being prepared (mounts, image check) or created, not yet running
+    RUNNING = "running"
+    EXITED = "exited"  # ended by itself; exit_code says how
+    STOPPED = "stopped"  # ended because the desired state said stop (exit_code is what SIGTERM/KILL left)
+    FAILED_TO_START = "failed_to_start"  # never ran; message says why (bad image, mount refused, no GPU)
+
+
+ENDED: Final = frozenset({WorkerRunState.EXITED, WorkerRunState.STOPPED, WorkerRunState.FAILED_TO_START})
+
+
+class _Answer(BaseModel):
+    """Sent by the control plane: a newer control plane may add fields an older minion ignores."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class _Sent(BaseModel):
+    """Sent by the minion: the control plane refuses unknown fields."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Mount(_Answer):
+    """One bind mount into a worker's container."""
+
+    source_kind: MountSource
+    datastore: str | None = Field(None, min_length=1, max_length=128)  # the datastore's name (datastore only)
+    path: str = Field("/", max_length=MAX_PATH)  # below the datastore root / the cache; `/` = the root
+    target: str = Field(max_length=MAX_PATH)  # absolute path in the container, e.g. /opt/ml/output
+    read_only: bool = False
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, value: str) -> str:
+        try:  # NUL, `..` and over-long paths are refused with how to write them
+            requested_parts(value)
+        except InvalidInput as exc:  # pydantic reports only ValueErrors as validation errors
+            raise ValueError(str(exc)) from None
+        return value
+
+    @field_validator("target")
+    @classmethod
+    def _target(cls, value: str) -> str:
+        path = PurePosixPath(value)
+        if not path.is_absolute() or ".." in path.parts or "\0" in value or not value.isprintable():
+            raise ValueError(f"mount target {value!r} must be an absolute container path without '..'")
+        if path == PurePosixPath("/"):
+            raise ValueError("a mount target cannot be the container's root; use e.g. /opt/ml/output")
+        return value
+
+    @model_validator(mode="after")
+    def _datastore_named(self) -> Mount:
+        if (self.source_kind is MountSource.DATASTORE) != (self.datastore is not None):
+            raise ValueError("`datastore` names the datastore of a datastore mount, and only of one")
+        return self
+
+
+class DatastoreAccess(_Answer):
+    """How the node mounts a datastore root that a mount names (the same fields as `provision datastore
+    add`; the password only for SMB). Sent only for datastores that this node's workers mount."""
+
+    name: str = Field(min_length=1, max_length=128)
+    type: DatastoreType
+    address: str = Field(min_length=1, max_length=255)
+    root: str = Field(min_length=1, max_length=MAX_PATH)
+    username: str | None = Field(None, max_length=256)
+    password: str | None = Field(None, max_length=1024, repr=False)
+
+    @model_validator(mode="after")
+    def _rules(self) -> DatastoreAccess:
+        try:
+            check_datastore(self.name, self.type, self.root, self.username, self.password)
+        except InvalidInput as exc:
+            raise ValueError(str(exc)) from None
+        return self
+
+
+class ReservationBinding(_Answer):
+    """The regional port reservation a worker serves: the node publishes `port` (host port = container
+    port) while the worker runs, and answers for `hostname`.local over mDNS."""
+
+    port: int = Field(ge=1, le=65535)
+    hostname: str = Field(pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+    protocol: Protocol = Protocol.TCP
+
+
+class WorkerAssignment(_Answer):
+    """One container the node must run (or stop)."""
+
+    job_id: JobId
+    job_name: str = Field(min_length=1, max_length=63)
+    worker: WorkerNumber
+    generation: Generation
+    image: str = Field(pattern=r"^[^\s]{1,512}$")
+    command: str = Field(min_length=1, max_length=MAX_COMMAND)  # run with `/bin/sh -c` in the container
+    env: dict[EnvName, Annotated[str, Field(max_length=MAX_ENV_VALUE)]] = Field(
+        default_factory=dict, max_length=MAX_ENV
+    )
+    gpu_count: int = Field(0, ge=0, le=64)  # the minion picks which GPUs; two workers never share one
+    cpus: float = Field(gt=0, le=4096)
+    memory_mb: int = Field(ge=16, le=64 * 2**20)
+    disk_gb: int = Field(0, ge=0, le=100_000)  # 0: no quota
+    mounts: list[Mount] = Field(default_factory=list, max_length=MAX_MOUNTS)
+    reservation: ReservationBinding | None = None
+    stop: bool = False
+    stop_grace_s: int = Field(30, ge=0, le=3600)  # SIGTERM, then this long, then SIGKILL
+
+    @model_validator(mode="after")
+    def _distinct_targets(self) -> WorkerAssignment:
+        targets = [PurePosixPath(m.target) for m in self.mounts]
+        if len(set(targets)) != len(targets):
+            raise ValueError("two mounts share a target; give each its own container path")
+        return self
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.job_id, self.worker)
+
+
+class JobsDesired(_Answer):
+    """desired["jobs"]: every worker this node must run, and how to reach the datastores they mount."""
+
+    workers: list[WorkerAssignment] = Field(default_factory=list, max_length=MAX_WORKERS_PER_NODE)
+    datastores: list[DatastoreAccess] = Field(default_factory=list, max_length=64)
+
+    @model_validator(mode="after")
+    def _unique(self) -> JobsDesired:
+        keys = [w.key for w in self.workers]
+        if len(set(keys)) != len(keys):
+            raise ValueError("a (job_id, worker) pair is listed twice")
+        return self
+
+
+class WorkerReport(_Sent):
+    """What the node observes of one worker."""
+
+    job_id: JobId
+    worker: WorkerNumber
+    generation: Generation
+    state: WorkerRunState
+    exit_code: int | None = None
+    message: str | None = Field(None, max_length=MESSAGE_MAX)
+    gpu_indices: list[int] = Field(default_factory=list, max_length=64)
+    log_acked: int = Field(0, ge=0)  # bytes of output the control plane has acknowledged
+    log_eof: bool = False  # the whole output was acked (the container ended)
+
+
+class JobsActual(_Sent):
+    """actual["jobs"] in a heartbeat."""
+
+    workers: list[WorkerReport] = Field(default_factory=list, max_length=MAX_WORKERS_PER_NODE)
+    message: str | None = Field(None, max_length=MESSAGE_MAX)  # e.g. "podman is not installed"
+
+
+class LogChunk(_Sent):
+    """POST LOG_ROUTE body (node credential)."""
+
+    offset: int = Field(ge=0)
+    data: str = Field(max_length=LOG_CHUNK_MAX)
+    eof: bool = False
+    # the attempt whose output this is: offsets start at 0 again for a new generation of the worker
+    generation: Generation | None = None
+
+    @field_validator("data")
+    @classmethod
+    def _bounded(cls, value: str) -> str:
+        if len(value.encode()) > LOG_CHUNK_MAX:
+            raise ValueError(f"a log chunk carries at most {LOG_CHUNK_MAX} bytes of utf-8")
+        return value
+
+
+class LogAck(_Answer):
+    """The answer to a LogChunk: bytes held contiguously from offset 0 (may be below the chunk's end when
+    an earlier chunk is missing: the minion then resends from `acked`)."""
+
+    acked: int = Field(ge=0)
+    eof: bool = False  # the control plane holds the whole output

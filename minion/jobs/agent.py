@@ -1,0 +1,198 @@
+"""The desired-state handler for `jobs` (contracts/jobs.py): keep this node's containers in line with
+desired["jobs"] and report each worker under actual["jobs"].
+
+`minion run` calls setup(ctx) once (minion/join/run.py RUN_HOOKS). Every heartbeat answer then hands
+desired["jobs"] to JobsAgent.handle, which never waits for a container: each worker lives in its own
+thread (minion/jobs/worker.py) and handle() only starts, updates and reads them.
+
+- A worker in desired and unknown here starts — unless a container of it already runs (labels
+  rigbase.owner/job/worker): that one is adopted, so a restarted minion never starts a duplicate.
+- `stop: true` stops it (SIGTERM, stop_grace_s, SIGKILL); a new generation stops the old container and
+  starts the new one once the old is removed.
+- A worker no longer in desired is stopped, and forgotten (its directory removed) once it ended and its
+  output was shipped. Containers of ours that no worker in desired names are stopped and removed.
+- On shutdown the threads return and the containers keep running: the next `minion run` adopts them."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import shutil
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from contracts.jobs import (
+    DESIRED_KEY,
+    JobsActual,
+    JobsDesired,
+    WorkerAssignment,
+    WorkerReport,
+    WorkerRunState,
+)
+from minion import desired
+from minion.jobs.gpus import GpuPool
+from minion.jobs.logs import ControlPlaneLogs, LogTransport
+from minion.jobs.mounts import unbind_all
+from minion.jobs.podman import LABEL_GENERATION, LABEL_JOB, LABEL_WORKER, Container, Podman, PodmanError
+from minion.jobs.worker import Runtime, Worker
+from minion.settings import ContainerSettings
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, int]
+
+
+def owner_of(root: Path) -> str:
+    """This minion's container label, kept in its state directory (stable across restarts)."""
+    path = root / "owner"
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        root.mkdir(parents=True, exist_ok=True)
+        owner = secrets.token_hex(4)
+        path.write_text(owner + "\n")
+        return owner
+
+
+def _key_of(container: Container) -> Key | None:
+    job, worker = container.labels.get(LABEL_JOB), container.labels.get(LABEL_WORKER, "")
+    return (job, int(worker)) if job and worker.isdigit() else None
+
+
+@dataclass
+class JobsAgent:
+    rt: Runtime
+    workers: dict[Key, Worker] = field(default_factory=dict)
+    retiring: list[Worker] = field(default_factory=list)  # replaced generations, still ending
+    found: dict[Key, Container] | None = None  # our containers at the first handle (adoption)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @classmethod
+    def create(cls, settings: ContainerSettings, state_dir: Path, transport: LogTransport) -> JobsAgent:
+        root = state_dir / "jobs"
+        rt = Runtime(
+            podman=Podman(settings),
+            settings=settings,
+            gpus=GpuPool(settings.cdi_spec_dirs, settings.gpu_kind),
+            transport=transport,
+            owner=owner_of(root),
+            root=root,
+            closing=threading.Event(),
+        )
+        return cls(rt)
+
+    # -- the handler -----------------------------------------------------------------------------------
+    def handle(self, value: Any) -> dict[str, Any]:
+        try:
+            wanted = JobsDesired.model_validate(value)
+        except ValidationError as exc:
+            return self.actual(f"unreadable jobs: {exc.error_count()} problem(s); nothing changed")
+        missing = self.rt.podman.missing()
+        if missing:  # no retry helps: the workers fail, and the message says what to install
+            return self.actual(missing, wanted.workers, WorkerRunState.FAILED_TO_START)
+        with self.lock:
+            if self.found is None:
+                try:
+                    self.found = {k: c for c in self.rt.podman.owned(self.rt.owner) if (k := _key_of(c))}
+                except PodmanError as exc:
+                    return self.actual(f"cannot list this node's containers: {exc}", wanted.workers)
+            self._converge(wanted)
+        return self.actual(None)
+
+    def _converge(self, wanted: JobsDesired) -> None:
+        access = {d.name: d for d in wanted.datastores}
+        assert self.found is not None
+        listed = {a.key: a for a in wanted.workers}
+        for key, assignment in listed.items():
+            current = self.workers.get(key)
+            if current is None:
+                self._start(assignment, access, self.found.pop(key, None))
+            elif current.assignment.generation != assignment.generation:
+                current.stop_requested.set()  # the new attempt starts once the old container is gone
+                if current.cleaned.is_set():
+                    self.retiring.append(self.workers.pop(key))
+                    self._start(assignment, access, None)
+            else:
+                current.update(assignment, access)
+        for key, worker in list(self.workers.items()):
+            if key not in listed:
+                worker.stop_requested.set()
+                if worker.finished:
+                    self._forget(self.workers.pop(key))
+        for worker in [w for w in self.retiring if w.finished]:
+            self.retiring.remove(worker)
+            self._forget(worker)
+        for key in [k for k in self.found if k not in listed]:  # ours, but no worker wants it: remove
+            self._remove_stray(self.found.pop(key))
+
+    def _start(self, assignment: WorkerAssignment, access: dict[str, Any], found: Container | None) -> None:
+        if found is not None and found.labels.get(LABEL_GENERATION) != assignment.generation:
+            self._remove_stray(found)  # an older attempt of this worker: never adopted
+            found = None
+        worker = Worker(self.rt, assignment, access, found)
+        self.workers[assignment.key] = worker
+        worker.thread.start()
+
+    def _remove_stray(self, container: Container) -> None:
+        def remove() -> None:
+            try:
+                self.rt.podman.stop(container.name, 10)
+                self.rt.podman.remove(container.name)
+            except PodmanError as exc:
+                log.warning("removing stray container %s: %s", container.name, exc)
+
+        # synchronous: a worker of the same name may start right after (container names are per worker)
+        remove()
+
+    def _forget(self, worker: Worker) -> None:
+        unbind_all(worker.dir)
+        mounts = worker.dir / "mounts"
+        if not mounts.exists() or not any(mounts.iterdir()):  # never rmtree over a live bind mount
+            shutil.rmtree(worker.dir, ignore_errors=True)
+
+    def actual(
+        self,
+        message: str | None,
+        refused: list[WorkerAssignment] | None = None,
+        state: WorkerRunState = WorkerRunState.STARTING,
+    ) -> dict[str, Any]:
+        """The reports of every worker known here; `refused` ones (nothing could start) get `state`."""
+        with self.lock:
+            reports = [w.report() for w in self.workers.values()]
+        known = {(r.job_id, r.worker) for r in reports}
+        for a in refused or []:
+            if a.key not in known:
+                reports.append(
+                    WorkerReport(
+                        job_id=a.job_id,
+                        worker=a.worker,
+                        generation=a.generation,
+                        state=state,
+                        message=message[:1000] if message else None,
+                    )
+                )
+        return JobsActual(workers=reports, message=message[:1000] if message else None).model_dump(
+            mode="json"
+        )
+
+    def close(self, wait_s: float = 5.0) -> None:
+        """Let the threads return; the containers keep running for the next minion to adopt."""
+        self.rt.closing.set()
+        for worker in [*self.workers.values(), *self.retiring]:
+            worker.thread.join(wait_s)
+
+
+def setup(ctx: Any) -> None:
+    """Register the `jobs` handler for this `minion run` (ctx: minion.join.run.RunContext)."""
+    from minion.join.client import ControlPlane
+
+    cp = ControlPlane(ctx.enrollment)
+    settings = getattr(ctx, "jobs", None) or ContainerSettings()
+    agent = JobsAgent.create(settings, ctx.state.path, ControlPlaneLogs(cp, lambda: ctx.node))
+    desired.HANDLERS[DESIRED_KEY] = agent.handle
+    desired.on_shutdown(cp.close)
+    desired.on_shutdown(agent.close)

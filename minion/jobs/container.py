@@ -1,0 +1,99 @@
+"""One WorkerAssignment → the `podman run` arguments that start its container.
+
+What the container gets (docs/minion-jobs.md): the image with the command run by `/bin/sh -c` under
+podman's `--init` (so SIGTERM reaches the command, which PID 1 would ignore), the job's environment plus
+RIGBASE_JOB_NAME, RIGBASE_JOB_ID, RIGBASE_WORKER and RIGBASE_OUTPUT_PATH (these win over the job's own),
+written to a 0600 env file rather than the command line (values may be secrets; argv is world-readable in
+/proc), --cpus and --memory, the disk quota where podman can enforce it, the runtime settings (ulimits,
+network), its GPUs by CDI name, its data mounts, the reservation's port published, and the labels that let
+a restarted minion adopt it."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from contracts.jobs import INPUT_PATH, OUTPUT_PATH, WorkerAssignment
+from minion.jobs.mounts import Bound
+from minion.jobs.podman import LABEL_GENERATION, LABEL_GPUS, LABEL_JOB, LABEL_OWNER, LABEL_WORKER
+from minion.settings import ContainerSettings
+
+
+class EnvRefused(Exception):
+    """An environment value podman's env file cannot carry."""
+
+
+def container_name(owner: str, job_id: str, worker: int) -> str:
+    return f"rigbase-{owner}-{job_id}-{worker}"
+
+
+def environment(a: WorkerAssignment, gpus: list[int]) -> dict[str, str]:
+    env = dict(a.env)
+    env.update(
+        RIGBASE_JOB_NAME=a.job_name,
+        RIGBASE_JOB_ID=a.job_id,
+        RIGBASE_WORKER=str(a.worker),
+        RIGBASE_OUTPUT_PATH=OUTPUT_PATH,
+        RIGBASE_INPUT_PATH=INPUT_PATH,
+        RIGBASE_GPU_INDICES=",".join(str(g) for g in gpus),
+    )
+    return env
+
+
+def write_env_file(path: Path, env: dict[str, str]) -> None:
+    """KEY=VALUE lines, created 0600 from the start (no chmod window)."""
+    bad = sorted(k for k, v in env.items() if "\n" in v or "\r" in v or "\0" in v)
+    if bad:
+        raise EnvRefused(f"environment variable(s) {', '.join(bad)} contain a line break; use one line each")
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.writelines(f"{k}={v}\n" for k, v in env.items())
+
+
+def publishes_ports(settings: ContainerSettings) -> bool:
+    """A container that joins an existing namespace (ns:…, host) already listens on the node's
+    addresses; podman publishes ports only for a network of its own."""
+    network = settings.network or ""
+    return not (network.startswith("ns:") or network in ("host", "none"))
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    name: str
+    owner: str
+    assignment: WorkerAssignment
+    gpus: list[int]
+    bound: list[Bound]
+    log_path: Path
+    env_file: Path
+
+    def args(self, settings: ContainerSettings) -> list[str]:
+        a = self.assignment
+        labels = {
+            LABEL_OWNER: self.owner,
+            LABEL_JOB: a.job_id,
+            LABEL_WORKER: str(a.worker),
+            LABEL_GENERATION: a.generation,
+            LABEL_GPUS: ",".join(str(g) for g in self.gpus),
+        }
+        args = ["run", "--detach", "--init", "--name", self.name]
+        for key, value in labels.items():
+            args += ["--label", f"{key}={value}"]
+        args += ["--log-driver", "k8s-file", "--log-opt", f"path={self.log_path}"]
+        args += ["--cpus", f"{a.cpus:g}", "--memory", f"{a.memory_mb}m", "--env-file", str(self.env_file)]
+        for ulimit in settings.ulimits:
+            args += ["--ulimit", ulimit]
+        if settings.network:
+            args += ["--network", settings.network]
+        if a.disk_gb and settings.disk_quota == "storage-opt":
+            args += ["--storage-opt", f"size={a.disk_gb}G"]
+        if a.reservation is not None and publishes_ports(settings):
+            port = a.reservation.port
+            args += ["--publish", f"{port}:{port}/{a.reservation.protocol.value}"]
+        for index in self.gpus:
+            args += ["--device", f"{settings.gpu_kind}={index}"]
+        for bound in self.bound:
+            args += ["--volume", bound.volume()]
+        return [*args, "--entrypoint", "/bin/sh", a.image, "-c", a.command]

@@ -1,0 +1,83 @@
+"""A worker's data mounts: datastore and cache paths confined to their roots, then given to podman.
+
+The confinement is minion/datastores' own (docs/datastores.md): the datastore ROOT is mounted once per
+node at ContainerSettings.datastore_dir/NAME (mount_root, from the DatastoreAccess the control plane sent;
+a root an operator mounted there already is used as it is), the job's path is resolved inside it with
+open_in_root (symlinks cannot climb out) and bind-mounted through the checked descriptor onto a directory
+of the worker's own (WORKER_DIR/mounts/N). podman then binds that directory, never a path string of the
+job's, so nothing outside the root can reach the container. `cache` mounts use the same two steps with
+the region cache directory as the root."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from contracts.errors import RigbaseError
+from contracts.jobs import DatastoreAccess, Mount, MountSource
+from minion.datastores.mounts import DatastoreMount, bind_job_path, is_mountpoint, mount_root, umount
+from minion.settings import ContainerSettings
+
+
+class MountRefused(Exception):
+    """A mount cannot be made; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class Bound:
+    host: Path  # the worker's own directory with the confined path bound onto it
+    target: str  # where the container sees it
+    read_only: bool
+
+    def volume(self) -> str:
+        return f"{self.host}:{self.target}:{'ro' if self.read_only else 'rw'}"
+
+
+def _root_of(mount: Mount, settings: ContainerSettings, access: dict[str, DatastoreAccess]) -> Path:
+    if mount.source_kind is MountSource.CACHE:
+        if not settings.cache_dir.is_dir():
+            raise MountRefused(f"the region cache {settings.cache_dir} does not exist on this node")
+        return settings.cache_dir
+    name = mount.datastore or ""
+    staging = settings.datastore_dir / name
+    ds = access.get(name)
+    if ds is not None:
+        datastore = DatastoreMount(ds.name, ds.type, ds.address, ds.root, ds.username, ds.password)
+        mount_root(datastore, staging)
+    elif not is_mountpoint(staging):
+        raise MountRefused(
+            f"datastore {name} is not mounted at {staging} and the control plane sent no access for it"
+        )
+    return staging
+
+
+def bind_all(
+    mounts: list[Mount], worker_dir: Path, settings: ContainerSettings, access: dict[str, DatastoreAccess]
+) -> list[Bound]:
+    """Every mount of a worker bound under WORKER_DIR/mounts; all or none (a failure undoes the rest)."""
+    bound: list[Bound] = []
+    try:
+        for number, mount in enumerate(mounts):
+            root = _root_of(mount, settings, access)
+            host = worker_dir / "mounts" / str(number)
+            if not is_mountpoint(host):
+                bind_job_path(root, mount.path, host, read_only=mount.read_only)
+            bound.append(Bound(host, mount.target, mount.read_only))
+    except (RigbaseError, OSError) as exc:
+        unbind_all(worker_dir)
+        what = f"{mount.datastore or 'cache'}:{mount.path}"
+        raise MountRefused(f"mount {what} → {mount.target}: {exc}") from None
+    return bound
+
+
+def unbind_all(worker_dir: Path) -> None:
+    """Undo bind_all (also after a restart: whatever is still mounted under WORKER_DIR/mounts)."""
+    base = worker_dir / "mounts"
+    if not base.is_dir():
+        return
+    for host in sorted(base.iterdir()):
+        umount(host)
+        try:  # rmdir, never rmtree: a directory that is still a mount must not lose the datastore's files
+            host.rmdir()
+        except OSError:
+            pass

@@ -1,0 +1,296 @@
+"""One worker's life on the node, in its own thread: start (or adopt) its container, follow it, stop it
+when asked, collect its exit code, ship its output, clean up.
+
+The heartbeat never waits for any of it: the agent only reads `report()`. Everything a restarted minion
+needs lives outside the process — the container and its labels (podman), the k8s-file log and the log
+checkpoint, the bind mounts and `report.json` (the outcome, written before the container is removed) in
+the worker's directory STATE/jobs/JOB/WORKER/GENERATION."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from contracts.jobs import ENDED, DatastoreAccess, WorkerAssignment, WorkerReport, WorkerRunState
+from minion.jobs.container import EnvRefused, RunPlan, container_name, environment, write_env_file
+from minion.jobs.gpus import GpuPool, NotEnoughGpus
+from minion.jobs.logs import LogShipper, LogTransport, LogUnavailable
+from minion.jobs.mounts import MountRefused, bind_all, unbind_all
+from minion.jobs.podman import RUN_TIMEOUT_S, Container, Podman, PodmanError
+from minion.settings import ContainerSettings
+
+log = logging.getLogger(__name__)
+
+POLL_S: Final = 1.0  # how often a running worker's log is shipped and its stop/disk checked
+DISK_CHECK_S: Final = 15.0  # the best-effort disk quota's measuring interval (disk_quota = "watch")
+LOG_RETRY_S: Final = 5.0  # an ended worker retries an unreachable receiver this often
+MESSAGE_MAX: Final = 1000
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """What every worker of one agent shares."""
+
+    podman: Podman
+    settings: ContainerSettings
+    gpus: GpuPool
+    transport: LogTransport
+    owner: str  # this minion's label value (rigbase.owner)
+    root: Path  # STATE/jobs
+    closing: threading.Event  # the agent shuts down: threads return, containers keep running
+
+
+def disk_used(path: str) -> int:
+    """Bytes allocated below `path` (not following symlinks, staying on its filesystem)."""
+    total = 0
+    device = os.lstat(path).st_dev
+    for directory, dirs, files in os.walk(path):
+        for name in files + dirs:
+            try:
+                st = os.lstat(os.path.join(directory, name))
+            except OSError:
+                continue
+            if st.st_dev == device:
+                total += st.st_blocks * 512
+    return total
+
+
+class Worker:
+    def __init__(
+        self,
+        rt: Runtime,
+        assignment: WorkerAssignment,
+        access: dict[str, DatastoreAccess],
+        found: Container | None = None,
+    ) -> None:
+        self.rt = rt
+        self.assignment = assignment
+        self.access = access
+        self.found = found  # a container of this worker that already exists (a restarted minion)
+        self.name = container_name(rt.owner, assignment.job_id, assignment.worker)
+        self.dir = rt.root / assignment.job_id / str(assignment.worker) / assignment.generation
+        self.stop_requested = threading.Event()
+        self.cleaned = threading.Event()  # its container is removed and its GPUs free
+        self.lock = threading.Lock()
+        self.state = WorkerRunState.STARTING
+        self.exit_code: int | None = None
+        self.message: str | None = None
+        self.gpu_indices: list[int] = []
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.shipper = LogShipper(
+            assignment.job_id,
+            assignment.worker,
+            assignment.generation,
+            self.dir / "output.log",
+            self.dir / "log-checkpoint.json",
+            rt.transport,
+        )
+        self._load_outcome()
+        if assignment.stop:
+            self.stop_requested.set()
+        self.thread = threading.Thread(target=self._life, name=f"job-{self.name}", daemon=True)
+
+    # -- what the agent sees ---------------------------------------------------------------------------
+    @property
+    def key(self) -> tuple[str, int]:
+        return self.assignment.key
+
+    def update(self, assignment: WorkerAssignment, access: dict[str, DatastoreAccess]) -> None:
+        self.assignment, self.access = assignment, access
+        if assignment.stop:
+            self.stop_requested.set()
+
+    def report(self) -> WorkerReport:
+        with self.lock:
+            return WorkerReport(
+                job_id=self.assignment.job_id,
+                worker=self.assignment.worker,
+                generation=self.assignment.generation,
+                state=self.state,
+                exit_code=self.exit_code,
+                message=self.message[:MESSAGE_MAX] if self.message else None,
+                gpu_indices=self.gpu_indices,
+                log_acked=self.shipper.state.acked,
+                log_eof=self.shipper.state.eof,
+            )
+
+    @property
+    def finished(self) -> bool:
+        """Ended, cleaned up and its output shipped (or the receiver no longer wants it)."""
+        return self.state in ENDED and not self.thread.is_alive()
+
+    # -- its life ----------------------------------------------------------------------------------------
+    def _set(self, state: WorkerRunState, exit_code: int | None = None, message: str | None = None) -> None:
+        with self.lock:
+            self.state, self.exit_code, self.message = state, exit_code, message
+
+    def _life(self) -> None:
+        try:
+            if self.state not in ENDED:
+                self._run()
+            elif self.found is not None:  # ended, but the minion died before removing it
+                self._clean_up()
+            if self.state in ENDED:  # not when the minion stopped while the container runs on
+                self._ship_rest()
+        except Exception as exc:  # noqa: BLE001 - a bug must end in a reported failure, not a silent thread
+            log.exception("worker %s crashed", self.name)
+            if self.state not in ENDED:
+                self._set(WorkerRunState.FAILED_TO_START, message=f"the minion's job runner crashed: {exc}")
+                self._save_outcome()
+
+    def _run(self) -> None:
+        found = self.found
+        if found is not None and found.running:
+            self.gpu_indices = found.gpus
+            self.rt.gpus.adopt(self.key, found.gpus)
+            self._set(WorkerRunState.RUNNING)
+        elif found is not None and found.state in ("exited", "stopped") and found.exit_code is not None:
+            self.gpu_indices = found.gpus
+            self._end(found.exit_code)  # it ended while the minion was away
+            return
+        else:
+            if found is not None:  # created but never started (the minion died mid-start): start over
+                self.rt.podman.remove(self.name)
+            if not self._start():
+                return
+        self._follow()
+
+    def _start(self) -> bool:
+        a = self.assignment
+        if self.stop_requested.is_set():
+            self._fail(WorkerRunState.STOPPED, "stopped before it started")
+            return False
+        try:
+            self.gpu_indices = self.rt.gpus.take(self.key, a.gpu_count)
+            bound = bind_all(a.mounts, self.dir, self.rt.settings, self.access)
+            env_file = self.dir / "env"
+            write_env_file(env_file, environment(a, self.gpu_indices))
+            plan = RunPlan(
+                self.name, self.rt.owner, a, self.gpu_indices, bound, self.dir / "output.log", env_file
+            )
+            self.rt.podman.call(plan.args(self.rt.settings), timeout=RUN_TIMEOUT_S)
+        except (NotEnoughGpus, MountRefused, EnvRefused, PodmanError) as exc:
+            self._fail(WorkerRunState.FAILED_TO_START, str(exc))
+            return False
+        finally:
+            (self.dir / "env").unlink(missing_ok=True)  # podman has read it; secrets stay off the disk
+        self._set(WorkerRunState.RUNNING)
+        return True
+
+    def _follow(self) -> None:
+        """Until the container ends: ship its log, pass on a stop, watch the disk quota."""
+        waiter = self.rt.podman.wait(self.name)
+        stopper: threading.Thread | None = None
+        quota_note: str | None = None
+        next_disk = time.monotonic() + DISK_CHECK_S
+        while True:
+            try:
+                out, _ = waiter.communicate(timeout=POLL_S)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            if self.rt.closing.is_set():  # the minion stops; the container runs on and is adopted later
+                waiter.kill()
+                waiter.wait()
+                return
+            self._pump(ended=False)
+            if self.stop_requested.is_set() and stopper is None:
+                stopper = self._stop_in_background()
+            if time.monotonic() >= next_disk and stopper is None:
+                next_disk = time.monotonic() + DISK_CHECK_S
+                quota_note = self._over_quota()
+                if quota_note:
+                    stopper = self._stop_in_background()
+        if stopper is not None:
+            stopper.join()
+        code = int(out.strip()) if out.strip().lstrip("-").isdigit() else None
+        if code is None:
+            found = self.rt.podman.find(self.name)
+            code = found.exit_code if found else None
+        self._end(code, quota_note)
+
+    def _stop_in_background(self) -> threading.Thread:
+        def stop() -> None:
+            try:
+                self.rt.podman.stop(self.name, self.assignment.stop_grace_s)
+            except PodmanError as exc:
+                log.warning("stopping %s: %s", self.name, exc)
+
+        thread = threading.Thread(target=stop, name=f"stop-{self.name}", daemon=True)
+        thread.start()
+        return thread
+
+    def _over_quota(self) -> str | None:
+        limit_gb = self.assignment.disk_gb
+        if self.rt.settings.disk_quota != "watch" or not limit_gb:
+            return None
+        upper = self.rt.podman.upper_dir(self.name)
+        if upper is None:
+            return None
+        used = disk_used(upper)
+        if used <= limit_gb * 2**30:
+            return None
+        return f"stopped: wrote {used / 2**30:.1f} GB to its container disk, over its {limit_gb} GB quota"
+
+    def _end(self, exit_code: int | None, note: str | None = None) -> None:
+        stopped = self.stop_requested.is_set() and note is None
+        state = WorkerRunState.STOPPED if stopped else WorkerRunState.EXITED
+        self._set(state, exit_code, note or (None if exit_code is not None else "exit code unknown"))
+        self._save_outcome()
+        self._clean_up()
+
+    def _fail(self, state: WorkerRunState, message: str) -> None:
+        self._set(state, None, message)
+        self._save_outcome()
+        self._clean_up()
+
+    def _clean_up(self) -> None:
+        try:
+            self.rt.podman.remove(self.name)
+        except PodmanError as exc:
+            log.warning("removing %s: %s", self.name, exc)
+        try:
+            unbind_all(self.dir)
+        except Exception as exc:  # noqa: BLE001 - an unmount failure must not keep the GPUs held
+            log.warning("unmounting the data of %s: %s", self.name, exc)
+        self.rt.gpus.release(self.key)
+        self.cleaned.set()
+
+    # -- output --------------------------------------------------------------------------------------
+    def _pump(self, ended: bool) -> bool:
+        try:
+            return self.shipper.pump(ended)
+        except LogUnavailable as exc:
+            log.info("log of %s not shipped yet: %s", self.name, exc)
+            return False
+
+    def _ship_rest(self) -> None:
+        while not self._pump(ended=True):
+            if self.rt.closing.wait(LOG_RETRY_S):
+                return
+
+    # -- the outcome on disk -------------------------------------------------------------------------
+    def _save_outcome(self) -> None:
+        outcome = {"state": self.state.value, "exit_code": self.exit_code, "message": self.message}
+        outcome["gpu_indices"] = self.gpu_indices  # type: ignore[assignment]
+        path = self.dir / "report.json"
+        path.with_suffix(".tmp").write_text(json.dumps(outcome))
+        os.replace(path.with_suffix(".tmp"), path)
+
+    def _load_outcome(self) -> None:
+        try:
+            outcome = json.loads((self.dir / "report.json").read_text())
+            self.state = WorkerRunState(outcome["state"])
+            self.exit_code, self.message = outcome.get("exit_code"), outcome.get("message")
+            self.gpu_indices = list(outcome.get("gpu_indices") or [])
+        except (OSError, ValueError, KeyError):
+            return
+        if self.found is None:
+            self.cleaned.set()

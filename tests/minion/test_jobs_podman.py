@@ -1,0 +1,454 @@
+"""Job workers as real rootful podman containers, driven through the jobs agent's desired-state handler.
+
+No registry is reachable: the image is imported from a tiny root file system made of this machine's own
+/bin/sh, sleep and cat with their libraries. GPUs are a generated CDI spec whose "GPUs" are /dev/null and
+/dev/zero (no real GPU here), under a kind of the test's own so nothing else on the machine sees them.
+Logs go to a real HTTP server on loopback that speaks LogChunk/LogAck the way the control plane does
+(stores by offset, idempotently), through the minion's own ControlPlane client. This machine's container
+workarounds (runc, cgroupfs, lowered ulimits: cgroups v1 and no CAP_SYS_RESOURCE) are settings here."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import subprocess
+import tarfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from contracts.jobs import JobsActual, JobsDesired, LogAck, LogChunk, Mount, WorkerAssignment
+from minion.jobs.agent import JobsAgent
+from minion.jobs.container import RunPlan
+from minion.jobs.logs import ControlPlaneLogs
+from minion.jobs.podman import LABEL_JOB, Podman
+from minion.join.client import ControlPlane, Enrollment
+from minion.settings import ContainerSettings
+
+IMAGE = "localhost/rigbase-jobs-test:1"
+TOOLS = ("sh", "sleep", "cat")
+RUNTIME = {  # this machine kind: cgroups v1, no CAP_SYS_RESOURCE (docs/minion-jobs.md, "Settings")
+    "oci_runtime": "runc",
+    "cgroup_manager": "cgroupfs",
+    "ulimits": ("nofile=1024:1024", "nproc=4096:4096"),
+}
+
+
+# ---- the image and the CDI spec ---------------------------------------------------------------------
+def _libraries(binary: str) -> list[str]:
+    out = subprocess.run(["ldd", binary], capture_output=True, text=True, check=True).stdout
+    return re.findall(r"(/\S+)", out)
+
+
+@pytest.fixture(scope="module")
+def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    if shutil.which("podman") is None:
+        pytest.skip(
+            "podman is not installed: apt-get install -y podman runc catatonit (scripts/install-deps.sh)"
+        )
+    if os.geteuid() != 0:
+        pytest.skip("job containers are rootful podman: run the tests as root")
+    files: dict[str, str] = {}  # path in the image → the host file (each library once)
+    for tool in TOOLS:
+        binary = shutil.which(tool)
+        assert binary, tool
+        files[f"bin/{tool}"] = os.path.realpath(binary)
+        files.update({lib.lstrip("/"): os.path.realpath(lib) for lib in _libraries(binary)})
+    archive = tmp_path_factory.mktemp("image") / "rootfs.tar"
+    with tarfile.open(archive, "w") as tar:
+        for directory in ("tmp", "proc", "sys", "dev", "etc", "opt", "opt/ml"):
+            info = tarfile.TarInfo(directory)
+            info.type, info.mode = tarfile.DIRTYPE, 0o1777 if directory == "tmp" else 0o755
+            tar.addfile(info)
+        for arcname, source in files.items():
+            tar.add(source, arcname=arcname)
+    with archive.open("rb") as data:
+        made = subprocess.run(["podman", "import", "-", IMAGE], stdin=data, capture_output=True, check=True)
+    yield IMAGE
+    image_id = made.stdout.decode().strip()  # by id: removing the name alone would leave the layer behind
+    subprocess.run(["podman", "rmi", "--force", image_id], capture_output=True, check=False)
+
+
+@pytest.fixture(scope="module")
+def gpu_kind() -> Iterator[str]:
+    """podman 4.3 reads CDI specs only from /etc/cdi and /var/run/cdi: a spec file of our own there."""
+    tag = secrets.token_hex(3)
+    kind = f"jobs-test-{tag}.rigbase.dev/gpu"
+    devices = [
+        {
+            "name": str(index),
+            "containerEdits": {
+                "env": [f"RIGBASE_TEST_GPU={index}"],
+                "deviceNodes": [{"path": f"/dev/rigbase-gpu{index}", "hostPath": host}],
+            },
+        }
+        for index, host in enumerate(("/dev/null", "/dev/zero"))
+    ]
+    spec = Path("/etc/cdi") / f"rigbase-jobs-test-{tag}.json"
+    spec.parent.mkdir(exist_ok=True)
+    spec.write_text(json.dumps({"cdiVersion": "0.5.0", "kind": kind, "devices": devices}))
+    yield kind
+    spec.unlink()
+
+
+@pytest.fixture
+def settings(tmp_path: Path, gpu_kind: str) -> ContainerSettings:
+    (tmp_path / "cache").mkdir()
+    return ContainerSettings(
+        **RUNTIME,  # type: ignore[arg-type]
+        cdi_spec_dirs=(Path("/etc/cdi"),),
+        gpu_kind=gpu_kind,
+        cache_dir=tmp_path / "cache",
+        datastore_dir=tmp_path / "datastores",
+    )
+
+
+# ---- a receiver that speaks the log contract -------------------------------------------------------
+class LogStore:
+    """The control plane's side: output per (job, worker), stored by offset, idempotent."""
+
+    def __init__(self) -> None:
+        self.data: dict[tuple[str, int], bytearray] = {}
+        self.eof: set[tuple[str, int]] = set()
+        self.chunks = 0
+        self.lock = threading.Lock()
+
+    def take(self, key: tuple[str, int], chunk: LogChunk) -> LogAck:
+        with self.lock:
+            held = self.data.setdefault(key, bytearray())
+            data = chunk.data.encode()
+            if chunk.offset <= len(held):  # overlapping resends store nothing twice
+                held += data[len(held) - chunk.offset :]
+            if chunk.eof and chunk.offset == len(held):
+                self.eof.add(key)
+            self.chunks += 1
+            return LogAck(acked=len(held), eof=key in self.eof)
+
+    def text(self, job: str, worker: int = 0) -> str:
+        with self.lock:
+            return bytes(self.data.get((job, worker), b"")).decode()
+
+
+ROUTE = re.compile(r"^/v1/nodes/node-1/jobs/([^/]+)/workers/(\d+)/logs$")
+
+
+class LogServer:
+    def __init__(self, store: LogStore, port: int = 0) -> None:
+        store_ = store
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                match = ROUTE.match(self.path)
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                if not match or self.headers.get("Authorization") != "Bearer cred-1":
+                    self.send_response(404)
+                    self.end_headers()
+                    return
+                ack = store_.take((match[1], int(match[2])), LogChunk.model_validate_json(body))
+                payload = ack.model_dump_json().encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.server.allow_reuse_address = True
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def store() -> LogStore:
+    return LogStore()
+
+
+@pytest.fixture
+def server(store: LogStore) -> Iterator[LogServer]:
+    running = LogServer(store)
+    yield running
+    running.close()
+
+
+Agents = Callable[[], JobsAgent]
+
+
+@pytest.fixture
+def agents(settings: ContainerSettings, server: LogServer, tmp_path: Path) -> Iterator[Agents]:
+    """Makes agents on one state directory (a restarted minion is a second one); closes and cleans up."""
+    made: list[JobsAgent] = []
+    cp = ControlPlane(Enrollment(f"http://127.0.0.1:{server.port}", None), timeout=5.0)
+    node = {"node_id": "node-1", "node_credential": "cred-1"}
+
+    def make() -> JobsAgent:
+        agent = JobsAgent.create(settings, tmp_path / "state", ControlPlaneLogs(cp, lambda: node))
+        made.append(agent)
+        return agent
+
+    yield make
+    for agent in made:
+        agent.close(wait_s=2)
+    owner = made[0].rt.owner if made else None
+    if owner:
+        podman = Podman(settings)
+        for container in podman.owned(owner):
+            podman.remove(container.name)
+    cp.close()
+
+
+def worker(job: str, command: str, n: int = 0, **fields: Any) -> WorkerAssignment:
+    values: dict[str, Any] = {"cpus": 0.5, "memory_mb": 64, "stop_grace_s": 10} | fields
+    return WorkerAssignment(
+        job_id=job, job_name=f"{job}-name", worker=n, generation="g1", image=IMAGE, command=command, **values
+    )
+
+
+def until(
+    agent: JobsAgent, workers: list[WorkerAssignment], done: Callable[[JobsActual], bool], timeout: float = 20
+) -> JobsActual:
+    """Heartbeat the agent (every 0.3 s, as the run loop would, only faster) until `done`."""
+    desired = JobsDesired(workers=workers).model_dump(mode="json")
+    deadline = time.monotonic() + timeout
+    while True:
+        actual = JobsActual.model_validate(agent.handle(desired))
+        if done(actual):
+            return actual
+        assert time.monotonic() < deadline, f"timed out; last actual: {actual.model_dump()}"
+        time.sleep(0.3)
+
+
+def ended_and_shipped(actual: JobsActual) -> bool:
+    return all(w.state in ("exited", "stopped", "failed_to_start") and w.log_eof for w in actual.workers)
+
+
+# ---- the tests ---------------------------------------------------------------------------------------
+def test_a_worker_that_exits_0_with_its_limits_env_gpu_and_output_mount(
+    image: str, agents: Agents, store: LogStore, settings: ContainerSettings, tmp_path: Path
+) -> None:
+    # a datastore root as an operator (or mount_root) mounted it on the node: a real bind mount
+    share, staging = tmp_path / "share", settings.datastore_dir / "results"
+    (share / "runs" / "r1").mkdir(parents=True)
+    staging.mkdir(parents=True)
+    subprocess.run(["mount", "--bind", str(share), str(staging)], check=True)
+    try:
+        command = (
+            'echo "name=$RIGBASE_JOB_NAME worker=$RIGBASE_WORKER out=$RIGBASE_OUTPUT_PATH '
+            'gpu=$RIGBASE_TEST_GPU indices=$RIGBASE_GPU_INDICES secret=$TOKEN"; '
+            "cat /sys/fs/cgroup/memory/memory.limit_in_bytes /sys/fs/cgroup/memory.max 2>/dev/null; "
+            "cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us /sys/fs/cgroup/cpu.max 2>/dev/null; "
+            'echo "nofile=$(ulimit -n)"; [ -c /dev/rigbase-gpu0 ] && echo has-gpu0; '
+            'echo result > "$RIGBASE_OUTPUT_PATH/result.txt"'
+        )
+        a = worker(
+            "job-ok",
+            command,
+            gpu_count=1,
+            env={"TOKEN": "s3cret"},
+            mounts=[
+                Mount(source_kind="datastore", datastore="results", path="/runs/r1", target="/opt/ml/output")
+            ],
+        )
+        agent = agents()
+        actual = until(agent, [a], ended_and_shipped)
+        report = actual.workers[0]
+        assert (report.state, report.exit_code, report.gpu_indices) == ("exited", 0, [0])
+        out = store.text("job-ok")
+        assert "name=job-ok-name worker=0 out=/opt/ml/output gpu=0 indices=0 secret=s3cret" in out
+        assert "67108864" in out or "\n67108864\n" in out  # 64 MiB (cgroups v1) …
+        assert "50000" in out  # … and half a CPU: a 50 ms quota per 100 ms period
+        assert "nofile=1024" in out and "has-gpu0" in out
+        assert (share / "runs" / "r1" / "result.txt").read_text() == "result\n"
+        assert not Podman(settings).owned(agent.rt.owner), "the ended container was removed"
+    finally:
+        subprocess.run(["umount", "--lazy", str(staging)], check=False)
+
+
+def test_exit_3_is_reported_and_two_workers_never_share_a_gpu(image: str, agents: Agents) -> None:
+    agent = agents()
+    pair = [worker("job-three", "sleep 4; exit 3", n, gpu_count=1) for n in (0, 1)]
+    actual = until(agent, pair, lambda a: all(w.state == "running" for w in a.workers))
+    assert sorted(i for w in actual.workers for i in w.gpu_indices) == [0, 1]
+    # a third worker wanting a GPU while both are held does not start: no GPU is handed out twice
+    third = worker("job-more", "exit 0", gpu_count=1)
+    actual = until(
+        agent,
+        [*pair, third],
+        lambda a: any(w.job_id == "job-more" and w.state != "starting" for w in a.workers),
+    )
+    refused = next(w for w in actual.workers if w.job_id == "job-more")
+    assert refused.state == "failed_to_start" and "0 of 2 free" in (refused.message or "")
+    actual = until(agent, pair, ended_and_shipped)
+    assert [(w.state, w.exit_code) for w in actual.workers] == [("exited", 3), ("exited", 3)]
+
+
+def test_stop_mid_run_sends_sigterm_then_kills_after_the_grace(
+    image: str, agents: Agents, store: LogStore
+) -> None:
+    agent = agents()
+    polite = worker(
+        "job-polite", "trap 'echo got TERM; exit 143' TERM; echo started; while :; do sleep 0.2; done"
+    )
+    stubborn = worker(
+        "job-stubborn", "trap '' TERM; echo started; while :; do sleep 0.2; done", stop_grace_s=1
+    )
+    both = [polite, stubborn]
+    until(agent, both, lambda a: all(w.state == "running" and w.log_acked > 0 for w in a.workers))
+    stopped_at = time.monotonic()
+    stop = [w.model_copy(update={"stop": True}) for w in both]
+    actual = until(agent, stop, ended_and_shipped)
+    assert time.monotonic() - stopped_at < 8, "neither waited for the 10 s grace"
+    by_job = {w.job_id: w for w in actual.workers}
+    assert (by_job["job-polite"].state, by_job["job-polite"].exit_code) == ("stopped", 143)
+    assert store.text("job-polite") == "started\ngot TERM\n"
+    assert (by_job["job-stubborn"].state, by_job["job-stubborn"].exit_code) == ("stopped", 137)  # SIGKILL
+
+
+LINES = 6 * 800  # six bursts: about 230 KB, several chunks
+NOISY = 'i=0; while [ $i -lt 6 ]; do j=0; while [ $j -lt 800 ]; do echo "line $i-$j ........................"; j=$((j+1)); done; i=$((i+1)); sleep 0.4; done'  # noqa: E501
+
+
+def expected_noise() -> str:
+    return "".join(f"line {i}-{j} ........................\n" for i in range(6) for j in range(800))
+
+
+def test_logs_arrive_in_order_and_resume_after_the_receiver_restarts(
+    image: str, agents: Agents, store: LogStore, server: LogServer
+) -> None:
+    agent = agents()
+    job = worker("job-logs", NOISY)
+    until(agent, [job], lambda a: a.workers[0].log_acked > 0)
+    server.close()  # the control plane goes away mid-run …
+    time.sleep(2.5)
+    with store.lock:  # … and comes back having lost the tail it had acked (a restore, say)
+        held = store.data[("job-logs", 0)]
+        del held[len(held) // 2 :]
+    again = LogServer(store, server.port)
+    try:
+        actual = until(agent, [job], ended_and_shipped, timeout=30)
+    finally:
+        again.close()
+    assert actual.workers[0].exit_code == 0
+    assert store.text("job-logs") == expected_noise()  # every line once, in order
+    assert actual.workers[0].log_acked == len(expected_noise())
+
+
+def test_a_restarted_agent_adopts_the_running_container_and_resumes_its_log(
+    image: str, agents: Agents, store: LogStore, settings: ContainerSettings
+) -> None:
+    first = agents()
+    job = worker("job-adopt", f"echo begin; sleep 3; {NOISY}", gpu_count=1)  # still running after the restart
+    actual = until(first, [job], lambda a: a.workers[0].log_acked > 0)
+    gpus = actual.workers[0].gpu_indices
+    first.close()  # the minion stops; the container runs on
+    second = agents()
+    actual = until(second, [job], lambda a: a.workers[0].state == "running")
+    assert actual.workers[0].gpu_indices == gpus
+    running = [c for c in Podman(settings).owned(second.rt.owner) if c.labels[LABEL_JOB] == "job-adopt"]
+    assert len(running) == 1, "adopted, not started again"
+    # the adopted worker's GPU is held: a new worker gets the other one
+    other = worker("job-other", "exit 0", gpu_count=1)
+    actual = until(second, [job, other], ended_and_shipped, timeout=30)
+    by_job = {w.job_id: w for w in actual.workers}
+    assert by_job["job-other"].gpu_indices != gpus and by_job["job-adopt"].exit_code == 0
+    assert (
+        store.text("job-adopt") == "begin\n" + expected_noise()
+    )  # resumed from the acked offset, nothing twice
+
+
+def test_a_node_without_podman_fails_its_workers_with_what_to_install(
+    tmp_path: Path, store: LogStore
+) -> None:
+    settings = ContainerSettings(podman=str(tmp_path / "no-podman"))
+    agent = JobsAgent.create(
+        settings, tmp_path, ControlPlaneLogs(ControlPlane(Enrollment("http://127.0.0.1:9", None)), dict)
+    )
+    actual = JobsActual.model_validate(
+        agent.handle(JobsDesired(workers=[worker("job-x", "true")]).model_dump())
+    )
+    assert actual.workers[0].state == "failed_to_start"
+    assert "is not installed on this node; install podman" in (actual.message or "")
+
+
+def test_the_reservation_port_is_published_while_the_worker_runs(
+    image: str, agents: Agents, settings: ContainerSettings
+) -> None:
+    agent = agents()
+    port = 20000 + secrets.randbelow(20000)
+    served = worker("job-serve", "sleep 30", reservation={"port": port, "hostname": "serve-1"})
+    until(agent, [served], lambda a: a.workers[0].state == "running")
+    name = f"rigbase-{agent.rt.owner}-job-serve-0"
+    mapping = subprocess.run([*Podman(settings).base(), "port", name], capture_output=True, text=True).stdout
+    assert f"{port}/tcp -> 0.0.0.0:{port}" in mapping
+    until(agent, [served.model_copy(update={"stop": True})], ended_and_shipped)
+
+
+def test_a_container_in_the_nodes_own_namespace_publishes_nothing(tmp_path: Path) -> None:
+    """A lab node's containers join its namespace (--network ns:…): the port is already the node's."""
+    settings = ContainerSettings(network="ns:/run/netns/lab-node-1", **RUNTIME)  # type: ignore[arg-type]
+    a = worker("job-ns", "true", reservation={"port": 8080, "hostname": "web"})
+    plan = RunPlan("c", "owner", a, [], [], tmp_path / "log", tmp_path / "env")
+    args = plan.args(settings)
+    assert "--publish" not in args and args[args.index("--network") + 1] == "ns:/run/netns/lab-node-1"
+    assert args[args.index("--ulimit") + 1] == "nofile=1024:1024"
+    assert Podman(settings).base()[1:] == ["--runtime", "runc", "--cgroup-manager", "cgroupfs"]
+
+
+def test_a_new_generation_replaces_the_old_container_and_strays_are_removed(
+    image: str, agents: Agents, settings: ContainerSettings
+) -> None:
+    first = agents()
+    old = worker("job-gen", "sleep 30")
+    stray = worker("job-stray", "sleep 30")
+    until(first, [old, stray], lambda a: all(w.state == "running" for w in a.workers))
+    first.close()
+    second = agents()  # restarted; the control plane now wants attempt g2 of job-gen and no job-stray
+    new = old.model_copy(update={"generation": "g2", "command": "echo second attempt"})
+    actual = until(second, [new], ended_and_shipped)
+    assert [(w.job_id, w.generation, w.state, w.exit_code) for w in actual.workers] == [
+        ("job-gen", "g2", "exited", 0)
+    ]
+    assert Podman(settings).owned(second.rt.owner) == [], "the old attempt and the stray are gone"
+    # the same agent, a running attempt replaced: stopped and removed first, then the new one starts
+    third = old.model_copy(update={"generation": "g3"})
+    until(second, [third], lambda a: a.workers[0].state == "running")
+    fourth = old.model_copy(update={"generation": "g4", "command": "echo fourth"})
+    actual = until(second, [fourth], lambda a: a.workers[0].generation == "g4" and ended_and_shipped(a))
+    assert (actual.workers[0].state, actual.workers[0].exit_code) == ("exited", 0)
+
+
+def test_container_settings_come_from_the_environment_and_default_to_podmans_own() -> None:
+    assert Podman(ContainerSettings.from_env({})).base() == ["podman"]
+    env = {
+        "RIGBASE_JOBS_OCI_RUNTIME": "runc",
+        "RIGBASE_JOBS_CGROUP_MANAGER": "cgroupfs",
+        "RIGBASE_JOBS_ULIMITS": "nofile=1024:1024, nproc=4096:4096",
+        "RIGBASE_JOBS_NETWORK": "ns:/run/netns/lab-n1",
+        "RIGBASE_JOBS_CDI_SPEC_DIRS": "/etc/cdi:/opt/cdi",
+    }
+    settings = ContainerSettings.from_env(env)
+    assert (
+        settings.ulimits == ("nofile=1024:1024", "nproc=4096:4096")
+        and settings.network == "ns:/run/netns/lab-n1"
+    )
+    assert Podman(settings).base() == [
+        *("podman", "--runtime", "runc", "--cgroup-manager", "cgroupfs"),
+        *("--cdi-spec-dir", "/etc/cdi", "--cdi-spec-dir", "/opt/cdi"),
+    ]
+    with pytest.raises(ValueError, match="RIGBASE_JOBS_DISK_QUOTA='xfs': use one of watch, storage-opt, off"):
+        ContainerSettings.from_env({"RIGBASE_JOBS_DISK_QUOTA": "xfs"})
