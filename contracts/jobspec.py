@@ -1,0 +1,563 @@
+"""The rigbase job spec (docs/job-spec.md): one model every job format becomes.
+
+Field names and rules follow the job configuration of the product this one re-creates (resources, data,
+workers, environment): GPU types, a GPU count per worker, vCPUs in multiples of 4 for CPU-only jobs, a
+maximum price per GPU-hour, 10 GB-1 TB of disk per worker, datasets mounted under /opt/ml/input, output
+written to /opt/ml/output, packages installed apt -> conda -> requirements.txt -> pip.
+
+`JobSpec.model_json_schema()` is the published schema (docs/job-spec.schema.json, checked by a test).
+Every rule that spans fields raises `RuleErrors`, which carries the path of each offending field, so an
+error line names the field itself ("resources.cpu_count: …"), not the section that holds it.
+provisioner/domain/job_formats.py reads the three file formats into this model and adds YAML lines."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Iterable, Sequence
+from enum import StrEnum
+from typing import Annotated, Any, Final
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+
+from contracts.errors import InvalidInput, plain_validation_message
+from contracts.gpu_types import GPU_TYPES, resolve_gpu_type
+from contracts.identity import DNS_LABEL_PATTERN
+from contracts.jobs import INPUT_PATH, MAX_COMMAND, MAX_ENV, MAX_ENV_VALUE, OUTPUT_PATH
+from contracts.regional import requested_parts
+
+DISK_MIN_GB: Final = 10
+DISK_MAX_GB: Final = 1000  # 1 TB
+CPU_STEP: Final = 4  # vCPUs come in fours (CPU-only jobs)
+MAX_GPUS_PER_WORKER: Final = 64
+MAX_CPUS_PER_WORKER: Final = 4096
+MAX_WORKERS: Final = 256
+MAX_DATASETS: Final = 32
+MAX_PACKAGES: Final = 256
+RESERVED_ENV_PREFIX: Final = "RIGBASE_"  # the minion sets RIGBASE_* (job name, worker, output path)
+
+FieldPath = tuple[str | int, ...]  # ("data", "datasets", 2) is data.datasets[2]
+
+
+class RuleErrors(ValueError):
+    """One or more broken rules, each with the path of its field below the validated object, e.g.
+    (("cpu_count",), "must be a multiple of 4"). pydantic keeps the exception in the error's context, so
+    `spec_errors()` can put each message on its own field."""
+
+    def __init__(self, errors: Sequence[tuple[FieldPath, str]]) -> None:
+        self.errors = list(errors)
+        super().__init__("; ".join(f"{format_path(path)}: {message}" for path, message in self.errors))
+
+
+def format_path(path: Iterable[str | int]) -> str:
+    """("data", "datasets", 2) -> "data.datasets[2]"."""
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+class JobType(StrEnum):
+    TRAINING = "training"
+    INFERENCE = "inference"
+    NOTEBOOK = "notebook"
+    ENDPOINT = "endpoint"
+
+
+# Which job types may use a field (the job configuration shows these sections only for these types).
+ONLY_FOR: Final[dict[tuple[str, ...], frozenset[JobType]]] = {
+    ("workers",): frozenset({JobType.TRAINING}),  # more than one worker: training jobs only
+    ("data", "datasets"): frozenset({JobType.TRAINING, JobType.NOTEBOOK}),
+    ("data", "input"): frozenset({JobType.INFERENCE}),
+    ("data", "output"): frozenset({JobType.TRAINING, JobType.INFERENCE}),
+    ("reservation",): frozenset({JobType.ENDPOINT, JobType.NOTEBOOK}),
+}
+
+_GpuTypeName = Annotated[str, WithJsonSchema({"type": "string", "enum": list(GPU_TYPES)})]
+_Package = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[^\s]+$")]
+_EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")]
+_DnsLabel = Annotated[str, Field(min_length=1, max_length=63, pattern=f"^{DNS_LABEL_PATTERN}$")]
+
+
+class _Section(BaseModel):
+    # a misspelt field is an error, never silently a default
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Resources(_Section):
+    """What each worker gets."""
+
+    gpu_types: list[_GpuTypeName] = Field(
+        default_factory=list,
+        description="GPU types that satisfy the job (any of them); catalogue names, other spellings accepted",
+    )
+    gpu_count: int = Field(1, ge=0, le=MAX_GPUS_PER_WORKER, description="GPUs per worker; 0 = CPU only")
+    cpu_count: int | None = Field(
+        None,
+        ge=CPU_STEP,
+        le=MAX_CPUS_PER_WORKER,
+        description="vCPUs per worker, a multiple of 4: required for CPU-only jobs, a minimum otherwise",
+    )
+    max_price: float | None = Field(None, gt=0, le=10_000, description="maximum credits per GPU-hour")
+    disk_size: int = Field(DISK_MIN_GB, ge=DISK_MIN_GB, le=DISK_MAX_GB, description="GB of disk per worker")
+
+    @field_validator("gpu_types", mode="before")
+    @classmethod
+    def _catalogue_names(cls, value: Any) -> Any:
+        if isinstance(value, str):  # one type may be given without a list
+            value = [value]
+        if not isinstance(value, list):
+            return value  # pydantic says what is wrong with it
+        names: list[str] = []
+        errors: list[tuple[FieldPath, str]] = []
+        for index, item in enumerate(value):
+            if not isinstance(item, str):
+                errors.append(((index,), "must be a GPU type name, e.g. RTX 3090"))
+                continue
+            try:
+                names += [n for n in resolve_gpu_type(item) if n not in names]
+            except ValueError as exc:
+                errors.append(((index,), str(exc)))
+        if errors:
+            raise RuleErrors(errors)
+        return names
+
+    @field_validator("cpu_count")
+    @classmethod
+    def _fours(cls, value: int | None) -> int | None:
+        if value is not None and value % CPU_STEP:
+            low = value - value % CPU_STEP
+            raise ValueError(f"must be a multiple of {CPU_STEP}, e.g. {low or CPU_STEP} or {low + CPU_STEP}")
+        return value
+
+    @model_validator(mode="after")
+    def _cpu_or_gpu(self) -> Resources:
+        errors: list[tuple[FieldPath, str]] = []
+        if self.gpu_count == 0:
+            if self.gpu_types:
+                errors.append((("gpu_types",), "a CPU-only job (gpu_count 0) lists no GPU type; remove it"))
+            if self.cpu_count is None:
+                errors.append((("cpu_count",), "required for a CPU-only job (gpu_count 0): a multiple of 4"))
+            if self.max_price is not None:
+                errors.append((("max_price",), "is a price per GPU-hour; a CPU-only job has none, remove it"))
+        elif not self.gpu_types:
+            errors.append(
+                (("gpu_types",), "name at least one GPU type, e.g. [RTX 3090], or set gpu_count: 0")
+            )
+        if errors:
+            raise RuleErrors(errors)
+        return self
+
+    @property
+    def cpu_only(self) -> bool:
+        return self.gpu_count == 0
+
+
+class Packages(_Section):
+    """Installed before each worker's command, in this order: apt, conda, requirements.txt, pip."""
+
+    apt: list[_Package] = Field(default_factory=list, max_length=MAX_PACKAGES, description="pin: pkg=version")
+    conda: list[_Package] = Field(
+        default_factory=list, max_length=MAX_PACKAGES, description="pin: pkg=version"
+    )
+    requirements: str | None = Field(
+        None,
+        min_length=1,
+        max_length=1024,
+        pattern=r"^[^\s]+$",
+        description="a requirements file (relative to the working directory), installed with pip -r if found",
+    )
+    pip: list[_Package] = Field(
+        default_factory=list, max_length=MAX_PACKAGES, description="pin: pkg==version"
+    )
+
+    def install_commands(self) -> list[str]:
+        """The shell lines that install the packages, in the documented order (none when nothing is asked)."""
+        quote = " ".join
+        lines: list[str] = []
+        if self.apt:
+            lines += [
+                "apt-get update -qq",
+                f"DEBIAN_FRONTEND=noninteractive apt-get install -y -qq {quote(map(shlex.quote, self.apt))}",
+            ]
+        if self.conda:
+            lines.append(f"conda install -y -q {quote(map(shlex.quote, self.conda))}")
+        if self.requirements:
+            req = shlex.quote(self.requirements)
+            lines.append(f"if [ -f {req} ]; then pip install -q -r {req}; fi")
+        if self.pip:
+            lines.append(f"pip install -q {quote(map(shlex.quote, self.pip))}")
+        return lines
+
+
+DEFAULT_IMAGE: Final = "docker.io/library/python:3.12-slim"
+
+
+class Environment(_Section):
+    image: str = Field(
+        DEFAULT_IMAGE,
+        min_length=1,
+        max_length=512,
+        pattern=r"^[^\s]+$",
+        description="OCI image of every worker",
+    )
+    env: dict[_EnvName, Annotated[str, Field(max_length=MAX_ENV_VALUE)]] = Field(
+        default_factory=dict, max_length=MAX_ENV, description="environment variables, shared by all workers"
+    )
+    packages: Packages = Field(default_factory=Packages)
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _values_as_text(cls, value: Any) -> Any:
+        # `PORT: 8080` and `DEBUG: true` in YAML are meant as the text a process sees
+        if not isinstance(value, dict):
+            return value
+        return {
+            key: (str(item).lower() if isinstance(item, bool) else str(item))
+            if isinstance(item, (bool, int, float))
+            else item
+            for key, item in value.items()
+        }
+
+    @field_validator("env")
+    @classmethod
+    def _not_reserved(cls, value: dict[str, str]) -> dict[str, str]:
+        taken = [name for name in value if name.upper().startswith(RESERVED_ENV_PREFIX)]
+        if taken:
+            raise RuleErrors(
+                [((name,), f"names starting with {RESERVED_ENV_PREFIX} are set by rigbase") for name in taken]
+            )
+        return value
+
+
+class DataPath(_Section):
+    """A path in a regional datastore, given from the datastore's root (`/` = the whole datastore)."""
+
+    datastore: _DnsLabel
+    path: str = Field("/", min_length=1, max_length=4096)
+
+    @field_validator("path")
+    @classmethod
+    def _from_root(cls, value: str) -> str:
+        try:
+            requested_parts(value)
+        except InvalidInput as exc:
+            raise ValueError(exc.message) from None
+        if not value.startswith("/"):
+            raise ValueError(f"must begin with / (from the datastore root), e.g. /{value}")
+        return value
+
+
+def dataset_dir(name: str) -> str:
+    """A dataset's directory name when several are mounted: its name with spaces as underscores."""
+    return name.replace(" ", "_")
+
+
+class DataRole(StrEnum):
+    DATASET = "dataset"  # read-only, /opt/ml/input[/NAME]
+    INPUT = "input"  # read-only, /opt/ml/input
+    OUTPUT = "output"  # read-write, /opt/ml/output
+
+
+class DataMount(BaseModel):
+    """Where one piece of a job's data appears in every worker's container."""
+
+    model_config = ConfigDict(frozen=True)
+
+    role: DataRole
+    name: str  # the dataset's name, or the datastore's
+    datastore: str | None  # None for a dataset (the jobs service resolves it)
+    path: str  # below the datastore root ("/" for a dataset)
+    target: str
+    read_only: bool
+
+
+class Data(_Section):
+    datasets: list[Annotated[str, Field(min_length=1, max_length=128)]] = Field(
+        default_factory=list,
+        max_length=MAX_DATASETS,
+        description="one: mounted at /opt/ml/input; several: /opt/ml/input/NAME_WITH_UNDERSCORES each",
+    )
+    input: DataPath | None = Field(None, description="mounted read-only at /opt/ml/input")
+    output: DataPath | None = Field(
+        None, description="mounted at /opt/ml/output (RIGBASE_OUTPUT_PATH in each worker)"
+    )
+
+    @field_validator("datasets")
+    @classmethod
+    def _distinct_dirs(cls, value: list[str]) -> list[str]:
+        errors: list[tuple[FieldPath, str]] = []
+        seen: dict[str, str] = {}
+        for index, name in enumerate(value):
+            if not name.isprintable() or "/" in name or name.strip() in ("", ".", ".."):
+                errors.append(((index,), f"{name!r} is not a dataset name (no '/', no control characters)"))
+            elif dataset_dir(name) in seen:
+                other = seen[dataset_dir(name)]
+                errors.append(
+                    ((index,), f"{name!r} and {other!r} would both mount at {INPUT_PATH}/{dataset_dir(name)}")
+                )
+            else:
+                seen[dataset_dir(name)] = name
+        if errors:
+            raise RuleErrors(errors)
+        return value
+
+    @model_validator(mode="after")
+    def _one_input(self) -> Data:
+        if self.datasets and self.input is not None:
+            raise RuleErrors(
+                [(("input",), f"datasets and input both mount at {INPUT_PATH}: use one of them")]
+            )
+        return self
+
+    def mounts(self) -> list[DataMount]:
+        """Every data mount of a worker, with its container path."""
+        several = len(self.datasets) > 1
+        out = [
+            DataMount(
+                role=DataRole.DATASET,
+                name=name,
+                datastore=None,
+                path="/",
+                target=f"{INPUT_PATH}/{dataset_dir(name)}" if several else INPUT_PATH,
+                read_only=True,
+            )
+            for name in self.datasets
+        ]
+        if self.input is not None:
+            out.append(
+                DataMount(
+                    role=DataRole.INPUT,
+                    name=self.input.datastore,
+                    datastore=self.input.datastore,
+                    path=self.input.path,
+                    target=INPUT_PATH,
+                    read_only=True,
+                )
+            )
+        if self.output is not None:
+            out.append(
+                DataMount(
+                    role=DataRole.OUTPUT,
+                    name=self.output.datastore,
+                    datastore=self.output.datastore,
+                    path=self.output.path,
+                    target=OUTPUT_PATH,
+                    read_only=False,
+                )
+            )
+        return out
+
+
+class JobSpec(_Section):
+    """A job as rigbase runs it. Converted specs (ChainOpera Launch, OpenPAI) become this too."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        title="rigbase job spec",
+    )
+
+    name: _DnsLabel = Field(description="1-63 lowercase letters, digits and hyphens")
+    type: JobType = JobType.TRAINING
+    resources: Resources
+    workers: list[Annotated[str, Field(min_length=1, max_length=MAX_COMMAND)]] = Field(
+        min_length=1, max_length=MAX_WORKERS, description="one shell command per worker, run with /bin/sh -c"
+    )
+    environment: Environment = Field(default_factory=Environment)
+    data: Data = Field(default_factory=Data)
+    reservation: _DnsLabel | None = Field(None, description="a regional port reservation the job serves on")
+    region: _DnsLabel | None = Field(None, description="run only in this region")
+
+    @field_validator("workers", mode="before")
+    @classmethod
+    def _one_command(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value  # a single worker may be written as one string
+
+    @field_validator("workers")
+    @classmethod
+    def _not_blank(cls, value: list[str]) -> list[str]:
+        blank = [
+            ((i,), "is empty: give the command this worker runs")
+            for i, cmd in enumerate(value)
+            if not cmd.strip()
+        ]
+        if blank:
+            raise RuleErrors(blank)
+        return value
+
+    @model_validator(mode="after")
+    def _type_rules(self) -> JobSpec:
+        used = {
+            ("workers",): len(self.workers) > 1,
+            ("data", "datasets"): bool(self.data.datasets),
+            ("data", "input"): self.data.input is not None,
+            ("data", "output"): self.data.output is not None,
+            ("reservation",): self.reservation is not None,
+        }
+        errors: list[tuple[FieldPath, str]] = []
+        for path, types in ONLY_FOR.items():
+            if used[path] and self.type not in types:
+                allowed = " and ".join(sorted(types))
+                what = "more than one worker" if path == ("workers",) else "this field"
+                errors.append((path, f"only {allowed} jobs may use {what} (this job is {self.type.value})"))
+        if errors:
+            raise RuleErrors(errors)
+        return self
+
+    def worker_commands(self) -> list[str]:
+        """The shell script of each worker (index = worker number): the package installs, stopping at the
+        first failure, then the worker's own command under the shell's usual rules."""
+        setup = self.environment.packages.install_commands()
+        if not setup:
+            return list(self.workers)
+        return ["\n".join(["set -e", *setup, "set +e", command]) for command in self.workers]
+
+    def mounts(self) -> list[DataMount]:
+        return self.data.mounts()
+
+    def datastores(self) -> list[str]:
+        """The regional datastores the job uses (each pins the job to its region)."""
+        used = [self.data.input, self.data.output]
+        return list(dict.fromkeys(path.datastore for path in used if path is not None))
+
+    @property
+    def input_path(self) -> str:
+        return INPUT_PATH
+
+    @property
+    def output_path(self) -> str:
+        return OUTPUT_PATH
+
+
+ERROR_LINE_MAX: Final = 1000
+
+
+def _one_line(text: str) -> str:
+    """An error line quotes the file (a key, a GPU type): a newline in it would print a forged second line and
+    a megabyte in it a megabyte of error, so control characters are escaped and the line is bounded."""
+    escaped = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+    return (
+        escaped
+        if len(escaped) <= ERROR_LINE_MAX
+        else f"{escaped[:ERROR_LINE_MAX]}…(+{len(escaped) - ERROR_LINE_MAX} chars)"
+    )
+
+
+class SpecError(InvalidInput):
+    """A job spec that cannot run: one line per error, each naming the field (and the file line)."""
+
+    default_code = "invalid_job_spec"
+
+    def __init__(self, errors: Sequence[str]) -> None:
+        self.errors = [_one_line(error) for error in errors]
+        super().__init__("\n".join(self.errors))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message, "errors": self.errors}
+
+
+# pydantic's error types in the operator's words ({...} from the error's context)
+_MESSAGES: Final[dict[str, str]] = {
+    "missing": "required",
+    "extra_forbidden": "unknown field",
+    "greater_than_equal": "must be at least {ge}",
+    "less_than_equal": "must be at most {le}",
+    "greater_than": "must be more than {gt}",
+    "less_than": "must be less than {lt}",
+    "int_parsing": "must be a whole number",
+    "int_type": "must be a whole number",
+    "int_from_float": "must be a whole number",
+    "float_parsing": "must be a number",
+    "float_type": "must be a number",
+    "string_type": "must be a string",
+    "list_type": "must be a list",
+    "dict_type": "must be a mapping",
+    "model_type": "must be a mapping",
+    "model_attributes_type": "must be a mapping",
+    "too_short": "needs at least {min_length}",
+    "too_long": "takes at most {max_length}",
+    "string_too_short": "must not be empty",
+    "string_too_long": "must be at most {max_length} characters",
+}
+
+_RANGE_ERRORS: Final = frozenset({"greater_than_equal", "less_than_equal", "greater_than", "less_than"})
+_RANGES: Final[dict[str, str]] = {
+    "disk_size": f"must be {DISK_MIN_GB} to {DISK_MAX_GB} GB (10 GB to 1 TB)",
+    "cpu_count": f"must be {CPU_STEP} to {MAX_CPUS_PER_WORKER} vCPUs, a multiple of {CPU_STEP}",
+    "gpu_count": f"must be 0 (CPU only) to {MAX_GPUS_PER_WORKER} GPUs per worker",
+    "max_price": "must be a price per GPU-hour above 0, e.g. 1.5",
+}
+
+_PATTERN_HINTS: Final[dict[str, str]] = {
+    f"^{DNS_LABEL_PATTERN}$": "must be 1-63 lowercase letters, digits and hyphens, starting and ending "
+    "with a letter or digit",
+    r"^[A-Za-z_][A-Za-z0-9_]{0,127}$": "must be a variable name: letters, digits and _, not starting "
+    "with a digit",
+    r"^[^\s]+$": "must not contain spaces",
+}
+
+
+def _fields_at(loc: FieldPath) -> list[str]:
+    """The field names of the section at `loc` (for "unknown field" errors)."""
+    model: type[BaseModel] = JobSpec
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        annotation = model.model_fields[part].annotation if part in model.model_fields else None
+        candidates = [annotation, *getattr(annotation, "__args__", ())]
+        section = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        if section is None:
+            return []
+        model = section
+    return list(model.model_fields)
+
+
+def spec_errors(exc: ValidationError) -> list[tuple[FieldPath, str]]:
+    """Each error of a failed validation as (field path, message in the operator's words)."""
+    out: list[tuple[FieldPath, str]] = []
+    for err in exc.errors():
+        loc = tuple(part for part in err["loc"] if part != "[key]")  # a mapping key's own error: its path
+        ctx = err.get("ctx") or {}
+        cause = ctx.get("error")
+        if isinstance(cause, RuleErrors):
+            out += [(loc + sub, message) for sub, message in cause.errors]
+            continue
+        kind = err["type"]
+        if kind == "extra_forbidden":
+            message = f"unknown field; allowed here: {', '.join(_fields_at(loc[:-1]))}"
+        elif kind == "string_pattern_mismatch":
+            message = _PATTERN_HINTS.get(str(ctx.get("pattern")), f"must match {ctx.get('pattern')}")
+        elif kind == "enum":
+            message = f"must be one of {ctx.get('expected', '')}".replace("'", "")
+        elif kind in _RANGE_ERRORS and loc and loc[-1] in _RANGES:
+            message = _RANGES[str(loc[-1])]
+        elif kind in _MESSAGES:
+            message = _MESSAGES[kind].format(**{k: v for k, v in ctx.items() if isinstance(k, str)})
+        else:
+            message = plain_validation_message(str(err["msg"]))
+        out.append((loc, message))
+    return out
+
+
+def spec_from_data(data: Any) -> JobSpec:
+    """A JobSpec from parsed JSON/YAML data; SpecError with one line per error (no file lines: use
+    provisioner.domain.job_formats.parse for text)."""
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError([f"{format_path(p) or 'spec'}: {m}" for p, m in spec_errors(exc)]) from None
+
+
+def schema_json() -> str:
+    """The published JSON Schema (docs/job-spec.schema.json is this text; a test keeps them equal)."""
+    schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", **JobSpec.model_json_schema()}
+    return json.dumps(schema, indent=2, ensure_ascii=False) + "\n"

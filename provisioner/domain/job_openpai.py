@@ -1,0 +1,149 @@
+"""OpenPAI job JSON (protocol v1) -> rigbase spec data (docs/job-spec.md "OpenPAI").
+
+jobName                  -> name (as a DNS label)
+image                    -> environment.image
+jobEnvs                  -> environment.env
+gpuType                  -> resources.gpu_types (absent: every NVIDIA type, as OpenPAI takes any GPU)
+taskRoles[i].command     -> one worker per task: taskNumber copies, task roles in order
+taskRoles[i].gpuNumber   -> resources.gpu_count (the same for every role: rigbase workers are alike)
+taskRoles[i].cpuNumber   -> resources.cpu_count (the largest, rounded up to a multiple of 4)
+taskRoles[i].memoryMB    -> not kept: rigbase sizes a worker's memory from its share of the node
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+from contracts.gpu_types import NVIDIA_GPU_TYPES, resolve_gpu_type
+from contracts.jobspec import CPU_STEP, FieldPath, JobType, RuleErrors
+from provisioner.domain.job_source import Converted, dns_name
+
+KNOWN: Final = frozenset({"jobName", "image", "taskRoles", "jobEnvs", "gpuType"})
+ROLE_KNOWN: Final = frozenset({"name", "taskNumber", "cpuNumber", "memoryMB", "gpuNumber", "command"})
+# (field, smallest value); all are required by OpenPAI's v1 protocol
+ROLE_NUMBERS: Final[tuple[tuple[str, int], ...]] = (
+    ("taskNumber", 1),
+    ("cpuNumber", 1),
+    ("memoryMB", 1),
+    ("gpuNumber", 0),
+)
+
+
+def is_openpai(doc: Mapping[str, Any]) -> bool:
+    return "taskRoles" in doc or "jobName" in doc
+
+
+def to_rigbase(doc: Mapping[str, Any]) -> Converted:
+    errors: list[tuple[FieldPath, str]] = []
+    notes: list[str] = []
+    for key, what in (("jobName", "the job's name"), ("image", "the Docker image, e.g. ubuntu:22.04")):
+        if not isinstance(doc.get(key), str) or not str(doc.get(key)).strip():
+            errors.append(((key,), f"required: {what}"))
+    roles = doc.get("taskRoles")
+    if not isinstance(roles, list) or not roles:
+        errors.append((("taskRoles",), "required: a list of task roles (name, taskNumber, … command)"))
+        roles = []
+    checked = [_role(index, role, errors, notes) for index, role in enumerate(roles)]
+    env = doc.get("jobEnvs", {})
+    if not isinstance(env, Mapping):
+        errors.append((("jobEnvs",), "must be a mapping of variable names to values"))
+    notes += [f"{key}: not a rigbase setting, ignored" for key in doc if key not in KNOWN]
+    if errors:
+        raise RuleErrors(errors)
+
+    origin: dict[FieldPath, FieldPath] = {
+        ("name",): ("jobName",),
+        ("environment", "image"): ("image",),
+        ("environment", "env"): ("jobEnvs",),
+        ("workers",): ("taskRoles",),
+        ("resources",): ("taskRoles",),
+    }
+    gpus = checked[0]["gpuNumber"]
+    for index, role in enumerate(checked[1:], start=1):
+        if role["gpuNumber"] != gpus:
+            errors.append(
+                (
+                    ("taskRoles", index, "gpuNumber"),
+                    f"differs from taskRoles[0] ({gpus}): rigbase gives every worker the same GPUs; "
+                    "use one value",
+                )
+            )
+    resources: dict[str, Any] = {"gpu_count": gpus}
+    origin[("resources", "gpu_count")] = ("taskRoles", 0, "gpuNumber")
+    if gpus:
+        resources["gpu_types"] = _gpu_types(doc, errors, notes)
+        origin[("resources", "gpu_types")] = ("gpuType",)
+    if errors:
+        raise RuleErrors(errors)
+
+    widest = max(range(len(checked)), key=lambda i: checked[i]["cpuNumber"])
+    cpus = checked[widest]["cpuNumber"]
+    resources["cpu_count"] = -(-cpus // CPU_STEP) * CPU_STEP
+    origin[("resources", "cpu_count")] = ("taskRoles", widest, "cpuNumber")
+    if resources["cpu_count"] != cpus or len({r["cpuNumber"] for r in checked}) > 1:
+        notes.append(
+            f"resources.cpu_count = {resources['cpu_count']}: the largest cpuNumber, a multiple of 4"
+        )
+    notes.append("memoryMB not kept: rigbase sizes each worker's memory from its share of the node")
+
+    workers: list[str] = []
+    for index, role in enumerate(checked):
+        for _ in range(role["taskNumber"]):
+            origin[("workers", len(workers))] = ("taskRoles", index, "command")
+            workers.append(role["command"])
+    if len(workers) > 1:
+        notes.append(f"{len(workers)} workers: one per task (taskNumber) of each task role, in order")
+    name = dns_name(str(doc["jobName"]))
+    if name != doc["jobName"]:
+        notes.append(f"name {name!r} from jobName {doc['jobName']!r} (a rigbase name is a DNS label)")
+    data: dict[str, Any] = {
+        "name": name,
+        "type": JobType.TRAINING.value,
+        "resources": resources,
+        "workers": workers,
+        "environment": {"image": doc["image"], "env": dict(env)},
+    }
+    return Converted(data=data, origin=origin, notes=notes)
+
+
+def _role(index: int, role: Any, errors: list[tuple[FieldPath, str]], notes: list[str]) -> dict[str, Any]:
+    where: FieldPath = ("taskRoles", index)
+    if not isinstance(role, Mapping):
+        errors.append(
+            (where, "must be a mapping (name, taskNumber, cpuNumber, memoryMB, gpuNumber, command)")
+        )
+        return {"taskNumber": 1, "cpuNumber": 1, "gpuNumber": 0, "command": ""}
+    out: dict[str, Any] = {}
+    for key, least in ROLE_NUMBERS:
+        value = role.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            errors.append(
+                ((*where, key), "required" if value is None else f"must be a whole number, {least} or more")
+            )
+            value = least
+        out[key] = value
+    command = role.get("command")
+    if not isinstance(command, str) or not command.strip():
+        errors.append(((*where, "command"), "required: the shell command of this task role"))
+    out["command"] = command if isinstance(command, str) else ""
+    if not isinstance(role.get("name"), str) or not role["name"]:
+        errors.append(((*where, "name"), "required: the task role's name, e.g. default"))
+    notes += [
+        f"taskRoles[{index}].{key}: not a rigbase setting, ignored" for key in role if key not in ROLE_KNOWN
+    ]
+    return out
+
+
+def _gpu_types(doc: Mapping[str, Any], errors: list[tuple[FieldPath, str]], notes: list[str]) -> list[str]:
+    gpu_type = doc.get("gpuType")
+    if gpu_type is None:
+        notes.append(
+            "no gpuType: resources.gpu_types lists every NVIDIA type of the catalogue (OpenPAI takes any)"
+        )
+        return list(NVIDIA_GPU_TYPES)
+    try:
+        return list(resolve_gpu_type(str(gpu_type)))
+    except ValueError as exc:
+        errors.append((("gpuType",), str(exc)))
+        return []
