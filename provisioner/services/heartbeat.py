@@ -44,21 +44,33 @@ def beat(
     observed_address: str | None = None,
     timing: HeartbeatTiming = HeartbeatTiming(),
 ) -> dict[str, Any]:
-    """`observed_address`: where this beat came from (provisioner/services/node_address.py)."""
+    """`observed_address`: where this beat came from (provisioner/services/node_address.py).
+
+    The quote is checked before anything the beat reports is stored: a beat whose quote is refused
+    records only the refusal (the audit line, the node errored, the nonce spent), not its inventory,
+    requirements, actual state, address, beat count or heartbeat time, so a forged quote can neither
+    keep a node online nor rewrite what it claims to have."""
     node, att = node_credentials.node_for_credential(session, node_id, credential)
     now = datetime.now(UTC)
+    if not _quote_passes(session, node, att, body, now=now):
+        session.flush()
+        return _answer(session, node, None, timing)
     node_service.record_report(
         session, node, at=now, inventory=body.inventory, requirements=body.requirements
     )
     node_address.record(node, observed_address)
     att.heartbeats += 1
-    _continuous_attestation(session, node, att, body, now=now, timing=timing)
+    _enforce_quote_grace(session, node, att, timing=timing)
     quote_nonce = _ask_for_quote(session, node, att, now=now, timing=timing)
     if node.region.state != RegionState.HEALTHY:
         # a first report makes the region healthy now, not at the next pass
         wake_after_commit(session, Wake.REGION_HEALTH)
     desired_state.record_actual(session, node, body.actual)
     session.flush()
+    return _answer(session, node, quote_nonce, timing)
+
+
+def _answer(session: Session, node: Node, quote_nonce: str | None, timing: HeartbeatTiming) -> dict[str, Any]:
     return HeartbeatResponse(
         node_id=node.id,
         state=node.state,
@@ -69,45 +81,48 @@ def beat(
     ).model_dump(mode="json")
 
 
-def _continuous_attestation(
-    session: Session,
-    node: Node,
-    att: NodeAttestation,
-    body: HeartbeatRequest,
-    *,
-    now: datetime,
-    timing: HeartbeatTiming,
-) -> None:
-    """Check the quote this beat carries, or count the beats since one was asked for."""
+def _quote_passes(
+    session: Session, node: Node, att: NodeAttestation, body: HeartbeatRequest, *, now: datetime
+) -> bool:
+    """Check the quote this beat carries against the outstanding nonce (False: refused, and the node is
+    errored). A beat without a quote, or with one nobody asked for, passes: it proves nothing, and the
+    grace count (_enforce_quote_grace) catches a node that never answers."""
+    if body.quote is None or not att.quote_nonce:
+        return True
     actor = f"minion:{node.minion_id}"
-    if body.quote is not None and att.quote_nonce:
-        policy = join_service.pcr_policy_for(session, node.region, att.pcr_record)
-        result = verify_fresh_quote(
-            nonce_store.issuer(session),
-            node.id,
-            att.ak_public,
-            bytes.fromhex(att.quote_nonce),
-            quote_evidence(body.quote),
-            policy,
-            boot=images.boot_path_policy_for(session, node.region),
-        )
-        att.quote_nonce = None
-        att.quote_asked_beat = None
-        if isinstance(result, Refusal):
-            audit.record(
-                session,
-                kind="join",
-                resource_id=node.minion_id,
-                name=node.name,
-                actor=actor,
-                from_state=None,
-                to_state=JoinOutcome.REFUSED.value,
-                reason=f"{result.code.value}: {result.message}",
-            )
-            _error(session, node, f"continuous attestation: {result.message}", actor=actor)
-        else:
-            att.last_quote_at = now
-        return
+    result = verify_fresh_quote(
+        nonce_store.issuer(session),
+        node.id,
+        att.ak_public,
+        bytes.fromhex(att.quote_nonce),
+        quote_evidence(body.quote),
+        join_service.pcr_policy_for(session, node.region, att.pcr_record),
+        boot=images.boot_path_policy_for(session, node.region),
+    )
+    att.quote_nonce = None
+    att.quote_asked_beat = None
+    if not isinstance(result, Refusal):
+        att.last_quote_at = now
+        return True
+    audit.record(
+        session,
+        kind="join",
+        resource_id=node.minion_id,
+        name=node.name,
+        actor=actor,
+        from_state=None,
+        to_state=JoinOutcome.REFUSED.value,
+        reason=f"{result.code.value}: {result.message}",
+    )
+    _error(session, node, f"continuous attestation: {result.message}", actor=actor)
+    return False
+
+
+def _enforce_quote_grace(
+    session: Session, node: Node, att: NodeAttestation, *, timing: HeartbeatTiming
+) -> None:
+    """A quote request the node let `timing.quote_grace_beats` beats pass unanswered: errored."""
+    actor = f"minion:{node.minion_id}"
     asked = att.quote_asked_beat
     if att.quote_nonce is None or asked is None or att.heartbeats - asked < timing.quote_grace_beats:
         return

@@ -1,0 +1,663 @@
+"""Fleet heartbeat benchmark (issue 17, "Fleet scale"): 10,000 nodes heartbeating every 30 s (≈ 333 beats/s)
+against ONE control plane (`provision serve`, TLS, a throw-away PostgreSQL cluster), every K-th beat of a
+node carrying a TPM2 quote the server verifies. Goal: p99 < 50 ms.
+
+How it is built:
+- The nodes are written straight into the store (as if they had joined): each has a software-held ECC
+  P-256 AK made by this benchmark (`cryptography`) with the AK attributes a TPM gives, a node credential
+  and a recorded PCR baseline (record mode). Its quotes are real TPMS_ATTEST/TPMT_SIGNATURE structures
+  signed by that key, which the server checks exactly as it checks a TPM's (signature, nonce, PCR
+  selection and digest, PCR baseline). Joins stay on swtpm (bench/bench_join_burst.py); swtpm would
+  cost more CPU per quote than the server under test, on the same two cores.
+- The server asks each node for a quote every K-th beat (RIGBASE_QUOTE_EVERY=K) and the node answers
+  on its next beat, as a minion does. Beat counters are seeded so 1/K of the nodes are asked in each
+  30 s cycle; the nodes asked "in the cycle before" the measurement are asked in a warm-up pass (also
+  opening the connections), so quotes flow at 1/K of the beats from the first measured second.
+- Load: one asyncio client (httpx.AsyncClient, HTTP/1.1 keep-alive, `--connections` connections) sends
+  beats at a fixed arrival rate (open loop); latency is measured from each beat's scheduled time, so a
+  server that falls behind shows it. The server runs on core 0 (taskset), the client on the others.
+- Where the time goes: the server's CPU (from /proc/<pid>/stat), PostgreSQL's and the client's, then a
+  py-spy sample of the server (when py-spy is installed) over `--profile-seconds` more of the same load,
+  summarised by layer and by hottest functions.
+
+    .venv/bin/python -m bench fleet_heartbeats                    # full size: 10,000 nodes, 60 s
+    .venv/bin/python -m bench fleet_heartbeats --nodes 200 --rate 50 --seconds 10
+    RIGBASE_BENCH_NODES=200 RIGBASE_BENCH_RATE=50 .venv/bin/python -m bench fleet_heartbeats
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import collections
+import hashlib
+import os
+import random
+import shutil
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
+
+from contracts.attestation import ATTESTED_PCRS
+from contracts.messages import QuoteMessage, to_wire
+
+GOAL_P99_MS = 50.0
+HEARTBEAT_S = 30.0
+SOURCE_NOTE = "quotes from software AK keys, joins stay on swtpm"
+
+# TPM 2.0 constants (Part 2) for the structures the server parses (provisioner/attestation/tpm_structures.py)
+_ALG_SHA256, _ALG_NULL, _ALG_ECDSA, _ALG_ECC, _CURVE_P256 = 0x000B, 0x0010, 0x0018, 0x0023, 0x0003
+_TPM_GENERATED, _ST_ATTEST_QUOTE = 0xFF544347, 0x8018
+# fixedTPM | fixedParent | sensitiveDataOrigin | userWithAuth | restricted | sign: a TPM-made AK
+_AK_ATTRIBUTES = (1 << 1) | (1 << 4) | (1 << 5) | (1 << 6) | (1 << 16) | (1 << 18)
+
+
+def _tpm2b(data: bytes) -> bytes:
+    return struct.pack(">H", len(data)) + data
+
+
+def _pcr_bitmap(indices: Sequence[int]) -> bytes:
+    bitmap = bytearray(3)
+    for i in indices:
+        bitmap[i // 8] |= 1 << (i % 8)
+    return bytes(bitmap)
+
+
+class SoftAk:
+    """An attestation key held in software: the TPM2B_PUBLIC a TPM would report for an ECC P-256 ECDSA
+    AK, and TPM2_Quote's output (TPMS_ATTEST signed into a TPMT_SIGNATURE) over a nonce."""
+
+    def __init__(self) -> None:
+        self.key = ec.generate_private_key(ec.SECP256R1())
+        numbers = self.key.public_key().public_numbers()
+        self.public_area = (
+            struct.pack(">HHI", _ALG_ECC, _ALG_SHA256, _AK_ATTRIBUTES)
+            + _tpm2b(b"")  # authPolicy
+            + struct.pack(">H", _ALG_NULL)  # symmetric
+            + struct.pack(">HH", _ALG_ECDSA, _ALG_SHA256)  # signing scheme
+            + struct.pack(">H", _CURVE_P256)
+            + struct.pack(">H", _ALG_NULL)  # kdf
+            + _tpm2b(numbers.x.to_bytes(32, "big"))
+            + _tpm2b(numbers.y.to_bytes(32, "big"))
+        )
+        self.name = struct.pack(">H", _ALG_SHA256) + hashlib.sha256(self.public_area).digest()
+        self.clock = 0
+
+    @property
+    def tpm2b_public(self) -> bytes:
+        return _tpm2b(self.public_area)
+
+    def quote(self, nonce: bytes, pcrs: dict[int, bytes]) -> dict[str, Any]:
+        """The QuoteMessage wire form of a quote over `nonce` and the sha256 `pcrs` (ascending)."""
+        indices = sorted(pcrs)
+        self.clock += 30_000
+        attest = (
+            struct.pack(">IH", _TPM_GENERATED, _ST_ATTEST_QUOTE)
+            + _tpm2b(self.name)
+            + _tpm2b(nonce)
+            + struct.pack(">QIIB", self.clock, 1, 0, 1)  # clock, resetCount, restartCount, safe
+            + struct.pack(">Q", 0x2019_1023)  # firmwareVersion
+            + struct.pack(">IHB", 1, _ALG_SHA256, 3)
+            + _pcr_bitmap(indices)
+            + _tpm2b(hashlib.sha256(b"".join(pcrs[i] for i in indices)).digest())
+        )
+        r, s = decode_dss_signature(self.key.sign(attest, ec.ECDSA(hashes.SHA256())))
+        signature = (
+            struct.pack(">HH", _ALG_ECDSA, _ALG_SHA256)
+            + _tpm2b(r.to_bytes(32, "big"))
+            + _tpm2b(s.to_bytes(32, "big"))
+        )
+        return to_wire(QuoteMessage(attest=attest, signature=signature, pcrs=pcrs))
+
+
+# what each beat reports (`actual`), as a minion in maintenance with nothing to serve does
+ACTUAL: dict[str, Any] = {"maintenance": True, "reservations": [], "finalize": {"state": "applied"}}
+
+
+@dataclass
+class SimNode:
+    index: int
+    node_id: str
+    credential: str
+    ak: SoftAk
+    pcrs: dict[int, bytes]
+    nonce: bytes | None = None  # the last quote nonce the server handed this node
+    busy: bool = False
+
+
+# ---------------------------------------------------------------- seeding the store
+
+
+def _seed_counter(i: int, every: int) -> int:
+    """The node's beat count at the start: K-1 for the nodes primed in the warm-up (i % K == 0, whose
+    warm-up beat is a due one), K - (i % K) for the others, so after the warm-up the counters are spread
+    evenly over the K phases and 1/K of the nodes are asked for a quote in every cycle."""
+    r = i % every
+    return every - 1 if r == 0 else every - r
+
+
+def seed(url: str, count: int, every: int) -> list[SimNode]:
+    """Migrate, enable the physical provider, create a region and write `count` joined nodes in
+    maintenance with their attestation rows."""
+    from sqlalchemy import insert
+
+    from provisioner.services import node_address, node_credentials, providers, regions
+    from provisioner.store.engine import make_engine, make_sessionmaker
+    from provisioner.store.join_models import NodeAttestation
+    from provisioner.store.migrate import upgrade
+    from provisioner.store.models import Node, new_id
+
+    engine = make_engine(url)
+    upgrade(url, engine)
+    pcrs = {i: hashlib.sha256(f"pcr {i}".encode()).digest() for i in ATTESTED_PCRS}
+    nodes = [
+        SimNode(i, new_id("node"), node_credentials.new_credential(), SoftAk(), pcrs) for i in range(count)
+    ]
+    now = datetime.now(UTC)
+    with make_sessionmaker(engine).begin() as s:
+        providers.enable(s, "physical", {}, actor="bench")
+        region = regions.create(s, "fleet", provider="physical", actor="bench")
+        for start in range(0, count, 2000):
+            batch = nodes[start : start + 2000]
+            s.execute(
+                insert(Node),
+                [
+                    dict(
+                        id=n.node_id,
+                        name=f"f{n.index:05d}",
+                        region_id=region.id,
+                        minion_id=f"{n.index:032x}",
+                        service="compute",
+                        hostname=None,
+                        upnp=True,
+                        mining=False,
+                        state="maintenance",
+                        reason=None,
+                        # as after its first beats: what it reports is already stored (the load
+                        # client's address too), so each measured beat writes what a steady one does
+                        inventory={
+                            "gpus": [{"model": "NVIDIA GeForce RTX 4090", "memory_mib": 24564}] * 4,
+                            node_address.KEY: "127.0.0.1",
+                        },
+                        finalize_actual=ACTUAL["finalize"],
+                        requirements={"ok": True, "rules": []},
+                        last_heartbeat_at=now,
+                        created_at=now,
+                        updated_at=now,
+                        version=1,
+                    )
+                    for n in batch
+                ],
+            )
+            s.execute(
+                insert(NodeAttestation),
+                [
+                    dict(
+                        node_id=n.node_id,
+                        ek_sha256=hashlib.sha256(n.node_id.encode()).hexdigest(),
+                        ak_public=n.ak.tpm2b_public,
+                        pcr_record={str(k): v.hex() for k, v in pcrs.items()},
+                        credential_sha256=node_credentials.digest(n.credential),
+                        attested_at=now,
+                        heartbeats=_seed_counter(n.index, every),
+                        last_quote_at=now - timedelta(seconds=random.uniform(0, every * HEARTBEAT_S)),
+                    )
+                    for n in batch
+                ],
+            )
+    engine.dispose()
+    return nodes
+
+
+# ---------------------------------------------------------------- CPU from /proc
+
+
+def _children() -> dict[int, list[int]]:
+    tree: dict[int, list[int]] = collections.defaultdict(list)
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            tree[int(stat.rsplit(")", 1)[1].split()[1])].append(int(entry.name))
+    return tree
+
+
+def tree_cpu_s(root: int) -> float:
+    """CPU seconds (user + system) of a process and all its descendants so far."""
+    tree, total, todo = _children(), 0.0, [root]
+    tick = os.sysconf("SC_CLK_TCK")
+    while todo:
+        pid = todo.pop()
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+        todo += tree.get(pid, [])
+    return total
+
+
+# ---------------------------------------------------------------- SQL per beat, from PostgreSQL's statistics
+
+TableCounts = dict[
+    str, tuple[int, int, int, int]
+]  # table → (index scans, sequential scans, inserts, updates)
+
+
+async def table_activity(database_url: str) -> TableCounts:
+    """PostgreSQL's cumulative per-table counters, once the server's backends have reported them (a
+    backend flushes its statistics within a second of going idle)."""
+    import psycopg
+
+    await asyncio.sleep(1.5)
+    dsn = database_url.replace("postgresql+psycopg://", "postgresql://")
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        rows = await (
+            await conn.execute(
+                "SELECT relname, coalesce(idx_scan, 0), seq_scan, n_tup_ins, n_tup_upd "
+                "FROM pg_stat_user_tables"
+            )
+        ).fetchall()
+    return {str(r[0]): (int(r[1]), int(r[2]), int(r[3]), int(r[4])) for r in rows}
+
+
+def summarise_tables(before: TableCounts, after: TableCounts, beats: int) -> list[str]:
+    """Per beat: the scans (index and sequential; an UPDATE by key is one too) and the rows inserted or
+    updated, per table, during the run (the reconcilers' passes included)."""
+    per: list[tuple[float, str]] = []
+    for table, counts in after.items():
+        d = [b - a for a, b in zip(before.get(table, (0, 0, 0, 0)), counts, strict=True)]
+        if beats and sum(d) / beats >= 0.01:
+            reads, writes = (d[0] + d[1]) / beats, (d[2] + d[3]) / beats
+            per.append((reads + writes, f"{table} {reads:.2f} scans + {writes:.2f} row writes"))
+    total = sum(n for n, _ in per)
+    shown = "; ".join(text for _, text in sorted(per, reverse=True)) or "none recorded"
+    return [f"  SQL per beat (pg_stat_user_tables): {total:.1f} table scans and row writes: {shown}"]
+
+
+# ---------------------------------------------------------------- the load
+
+
+@dataclass
+class Tally:
+    latencies_ms: list[float] = field(default_factory=list)
+    quote_latencies_ms: list[float] = field(default_factory=list)
+    errors: collections.Counter[str] = field(default_factory=collections.Counter)
+    quotes: int = 0
+    sent: int = 0
+
+
+async def _beat(client: httpx.AsyncClient, node: SimNode, scheduled: float, tally: Tally | None) -> None:
+    body: dict[str, Any] = {"version": 1, "actual": ACTUAL}
+    nonce, node.nonce = node.nonce, None
+    if nonce is not None:
+        body["quote"] = node.ak.quote(nonce, node.pcrs)
+    node.busy = True
+    try:
+        answer = await client.post(
+            f"/v1/nodes/{node.node_id}/heartbeat",
+            json=body,
+            headers={"Authorization": f"Bearer {node.credential}"},
+        )
+        done = time.perf_counter()
+        if answer.status_code != 200:
+            error = f"HTTP {answer.status_code}: {answer.text[:120]}"
+        else:
+            reply = answer.json()
+            error = "" if reply["state"] == "maintenance" else f"node {reply['state']}: {reply['reason']}"
+            asked = reply.get("quote_nonce")
+            node.nonce = base64.b64decode(asked) if asked else None
+    except httpx.HTTPError as exc:
+        done, error = time.perf_counter(), f"{type(exc).__name__}: {exc}"[:160]
+    finally:
+        node.busy = False
+    if tally is None:
+        return
+    tally.sent += 1
+    if error:
+        tally.errors[error] += 1
+        return
+    latency = (done - scheduled) * 1000
+    tally.latencies_ms.append(latency)
+    if nonce is not None:
+        tally.quotes += 1
+        tally.quote_latencies_ms.append(latency)
+
+
+async def drive(
+    client: httpx.AsyncClient,
+    order: Sequence[SimNode],
+    rate: float,
+    seconds: float,
+    tally: Tally | None,
+    cursor: list[int],
+) -> float:
+    """Send beats to `order` round-robin (from `cursor`) at `rate`/s for `seconds`; the elapsed time."""
+    loop_start = time.perf_counter()
+    count = int(rate * seconds)
+    pending: set[asyncio.Task[None]] = set()
+    for k in range(count):
+        scheduled = loop_start + k / rate
+        delay = scheduled - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        node = order[cursor[0] % len(order)]
+        cursor[0] += 1
+        if node.busy:  # its last beat is still out: a minion beats one at a time
+            if tally is not None:
+                tally.errors["skipped: the node's previous beat was still unanswered"] += 1
+            continue
+        task = asyncio.create_task(_beat(client, node, scheduled, tally))
+        pending.add(task)
+        task.add_done_callback(pending.discard)
+    if pending:
+        await asyncio.gather(*pending)
+    return time.perf_counter() - loop_start
+
+
+def _pct(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+# ---------------------------------------------------------------- where the time goes (py-spy)
+
+# First match wins, checked from the innermost frame outwards: the layer a CPU sample is spent in.
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("TLS (ssl)", ("ssl.py", "_ssl")),
+    (
+        "quote verification (provisioner/attestation, cryptography)",
+        ("provisioner/attestation/", "cryptography/"),
+    ),
+    ("PostgreSQL driver (psycopg)", ("psycopg/", "psycopg_")),
+    ("SQLAlchemy ORM / Core", ("sqlalchemy/",)),
+    ("pydantic (validation, serialisation)", ("pydantic", "contracts/")),
+    ("JSON", ("json/",)),
+    (
+        "rigbase services (heartbeat, desired state, finalize …)",
+        ("provisioner/services/", "provisioner/store/"),
+    ),
+    ("FastAPI / Starlette / anyio", ("fastapi/", "starlette/", "anyio/")),
+    ("uvicorn / HTTP parsing (h11, httptools)", ("uvicorn/", "h11/", "httptools")),
+    ("asyncio event loop", ("asyncio/", "selectors.py")),
+    ("rigbase API layer", ("provisioner/api/",)),
+)
+
+
+def profile(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes] | None:
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    if not Path(spy).exists():
+        return None
+    return subprocess.Popen(
+        [
+            spy,
+            "record",
+            "--pid",
+            str(pid),
+            "--subprocesses",
+            "--duration",
+            str(int(seconds)),
+            "--rate",
+            "200",
+            "--gil",
+            "--nonblocking",
+            "--format",
+            "raw",
+            "--output",
+            str(out),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+
+
+def _function(frame: str) -> str:
+    """`beat (provisioner/services/heartbeat.py:53)` → `beat (provisioner/services/heartbeat.py)`."""
+    name, _, where = frame.partition(" (")
+    return f"{name} ({where.rsplit(':', 1)[0]})" if where else name
+
+
+def summarise_profile(raw: Path, top: int = 12) -> Iterator[str]:
+    """Lines: the share of the server's GIL-holding samples per layer, then the hottest functions."""
+    layers: collections.Counter[str] = collections.Counter()
+    own: collections.Counter[str] = collections.Counter()
+    inclusive: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        total += count
+        frames = stack.split(";")
+        layer = next(
+            (name for frame in reversed(frames) for name, marks in LAYERS if any(m in frame for m in marks)),
+            "other",
+        )
+        layers[layer] += count
+        own[_function(frames[-1])] += count
+        for function in {_function(f) for f in frames if "provisioner/" in f}:
+            inclusive[function] += count
+    if not total:
+        yield "  (py-spy took no samples)"
+        return
+    yield f"  server CPU by layer (py-spy --gil, {total} samples; innermost frame's layer):"
+    for name, count in layers.most_common():
+        yield f"    {100 * count / total:5.1f} %  {name}"
+    yield "  rigbase functions, inclusive (share of samples with the function on the stack):"
+    for name, count in inclusive.most_common(top):
+        yield f"    {100 * count / total:5.1f} %  {name}"
+    yield "  hottest functions, self time:"
+    for name, count in own.most_common(top):
+        yield f"    {100 * count / total:5.1f} %  {name}"
+
+
+# ---------------------------------------------------------------- main
+
+
+def _arguments(argv: Sequence[str]) -> argparse.Namespace:
+    env = os.environ.get
+    parser = argparse.ArgumentParser(prog="bench fleet_heartbeats", description=__doc__.split("\n")[0])
+    parser.add_argument("--nodes", type=int, default=int(env("RIGBASE_BENCH_NODES", "10000")))
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=float(env("RIGBASE_BENCH_RATE", "0")),
+        help="beats/s (default: nodes / 30 s)",
+    )
+    parser.add_argument("--seconds", type=float, default=float(env("RIGBASE_BENCH_SECONDS", "60")))
+    parser.add_argument("--quote-every", type=int, default=int(env("RIGBASE_BENCH_QUOTE_EVERY", "10")))
+    parser.add_argument("--connections", type=int, default=int(env("RIGBASE_BENCH_CONNECTIONS", "8")))
+    parser.add_argument(
+        "--profile-seconds",
+        type=float,
+        default=float(env("RIGBASE_BENCH_PROFILE_SECONDS", "15")),
+        help="py-spy sample of the server after the measurement (0: none)",
+    )
+    parser.add_argument(
+        "--profile-out", type=Path, default=None, help="keep py-spy's raw samples (collapsed stacks) here"
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=int(env("RIGBASE_BENCH_WORKERS", "1")),
+        help="`provision serve --workers N` (N > 1: not pinned, all cores shared)",
+    )
+    parser.add_argument("--no-pin", action="store_true", help="do not pin the server to core 0")
+    args, _ = parser.parse_known_args(list(argv))  # a neighbour's options pass through
+    args.rate = args.rate or args.nodes / HEARTBEAT_S
+    if args.nodes < args.quote_every or args.rate <= 0 or args.seconds <= 0:
+        parser.error("--nodes must be at least --quote-every, --rate and --seconds positive")
+    return args
+
+
+@contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def run(args: argparse.Namespace) -> None:
+    from tests.fixtures.control_plane import start_control_plane
+    from tests.fixtures.postgres import PostgresCluster
+
+    cycle_s = args.nodes / args.rate
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(
+        f"fleet heartbeats: {args.nodes} nodes at {args.rate:.0f} beats/s (each node every {cycle_s:.0f} s) "
+        f"for {args.seconds:.0f} s, a quote every {args.quote_every}th beat; {SOURCE_NOTE}"
+    )
+    layout = (
+        f"`provision serve --workers {args.workers}`, all cores shared"
+        if args.workers > 1
+        else "one `provision serve` process, cores shared"
+        if args.no_pin
+        else "one `provision serve` process on core 0, the load client on the others, PostgreSQL unpinned"
+    )
+    print(f"  machine: {os.cpu_count()} CPUs, load average {load} (other work inflates p99)")
+    print(
+        f"  server: {layout}; TLS on loopback, {args.connections} keep-alive connections; "
+        "PostgreSQL: a throw-away cluster (fsync off)"
+    )
+    if cycle_s > 50:
+        print("  warning: a node beats less often than every 50 s: its quote nonce (60 s) may expire")
+    with ExitStack() as stack:
+        tmp = Path(tempfile.mkdtemp(prefix="rigbase-bench-fleet-"))
+        stack.callback(shutil.rmtree, tmp, True)
+        cluster = stack.enter_context(PostgresCluster())
+        url = cluster.create_database()
+        t = time.perf_counter()
+        nodes = seed(url, args.nodes, args.quote_every)
+        print(
+            f"  seeded {len(nodes)} joined nodes with software AKs in PostgreSQL "
+            f"({time.perf_counter() - t:.1f} s)"
+        )
+        server_env = {"RIGBASE_QUOTE_EVERY": str(args.quote_every), "RIGBASE_HEARTBEAT_S": str(HEARTBEAT_S)}
+        stack.enter_context(_environment(server_env))  # start_control_plane hands os.environ on
+        workers = ("--workers", str(args.workers)) if args.workers > 1 else ()
+        pin = None if args.no_pin or args.workers > 1 else 0
+        cp = stack.enter_context(start_control_plane(tmp / "home", url, pin_cpu=pin, extra_args=workers))
+        cores = os.cpu_count() or 1
+        if pin is not None and cores > 1:  # the client off the server's core, for the run only
+            stack.callback(os.sched_setaffinity, 0, os.sched_getaffinity(0))
+            os.sched_setaffinity(0, set(range(1, cores)))
+        postmaster = int((cluster.data / "postmaster.pid").read_text().split()[0])
+        summary = asyncio.run(_load(args, nodes, cp.url, cp.verify, cp.process.pid, postmaster, url, tmp))
+    for line in summary:
+        print(line)
+
+
+async def _load(
+    args: argparse.Namespace,
+    nodes: list[SimNode],
+    url: str,
+    verify: Any,
+    server_pid: int,
+    postmaster: int,
+    database_url: str,
+    tmp: Path,
+) -> list[str]:
+    limits = httpx.Limits(max_connections=args.connections, max_keepalive_connections=args.connections)
+    async with httpx.AsyncClient(
+        base_url=url, verify=verify, limits=limits, timeout=httpx.Timeout(30, pool=60)
+    ) as client:
+        # the server's own background work (reconcilers), without beats
+        idle0 = tree_cpu_s(server_pid)
+        await asyncio.sleep(3)
+        idle_pct = 100 * (tree_cpu_s(server_pid) - idle0) / 3
+        # warm-up: the nodes asked for a quote "in the cycle before" (connections open on the way)
+        primed = [n for n in nodes if n.index % args.quote_every == 0]
+        warm = Tally()
+        await drive(client, primed, args.rate, len(primed) / args.rate, warm, [0])
+        if warm.errors:
+            return [f"  warm-up failed: {dict(warm.errors)}"]
+        asked = sum(1 for n in primed if n.nonce)
+        tally, cursor = Tally(), [0]
+        tables0 = await table_activity(database_url)
+        cpu0 = (tree_cpu_s(server_pid), tree_cpu_s(postmaster), sum(os.times()[:2]))
+        elapsed = await drive(client, nodes, args.rate, args.seconds, tally, cursor)
+        cpu1 = (tree_cpu_s(server_pid), tree_cpu_s(postmaster), sum(os.times()[:2]))
+        tables1 = await table_activity(database_url)
+        lines = _report(
+            args, tally, elapsed, [b - a for a, b in zip(cpu0, cpu1, strict=True)], asked, len(primed)
+        )
+        lines.insert(-1, f"  server CPU with no beats (its reconcilers): {idle_pct:.0f} % of one core")
+        lines += summarise_tables(tables0, tables1, tally.sent)
+        if args.profile_seconds > 0:
+            raw = args.profile_out or tmp / "server.pyspy.txt"
+            spy = profile(server_pid, args.profile_seconds, raw)
+            if spy is None:
+                lines.append("  where the time goes: py-spy is not installed (.venv/bin/pip install py-spy)")
+            else:
+                await drive(client, nodes, args.rate, args.profile_seconds + 1, None, cursor)
+                _, err = spy.communicate(timeout=120)
+                if raw.exists():
+                    lines += summarise_profile(raw)
+                else:
+                    lines.append(f"  py-spy failed: {err.decode().strip()[-300:]}")
+    return lines
+
+
+def _report(
+    args: argparse.Namespace, tally: Tally, elapsed: float, cpu: list[float], asked: int, primed: int
+) -> list[str]:
+    lat = tally.latencies_ms
+    p50, p99 = (statistics.median(lat) if lat else float("nan")), _pct(lat, 0.99)
+    qp50, qp99 = (
+        (statistics.median(tally.quote_latencies_ms) if tally.quote_latencies_ms else float("nan")),
+        _pct(tally.quote_latencies_ms, 0.99),
+    )
+    errors = sum(tally.errors.values())
+    lines = [
+        f"  warm-up: {primed} beats, {asked} answers asked for a quote",
+        f"  heartbeat latency (from the scheduled send): p50 {p50:.1f} ms, p99 {p99:.1f} ms, "
+        f"max {max(lat, default=float('nan')):.1f} ms over {len(lat)} beats",
+        f"  beats carrying a quote: {tally.quotes} ({100 * tally.quotes / max(1, len(lat)):.1f} %), "
+        f"p50 {qp50:.1f} ms, p99 {qp99:.1f} ms",
+        f"  achieved {len(lat) / elapsed:.0f} beats/s answered (target {args.rate:.0f}/s), errors {errors}"
+        + (f": {tally.errors.most_common(3)}" if errors else ""),
+        f"  CPU over the run: server {100 * cpu[0] / elapsed:.0f} % of one core, PostgreSQL "
+        f"{100 * cpu[1] / elapsed:.0f} %, load client {100 * cpu[2] / elapsed:.0f} %; server "
+        f"{1000 * cpu[0] / max(1, len(lat)):.2f} ms CPU per beat",
+        f"  p99 / {GOAL_P99_MS:.0f} ms goal = {p99 / GOAL_P99_MS:.2f} ({SOURCE_NOTE})",
+    ]
+    return lines
+
+
+def options_from_argv(argv: Sequence[str]) -> list[str]:
+    """The options after the module names: `python -m bench fleet_heartbeats --nodes 200` hands every
+    benchmark the whole command line (bench/__main__.py), whose names come first."""
+    return list(next((argv[i:] for i, a in enumerate(argv) if a.startswith("--")), []))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    run(_arguments(options_from_argv(sys.argv[1:]) if argv is None else argv))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,321 @@
+"""Join burst benchmark (issue 17, "Fleet scale"): N minions (default 1,000), each with its OWN swtpm process
+and EK, start the attested join at the same instant against ONE control plane (`provision serve`, TLS,
+a throw-away PostgreSQL cluster by default); none was added as a node, so each ends pending (202).
+Measured: the time from the start signal until every minion is pending, joins/s, and the ratio to the
+60 s goal (the earlier bench_join burst: 200 in 20.4 s).
+
+What the figure includes: both join steps over HTTPS (POST /v1/join, then the proof: TPM2_ActivateCredential
+and TPM2_Quote on the minion's swtpm), the server's EK chain, credential and quote checks and its writes.
+Not included: manufacturing the TPM states (swtpm_setup, ~0.7 s each, once, cached in
+$RIGBASE_BENCH_CACHE, shared with bench_join), starting the swtpm processes (parallel batches of
+`--batch`) and creating each minion's AK. On a real fleet each minion's TPM work runs on its own machine;
+here all N swtpms share the server's two cores, so the swtpm CPU is printed beside the server's.
+Every swtpm process is stopped at the end, also on Ctrl-C or SIGTERM.
+
+    .venv/bin/python -m bench join_burst                       # full size: 1,000 minions, PostgreSQL
+    .venv/bin/python -m bench join_burst --minions 20          # a quick look
+    RIGBASE_BENCH_MINIONS=20 RIGBASE_BENCH_STORE=sqlite .venv/bin/python -m bench join_burst
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import httpx
+
+from bench.bench_fleet_heartbeats import options_from_argv, tree_cpu_s
+
+os.environ.setdefault("TSS2_LOG", "all+none")  # tpm2-tss logs harmless NV probes otherwise
+
+GOAL_S = 60.0
+EARLIER = "bench_join: 200 minions in 20.4 s"
+
+
+@dataclass
+class Outcome:
+    status: int | str  # the proof's HTTP status, or the error
+    answered_s: float  # seconds after the start signal
+
+
+class BurstMinion:
+    """One minion: its swtpm, a TPM session with its AK, its own HTTPS client (its own connection)."""
+
+    def __init__(self, tpm: Any, url: str, token: str, verify: Any) -> None:
+        from minion.tpm.session import TpmSession
+
+        self.tpm = tpm
+        self.session = TpmSession(tpm.tcti)
+        self.session.open()
+        self.ak = self.session.create_ak()
+        self.minion_id = self.session.endorsement_key().minion_id
+        self.http = httpx.Client(base_url=url, timeout=300, verify=verify)
+        self.token = token
+
+    def join(self) -> int | str:
+        """Both steps as the minion does them: the proof's status (202: pending), or its refusal."""
+        from minion.join.attest import join_request, parse_challenge, proof_payload
+
+        body = join_request(
+            self.session,
+            self.ak,
+            join_token=self.token,
+            inventory={"gpus": [{"model": "NVIDIA GeForce RTX 4090", "memory_mib": 24564}]},
+            requirements={"ok": True, "rules": []},
+        )
+        first = self.http.post("/v1/join", json=body)
+        first.raise_for_status()
+        challenge = parse_challenge(first.json())
+        proof = self.http.post(
+            f"/v1/join/{challenge.join_id}/proof",
+            json=proof_payload(self.session, self.ak, challenge),
+            headers={"Authorization": f"Bearer {self.token}"},
+        )
+        if proof.status_code >= 400:
+            return f"HTTP {proof.status_code}: {proof.text[:160]}"
+        return proof.status_code
+
+    def close(self) -> None:
+        self.session.close()
+        self.http.close()
+
+
+# ---------------------------------------------------------------- swtpm processes
+
+
+def manufacture(cache: Path, count: int) -> tuple[Any, list[Any]]:
+    """The vendor CA and `count` TPM states, made once (two at a time: swtpm_setup is CPU-bound)."""
+    from provisioner.lab.swtpm import create_vendor_ca, provision_swtpm
+
+    ca = create_vendor_ca(cache / "ca")
+    with ThreadPoolExecutor(2) as pool:
+        golden = list(pool.map(lambda i: provision_swtpm(cache / f"tpm-{i:04d}", ca), range(count)))
+    return ca, golden
+
+
+def start_copy(golden: Any, directory: Path) -> Any:
+    from provisioner.lab.swtpm import Swtpm
+
+    tpm = Swtpm(directory)
+    directory.mkdir(parents=True)
+    shutil.copytree(golden.state_dir, tpm.state_dir)
+    shutil.copytree(golden.ek_certificate.parent, tpm.ek_certificate.parent)
+    tpm.start()
+    return tpm
+
+
+@contextmanager
+def swtpm_fleet(golden: Sequence[Any], work: Path, batch: int) -> Iterator[list[Any]]:
+    """Start a copy of every state (in parallel batches); stop and delete every one on the way out,
+    whatever happens (Ctrl-C and SIGTERM included)."""
+    started: list[Any] = []
+    lock = threading.Lock()
+
+    def start(i: int) -> Any:
+        tpm = start_copy(golden[i], work / f"m-{i:04d}")
+        with lock:
+            started.append(tpm)
+        return tpm
+
+    try:
+        with ThreadPoolExecutor(batch) as pool:
+            yield list(pool.map(start, range(len(golden))))
+    finally:
+        with ThreadPoolExecutor(batch) as pool:
+            list(pool.map(lambda tpm: tpm.remove(), started))
+
+
+@contextmanager
+def sigterm_unwinds() -> Iterator[None]:
+    """SIGTERM raises SystemExit in the main thread, so every `finally` (swtpms, server, PostgreSQL) runs."""
+    previous = signal.signal(signal.SIGTERM, _exit_on_signal)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _exit_on_signal(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(f"stopped by signal {signum}")
+
+
+def swtpm_rss_mib(tpms: Sequence[Any]) -> float:
+    """The swtpm processes' resident memory together (a real fleet has one TPM per machine)."""
+    total_kib = 0
+    for pid in (t.pid() for t in tpms):
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except (OSError, TypeError):
+            continue
+        total_kib += next(
+            (int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")), 0
+        )
+    return total_kib / 1024
+
+
+def swtpm_cpu_s(tpms: Sequence[Any]) -> float:
+    return sum(tree_cpu_s(pid) for pid in (t.pid() for t in tpms) if pid is not None)
+
+
+# ---------------------------------------------------------------- the burst
+
+
+def burst(minions: Sequence[BurstMinion]) -> tuple[list[Outcome], float]:
+    """All minions start joining at one instant (a thread each); their outcomes and the start time."""
+    gate = threading.Barrier(len(minions) + 1)
+    outcomes: list[Outcome | None] = [None] * len(minions)
+    start = [0.0]
+
+    def go(i: int, m: BurstMinion) -> None:
+        gate.wait()
+        try:
+            status: int | str = m.join()
+        except Exception as exc:  # noqa: BLE001 - every failure is counted and shown
+            status = f"{type(exc).__name__}: {exc}"[:200]
+        outcomes[i] = Outcome(status, time.perf_counter() - start[0])
+
+    threads = [threading.Thread(target=go, args=(i, m), daemon=True) for i, m in enumerate(minions)]
+    for th in threads:
+        th.start()
+    start[0] = time.perf_counter()
+    gate.wait()
+    for th in threads:
+        th.join()
+    return [o for o in outcomes if o is not None], start[0]
+
+
+def count_pending(database_url: str, minion_ids: set[str]) -> int:
+    """How many of these minions the store holds as attested pending minions (read straight from it: the
+    pending list route looks up each row's node, which would load the server while it is measured)."""
+    from sqlalchemy import select
+
+    from provisioner.store.engine import make_engine
+    from provisioner.store.join_models import PendingMinion
+
+    engine = make_engine(database_url)
+    try:
+        with engine.connect() as c:
+            rows = c.execute(select(PendingMinion.minion_id).where(PendingMinion.attested.is_(True)))
+            return sum(1 for (minion_id,) in rows if minion_id in minion_ids)
+    finally:
+        engine.dispose()
+
+
+def _arguments(argv: Sequence[str]) -> argparse.Namespace:
+    env = os.environ.get
+    parser = argparse.ArgumentParser(prog="bench join_burst", description=__doc__.split("\n")[0])
+    parser.add_argument("--minions", type=int, default=int(env("RIGBASE_BENCH_MINIONS", "1000")))
+    parser.add_argument(
+        "--store", choices=("postgresql", "sqlite"), default=env("RIGBASE_BENCH_STORE", "postgresql")
+    )
+    parser.add_argument(
+        "--batch", type=int, default=int(env("RIGBASE_BENCH_BATCH", "16")), help="swtpms started at once"
+    )
+    args, _ = parser.parse_known_args(list(argv))  # a neighbour's options pass through
+    if args.minions < 1 or args.batch < 1:
+        parser.error("--minions and --batch must be at least 1")
+    return args
+
+
+def _setup(cp: Any, ca: Any) -> str:
+    """Provider, region, the vendor CA; a join token good for the burst."""
+    with cp.client() as client:
+        client.post("/v1/providers", json={"kind": "physical"}).raise_for_status()
+        client.post("/v1/regions", json={"name": "burst", "provider": "physical"}).raise_for_status()
+        pem = b"".join(ca.certificate_pems()).decode()
+        client.post("/v1/tpm-cas", json={"pem": pem}).raise_for_status()
+        return str(client.post("/v1/regions/burst/join-tokens", json={"ttl": "2h"}).json()["token"])
+
+
+def _parallel(pool_size: int, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
+    with ThreadPoolExecutor(pool_size) as pool:
+        return list(pool.map(fn, items))
+
+
+def run(args: argparse.Namespace) -> None:
+    from tests.fixtures.control_plane import start_control_plane
+    from tests.fixtures.postgres import PostgresCluster
+
+    cache = Path(os.environ.get("RIGBASE_BENCH_CACHE", "/tmp/rigbase-bench-swtpm"))
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(
+        f"join burst: {args.minions} minions, each with its own swtpm, join at once against one control "
+        f"plane ({args.store}); {os.cpu_count()} CPUs, load average {load}"
+    )
+    t = time.monotonic()
+    ca, golden = manufacture(cache, args.minions)
+    print(f"  {len(golden)} swtpm states ready ({time.monotonic() - t:.0f} s, cached in {cache})")
+    with ExitStack() as stack:
+        stack.enter_context(sigterm_unwinds())
+        work = Path(tempfile.mkdtemp(prefix="rigbase-bench-burst-"))
+        stack.callback(shutil.rmtree, work, True)
+        if args.store == "postgresql":
+            url = stack.enter_context(PostgresCluster()).create_database()
+        else:
+            (work / "home").mkdir()
+            url = f"sqlite:///{work / 'home' / 'rigbase.db'}"
+        cp = stack.enter_context(start_control_plane(work / "home", url))
+        token = _setup(cp, ca)
+        t = time.monotonic()
+        tpms = stack.enter_context(swtpm_fleet(golden, work, args.batch))
+        minions: list[BurstMinion] = []
+        stack.callback(lambda: _parallel(args.batch, BurstMinion.close, minions))
+        minions += _parallel(args.batch, lambda tpm: BurstMinion(tpm, cp.url, token, cp.verify), tpms)
+        print(
+            f"  {len(tpms)} swtpm processes started and AKs created in batches of {args.batch} "
+            f"({time.monotonic() - t:.1f} s, not timed; {swtpm_rss_mib(tpms):.0f} MiB resident together)"
+        )
+        cpu0 = (tree_cpu_s(cp.process.pid), swtpm_cpu_s(tpms), sum(os.times()[:2]))
+        outcomes, _ = burst(minions)
+        cpu1 = (tree_cpu_s(cp.process.pid), swtpm_cpu_s(tpms), sum(os.times()[:2]))
+        pending = count_pending(url, {m.minion_id for m in minions})
+    _report(args, outcomes, pending, [b - a for a, b in zip(cpu0, cpu1, strict=True)])
+
+
+def _report(
+    args: argparse.Namespace, outcomes: Sequence[Outcome], pending: int, cpu: Sequence[float]
+) -> None:
+    statuses = Counter(o.status if isinstance(o.status, int) else "error" for o in outcomes)
+    errors = [o.status for o in outcomes if not isinstance(o.status, int) or o.status != 202]
+    all_s = max(o.answered_s for o in outcomes)
+    times = sorted(o.answered_s for o in outcomes)
+    print(
+        f"  answers: {dict(statuses)}; pending in the store afterwards: {pending}/{args.minions}"
+        + (f"; first error: {errors[0]}" if errors else "")
+    )
+    print(
+        f"  all {args.minions} pending after {all_s:.1f} s ({args.minions / all_s:.1f} joins/s); "
+        f"half after {statistics.median(times):.1f} s"
+    )
+    print(
+        f"  CPU during the burst: server {cpu[0]:.1f} s ({100 * cpu[0] / all_s:.0f} % of one core), "
+        f"the {args.minions} swtpms {cpu[1]:.1f} s, the minions' client side (this process) {cpu[2]:.1f} s"
+    )
+    print(
+        f"  time / {GOAL_S:.0f} s goal = {all_s / GOAL_S:.2f}"
+        + ("" if pending == args.minions and not errors else "  (NOT all pending: see errors)")
+        + f"; earlier: {EARLIER}"
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    run(_arguments(options_from_argv(sys.argv[1:]) if argv is None else argv))
+
+
+if __name__ == "__main__":
+    main()
