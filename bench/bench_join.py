@@ -35,7 +35,8 @@ P50_TARGET_S = 1.0
 KEYLIME_S = 2.0
 
 
-def _manufacture(cache: Path, count: int) -> tuple[Any, list[Any]]:
+def manufacture(cache: Path, count: int) -> tuple[Any, list[Any]]:
+    """The vendor CA and `count` TPM states, made once (two at a time: swtpm_setup is CPU-bound)."""
     from provisioner.lab.swtpm import create_vendor_ca, provision_swtpm
 
     ca = create_vendor_ca(cache / "ca")
@@ -44,7 +45,7 @@ def _manufacture(cache: Path, count: int) -> tuple[Any, list[Any]]:
     return ca, golden
 
 
-def _start_copy(golden: Any, directory: Path) -> Any:
+def start_copy(golden: Any, directory: Path) -> Any:
     from provisioner.lab.swtpm import Swtpm
 
     tpm = Swtpm(directory)
@@ -111,7 +112,7 @@ def main() -> None:
 
     cache = Path(os.environ.get("RIGBASE_BENCH_CACHE", "/tmp/rigbase-bench-swtpm"))
     t = time.monotonic()
-    ca, golden = _manufacture(cache, max(LATENCY_JOINS, BURST))
+    ca, golden = manufacture(cache, max(LATENCY_JOINS, BURST))
     print(
         f"join bench: {len(golden)} swtpm states ready ({time.monotonic() - t:.0f} s, cached in {cache}); "
         f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}"
@@ -130,7 +131,7 @@ def main() -> None:
             # -- latency -------------------------------------------------------------------------
             latencies: list[float] = []
             for i in range(LATENCY_JOINS):
-                tpm = _start_copy(golden[i], work / f"lat-{i}")
+                tpm = start_copy(golden[i], work / f"lat-{i}")
                 tpms.append(tpm)
                 m = Minion(tpm, cp.url, token, cp.verify)
                 client.post(
@@ -158,7 +159,7 @@ def main() -> None:
             t = time.monotonic()
             with ThreadPoolExecutor(8) as pool:
                 tpms = list(
-                    pool.map(lambda i: _start_copy(golden_burst[i], work / f"burst-{i}"), range(BURST))
+                    pool.map(lambda i: start_copy(golden_burst[i], work / f"burst-{i}"), range(BURST))
                 )
                 minions = list(pool.map(lambda tpm: Minion(tpm, cp.url, token, cp.verify), tpms))
             print(

@@ -40,6 +40,7 @@ from typing import Any
 import httpx
 
 from bench.bench_fleet_heartbeats import options_from_argv, tree_cpu_s
+from bench.bench_join import manufacture, start_copy
 
 os.environ.setdefault("TSS2_LOG", "all+none")  # tpm2-tss logs harmless NV probes otherwise
 
@@ -96,27 +97,6 @@ class BurstMinion:
 
 
 # ---------------------------------------------------------------- swtpm processes
-
-
-def manufacture(cache: Path, count: int) -> tuple[Any, list[Any]]:
-    """The vendor CA and `count` TPM states, made once (two at a time: swtpm_setup is CPU-bound)."""
-    from provisioner.lab.swtpm import create_vendor_ca, provision_swtpm
-
-    ca = create_vendor_ca(cache / "ca")
-    with ThreadPoolExecutor(2) as pool:
-        golden = list(pool.map(lambda i: provision_swtpm(cache / f"tpm-{i:04d}", ca), range(count)))
-    return ca, golden
-
-
-def start_copy(golden: Any, directory: Path) -> Any:
-    from provisioner.lab.swtpm import Swtpm
-
-    tpm = Swtpm(directory)
-    directory.mkdir(parents=True)
-    shutil.copytree(golden.state_dir, tpm.state_dir)
-    shutil.copytree(golden.ek_certificate.parent, tpm.ek_certificate.parent)
-    tpm.start()
-    return tpm
 
 
 @contextmanager
