@@ -1,9 +1,15 @@
 """API benchmark: the control plane on SQLite and on PostgreSQL with 10,000 nodes stored.
 
 Measures (one uvicorn process pinned to one core, client on the other):
-- node list, pages of 500 (keyset pagination, walking all 20 pages) — target p99 < 50 ms;
+- node list, pages of 500 (keyset pagination, walking all 20 pages) — goal p99 < 25 ms (issue 17);
 - a state write (maintenance toggle: row lock, transition check, audit row, commit).
-Prints requests/s, p50, p99 and the ratio p99 / 50 ms target (< 1.0 meets the target)."""
+Two report profiles: 'compact' (the two-field inventory the earlier figures were taken with) and
+'realistic', as a minion sends it: 8 GPUs with their PCIe links and sources, 6 drives, 2 NICs, CPU and
+TPM, and a requirement report of 10 rules (about 6 KiB of JSON per node, a page of 500 is ~3.4 MB).
+Latency is the request alone; the client parses the page after the stopwatch.
+BENCH_API_ONLY=sqlite/compact (or =postgresql) runs one backend and profile.
+Prints requests/s, p50, p99, the ratio p99 / goal (< 1.0 meets it) and the load average at the start
+and at the end: the machine is shared, and other work inflates p99."""
 
 from __future__ import annotations
 
@@ -15,10 +21,23 @@ import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import httpx
 from sqlalchemy import insert
 
+from minion.hardware.model import (
+    Cpu,
+    Drive,
+    DriveKind,
+    FormFactor,
+    Gpu,
+    GpuClass,
+    Inventory,
+    Nic,
+    PcieLink,
+    Tpm,
+)
 from provisioner.services import providers, regions
 from provisioner.store.engine import make_engine, make_sessionmaker
 from provisioner.store.migrate import upgrade
@@ -26,18 +45,88 @@ from provisioner.store.models import AuditEvent, Node, new_id, utcnow
 
 NODES = 10_000
 PAGE = 500
-TARGET_P99_MS = 50.0
+LIST_GOAL_P99_MS = 25.0
+WRITE_GOAL_P99_MS = 50.0
 LIST_ROUNDS = 10  # x 20 pages
 WRITES = 400
+RULES = (
+    "tpm",
+    "gpu_count",
+    "gpu_pcie",
+    "cpu_cores",
+    "memory",
+    "nvme_count",
+    "nvme_capacity",
+    "sata",
+    "nic",
+    "os",
+)
 
 
-def seed(url: str) -> None:
+def inventory(i: int) -> dict[str, Any]:
+    """What `minion inventory --json` reports for an 8-GPU compute node (minion/hardware/model.py)."""
+    gpus = [
+        Gpu(
+            pci_address=f"0000:{0x18 + g:02x}:00.0",
+            vendor_id="10de",
+            device_id="2684",
+            vendor="NVIDIA",
+            name="AD102 [GeForce RTX 4090]",
+            model="NVIDIA GeForce RTX 4090",
+            vram_bytes=25_757_220_864,
+            gpu_class=GpuClass.DEVELOPMENT,
+            form_factor=FormFactor.PCIE,
+            catalogue_pcie_gen=4,
+            driver="nvidia",
+            link=PcieLink(16.0, 16, 16.0, 16, 16.0),
+            sources={"model": "nvml", "vram_bytes": "nvml", "gpu_class": "catalogue"},
+        )
+        for g in range(8)
+    ]
+    drives = [
+        Drive(f"nvme{d}n1", DriveKind.NVME, 3_840_755_982_336, False, None, "SAMSUNG MZQL23T8HCLS")
+        for d in range(2)
+    ]
+    drives += [Drive(f"sd{c}", DriveKind.SATA, 4_000_787_030_016, True, 7200, "ST4000NM0035") for c in "abcd"]
+    return Inventory(
+        hostname=f"gpu-{i:05d}",
+        cpu=Cpu(physical_cores=64, threads=128, sockets=2, model="AMD EPYC 7543 32-Core Processor"),
+        memory_total_bytes=540_000_000_000,
+        tpm=Tpm(present=True, major_version=2, device="/dev/tpmrm0", source="sysfs"),
+        gpus=gpus,
+        drives=drives,
+        nics=[Nic(f"ens{n}f0", 25_000, True, f"b8:ce:f6:00:{i % 256:02x}:{n:02x}") for n in range(2)],
+    ).to_json()
+
+
+def requirements() -> dict[str, Any]:
+    rules = [
+        {"rule": r, "ok": True, "required": "at least what the rule asks", "found": "enough", "detail": ""}
+        for r in RULES
+    ]
+    return {"ok": True, "rules": rules}
+
+
+def compact(i: int) -> dict[str, Any]:
+    """The summary-sized report the earlier figures were taken with (the README's and issue 17's)."""
+    return {"gpus": 4, "gpu_model": "RTX 4090"}
+
+
+# inventory and requirement report of every node, by profile
+PROFILES: dict[str, tuple[Callable[[int], dict[str, Any]], dict[str, Any]]] = {
+    "compact": (compact, {"ok": True}),
+    "realistic": (inventory, requirements()),
+}
+
+
+def seed(url: str, profile: str = "realistic", nodes: int = NODES) -> None:
     engine = make_engine(url)
     upgrade(url, engine)
     with make_sessionmaker(engine).begin() as s:
         providers.enable(s, "physical", {}, actor="bench")
         region = regions.create(s, "bench-1", provider="physical", actor="bench")
         now = utcnow()
+        node_inventory, report = PROFILES[profile]
         rows = [
             dict(
                 id=new_id("node"),
@@ -50,16 +139,17 @@ def seed(url: str) -> None:
                 mining=False,
                 state="active" if i % 2 else "maintenance",
                 reason=None,
-                inventory={"gpus": 4, "gpu_model": "RTX 4090"},
-                requirements={"ok": True},
+                inventory=node_inventory(i),
+                requirements=report,
                 last_heartbeat_at=now,
                 created_at=now,
                 updated_at=now,
                 version=1,
             )
-            for i in range(NODES)
+            for i in range(nodes)
         ]
-        s.execute(insert(Node), rows)
+        for start in range(0, nodes, 1000):
+            s.execute(insert(Node), rows[start : start + 1000])
         s.execute(
             insert(AuditEvent),
             [
@@ -78,7 +168,15 @@ def seed(url: str) -> None:
     engine.dispose()
 
 
-def measure(call: Callable[[], httpx.Response], n: int) -> tuple[float, float, float]:
+def load_average() -> str:
+    return ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def measure(
+    call: Callable[[], httpx.Response], n: int, then: Callable[[httpx.Response], None]
+) -> tuple[float, float, float]:
+    """`n` calls: requests/s, p50 and p99 in ms of the request alone (`then` reads the answer after the
+    stopwatch: a client's JSON parsing of a 3 MB page is not the server's latency)."""
     latencies = []
     started = time.perf_counter()
     for _ in range(n):
@@ -86,64 +184,84 @@ def measure(call: Callable[[], httpx.Response], n: int) -> tuple[float, float, f
         r = call()
         latencies.append((time.perf_counter() - t) * 1000)
         r.raise_for_status()
+        then(r)
     elapsed = time.perf_counter() - started
     latencies.sort()
     p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
     return n / elapsed, statistics.median(latencies), p99
 
 
-def run(backend: str, url: str, home: Path) -> None:
+def _line(backend: str, what: str, figures: tuple[float, float, float], goal_ms: float) -> str:
+    rps, p50, p99 = figures
+    return (
+        f"  {backend:10s} {what:17s}: {rps:7.1f} req/s  p50 {p50:6.1f} ms  p99 {p99:6.1f} ms  "
+        f"p99/goal({goal_ms:.0f} ms) {p99 / goal_ms:.2f}"
+    )
+
+
+def run(backend: str, profile: str, url: str, home: Path) -> None:
     from tests.fixtures.control_plane import start_control_plane
 
-    seed(url)
+    seed(url, profile)
+    label = f"{backend}/{profile}"
     with start_control_plane(home, url, pin_cpu=0) as cp, cp.client() as c:
         cursor: list[str | None] = [None]
 
         def page() -> httpx.Response:
-            r = c.get("/v1/nodes", params={"limit": PAGE, **({"after": cursor[0]} if cursor[0] else {})})
+            return c.get("/v1/nodes", params={"limit": PAGE, **({"after": cursor[0]} if cursor[0] else {})})
+
+        def next_page(r: httpx.Response) -> None:
             body = r.json()
             assert len(body["items"]) == PAGE
             cursor[0] = body["next"]
-            return r
 
-        page()  # warm up
+        for _ in range(NODES // PAGE):  # warm up: one walk through every page
+            next_page(page())
         cursor[0] = None
-        rps, p50, p99 = measure(page, LIST_ROUNDS * NODES // PAGE)
+        size = len(page().content)
         print(
-            f"  {backend:10s} list page of {PAGE}: {rps:7.1f} req/s  p50 {p50:6.1f} ms  p99 {p99:6.1f} ms  "
-            f"p99/target {p99 / TARGET_P99_MS:.2f}",
-            flush=True,
+            f"  {label:20s} load average at start {load_average()}; a page is {size / 1e6:.2f} MB", flush=True
         )
+        lists = measure(page, LIST_ROUNDS * NODES // PAGE, next_page)
+        print(_line(label, f"list page of {PAGE}", lists, LIST_GOAL_P99_MS), flush=True)
         i = [0]
 
         def write() -> httpx.Response:
             i[0] += 1
             return c.post(f"/v1/nodes/n{i[0] % NODES:05d}/maintenance", json={"mode": "toggle"})
 
-        rps, p50, p99 = measure(write, WRITES)
-        print(
-            f"  {backend:10s} state write      : {rps:7.1f} req/s  p50 {p50:6.1f} ms  p99 {p99:6.1f} ms  "
-            f"p99/target {p99 / TARGET_P99_MS:.2f}",
-            flush=True,
-        )
+        print(_line(label, "state write", measure(write, WRITES, lambda r: None), WRITE_GOAL_P99_MS))
+        print(f"  {label:20s} load average at end   {load_average()}", flush=True)
 
 
 def main() -> None:
     from tests.fixtures.postgres import PostgresCluster
 
-    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(
-        f"API with {NODES} nodes; server: one uvicorn process on one core; "
-        f"target p99 < {TARGET_P99_MS:.0f} ms; "
-        f"load average {load} on {os.cpu_count()} cores (other work inflates p99)"
+        f"API with {NODES} nodes, over TLS; server: one uvicorn process on one core; goal: a page of {PAGE} "
+        f"at p99 < {LIST_GOAL_P99_MS:.0f} ms; reports 'compact' (as the earlier figures) "
+        f"and 'realistic' (8 GPUs, 6 drives, 2 NICs, 10 rules: ~6 KiB a node); {os.cpu_count()} cores, "
+        f"load average (1, 5, 15 min) {load_average()} at start (other work inflates p99)",
+        flush=True,
     )
+    only = os.environ.get("BENCH_API_ONLY", "")  # e.g. "sqlite/compact": one backend/profile
     with ExitStack() as stack:
         tmp = Path(tempfile.mkdtemp(prefix="rigbase-bench-"))
         stack.callback(shutil.rmtree, tmp, True)
-        (tmp / "sqlite").mkdir()
-        run("sqlite", f"sqlite:///{tmp / 'sqlite' / 'rigbase.db'}", tmp / "sqlite")
-        cluster = stack.enter_context(PostgresCluster())
-        run("postgresql", cluster.create_database(), tmp / "pg")
+        cluster: PostgresCluster | None = None
+        for backend in ("sqlite", "postgresql"):
+            for profile in PROFILES:
+                if only and only != f"{backend}/{profile}" and only != backend:
+                    continue
+                home = tmp / f"{backend}-{profile}"
+                home.mkdir()
+                if backend == "sqlite":
+                    url = f"sqlite:///{home / 'rigbase.db'}"
+                else:
+                    cluster = cluster or stack.enter_context(PostgresCluster())
+                    url = cluster.create_database()
+                run(backend, profile, url, home)
+    print(f"load average at end {load_average()}", flush=True)
 
 
 if __name__ == "__main__":

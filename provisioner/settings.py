@@ -26,6 +26,8 @@ DEFAULT_QUOTE_GRACE_BEATS = 3
 # A node's minion reports its finalize run as it goes (docs/join-protocol.md, "Finalize"); one that stays in
 # provisioning this long without any report (a minion too old to finalize, a hung play) is errored.
 DEFAULT_FINALIZE_TIMEOUT_S = 30 * 60.0
+# a node offline (past the online window) or errored this long fails its jobs' workers (docs/jobs.md)
+DEFAULT_JOB_NODE_GRACE_S = 5 * 60.0
 
 
 def _default_home() -> Path:
@@ -72,6 +74,11 @@ class Settings(BaseSettings):
         DEFAULT_FINALIZE_TIMEOUT_S,
         gt=0,
         description="seconds a node in provisioning may go without a finalize report before it is errored",
+    )
+    job_node_grace_s: float = Field(
+        DEFAULT_JOB_NODE_GRACE_S,
+        ge=0,
+        description="seconds a node may stay offline or errored before its jobs' workers fail (or re-queue)",
     )
     # Rate limits per source address, in this process's memory (provisioner/api/limits.py). Only failed
     # authentications spend from the first budget, so well-behaved clients never meet it; joins spend

@@ -2,8 +2,10 @@
 # `make demo`: the local lab walkthrough of docs/lab.md. A control plane, a region `lab` and two
 # simulated nodes (network namespaces, each with its own swtpm, umockdev hardware and minion) come up;
 # the nodes show up pending, are adopted by minion_id, attest and are finalized into maintenance; one is
-# activated; a reservation assigned to it resolves from the operator's laptop namespace; the lab is torn
-# down and nothing is left. Every command is printed before it runs. Needs root (network namespaces).
+# activated; a reservation assigned to it resolves from the operator's laptop namespace; a job runs on it
+# in a podman container and its logs are followed to `succeeded`, and a job asking for a GPU type the lab
+# lacks waits with the reason; the lab is torn down and nothing is left. Every command is printed before
+# it runs. Needs root (network namespaces).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PROVISION=$PWD/.venv/bin/provision
@@ -50,6 +52,22 @@ if "$PROVISION" reservation --help >/dev/null 2>&1; then
 else
   printf '\n# (reservations are not in this build: skipping the mDNS step)\n'
 fi
+
+# Jobs (docs/lab.md, step 5): a project, a job on node-1's (simulated) GPU in a podman container of the
+# lab's own image, its logs followed to the end; then a job for a GPU type the lab does not have
+provision project create lab-demo --description "the lab walkthrough"
+provision job create -f docs/examples/lab-hello.yaml --project lab-demo -y
+provision job logs hello-lab --follow
+job_state() { "$PROVISION" job show "$1" --json | "$PY" -c 'import json, sys; print(json.load(sys.stdin)["state"])'; }
+# the logs end with the container's output; the job's state follows with the node's next heartbeat
+for _ in $(seq 60); do
+  case $(job_state hello-lab) in succeeded | failed | stopped) break ;; esac
+  sleep 0.5
+done
+provision job show hello-lab
+provision job create -f docs/examples/lab-h100.yaml --project lab-demo -y
+provision job show needs-h100
+provision job list --project lab-demo
 
 provision lab status
 provision lab down --yes

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from minion.hardware import catalogue, devices, hostfiles, nvml
+from minion.hardware import catalogue, devices, hostfiles, jetson, jetson_catalogue, nvml
 from minion.hardware.model import FormFactor, Gpu, Inventory
 from minion.hardware.units import GIB
 
@@ -34,6 +34,11 @@ def collect(host_root: Path | None = None, catalogue_file: Path | None = None) -
         entries = None
         notes.append(f"GPU catalogue unreadable: {exc}")
     gpus = [_merge(g, nvml_facts.get(g.pci_address), entries, notes) for g in pci_gpus]
+    try:
+        device = jetson.recognise(host_root, notes=notes)
+    except (jetson.UnsupportedJetson, jetson_catalogue.JetsonCatalogueMissing) as exc:
+        device = None  # still a machine with an inventory; the note says why it is no device
+        notes.append(str(exc))
     return Inventory(
         hostname=hostfiles.hostname(host_root),
         cpu=hostfiles.cpu(host_root),
@@ -43,6 +48,7 @@ def collect(host_root: Path | None = None, catalogue_file: Path | None = None) -
         drives=devices.drives(context),
         nics=devices.nics(context),
         notes=notes,
+        device=device,
     )
 
 

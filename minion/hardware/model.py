@@ -15,6 +15,7 @@ from enum import StrEnum
 from functools import lru_cache
 from typing import Any
 
+from contracts.device import DeviceReport
 from minion.hardware.units import pcie_generation
 
 SCHEMA_VERSION = 1
@@ -129,6 +130,8 @@ class Inventory:
     drives: list[Drive] = field(default_factory=list)
     nics: list[Nic] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # an edge device (Jetson): contracts/device.py; None on a compute or storage node
+    device: DeviceReport | None = None
     schema: int = SCHEMA_VERSION
 
     @property

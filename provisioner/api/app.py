@@ -20,17 +20,21 @@ from typing import Any
 from fastapi import Depends, FastAPI
 from sqlalchemy import Engine
 
-from provisioner.api import errors, links
+from provisioner.api import console, errors, links
 from provisioner.api.deps import require_operator
 from provisioner.api.limits import RequestLimits
 from provisioner.api.routes import (
+    accounts,
+    billing,
     datastores,
     enrollment,
     finalize,
     gcp,
     images,
+    jobs,
     join,
     nodes,
+    projects,
     providers,
     regions,
     reservations,
@@ -55,9 +59,14 @@ OPERATOR_ROUTERS = [
     enrollment.router,
     images.router,
     tokens.router,
+    accounts.router,
+    projects.router,
+    jobs.router,
+    billing.router,
     status.router,
 ]
-OPEN_ROUTERS: list = [join.router, finalize.router]  # join token / node credential auth of their own
+# join token / node credential auth of their own
+OPEN_ROUTERS: list = [join.router, finalize.router, jobs.node_router]
 
 
 class ControlPlaneApp(FastAPI):
@@ -134,4 +143,5 @@ def create_app(
         app.include_router(router, dependencies=[Depends(require_operator)], responses=errors.OPERATOR_ERRORS)
     for router in OPEN_ROUTERS:
         app.include_router(router)
+    console.mount(app)  # the operator's console at / (after the API: its 404 page never shadows /v1)
     return app

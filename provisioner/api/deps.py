@@ -12,7 +12,8 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
-from provisioner.services import tokens
+from provisioner.domain.roles import Principal as PrincipalValue
+from provisioner.services import accounts
 from provisioner.services.heartbeat_timing import HeartbeatTiming
 
 
@@ -72,14 +73,22 @@ NodeCredential = Annotated[str | None, Depends(_node_credential)]
 JoinToken = Annotated[str | None, Depends(_join_token)]
 
 
-def require_operator(
+def require_principal(
     request: Request, session: Db, token: Annotated[str | None, Depends(_operator_token)]
-) -> str:
+) -> PrincipalValue:
+    """Who the operator token is: actor, account and role (services/accounts.py), or 401. FastAPI runs
+    it once per request, however many dependencies ask for it."""
+    principal = accounts.principal_of(session, token)
+    request.state.actor = principal.actor
+    return principal
+
+
+def require_operator(principal: Annotated[PrincipalValue, Depends(require_principal)]) -> str:
     """The audit-trail actor (`operator:<token name>`) or 401. Applied to every operator router in
     the app factory; minion routes (join, heartbeat) use node credentials instead."""
-    actor = f"operator:{tokens.authenticate(session, token).name}"
-    request.state.actor = actor
-    return actor
+    return principal.actor
 
 
 Operator = Annotated[str, Depends(require_operator)]
+# account-scoped routes (projects, jobs, tokens): the caller's account and role
+Principal = Annotated[PrincipalValue, Depends(require_principal)]

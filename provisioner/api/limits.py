@@ -114,6 +114,8 @@ POLICIES: Final[tuple[Policy, ...]] = (
     # FinalizeReport: at most 100 task events of a 200-character name and a 1000-character message, an
     # outcome, and the play's facts (a report of at most 32 KiB): well under 256 KiB.
     Policy("POST", _path(r"/v1/nodes/[^/]+/finalize"), 256 * KiB, Auth.NODE),
+    # A job worker's LogChunk: at most 256 KiB of UTF-8 (contracts/jobs.py LOG_CHUNK_MAX), JSON-escaped (6x).
+    Policy("POST", _path(r"/v1/nodes/[^/]+/jobs/[^/]+/workers/[^/]+/logs"), 2 * MiB, Auth.NODE),
     # the playbook bundle download: a GET, no body
     Policy("GET", _path(r"/v1/finalize/bundles/[^/]+"), 1 * KiB, Auth.NODE),
     # An image manifest lists every package of the image (thousands of lines), sent base64-encoded.

@@ -6,7 +6,6 @@ from datetime import datetime
 from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, Field
-from pydantic_core import PydanticSerializationError
 
 from contracts.messages import bounded_report
 from provisioner.domain.states import is_online
@@ -73,6 +72,7 @@ class RegionOut(BaseModel):
     state: str
     reason: str | None
     settings: dict[str, Any]
+    account_id: str | None = Field(None, description="the account that created it (its owner)")
     created_at: datetime
 
     @classmethod
@@ -87,6 +87,7 @@ class RegionOut(BaseModel):
             state=r.state,
             reason=r.reason,
             settings=r.settings or {},
+            account_id=r.account_id,
             created_at=r.created_at,
         )
 
@@ -152,8 +153,8 @@ class NodeOut(BaseModel):
 
     @classmethod
     def of(cls, n: Node | Any) -> NodeOut:
-        """From a Node or a list_page row (same attribute names). `last_quote_at` lives in the node's
-        attestation record: list rows carry it, a Node does not (`show` adds it, services.nodes)."""
+        """From a Node. `last_quote_at` lives in the node's attestation record: a Node does not carry it
+        (`show` adds it, services.nodes). The node list writes its pages itself (api/node_page.py)."""
         # model_construct: the store's typed columns need no re-validation (pages of 500 stay cheap)
         return cls.model_construct(
             id=n.id,
@@ -185,15 +186,6 @@ class NodeOut(BaseModel):
         return self.model_copy(
             update={"inventory": _readable(self.inventory), "requirements": _readable(self.requirements)}
         )
-
-
-def nodes_page_json(page: Page[NodeOut]) -> str:
-    """The page as JSON. Checking every report costs time on every list, so it happens only when
-    serialising fails (a report stored before the bounds, nested deeper than pydantic-core serialises)."""
-    try:
-        return page.model_dump_json()
-    except PydanticSerializationError:
-        return Page[NodeOut](items=[n.readable() for n in page.items], next=page.next).model_dump_json()
 
 
 class FinalizeReportOut(BaseModel):

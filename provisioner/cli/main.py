@@ -8,14 +8,19 @@ from typing import Annotated
 import typer
 
 from provisioner.cli import (
+    accounts,
     adoption,  # noqa: F401 - adds node accept|reject|unreject|rejected
     backup,
+    billing,
     datastores,
+    devices,
     enrollment,
     gcp,
     images,
+    jobs,
     lab,
     nodes,
+    projects,
     providers,
     regions,
     reservations,
@@ -74,6 +79,7 @@ app.add_typer(providers.app, name="provider")
 app.add_typer(regions.app, name="region")
 regions.app.command("quota")(gcp.quota)
 app.add_typer(nodes.app, name="node")
+app.add_typer(devices.app, name="device")
 app.add_typer(lab.app, name="lab")
 app.add_typer(reservations.app, name="reservation")
 app.add_typer(datastores.app, name="datastore")
@@ -82,3 +88,8 @@ app.add_typer(
 )  # also adds region join-token|bundle|update, node pending|retry
 app.add_typer(images.app, name="image")
 app.add_typer(tokens.app, name="token")
+app.add_typer(accounts.app, name="account")
+app.add_typer(projects.app, name="project")
+app.add_typer(jobs.app, name="job")
+app.add_typer(billing.app, name="billing")
+app.add_typer(billing.price_app, name="price")

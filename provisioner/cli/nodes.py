@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -51,11 +51,40 @@ HISTORY_COLUMNS = [
 READY, FAILED = NODE_READY, NODE_STOPPED  # what `--wait` stops at
 
 
-def _wait_ready(client: Client, node: dict, timeout: float, *, as_json: bool) -> dict:
-    """Print the id first (the node exists whatever the wait's outcome), then wait for it to be ready."""
+def print_added(
+    client: Client,
+    node: dict[str, Any],
+    *,
+    wait: bool,
+    timeout: float,
+    as_json: bool,
+    done: frozenset[NodeState] = READY,
+    failed: frozenset[NodeState] = FAILED,
+) -> None:
+    """A node just added (or replaced): its id, or with `wait` the id first (the node exists whatever the
+    wait's outcome), then the wait until it is in `done`; as JSON, the node (the ready one after a wait).
+    Shared with `provision device add`, whose devices are ready at another state."""
+    if not wait:
+        render.created(node, as_json=as_json)
+        return
     if not as_json:
         print(node["id"], flush=True)
-    return wait_for_node(client, node, done=READY, failed=FAILED, timeout=timeout)
+    ready = wait_for_node(client, node, done=done, failed=failed, timeout=timeout)
+    if as_json:
+        render.print_json(ready)
+
+
+def print_listed(
+    rows: list[dict[str, Any]], columns: render.Columns, wide: render.Columns, *, as_json: bool, empty: str
+) -> None:
+    """`list`'s table of nodes (or devices), by region then name; `empty` says what to do when none."""
+    render.table(render.by_region_then_name(rows), columns, wide=wide, as_json=as_json, empty=empty)
+
+
+def wanted_states(state: list[NodeState] | None, removed: bool) -> tuple[set[str], bool]:
+    """`list --state`'s states, and whether removed nodes are fetched: --removed, or --state removed."""
+    wanted = {s.value for s in state or ()}
+    return wanted, removed or NodeState.REMOVED.value in wanted
 
 
 @app.command("add")
@@ -93,12 +122,7 @@ def add(
             "mining": mining,
         },
     )
-    if wait:
-        ready = _wait_ready(client, node, timeout, as_json=json_out)
-        if json_out:
-            render.print_json(ready)
-        return
-    render.created(node, as_json=json_out)
+    print_added(client, node, wait=wait, timeout=timeout, as_json=json_out)
 
 
 @app.command("list")
@@ -119,23 +143,19 @@ def list_(
     Example: provision node list --region lab-1 --state errored --state new -o wide
     """
     # the API filters by region; state and service are filtered here (the list is paged in full anyway)
-    wanted = {s.value for s in state or ()}
-    include_removed = removed or NodeState.REMOVED.value in wanted
+    wanted, include_removed = wanted_states(state, removed)
     rows = [
         row
         for row in connect().pages("/v1/nodes", region=region, include_removed=include_removed or None)
         if (not wanted or row["state"] in wanted) and (service is None or row["service"] == service.value)
     ]
     filtered = bool(wanted or service)
-    render.table(
-        render.by_region_then_name(rows),
-        COLUMNS,
-        wide=WIDE_COLUMNS,
-        as_json=json_out,
-        empty="no node matches these filters"
+    empty = (
+        "no node matches these filters"
         if filtered
-        else "no node yet: `provision node pending`, then `provision node accept MINION_ID --name NAME`",
+        else "no node yet: `provision node pending`, then `provision node accept MINION_ID --name NAME`"
     )
+    print_listed(rows, COLUMNS, WIDE_COLUMNS, as_json=json_out, empty=empty)
 
 
 @app.command("show")
@@ -175,12 +195,7 @@ def replace(
     confirm(f"replace storage node '{old}' with minion {minion_id}?", yes)
     client = connect()
     node = client.post(f"/v1/nodes/{old}/replace", {"minion_id": minion_id}, region=region)
-    if wait:
-        ready = _wait_ready(client, node, timeout, as_json=json_out)
-        if json_out:
-            render.print_json(ready)
-        return
-    render.created(node, as_json=json_out)
+    print_added(client, node, wait=wait, timeout=timeout, as_json=json_out)
 
 
 @app.command("maintenance")

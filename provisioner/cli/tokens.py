@@ -1,4 +1,5 @@
-"""`provision token …`: operator tokens — create, list, show, rotate, revoke (docs/control-plane.md)."""
+"""`provision token …`: operator tokens — create, list, show, rotate, revoke (docs/control-plane.md). Each
+token belongs to an account with a role, admin or member (docs/accounts.md)."""
 
 from __future__ import annotations
 
@@ -9,16 +10,19 @@ import typer
 from provisioner.cli import render
 from provisioner.cli.common import Json, Yes, group, output_options, remove_one, show_one
 from provisioner.cli.settings import connect
+from provisioner.domain.roles import Role
 
 app = group("Operator tokens: who may use this API. A token's secret is printed once.")
 COLUMNS = [
     ("id", "ID"),
     ("name", "NAME"),
+    ("role", "ROLE"),
     ("state", "STATE"),
     ("expires_at", "EXPIRES"),
     ("last_used_at", "LAST USED"),
     ("created_at", "CREATED"),
 ]
+WIDE = [("account_id", "ACCOUNT")]
 Ttl = Annotated[
     str | None,
     typer.Option("--ttl", help="Lifetime: 30m, 24h, 7d, 2w (at most 365d); default: never expires."),
@@ -38,17 +42,27 @@ def _print_secret(out: dict, as_json: bool) -> None:
 def create(
     name: Annotated[str, typer.Argument(help="Lowercase letters, digits and '-'; who or what uses it.")],
     ttl: Ttl = None,
+    account: Annotated[
+        str | None,
+        typer.Option(
+            "--account", "-a", help="Account (name or id) it belongs to; default: yours. Others: root admins."
+        ),
+    ] = None,
+    role: Annotated[
+        Role, typer.Option("--role", help="admin: manages the account's tokens; member: projects and jobs.")
+    ] = Role.ADMIN,
     json_out: Json = False,
 ) -> None:
     """Create a token; prints its id, then the token (shown only this once)."""
-    _print_secret(connect().post("/v1/operator-tokens", {"name": name, "ttl": ttl}), json_out)
+    body = {"name": name, "ttl": ttl, "account": account, "role": role.value}
+    _print_secret(connect().post("/v1/operator-tokens", body), json_out)
 
 
 @app.command("list")
 @output_options
 def list_(json_out: Json = False) -> None:
     """List operator tokens (never their secrets)."""
-    render.table(connect().get("/v1/operator-tokens")["items"], COLUMNS, as_json=json_out)
+    render.table(connect().get("/v1/operator-tokens")["items"], COLUMNS, wide=WIDE, as_json=json_out)
 
 
 @app.command("show")

@@ -52,6 +52,9 @@ class PlacementRequest:
     max_price: float | None = None
     region: str | None = None
     region_reason: str | None = None
+    # False when the job's account has no credits (balance <= 0): it may not start on public capacity
+    # (another account's region) and waits there with NO_CREDITS (docs/billing.md)
+    public_credit: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +98,7 @@ class Rejection(StrEnum):
 
     REGION_PINNED = "region_pinned"
     PUBLIC_JOBS_OFF = "public_jobs_off"
+    NO_CREDITS = "no_credits"
     WRONG_GPU_TYPE = "wrong_gpu_type"
     OVER_MAX_PRICE = "over_max_price"
     HARDWARE_RULES = "hardware_rules"
@@ -133,6 +137,11 @@ TEXTS: dict[Rejection, RejectionText] = {
         "public jobs off",
         "region {region} belongs to another account and does not take public jobs: "
         "its owner can allow public jobs",
+    ),
+    Rejection.NO_CREDITS: RejectionText(
+        "no credits",
+        "region {region} belongs to another account and this account's balance is not above 0: "
+        "runs here once the account has credits (`provision billing balance`)",
     ),
     Rejection.WRONG_GPU_TYPE: RejectionText(
         "wrong GPU type",
@@ -176,6 +185,7 @@ TEXTS: dict[Rejection, RejectionText] = {
 PRECEDENCE: tuple[Rejection, ...] = (
     Rejection.REGION_PINNED,
     Rejection.PUBLIC_JOBS_OFF,
+    Rejection.NO_CREDITS,
     Rejection.WRONG_GPU_TYPE,
     Rejection.OVER_MAX_PRICE,
     Rejection.HARDWARE_RULES,
@@ -188,6 +198,7 @@ PRECEDENCE: tuple[Rejection, ...] = (
 # Reasons that clear without anyone changing the job (the job waits rather than being refused).
 TRANSIENT: frozenset[Rejection] = frozenset(
     {
+        Rejection.NO_CREDITS,
         Rejection.NOT_ACTIVE,
         Rejection.MAINTENANCE,
         Rejection.OFFLINE,
@@ -333,6 +344,7 @@ def _check(
     max_price = request.max_price if gpu_job else None
     need_gpus = request.gpu_count
     need_cpus = request.cpu_count
+    public_credit = request.public_credit
     active, maintenance = NodeState.ACTIVE, NodeState.MAINTENANCE
     own_fits: list[Candidate] = []
     other_fits: list[Candidate] = []
@@ -346,6 +358,8 @@ def _check(
             reason = Rejection.REGION_PINNED
         elif c.region_account_id != own and not c.region_public_jobs:
             reason = Rejection.PUBLIC_JOBS_OFF
+        elif c.region_account_id != own and not public_credit:
+            reason = Rejection.NO_CREDITS
         elif wanted is not None and c.gpu_type not in wanted:
             reason = Rejection.WRONG_GPU_TYPE
         elif max_price is not None and c.price_per_gpu_hour > max_price:

@@ -59,6 +59,9 @@ class NodeState(StrEnum):
 class Service(StrEnum):
     COMPUTE = "compute"
     STORAGE = "storage"
+    # an edge inference device (Jetson): a node that runs one inference configuration, never jobs;
+    # only in physical regions with central storage (services.nodes), no maintenance step (below)
+    DEVICE = "device"
 
 
 class Maintenance(StrEnum):
@@ -106,6 +109,21 @@ NODE_TRANSITIONS: dict[NodeState, frozenset[NodeState]] = {
     NodeState.REMOVED: frozenset(),
 }
 
+# A device is a node with the same lifecycle less the maintenance step: new → enrolling → provisioning →
+# active as soon as its finalize completes (cloudbender.txt "Devices": it "will automatically enter the
+# Active state"), errored with a reason, removed. It takes no jobs, so there is nothing to drain: no state
+# leads to maintenance (its row stays, unreachable, so the table covers every state).
+DEVICE_TRANSITIONS: dict[NodeState, frozenset[NodeState]] = {
+    state: out - {NodeState.MAINTENANCE} for state, out in NODE_TRANSITIONS.items()
+}
+
+# The transition table of a node by its service: services.nodes.transition picks with it.
+NODE_TRANSITIONS_BY_SERVICE: dict[Service, Mapping[NodeState, frozenset[NodeState]]] = {
+    Service.COMPUTE: NODE_TRANSITIONS,
+    Service.STORAGE: NODE_TRANSITIONS,
+    Service.DEVICE: DEVICE_TRANSITIONS,
+}
+
 
 # ------------------------------------------------------------------------------- regional resources
 
@@ -148,6 +166,72 @@ DATASTORE_TRANSITIONS: dict[DatastoreState, frozenset[DatastoreState]] = {
     DatastoreState.ACTIVE: frozenset({DatastoreState.REMOVED}),
     DatastoreState.REMOVED: frozenset(),
 }
+
+
+# ------------------------------------------------------------------------------- jobs
+
+
+class JobState(StrEnum):
+    """A job's lifecycle (OpenPAI's states); its workers' states decide the end (services.jobs)."""
+
+    WAITING = "waiting"  # nothing fits now (reason: "Waiting for GPUs: …"); placed when capacity appears
+    STARTING = "starting"  # placed on nodes; their minions have not reported every worker running yet
+    RUNNING = "running"  # every worker's container runs
+    SUCCEEDED = "succeeded"  # every worker exited 0
+    FAILED = "failed"  # a worker exited non-zero, failed to start or lost its node (reason says which)
+    STOPPED = "stopped"  # `provision job stop`: SIGTERM, grace period, then kill
+
+
+class WorkerState(StrEnum):
+    """One container of a job (one per entry of `workers`), on one node, with its own exit code."""
+
+    WAITING = "waiting"  # no node yet (the job waits, or was re-queued)
+    STARTING = "starting"  # assigned to a node; its minion has not reported the container running yet
+    RUNNING = "running"  # the container runs
+    SUCCEEDED = "succeeded"  # exit code 0
+    FAILED = "failed"  # non-zero exit code, failed to start, or its node went offline/errored
+    STOPPED = "stopped"  # stopped by the operator (or because a sibling failed)
+
+
+JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
+    JobState.WAITING: frozenset({JobState.STARTING, JobState.STOPPED, JobState.FAILED}),
+    # STARTING → WAITING: its node went away before any worker started; the job is re-queued
+    JobState.STARTING: frozenset(
+        {JobState.WAITING, JobState.RUNNING, JobState.SUCCEEDED, JobState.FAILED, JobState.STOPPED}
+    ),
+    JobState.RUNNING: frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.STOPPED}),
+    JobState.SUCCEEDED: frozenset(),
+    JobState.FAILED: frozenset(),
+    JobState.STOPPED: frozenset(),
+}
+
+WORKER_TRANSITIONS: dict[WorkerState, frozenset[WorkerState]] = {
+    WorkerState.WAITING: frozenset({WorkerState.STARTING, WorkerState.STOPPED, WorkerState.FAILED}),
+    # STARTING → WAITING: re-queued with its job (a new generation on the next node)
+    WorkerState.STARTING: frozenset(
+        {
+            WorkerState.WAITING,
+            WorkerState.RUNNING,
+            WorkerState.SUCCEEDED,
+            WorkerState.FAILED,
+            WorkerState.STOPPED,
+        }
+    ),
+    WorkerState.RUNNING: frozenset({WorkerState.SUCCEEDED, WorkerState.FAILED, WorkerState.STOPPED}),
+    WorkerState.SUCCEEDED: frozenset(),
+    WorkerState.FAILED: frozenset(),
+    WorkerState.STOPPED: frozenset(),
+}
+
+# A job or worker that still holds (or waits for) capacity: what the placement counts as busy and
+# what `job stop` may stop.
+JOB_LIVE: frozenset[JobState] = frozenset({JobState.WAITING, JobState.STARTING, JobState.RUNNING})
+JOB_ON_NODE: frozenset[JobState] = frozenset({JobState.STARTING, JobState.RUNNING})
+WORKER_ON_NODE: frozenset[WorkerState] = frozenset({WorkerState.STARTING, WorkerState.RUNNING})
+WORKER_DONE: frozenset[WorkerState] = frozenset(
+    {WorkerState.SUCCEEDED, WorkerState.FAILED, WorkerState.STOPPED}
+)
+JOB_DONE: frozenset[JobState] = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.STOPPED})
 
 
 # ------------------------------------------------------------------------------- GCP storage node VM
@@ -285,12 +369,25 @@ TABLES: dict[type[StrEnum], Mapping[Any, frozenset[Any]]] = {
     JoinTokenState: JOIN_TOKEN_TRANSITIONS,
     MinionRejection: MINION_REJECTION_TRANSITIONS,
     OperatorTokenState: OPERATOR_TOKEN_TRANSITIONS,
+    JobState: JOB_TRANSITIONS,
+    WorkerState: WORKER_TRANSITIONS,
 }
 
 # The states whose `reason` is kept: errored says why it failed; offline says why it went away
 # (e.g. a GCP storage node was preempted). Any other transition clears the reason.
+# A job keeps why it waits, failed or stopped ("Waiting for GPUs: …", "worker 1 exited with code 3").
 KEEPS_REASON: frozenset[StrEnum] = frozenset(
-    {ProviderState.ERRORED, RegionState.ERRORED, RegionState.OFFLINE, NodeState.ERRORED}
+    {
+        ProviderState.ERRORED,
+        RegionState.ERRORED,
+        RegionState.OFFLINE,
+        NodeState.ERRORED,
+        JobState.WAITING,
+        JobState.FAILED,
+        JobState.STOPPED,
+        WorkerState.FAILED,
+        WorkerState.STOPPED,
+    }
 )
 
 # A region on its way out or gone: no join, no new node, no storage VM.

@@ -296,3 +296,8 @@ def write_testbed(profile: dict[str, Any], directory: Path) -> tuple[Path, Path]
     record = directory / f"{profile['name']}.umockdev"
     record.write_text(record_text(profile))
     return record, write_host_root(profile, directory / "host")
+
+
+def gpu_count(profile: dict[str, Any]) -> int:
+    """How many GPUs the profile's node has (its lab CDI spec gets one device each)."""
+    return len(_expand(profile.get("gpus")))

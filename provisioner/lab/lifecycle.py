@@ -36,7 +36,7 @@ from contracts.errors import Conflict, RigbaseError, Unavailable
 from provisioner.adapters.tls import TlsFiles
 from provisioner.client import Client, ControlPlaneError, read_client_config
 from provisioner.domain.states import NODE_READY, NODE_STOPPED
-from provisioner.lab import hardware, netns, rootfs
+from provisioner.lab import hardware, job_image, job_runtime, netns, rootfs
 from provisioner.lab.state import LabNodeRecord, LabState, Proc, default_home, lab_dir, state_path
 from provisioner.lab.swtpm import Swtpm, VendorCA, create_vendor_ca, provision_swtpm
 from provisioner.lab.topology import (
@@ -69,6 +69,9 @@ TOOLS = {
     "swtpm_setup": "swtpm-tools",
     "umockdev-run": "umockdev",
     "debootstrap": "debootstrap",
+    # job containers (provisioner/lab/job_runtime.py): rootful podman, catatonit for its --init
+    "podman": "podman",
+    "catatonit": "catatonit",
 }
 UPNP_TOOLS = {"miniupnpd": "miniupnpd", "nft": "nftables"}
 # the lab's control plane is its own: never the one an operator's environment points at
@@ -395,17 +398,30 @@ def _start_minion(node: LabNodeRecord, tpm: Swtpm, bundle: Path) -> None:
         str(root),
     ]  # the profile's RAM and cores, not this machine's; and the root the minion finalizes in a chroot
     (d / "minion").mkdir(parents=True, exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RIGBASE_")} | {"TSS2_LOG": "all+none"}
+    (d / "cache").mkdir(exist_ok=True)  # the node's region cache (`cache` mounts of its jobs)
+    gpus = hardware.gpu_count(hardware.load_profile(HARDWARE_PROFILE))
+    if gpus:
+        job_runtime.write_cdi_spec(node.netns, gpus)
+    jobs_env = job_runtime.minion_environment(
+        netns=node.netns,
+        node_dir=d,
+        runtime=job_runtime.runtime_settings(job_runtime.HostFacts.read(), os.environ),
+        gpus=gpus,
+    )
+    env = job_runtime.environ_without_rigbase() | jobs_env | {"TSS2_LOG": "all+none"}
+    ns = netns.Netns(node.netns)
     with open(d / "minion.log", "ab") as log:
-        proc = netns.Netns(node.netns).popen(
-            argv,
+        # only the network namespace (nsenter --net), not `ip netns exec`: that also remounts /sys in a
+        # mount namespace of its own, which hides the cgroup mounts from the podman the minion runs
+        proc = subprocess.Popen(
+            ["nsenter", f"--net={ns.path}", "--", *argv],
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    node.minion = Proc.of("minion", proc.pid)  # `ip netns exec` execs umockdev-run, which forwards SIGTERM
+    node.minion = Proc.of("minion", proc.pid)  # nsenter execs umockdev-run, which forwards SIGTERM
     node.started_at = time.time()
 
 
@@ -542,9 +558,11 @@ def up(
     state.save()
     started = time.monotonic()
     step = lambda msg: progress(f"[{time.monotonic() - started:6.1f} s] {msg}")  # noqa: E731
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        # debootstrap (~40 s cold, cached afterwards) runs while the network, TPMs and minions come up
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        # debootstrap (~40 s cold, cached afterwards) and the job image made of it (~7 s, once per base)
+        # run while the network, TPMs and minions come up
         base = pool.submit(rootfs.ensure_base, log=lab_dir() / "debootstrap.log")
+        image = pool.submit(_ensure_job_image, base, step)
         _ensure_network(plan, state, step)
         ca = create_vendor_ca(lab_dir() / "tpm-ca")
         _ensure_control_plane(state, step)
@@ -566,9 +584,26 @@ def up(
         if new:
             _show_pending(state, new, step, pending, timeout)
             _add_nodes(state, step)
+        image.result()
     _wait_ready(state, step, timeout)
     step("all nodes in maintenance")
     return state
+
+
+def _ensure_job_image(base: concurrent.futures.Future[Path], progress: Progress) -> str:
+    """The lab's job image, imported from the cached Debian root once per root (job_image.py)."""
+    started = time.monotonic()
+    runtime = job_runtime.runtime_settings(job_runtime.HostFacts.read(), os.environ)
+    image_id, imported = job_image.ensure_image(
+        base.result(), podman=runtime.get(job_runtime.PODMAN) or "podman"
+    )
+    how = (
+        f"imported from the cached Debian root in {time.monotonic() - started:.1f} s"
+        if imported
+        else "present"
+    )
+    progress(f"job image: {job_image.IMAGE} ({image_id[:12]}, {how})")
+    return image_id
 
 
 def _stray_processes(home: Path) -> list[int]:
@@ -642,11 +677,19 @@ def down(*, progress: Progress = _quiet, home: Path | None = None) -> dict[str, 
     """Remove everything the lab made. Safe to run on a half-built or crashed lab, and twice."""
     home = home or default_home()
     state = LabState.load(home)
-    removed: dict[str, Any] = {"namespaces": [], "processes": [], "files": []}
+    removed: dict[str, Any] = {"namespaces": [], "processes": [], "containers": [], "files": []}
     minions = [n.minion for n in (state.nodes.values() if state else []) if n.minion]
     with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:  # goodbyes need up to a second each
         list(pool.map(lambda p: p.stop(), minions))
     removed["processes"] += [f"minion {p.pid}" for p in minions]
+    # job containers outlive their minion by design (it adopts them when it restarts): the lab's go now,
+    # before the namespaces they share
+    runtime = job_runtime.runtime_settings(job_runtime.HostFacts.read(), os.environ)
+    for node_dir in sorted((lab_dir(home) / "nodes").glob("*")):
+        owner = job_runtime.owner_of(node_dir)
+        if owner:
+            removed["containers"] += job_runtime.remove_containers(owner, runtime)
+    removed["cdi_specs"] = [str(p) for p in job_runtime.remove_cdi_specs()]
     if state and state.miniupnpd:
         state.miniupnpd.stop()
         removed["processes"].append(f"miniupnpd {state.miniupnpd.pid}")
@@ -662,6 +705,9 @@ def down(*, progress: Progress = _quiet, home: Path | None = None) -> dict[str, 
         removed["processes"].append(f"stray {pid}")
     for root in sorted((lab_dir(home) / "roots").glob("*")):
         rootfs.remove_root(root, require_marker=False)
+    # datastore roots a minion mounted for its jobs (in the host's mount namespace: minions enter only the
+    # network namespace) are unmounted before the tree is deleted, never deleted through
+    rootfs.unmount_under(lab_dir(home))
     before = set(state.home_entries_before) if state else set(os.listdir(home)) - {"lab"}
     for entry in sorted(set(os.listdir(home)) - before - KEEP_IN_HOME):
         path = home / entry
@@ -676,6 +722,7 @@ def down(*, progress: Progress = _quiet, home: Path | None = None) -> dict[str, 
         )
     progress(
         f"removed {len(removed['namespaces'])} namespaces, {len(removed['processes'])} processes, "
-        f"{len(removed['files'])} entries of {home} (kept: the rootfs cache)"
+        f"{len(removed['containers'])} job containers, {len(removed['files'])} entries of {home} "
+        "(kept: the rootfs cache and the job image)"
     )
     return removed

@@ -256,16 +256,23 @@ def _mounts_under(path: Path) -> list[str]:
     return sorted(found, key=len, reverse=True)  # deepest first
 
 
+def unmount_under(path: Path) -> None:
+    """Unmount everything mounted below `path` (deepest first); refuse when something stays mounted."""
+    if not path.exists():
+        return
+    for target in _mounts_under(path):
+        subprocess.run(["umount", "--lazy", target], check=False)
+    if _mounts_under(path):
+        raise RigbaseError(f"could not unmount everything under {path}; unmount it by hand and retry.")
+
+
 def remove_root(path: Path, *, require_marker: bool = True) -> None:
     """Delete a lab root: unmount whatever is mounted inside it, then remove the tree."""
     if not path.exists():
         return
     if require_marker and not (path / CLONE_MARKER).exists():
         raise RigbaseError(f"{path} is not a rigbase lab root (no {CLONE_MARKER}); refusing to delete it.")
-    for target in _mounts_under(path):
-        subprocess.run(["umount", "--lazy", target], check=False)
-    if _mounts_under(path):
-        raise RigbaseError(f"could not unmount everything under {path}; unmount it by hand and retry.")
+    unmount_under(path)
     shutil.rmtree(path)
 
 

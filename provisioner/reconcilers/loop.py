@@ -46,6 +46,8 @@ RECONCILER_MODULES: list[str] = [
     "provisioner.reconcilers.gcp",
     "provisioner.reconcilers.finalize",  # provisioning without a finalize report for too long → errored
     "provisioner.reconcilers.region_health",  # regions new/healthy/offline from heartbeats
+    "provisioner.reconcilers.jobs",  # place waiting jobs; workers of lost nodes fail or re-queue
+    "provisioner.reconcilers.metering",  # job hours to the ledger, earned credits to balances
 ]
 
 

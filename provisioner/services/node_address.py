@@ -6,6 +6,8 @@ Behind a reverse proxy this is the proxy's address: set `--hostname` on such nod
 
 from __future__ import annotations
 
+from typing import Any
+
 from provisioner.store.models import Node
 
 KEY = "observed_address"
@@ -15,6 +17,14 @@ def record(node: Node, address: str | None) -> None:
     """Remember `address` (a new dict, so SQLAlchemy sees the JSON change; unchanged → no write)."""
     if address and (node.inventory or {}).get(KEY) != address:
         node.inventory = {**(node.inventory or {}), KEY: address}
+
+
+def with_observed(inventory: dict[str, Any] | None, address: str | None) -> dict[str, Any] | None:
+    """A reported inventory as `record` would leave it stored: with `address` in it. Storing this rather
+    than the bare report saves a second write of the inventory in the same beat."""
+    if inventory is None or not address:
+        return inventory
+    return {**inventory, KEY: address}
 
 
 def observed(node: Node) -> str | None:

@@ -25,38 +25,45 @@ def digest(credential: str) -> str:
     return hashlib.sha256(credential.encode()).hexdigest()
 
 
-def any_node(session: Session, credential: str | None) -> Node:
-    """The live node this credential belongs to, whichever it is (a download any node may make: the
-    playbook bundle), or Unauthorized/NotFound as node_for_credential refuses."""
+def _holder(session: Session, credential: str | None) -> tuple[NodeAttestation, Node | None]:
+    """The attestation holding this credential and its node (region and provider eagerly joined, as
+    Node.region and Region.provider say), in one query: every heartbeat starts here."""
     if not credential:
         raise Unauthorized("no node credential: join first (`minion join`)", code="credential_missing")
-    att = session.scalar(
-        select(NodeAttestation).where(NodeAttestation.credential_sha256 == digest(credential))
-    )
-    if att is None:
+    row = session.execute(
+        select(NodeAttestation, Node)
+        .outerjoin(Node, Node.id == NodeAttestation.node_id)
+        .where(NodeAttestation.credential_sha256 == digest(credential))
+    ).first()
+    if row is None:
         raise Unauthorized(
             "the node credential is not valid (the node was retried, removed or re-added): join again",
             code="credential_invalid",
         )
-    return node_for_credential(session, att.node_id, credential)[0]
+    return row[0], row[1]
+
+
+def _live(node: Node | None) -> Node:
+    if node is None or node.state == NodeState.REMOVED:
+        raise NotFound(
+            "this node was removed: ask the operator to add it again, then join", code="node_not_found"
+        )
+    return node
+
+
+def any_node(session: Session, credential: str | None) -> Node:
+    """The live node this credential belongs to, whichever it is (a download any node may make: the
+    playbook bundle), or Unauthorized/NotFound as node_for_credential refuses."""
+    return _live(_holder(session, credential)[1])
 
 
 def node_for_credential(
     session: Session, node_id: str, credential: str | None
 ) -> tuple[Node, NodeAttestation]:
-    if not credential:
-        raise Unauthorized("no node credential: join first (`minion join`)", code="credential_missing")
-    att = session.scalar(
-        select(NodeAttestation).where(NodeAttestation.credential_sha256 == digest(credential))
-    )
-    if att is None or att.node_id != node_id:
+    att, node = _holder(session, credential)
+    if att.node_id != node_id:
         raise Unauthorized(
             "the node credential is not valid (the node was retried, removed or re-added): join again",
             code="credential_invalid",
         )
-    node = session.get(Node, node_id)
-    if node is None or node.state == NodeState.REMOVED:
-        raise NotFound(
-            "this node was removed: ask the operator to add it again, then join", code="node_not_found"
-        )
-    return node, att
+    return _live(node), att

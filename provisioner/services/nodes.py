@@ -10,19 +10,20 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import inspect, select
+from sqlalchemy import Text, cast, inspect, select
 from sqlalchemy.orm import Session
 
 from contracts.errors import Conflict, InvalidInput, RuleViolation
 from contracts.regional import StorageMode
 from provisioner.domain.states import (
     NODE_AWAITING_MINION,
-    NODE_TRANSITIONS,
+    NODE_TRANSITIONS_BY_SERVICE,
     Maintenance,
     NodeState,
     RegionState,
     Service,
 )
+from provisioner.providers.physical import PhysicalProvider
 from provisioner.services import audit, lifecycle, names, regional_lookup, reservations
 from provisioner.services import regions as region_service
 from provisioner.services.errors import flush
@@ -52,9 +53,8 @@ def transition(session: Session, node: Node, to: NodeState, *, actor: str, reaso
     """Move `node` to `to`: refused naming the current state when the table forbids it; recorded in
     the audit trail (who, when, from, to, why); flushed so that a lost race is a Conflict here."""
     lock(session, node)
-    lifecycle.apply(
-        session, node, to, kind=KIND, name=node.name, table=NODE_TRANSITIONS, actor=actor, reason=reason
-    )
+    table = NODE_TRANSITIONS_BY_SERVICE[Service(node.service)]  # a device has no maintenance step
+    lifecycle.apply(session, node, to, kind=KIND, name=node.name, table=table, actor=actor, reason=reason)
     if to == NodeState.REMOVED:
         # every removal path (operator, replace, forced region removal, a provider deleting its VM)
         # comes through here: a removed node serves nothing, so its reservations must not stay
@@ -106,9 +106,11 @@ def storage_node(session: Session, region: Region) -> Node | None:
     return regional_lookup.holder(session, Node, region.id, service=Service.STORAGE)
 
 
-def _refuse_without_active_storage(region: Region, storage: Node | None) -> None:
+def _refuse_without_active_storage(
+    region: Region, storage: Node | None, added: str = "compute nodes"
+) -> None:
     """A compute node of a central region mounts its storage node's cache at finalize, so that node must
-    be serving (active) before a compute node is added (docs/product-rules.md)."""
+    be serving (active) before a compute node (or a device) is added (docs/product-rules.md)."""
     if storage is None:
         raise RuleViolation(
             f"region '{region.name}' uses central storage and has no storage node yet: add it first "
@@ -118,10 +120,36 @@ def _refuse_without_active_storage(region: Region, storage: Node | None) -> None
     if storage.state != NodeState.ACTIVE:
         raise RuleViolation(
             f"region '{region.name}' uses central storage and its storage node '{storage.name}' is "
-            f"{storage.state}, not active: add compute nodes once it is "
+            f"{storage.state}, not active: add {added} once it is "
             f"(`provision node show {storage.name}`)",
             code="storage_node_not_active",
         )
+
+
+def _refuse_device_region(region: Region) -> None:
+    """cloudbender.txt "Devices": only physical regions configured with a central storage node take
+    devices; a region in local storage mode cannot become one, so the way out is a new region."""
+    if region.provider.kind != PhysicalProvider.kind:
+        raise RuleViolation(
+            f"region '{region.name}' is a {region.provider.kind} region: devices need a physical "
+            "central-storage region; create one with `provision region create NAME --provider physical "
+            "--storage-mode central` to add devices",
+            code="device_region_not_physical",
+        )
+    if region.storage_mode != StorageMode.CENTRAL:
+        raise RuleViolation(
+            f"region {region.name} uses {region.storage_mode} storage: devices need a central-storage "
+            "region; create a new region to add devices",
+            code="device_region_local_storage",
+        )
+
+
+def _service(value: str) -> Service:
+    try:
+        return Service(value)
+    except ValueError:
+        known = ", ".join(s.value for s in Service)
+        raise InvalidInput(f"service '{value}' is not known: use one of {known}") from None
 
 
 def add(
@@ -138,15 +166,14 @@ def add(
 ) -> Node:
     names.dns_label("node", name)
     names.minion_id(minion_id)
-    try:
-        svc = Service(service)
-    except ValueError:
-        raise InvalidInput(f"service '{service}' is not known: use compute or storage") from None
+    svc = _service(service)
     if hostname is not None:
         names.hostname(hostname)
     reg = region_service.get(session, region)
     if reg.state == RegionState.REMOVING:
         raise RuleViolation(f"region '{reg.name}' is being removed: add the node to another region")
+    if svc == Service.DEVICE:
+        _refuse_device_region(reg)
     if regional_lookup.holder(session, Node, reg.id, name=name) is not None:
         raise Conflict(
             f"node '{name}' already exists in region '{reg.name}': choose another name", code="duplicate_name"
@@ -165,6 +192,8 @@ def add(
             "central storage mode; add this node as compute, or to a central region",
             code="storage_node_in_local_region",
         )
+    if svc == Service.DEVICE:
+        _refuse_without_active_storage(reg, existing_storage, "devices")
     if svc == Service.COMPUTE and reg.storage_mode == StorageMode.CENTRAL:
         _refuse_without_active_storage(reg, existing_storage)
     node = Node(
@@ -184,6 +213,32 @@ def add(
     return node
 
 
+# The columns of a node list row. The reports are read as the JSON text the store holds (`*_json`): the
+# list splices that text into its answer (provisioner/api/node_page.py), because decoding and re-encoding
+# ~6 KiB of reports per node was most of the time a page of 500 took (issue 17).
+LIST_COLUMNS = (
+    Node.id,
+    Node.name,
+    Node.region_id,
+    Node.minion_id,
+    Node.service,
+    Node.hostname,
+    Node.upnp,
+    Node.mining,
+    Node.state,
+    Node.reason,
+    Node.last_heartbeat_at,
+    Node.finalize_applied,
+    Node.finalize_retry,
+    Node.created_at,
+    Node.updated_at,
+    Node.version,
+    cast(Node.inventory, Text).label("inventory_json"),
+    cast(Node.requirements, Text).label("requirements_json"),
+    cast(Node.finalize_actual, Text).label("finalize_actual_json"),
+)
+
+
 def list_page(
     session: Session,
     *,
@@ -191,14 +246,16 @@ def list_page(
     limit: int = 100,
     after: str | None = None,
     include_removed: bool = False,
+    service: str | None = None,
 ) -> tuple[list[Any], str | None]:
     """One page ordered by id (keyset pagination: page N costs the same as page 1) and the cursor
-    of the next page (None at the end). Items are read-only rows with every node column plus
-    `region_name` — no ORM objects, so a page of 500 stays cheap; use get() to change a node."""
+    of the next page (None at the end). Items are read-only rows of LIST_COLUMNS plus `region_name` and
+    `last_quote_at` — no ORM objects, and the reports undecoded, so a page of 500 stays cheap; use get()
+    to change a node."""
     if not 1 <= limit <= MAX_PAGE:
         raise InvalidInput(f"limit {limit} is out of range: use 1 to {MAX_PAGE}")
     stmt = (
-        select(*Node.__table__.c, Region.name.label("region_name"), NodeAttestation.last_quote_at)
+        select(*LIST_COLUMNS, Region.name.label("region_name"), NodeAttestation.last_quote_at)
         .join(Region, Region.id == Node.region_id)
         .outerjoin(NodeAttestation, NodeAttestation.node_id == Node.id)
         .order_by(Node.id)
@@ -208,9 +265,12 @@ def list_page(
         stmt = stmt.where(Node.state != NodeState.REMOVED)
     if region:
         stmt = stmt.where(Node.region_id == region_service.get(session, region).id)
+    if service:  # `provision device list` pages through devices only, not the whole fleet
+        stmt = stmt.where(Node.service == _service(service).value)
     if after:
         stmt = stmt.where(Node.id > after)
-    rows = list(session.execute(stmt))
+    # on the session's connection: plain rows, without the ORM's per-row loading work
+    rows = list(session.connection().execute(stmt))
     more = len(rows) > limit
     rows = rows[:limit]
     return rows, (rows[-1].id if more else None)
@@ -301,6 +361,12 @@ def maintenance(
     target = NodeState.MAINTENANCE if wanted == Maintenance.ON else NodeState.ACTIVE
     if node.state == target:
         return node  # already there: asking again is not an error (the CLI says so), and nothing is written
+    if node.service == Service.DEVICE:
+        raise RuleViolation(
+            f"node '{node.name}' is a device: devices have no maintenance mode (they take no jobs and enter "
+            f"active when provisioned); see `provision device show {node.name}`",
+            code="device_no_maintenance",
+        )
     if node.state in NODE_AWAITING_MINION:
         raise RuleViolation(
             f"node '{node.name}' is {node.state}: it waits for its minion to join and finalize, so it has no "

@@ -15,6 +15,7 @@ from contracts.regional import StorageMode
 from provisioner.domain.states import REGION_TRANSITIONS, NodeState, ProviderState, RegionState
 from provisioner.services import lifecycle, names
 from provisioner.services import providers as provider_service
+from provisioner.services.account_lookup import root_account
 from provisioner.services.runtime import runtime_of
 from provisioner.store.models import Node, Provider, Region, new_id
 
@@ -39,7 +40,9 @@ def create(
     public_jobs: bool = True,
     options: Mapping[str, Any] | None = None,
     actor: str,
+    account_id: str | None = None,
 ) -> Region:
+    """`account_id`: the owner, the creating token's account (None: the root account)."""
     names.dns_label("region", name)
     try:
         mode = StorageMode(storage_mode)
@@ -72,6 +75,7 @@ def create(
         storage_mode=mode.value,
         public_jobs=public_jobs,
         settings=settings,
+        account_id=account_id or root_account(session).id,
     )
     session.add(region)
     transition(session, region, RegionState.NEW, actor=actor, reason="created by operator")

@@ -207,6 +207,14 @@ def _assigned_to(session: Session, node: Node) -> list[Reservation]:
     )
 
 
+def _assigned_in_beat(session: Session, node: Node) -> list[Reservation]:
+    """`_assigned_to`, asked once per heartbeat by the reporter and the contributor together (nothing
+    between them assigns or unassigns a reservation: operator changes come in their own requests)."""
+    return desired_state.memo(
+        session, ("reservations.assigned", node.id), lambda: _assigned_to(session, node)
+    )
+
+
 @desired_state.contributes("upnp")
 def upnp_for_node(session: Session, node: Node) -> bool:
     """The node's UPnP setting (`provision node add --no-upnp`); sent before `reservations` so the
@@ -219,7 +227,7 @@ def desired_for_node(session: Session, node: Node) -> list[dict[str, Any]]:
     """What the node must serve: the wire shape of minion/reservations/model.py Reservation.from_dict."""
     return [
         {"name": r.name, "hostname": r.hostname, "port": r.port, "protocol": r.protocol}
-        for r in _assigned_to(session, node)
+        for r in _assigned_in_beat(session, node)
     ]
 
 
@@ -230,7 +238,7 @@ def record_actual(session: Session, node: Node, reported: Any) -> None:
     unknown state becomes `error` with the reason, so a bad report can't corrupt the row."""
     if not isinstance(reported, list):
         return
-    mine = {r.name: r for r in _assigned_to(session, node)}
+    mine = {r.name: r for r in _assigned_in_beat(session, node)}
     now = datetime.now(UTC)
     for item in reported:
         name = item.get("name") if isinstance(item, dict) else None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -63,11 +64,32 @@ class Runtime:
         Google Cloud or a lab's LAN can reach), else the URL `provision serve` wrote, else the default."""
         if self.settings.public_url:
             return self.settings.public_url
-        try:
-            return str(json.loads(self.settings.client_config.read_text())["url"])
-        except (OSError, ValueError, KeyError):
-            scheme = "http" if self.settings.insecure_http else "https"
-            return f"{scheme}://127.0.0.1:{DEFAULT_PORT}"
+        written = _written_url(self.settings.client_config)
+        if written is not None:
+            return written
+        scheme = "http" if self.settings.insecure_http else "https"
+        return f"{scheme}://127.0.0.1:{DEFAULT_PORT}"
+
+
+# client.json's URL by path, with the stat it was read at: every heartbeat answer of a node with finalize
+# work names the URL, and a stat costs far less than reading and parsing the file each time. `provision
+# serve` rewrites the file (a new inode, mtime and size), so a changed file is read again.
+_WRITTEN: dict[Path, tuple[tuple[int, int, int], str]] = {}
+
+
+def _written_url(path: Path) -> str | None:
+    """The URL in the client config at `path`, or None when it is missing or unreadable."""
+    try:
+        st = path.stat()
+        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+        known = _WRITTEN.get(path)
+        if known is not None and known[0] == stamp:
+            return known[1]
+        url = str(json.loads(path.read_text())["url"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    _WRITTEN[path] = (stamp, url)
+    return url
 
 
 def attach(sessions: sessionmaker[Session], runtime: Runtime) -> sessionmaker[Session]:

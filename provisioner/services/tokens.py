@@ -4,7 +4,11 @@ tool and keeps authentication cheap. A token is shown once, when it is created o
 
 Revocation and expiry are checked on every request, so they take effect on the next one. The last-use
 time is written at most once per LAST_USED_EVERY per token, so a busy CLI does not turn every read into
-a write."""
+a write.
+
+Every token belongs to an account and has a role in it (domain/roles.py, docs/accounts.md); the first
+admin token, made at first start, belongs to the root account. Reads and changes are scoped: `scope` is
+the account id whose tokens the caller sees, None for all (the root account's admins)."""
 
 from __future__ import annotations
 
@@ -17,14 +21,16 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from contracts.errors import Conflict, InvalidInput, NotFound, RuleViolation, Unauthorized
+from provisioner.domain.roles import Role
 from provisioner.domain.states import OperatorTokenState
 from provisioner.services import audit
+from provisioner.services.account_lookup import root_account
 from provisioner.services.join_tokens import parse_ttl
 from provisioner.store.models import ApiToken
 
 TOKEN_PREFIX = "rbo_"  # rigbase operator token; recognisable in logs and secret scanners
 KIND = "operator_token"  # audit kind
-ADMIN = "admin"  # the role of every operator token (one role until roles are needed)
+ADMIN = Role.ADMIN.value  # the role of the first token
 LAST_USED_EVERY = timedelta(seconds=60)
 _NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 
@@ -46,7 +52,9 @@ def bootstrap_admin(session: Session) -> str | None:
     if session.scalar(select(func.count()).select_from(ApiToken)):
         return None
     token = _new_secret()
-    session.add(ApiToken(name="admin", role=ADMIN, token_sha256=_digest(token)))
+    session.add(
+        ApiToken(name="admin", role=ADMIN, account_id=root_account(session).id, token_sha256=_digest(token))
+    )
     session.flush()
     return token
 
@@ -101,13 +109,17 @@ def is_valid(session: Session, token: str) -> bool:
     return row is not None and is_live(row)
 
 
-def list_all(session: Session) -> list[ApiToken]:
-    return list(session.scalars(select(ApiToken).order_by(ApiToken.created_at, ApiToken.name)))
+def list_all(session: Session, scope: str | None = None) -> list[ApiToken]:
+    stmt = select(ApiToken).order_by(ApiToken.created_at, ApiToken.name)
+    if scope is not None:
+        stmt = stmt.where(ApiToken.account_id == scope)
+    return list(session.scalars(stmt))
 
 
-def get(session: Session, ref: str) -> ApiToken:
+def get(session: Session, ref: str, scope: str | None = None) -> ApiToken:
+    """By name or id; another account's token (outside `scope`) is as missing as an unknown one."""
     row = session.scalar(select(ApiToken).where((ApiToken.name == ref) | (ApiToken.id == ref)))
-    if row is None:
+    if row is None or (scope is not None and row.account_id != scope):
         raise NotFound(f"no operator token '{ref}': see `provision token list`")
     return row
 
@@ -117,8 +129,19 @@ def _expiry(ttl: str | None) -> datetime | None:
     return _now() + delta if delta else None
 
 
-def create(session: Session, name: str, *, ttl: str | None = None, actor: str) -> tuple[ApiToken, str]:
-    """A new token named `name` (unique, kept after revocation for the audit trail); returns it once."""
+def create(
+    session: Session,
+    name: str,
+    *,
+    ttl: str | None = None,
+    actor: str,
+    account_id: str | None = None,
+    role: str = ADMIN,
+) -> tuple[ApiToken, str]:
+    """A new token named `name` (unique, kept after revocation for the audit trail) in `account_id` (None:
+    the root account) with `role`; returns it once. Who may create it: services/accounts.token_account."""
+    if role not in set(Role):
+        raise InvalidInput(f"role {role[:20]!r} is not known: use {' or '.join(Role)}")
     if not _NAME.fullmatch(name):
         raise InvalidInput(
             f"token name {name[:80]!r} is not valid: use 1-63 lowercase letters, digits and '-', "
@@ -127,7 +150,13 @@ def create(session: Session, name: str, *, ttl: str | None = None, actor: str) -
     if session.scalar(select(ApiToken.id).where(ApiToken.name == name)):
         raise Conflict(f"an operator token named '{name}' exists: pick another name or rotate it")
     token = _new_secret()
-    row = ApiToken(name=name, role=ADMIN, token_sha256=_digest(token), expires_at=_expiry(ttl))
+    row = ApiToken(
+        name=name,
+        role=role,
+        account_id=account_id or root_account(session).id,
+        token_sha256=_digest(token),
+        expires_at=_expiry(ttl),
+    )
     session.add(row)
     session.flush()
     audit.note(
@@ -137,15 +166,17 @@ def create(session: Session, name: str, *, ttl: str | None = None, actor: str) -
         name=name,
         actor=actor,
         state=OperatorTokenState.LIVE.value,
-        reason="created",
+        reason=f"created ({role})",
     )
     return row, token
 
 
-def rotate(session: Session, ref: str, *, ttl: str | None = None, actor: str) -> tuple[ApiToken, str]:
+def rotate(
+    session: Session, ref: str, *, ttl: str | None = None, actor: str, scope: str | None = None
+) -> tuple[ApiToken, str]:
     """A new secret for the token `ref`; the old one stops working at once. Keeps the expiry unless
     `ttl` gives a new one."""
-    row = get(session, ref)
+    row = get(session, ref, scope)
     if row.revoked_at is not None:
         raise RuleViolation(f"operator token '{row.name}' is revoked: create a new one instead")
     token = _new_secret()
@@ -164,15 +195,20 @@ def rotate(session: Session, ref: str, *, ttl: str | None = None, actor: str) ->
     return row, token
 
 
-def revoke(session: Session, ref: str, *, actor: str, current: str | None = None) -> ApiToken:
-    """Revoke `ref` for good. The last live token cannot be revoked: nobody could operate afterwards."""
-    row = get(session, ref)
+def revoke(
+    session: Session, ref: str, *, actor: str, current: str | None = None, scope: str | None = None
+) -> ApiToken:
+    """Revoke `ref` for good. The last live admin token of the root account cannot be revoked: nobody
+    could administer the fleet afterwards."""
+    row = get(session, ref, scope)
     if row.revoked_at is not None:
         return row
-    live = [t for t in list_all(session) if is_live(t) and t.id != row.id]
-    if not live:
+    root = root_account(session).id
+    fleet_admins = [t for t in list_all(session, root) if t.role == ADMIN and is_live(t)]
+    if [t.id for t in fleet_admins] == [row.id]:
         raise RuleViolation(
-            f"'{row.name}' is the last live operator token: create another (`provision token create`) first"
+            f"'{row.name}' is the last live operator token of an admin of the root account: create another "
+            "(`provision token create NAME --role admin`) first"
         )
     row.revoked_at = _now()
     reason = "revoked" + (" (its own request)" if current == f"operator:{row.name}" else "")

@@ -23,6 +23,8 @@ class Wake(StrEnum):
     GCP_PROVIDER = "gcp-provider"  # bootstrap `new` gcp providers, tear down `removing` ones
     GCP_REGIONS = "gcp-regions"  # each gcp region's storage node VM
     GCP_EVENTS = "gcp-events"  # the Pub/Sub consumer of VM events
+    JOBS = "jobs"  # place waiting jobs; fail (or re-queue) the workers of lost nodes
+    METERING = "metering"  # post job hours to the ledger; move earned credits daily (docs/billing.md)
 
 
 # provider kind → the reconciler that sets up / tears down what it made in the operator's account,

@@ -96,6 +96,8 @@ class Region(Base):
     provider_id: Mapped[str] = mapped_column(ForeignKey("providers.id"))
     storage_mode: Mapped[str] = mapped_column(String(16))
     public_jobs: Mapped[bool] = mapped_column(Boolean)
+    # the account that created it (revision 0014, store/account_models.py); its jobs are preferred here
+    account_id: Mapped[str | None] = mapped_column(ForeignKey("accounts.id"), index=True)
     state: Mapped[str] = mapped_column(String(16))
     reason: Mapped[str | None] = mapped_column(Text)
     # provider-specific settings returned by Provider.validate_region
@@ -204,7 +206,9 @@ class ApiToken(Base):
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=lambda: new_id("tok"))
     name: Mapped[str] = mapped_column(String(64), unique=True)
+    # admin | member (services/accounts.py ROLES) within its account (revision 0014)
     role: Mapped[str] = mapped_column(String(16))
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"), index=True)
     token_sha256: Mapped[str] = mapped_column(String(64), unique=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)

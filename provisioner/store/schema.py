@@ -8,4 +8,12 @@ from provisioner.store import models  # noqa: F401  (registers its tables on Bas
 from provisioner.store.models import Base
 
 metadata = Base.metadata
-from provisioner.store import gcp_models, image_models, join_models, regional_models  # noqa: F401,E402
+from provisioner.store import (  # noqa: F401,E402
+    account_models,
+    billing_models,
+    gcp_models,
+    image_models,
+    job_models,
+    join_models,
+    regional_models,
+)

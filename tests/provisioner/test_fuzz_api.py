@@ -79,6 +79,9 @@ def world(
             {"name": "share", "region": "lab", "type": "nfs", "address": "10.0.0.5", "root": "/export"},
         )
         api(cp, "POST", "/v1/operator-tokens", {"name": "victim"})
+        api(cp, "POST", "/v1/projects", {"name": "ml"})
+        job = {"name": "fuzzed", "resources": {"gpu_types": ["T4"], "gpu_count": 1}, "workers": ["true"]}
+        api(cp, "POST", "/v1/jobs", {"spec": job})  # waits: no active node
         node = joined.json()
         work = current_work(cp.url, node["node_id"], node["node_credential"])
         refs = {
@@ -89,6 +92,9 @@ def world(
             "/v1/reservations/{ref}": "nb",
             "/v1/datastores/{ref}": "share",
             "/v1/operator-tokens/{ref}": "victim",  # never the admin token the fuzzer authenticates with
+            "/v1/projects/{ref}": "ml",
+            "/v1/jobs/{ref}": "fuzzed",
+            "/v1/accounts/{ref}": "default",
             "/v1/nodes/{node_id}": node["node_id"],
         }
         try:

@@ -76,6 +76,11 @@ CASES: dict[Rejection, tuple[dict[str, Any], dict[str, Any], str]] = {
         "must run in lab (datastore 'imagenet')",
     ),
     Rejection.PUBLIC_JOBS_OFF: ({"region_account_id": OTHER}, {}, "its owner can allow public jobs"),
+    Rejection.NO_CREDITS: (
+        {"region_account_id": OTHER, "region_public_jobs": True},
+        {"public_credit": False},
+        "once the account has credits",
+    ),
     Rejection.WRONG_GPU_TYPE: ({"gpu_type": "T4"}, {}, "add 'T4' to resources.gpu_types"),
     Rejection.OVER_MAX_PRICE: (
         {"price_per_gpu_hour": 2.5},
@@ -145,12 +150,18 @@ def test_checks_run_in_precedence_order() -> None:
     assert PRECEDENCE.index(Rejection.NOT_ACTIVE) + 1 == PRECEDENCE.index(Rejection.MAINTENANCE)
     pinned = {"region": "lab", "region_reason": "reservation 'nb'", "max_price": 2.0}
     cpu_only = {Rejection.WRONG_GPU_TYPE, Rejection.OVER_MAX_PRICE, Rejection.TOO_FEW_GPUS}
+    # no credits is the request's side of a public region, exclusive with public jobs off: checked below
     for state_reason in one_state_check:
-        skip = {r for r in one_state_check if r is not state_reason}
+        skip = {r for r in one_state_check if r is not state_reason} | {Rejection.NO_CREDITS}
         gpu_reasons = [r for r in PRECEDENCE if r is not Rejection.TOO_FEW_CPUS and r not in skip]
         assert sequence(job(**pinned), gpu_reasons) == gpu_reasons
         cpu_reasons = [r for r in PRECEDENCE if r not in cpu_only and r not in skip]
         assert sequence(job(**CPU_JOB, region="lab"), cpu_reasons) == cpu_reasons
+    broke = job(public_credit=False)
+    public = {"region_account_id": OTHER, "region_public_jobs": True, "gpu_type": "T4", "online": False}
+    assert place(broke, [node(**public)]).reasons[0][1] is Rejection.NO_CREDITS
+    assert place(job(), [node(**public)]).reasons[0][1] is Rejection.WRONG_GPU_TYPE
+    assert place(broke, [node()]).chosen is not None  # its own regions need no credits
 
 
 def test_cpu_only_jobs_ignore_gpu_type_price_and_gpus() -> None:

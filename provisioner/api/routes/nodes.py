@@ -7,7 +7,8 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response
 
 from provisioner.api.deps import Db, Operator
-from provisioner.api.schemas import EventOut, MaintenanceIn, NodeIn, NodeOut, Page, ReplaceIn, nodes_page_json
+from provisioner.api.node_page import nodes_page_json
+from provisioner.api.schemas import EventOut, MaintenanceIn, NodeIn, NodeOut, Page, ReplaceIn
 from provisioner.services import nodes as service
 
 router = APIRouter(prefix="/v1/nodes", tags=["nodes"])
@@ -36,13 +37,20 @@ def list_nodes(
     limit: Annotated[int, Query(ge=1, le=service.MAX_PAGE)] = 100,
     after: str | None = None,
     include_removed: bool = False,
+    node_service: Annotated[str | None, Query(alias="service", description="compute, storage or device")] = (
+        None
+    ),
 ) -> Response:
     rows, cursor = service.list_page(
-        session, region=region, limit=limit, after=after, include_removed=include_removed
+        session,
+        region=region,
+        limit=limit,
+        after=after,
+        include_removed=include_removed,
+        service=node_service,
     )
-    # serialised once by pydantic-core: FastAPI would validate the 500 items a second time
-    page = Page[NodeOut](items=[NodeOut.of(n) for n in rows], next=cursor)
-    return Response(nodes_page_json(page), media_type="application/json")
+    # written directly (the reports spliced in as stored): FastAPI would validate and re-encode them
+    return Response(nodes_page_json(rows, cursor), media_type="application/json")
 
 
 @router.get("/{ref}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from provisioner.api.deps import Db, Operator
+from provisioner.api.deps import Db, Operator, Principal
 from provisioner.api.schemas import Page, RegionIn, RegionOut
 from provisioner.services import region_removal
 from provisioner.services import regions as service
@@ -14,7 +14,7 @@ router = APIRouter(prefix="/v1/regions", tags=["regions"])
 
 
 @router.post("", status_code=201)
-def create(body: RegionIn, session: Db, actor: Operator) -> RegionOut:
+def create(body: RegionIn, session: Db, principal: Principal) -> RegionOut:
     region = service.create(
         session,
         body.name,
@@ -22,7 +22,8 @@ def create(body: RegionIn, session: Db, actor: Operator) -> RegionOut:
         storage_mode=body.storage_mode,
         public_jobs=body.public_jobs,
         options=body.options,
-        actor=actor,
+        actor=principal.actor,
+        account_id=principal.account_id,
     )
     return RegionOut.of(region)
 

@@ -1,5 +1,8 @@
 """/v1/operator-tokens: create, list, rotate, revoke operator bearer tokens (services/tokens.py). A token's
-secret appears in exactly two answers: the one that created it and the one that rotated it."""
+secret appears in exactly two answers: the one that created it and the one that rotated it.
+
+Admin tokens only (docs/accounts.md): an admin manages its own account's tokens; the root account's admins
+manage every account's, and only they may name another account. Another account's token answers 404."""
 
 from __future__ import annotations
 
@@ -9,19 +12,27 @@ from typing import Annotated
 from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
-from provisioner.api.deps import Db, Operator
+from provisioner.api.deps import Db, Principal
+from provisioner.api.errors import documented
 from provisioner.api.schemas import Page
+from provisioner.domain.roles import Action, Role
+from provisioner.domain.roles import Principal as PrincipalValue
 from provisioner.domain.states import OperatorTokenState
+from provisioner.services import accounts
 from provisioner.services import tokens as service
 from provisioner.store.models import ApiToken
 
-router = APIRouter(prefix="/v1/operator-tokens", tags=["operator tokens"])
+router = APIRouter(prefix="/v1/operator-tokens", tags=["operator tokens"], responses=documented(403))
 Ttl = Annotated[str | None, Field(None, max_length=16, description="30m, 24h, 7d, 2w or 'never' (default)")]
 
 
 class OperatorTokenIn(BaseModel):
     name: str = Field(max_length=63)
     ttl: Ttl = None
+    account: str | None = Field(
+        None, max_length=63, description="the account (name or id) it belongs to; default: the caller's"
+    )
+    role: Role = Field(Role.ADMIN, description="admin (manages the account's tokens) or member")
 
 
 class RotateIn(BaseModel):
@@ -32,6 +43,7 @@ class OperatorTokenOut(BaseModel):
     id: str
     name: str
     role: str
+    account_id: str
     state: OperatorTokenState
     created_at: datetime
     expires_at: datetime | None
@@ -45,6 +57,7 @@ class OperatorTokenOut(BaseModel):
             id=row.id,
             name=row.name,
             role=row.role,
+            account_id=row.account_id,
             state=service.state_of(row),
             created_at=row.created_at,
             expires_at=row.expires_at,
@@ -54,28 +67,40 @@ class OperatorTokenOut(BaseModel):
         )
 
 
+def _scope(principal: PrincipalValue) -> str | None:
+    """The account whose tokens the caller manages (None: all), once it is known to be an admin."""
+    principal.require(Action.MANAGE_TOKENS)
+    return principal.account_scope()
+
+
 @router.post("", status_code=201)
-def create(body: OperatorTokenIn, session: Db, actor: Operator) -> OperatorTokenOut:
-    row, token = service.create(session, body.name, ttl=body.ttl, actor=actor)
+def create(body: OperatorTokenIn, session: Db, principal: Principal) -> OperatorTokenOut:
+    account = accounts.token_account(session, principal, body.account)
+    row, token = service.create(
+        session, body.name, ttl=body.ttl, actor=principal.actor, account_id=account.id, role=body.role.value
+    )
     return OperatorTokenOut.of(row, token)
 
 
 @router.get("")
-def list_tokens(session: Db) -> Page[OperatorTokenOut]:
-    return Page(items=[OperatorTokenOut.of(r) for r in service.list_all(session)])
+def list_tokens(session: Db, principal: Principal) -> Page[OperatorTokenOut]:
+    return Page(items=[OperatorTokenOut.of(r) for r in service.list_all(session, _scope(principal))])
 
 
 @router.get("/{ref}")
-def show(ref: str, session: Db) -> OperatorTokenOut:
-    return OperatorTokenOut.of(service.get(session, ref))
+def show(ref: str, session: Db, principal: Principal) -> OperatorTokenOut:
+    return OperatorTokenOut.of(service.get(session, ref, _scope(principal)))
 
 
 @router.post("/{ref}/rotate")
-def rotate(ref: str, body: RotateIn, session: Db, actor: Operator) -> OperatorTokenOut:
-    row, token = service.rotate(session, ref, ttl=body.ttl, actor=actor)
+def rotate(ref: str, body: RotateIn, session: Db, principal: Principal) -> OperatorTokenOut:
+    row, token = service.rotate(session, ref, ttl=body.ttl, actor=principal.actor, scope=_scope(principal))
     return OperatorTokenOut.of(row, token)
 
 
 @router.delete("/{ref}")
-def revoke(ref: str, session: Db, actor: Operator) -> OperatorTokenOut:
-    return OperatorTokenOut.of(service.revoke(session, ref, actor=actor, current=actor))
+def revoke(ref: str, session: Db, principal: Principal) -> OperatorTokenOut:
+    row = service.revoke(
+        session, ref, actor=principal.actor, current=principal.actor, scope=_scope(principal)
+    )
+    return OperatorTokenOut.of(row)

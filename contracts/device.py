@@ -1,0 +1,75 @@
+"""The `device` section of a minion's inventory: what an edge device (an NVIDIA Jetson) is.
+
+A Jetson minion adds it to the inventory it reports at join (`Inventory.device`, minion/hardware/model.py;
+absent or null on a compute node). The control plane reads it to check that a device added with
+`provision device add` really is one and to show its model; the minion fills it from the device tree and
+the catalogue regions/jetson.yaml (minion/hardware/jetson.py). docs/devices.md describes each field.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Final
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+# The catalogue keys of regions/jetson.yaml `models`, in catalogue order (a test keeps the two equal).
+DEVICE_MODELS: Final[tuple[str, ...]] = ("agx-xavier", "xavier-nx", "agx-orin", "orin-nx", "orin-nano")
+
+# "R35.4.1": Jetson Linux release R<major>.<revision> as /etc/nv_tegra_release spells it
+L4T_RELEASE_PATTERN: Final[str] = r"R\d+\.\d+(\.\d+)?"
+
+
+class DeviceTpm(StrEnum):
+    """How the device can prove who it is at join (docs/join-protocol.md)."""
+
+    FIRMWARE = "firmware"  # Orin's firmware TPM: the same attested join as a node
+    NONE = "none"  # Xavier: a device key made at first boot, accepted only where the region opts in
+
+
+class DeviceReport(BaseModel):
+    """One Jetson, as its minion found it. Unknown fields are refused so a typo cannot pass silently."""
+
+    # `model` and `model_name` are this contract's words, not pydantic's reserved `model_` namespace
+    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
+
+    model: str = Field(description="catalogue key, one of DEVICE_MODELS")
+    model_name: str = Field(description="product name from the catalogue, e.g. 'NVIDIA Jetson AGX Orin'")
+    device_tree_model: str = Field(description="/proc/device-tree/model as the carrier board sets it")
+    module: str | None = Field(
+        description="module part number found in `compatible` (e.g. 'p3701-0005'); null when the tree "
+        "names only the developer kit and the variant was chosen by memory"
+    )
+    compatible: list[str] = Field(description="/proc/device-tree/compatible, most specific first")
+    chip_id: int = Field(ge=0, description="Tegra chip id: 0x19 (25) Xavier, 0x23 (35) Orin")
+    memory_gib: int = Field(gt=0, description="module memory in GiB (the variant's, not MemTotal)")
+    l4t_release: str | None = Field(description="Jetson Linux release, e.g. 'R35.4.1'; null when unknown")
+    jetpack: str | None = Field(description="JetPack release of that L4T, e.g. '5.1.2'; null if unknown")
+    gpu_cores: int = Field(gt=0, description="CUDA cores of the integrated GPU")
+    dla_count: int = Field(ge=0, description="NVDLA engines (0 on Orin Nano)")
+    tpm: DeviceTpm
+    video_devices: list[str] = Field(default_factory=list, description="/dev/video* (cameras, codecs)")
+    media_devices: list[str] = Field(default_factory=list, description="/dev/media* (media controllers)")
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, value: str) -> str:
+        if value not in DEVICE_MODELS:
+            raise ValueError(f"unknown device model '{value}'; one of {', '.join(DEVICE_MODELS)}")
+        return value
+
+    @field_validator("l4t_release")
+    @classmethod
+    def _l4t_release(cls, value: str | None) -> str | None:
+        if value is not None and re.fullmatch(L4T_RELEASE_PATTERN, value) is None:
+            raise ValueError(f"L4T release '{value}' is not like 'R35.4.1'")
+        return value
+
+    @field_validator("video_devices", "media_devices")
+    @classmethod
+    def _device_paths(cls, value: list[str]) -> list[str]:
+        for path in value:
+            if not path.startswith("/dev/") or "/.." in path:
+                raise ValueError(f"'{path}' is not a device node under /dev")
+        return value

@@ -1,0 +1,59 @@
+"""The operator's console: server-rendered pages at `/`, beside the API at /v1 (docs/console.md).
+
+Jinja2 templates and one stylesheet, no JavaScript and no build step. Sign-in takes an operator token
+(the one `provision token create` prints); the session cookie is signed, HttpOnly, SameSite=Strict and
+Secure over TLS (session.py). Every form carries a CSRF token (forms.py). Pages read, and buttons act,
+through the services the API routes call, as the signed-in token's principal, narrowed to its account
+(visibility.py). None of these routes is in the OpenAPI document.
+
+`mount(app)` adds the console to the control plane's app (provisioner/api/app.py)."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+from starlette.convertors import Convertor, register_url_convertor
+
+from provisioner.api.console import actions, pages
+from provisioner.api.console.render import HERE, not_found
+from provisioner.api.console.session import Signer, signing_key
+
+STYLESHEET: Final = (HERE / "static" / "console.css").read_bytes()
+
+
+class ConsolePage(Convertor[str]):
+    """Any path but the API's own (/v1/..., /openapi.json, /healthz): so the console's "no such page"
+    never shadows an API answer, not even a 405 for a known API path and another method."""
+
+    regex = r"(?!v1/|v1$|openapi\.json$|healthz$).*"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+register_url_convertor("console_page", ConsolePage())
+
+
+def _stylesheet() -> Response:
+    return Response(STYLESHEET, media_type="text/css", headers={"Cache-Control": "max-age=3600"})
+
+
+def mount(app: FastAPI) -> None:
+    """The console's routes, after the API's: unknown console paths get the console's 404 page."""
+    app.state.console_signer = Signer(signing_key(app.state.runtime.sealer))
+    app.include_router(pages.router)
+    app.include_router(actions.router)
+    app.add_api_route("/static/console.css", _stylesheet, methods=["GET"], include_in_schema=False)
+
+    def page_not_found(request: Request, path: str) -> Response:
+        return not_found(request)
+
+    app.add_api_route("/{path:console_page}", page_not_found, methods=["GET"], include_in_schema=False)
+
+
+__all__ = ["mount"]

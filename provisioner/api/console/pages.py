@@ -1,0 +1,248 @@
+"""The console's pages (GET): sign-in, providers and regions, a region's dashboard, pending minions, a
+node, join refusals, jobs, and the confirmation pages of removals. Each reads through the same services
+as the API routes of the same data (provisioner/api/routes/), narrowed to the user's account
+(provisioner/api/console/visibility.py)."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, Response
+
+from contracts.errors import RigbaseError
+from contracts.regional import StorageMode
+from provisioner.api.console import visibility
+from provisioner.api.console.forms import SignedIn, signer_of
+from provisioner.api.console.render import ConsoleRoute, page, reading, set_cookie
+from provisioner.api.console.session import SIGNIN_COOKIE, SIGNIN_MAX_AGE_S
+from provisioner.api.schemas import NodeOut
+from provisioner.domain.states import NODE_AWAITING_MINION, NodeState, Service
+from provisioner.services import datastores, inventory_text, jobs, providers, reservations
+from provisioner.services import gcp as gcp_service
+from provisioner.services import nodes as node_service
+from provisioner.services import regions as region_service
+from provisioner.store.models import Node
+
+router = APIRouter(include_in_schema=False, route_class=ConsoleRoute)
+
+# A node's maintenance can be toggled from these states only (services/nodes.maintenance refuses the
+# others); the grids offer the button where it can work.
+TOGGLEABLE = frozenset({NodeState.ACTIVE.value, NodeState.MAINTENANCE.value})
+
+
+def node_row(node: Node) -> dict[str, Any]:
+    shown = NodeOut.of(node).readable()
+    return {
+        "id": node.id,
+        "name": node.name,
+        "service": node.service,
+        "state": node.state,
+        "reason": node.reason,
+        "online": shown.online,
+        "minion_id": node.minion_id,
+        "hardware": inventory_text.one_line(shown.inventory or {}),
+        "last_heartbeat_at": node.last_heartbeat_at,
+        "toggleable": node.state in TOGGLEABLE,
+        "toggle_label": "Activate" if node.state == NodeState.MAINTENANCE else "Enter maintenance",
+    }
+
+
+@router.get("/signin", response_class=HTMLResponse)
+def signin_page(request: Request, problem: str | None = None) -> Response:
+    signer = signer_of(request)
+    nonce_cookie = signer.new_signin_nonce()
+    nonce = signer.signin_nonce(nonce_cookie)
+    assert nonce is not None
+    response = page(
+        request,
+        "signin.html",
+        None,
+        signin_csrf=signer.csrf_for(f"signin:{nonce}"),
+        next=request.query_params.get("next", "/"),
+    )
+    set_cookie(response, request, SIGNIN_COOKIE, nonce_cookie, SIGNIN_MAX_AGE_S)
+    return response
+
+
+@router.get("/", response_class=HTMLResponse)
+def resources(request: Request, who: SignedIn) -> Response:
+    """The Resources Dashboard: providers, and the regions of each with their node counts."""
+    with reading(request) as session:
+        shown = visibility.visible_regions(session, who.principal)
+        counts = {r.id: len(region_service.live_nodes(session, r)) for r in shown}
+        return page(
+            request,
+            "resources.html",
+            who,
+            providers=providers.list_all(session),
+            regions=shown,
+            counts=counts,
+            storage_modes=[m.value for m in StorageMode],
+            physical_enabled=any(p.kind == "physical" for p in providers.list_all(session)),
+        )
+
+
+@router.get("/regions/{ref}", response_class=HTMLResponse)
+def region_dashboard(request: Request, ref: str, who: SignedIn) -> Response:
+    with reading(request) as session:
+        region = visibility.region(session, who.principal, ref)
+        rows = [node_row(n) for n in region_service.live_nodes(session, region)]
+        return page(
+            request,
+            "region.html",
+            who,
+            region=region,
+            compute=[r for r in rows if r["service"] == Service.COMPUTE],
+            storage=[r for r in rows if r["service"] == Service.STORAGE],
+            assignable=[r for r in rows if r["service"] == Service.COMPUTE],
+            datastores=datastores.list_all(session, region.id),
+            reservations=reservations.list_all(session, region.id),
+            pending=[
+                p for p in visibility.pending_minions(session, who.principal) if p["region_id"] == region.id
+            ],
+            central=region.storage_mode == StorageMode.CENTRAL,
+            node_url=request.app.state.runtime.node_url(),
+        )
+
+
+@router.get("/regions/{ref}/quota", response_class=HTMLResponse)
+def region_quota(request: Request, ref: str, who: SignedIn) -> Response:
+    """A GCP region's quota and what it allows (services/gcp.region_quota, as `gcp quota` shows)."""
+    with reading(request) as session:
+        region = visibility.region(session, who.principal, ref)
+        gcp_region = str((region.settings or {}).get("gcp_region") or region.name)
+        problem, table = None, None
+        if region.provider.kind != "gcp":
+            problem = (
+                f"region '{region.name}' is a {region.provider.kind} region: only GCP regions have quotas"
+            )
+        else:
+            try:
+                table = gcp_service.region_quota(session, gcp_region).to_json()
+            except RigbaseError as exc:
+                problem = exc.message
+        return page(
+            request, "quota.html", who, region=region, gcp_region=gcp_region, quota=table, problem=problem
+        )
+
+
+@router.get("/pending", response_class=HTMLResponse)
+def pending_minions(request: Request, who: SignedIn) -> Response:
+    with reading(request) as session:
+        return page(request, "pending.html", who, pending=visibility.pending_minions(session, who.principal))
+
+
+@router.get("/nodes/{ref}", response_class=HTMLResponse)
+def node_page(request: Request, ref: str, who: SignedIn) -> Response:
+    with reading(request) as session:
+        node = visibility.node(session, who.principal, ref, include_removed=True)
+        shown = NodeOut.of(node).readable()
+        _, events = node_service.history(session, node.id)
+        requirements = shown.requirements or {}
+        return page(
+            request,
+            "node.html",
+            who,
+            node=node,
+            row=node_row(node),
+            shown=shown,
+            last_quote_at=node_service.last_quote_at(session, node),
+            rules=[r for r in requirements.get("rules") or [] if isinstance(r, dict)],
+            requirements_ok=requirements.get("ok"),
+            history=events,
+            refusals=[
+                r for r in visibility.refusals(session, who.principal) if r["minion_id"] == node.minion_id
+            ],
+            awaiting=node.state in NODE_AWAITING_MINION,
+            removed=node.state == NodeState.REMOVED,
+        )
+
+
+class _RegionalRow(Protocol):
+    """What a removal's confirmation page needs of the row removed (a node, datastore or reservation)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def region_id(self) -> str: ...
+
+
+def _confirm_removal(
+    request: Request, who: SignedIn, what: str, row: _RegionalRow, text: str, *, force: bool = False
+) -> Response:
+    """The page that asks before a removal: its button posts to /{what}s/{id}/remove (console/actions.py);
+    Back returns to the row's region."""
+    return page(
+        request,
+        "confirm.html",
+        who,
+        title=f"Remove {what} {row.name}",
+        text=text,
+        action=f"/{what}s/{row.id}/remove",
+        button=f"Remove {what}",
+        force=force,
+        back=f"/regions/{row.region_id}",
+    )
+
+
+@router.get("/nodes/{ref}/remove", response_class=HTMLResponse)
+def confirm_node_removal(request: Request, ref: str, who: SignedIn) -> Response:
+    with reading(request) as session:
+        node = visibility.node(session, who.principal, ref)
+        text = (
+            f"Remove {node.service} node '{node.name}' from region '{node.region.name}'? Its minion's "
+            "credential stops working and the node leaves every grid; its history is kept."
+        )
+        return _confirm_removal(request, who, "node", node, text, force=node.service == Service.STORAGE)
+
+
+@router.get("/nodes/{ref}/replace", response_class=HTMLResponse)
+def replace_form(request: Request, ref: str, who: SignedIn) -> Response:
+    with reading(request) as session:
+        node = visibility.node(session, who.principal, ref)
+        return page(request, "replace.html", who, node=node)
+
+
+@router.get("/datastores/{ref}/remove", response_class=HTMLResponse)
+def confirm_datastore_removal(request: Request, ref: str, who: SignedIn) -> Response:
+    with reading(request) as session:
+        ds = visibility.datastore(session, who.principal, ref)
+        text = (
+            f"Remove datastore '{ds.name}' ({ds.type} {ds.address}:{ds.root}) from region "
+            f"'{ds.region.name}'? Jobs no longer mount it; the data on the server is not touched."
+        )
+        return _confirm_removal(request, who, "datastore", ds, text)
+
+
+@router.get("/reservations/{ref}/remove", response_class=HTMLResponse)
+def confirm_reservation_removal(request: Request, ref: str, who: SignedIn) -> Response:
+    with reading(request) as session:
+        rsv = visibility.reservation(session, who.principal, ref)
+        text = (
+            f"Remove reservation '{rsv.name}' ({rsv.hostname}.local:{rsv.port}/{rsv.protocol}) from "
+            f"region '{rsv.region.name}'? Its node stops publishing it."
+        )
+        return _confirm_removal(request, who, "reservation", rsv, text)
+
+
+@router.get("/refusals", response_class=HTMLResponse)
+def refusals(request: Request, who: SignedIn) -> Response:
+    with reading(request) as session:
+        return page(request, "refusals.html", who, refusals=visibility.refusals(session, who.principal))
+
+
+@router.get("/jobs", response_class=HTMLResponse)
+def job_list(request: Request, who: SignedIn) -> Response:
+    """The account's jobs (services/jobs.list_all is account-scoped for every role)."""
+    with reading(request) as session:
+        return page(request, "jobs.html", who, jobs=jobs.list_all(session, who.principal))
+
+
+@router.get("/jobs/{ref}", response_class=HTMLResponse)
+def job_page(request: Request, ref: str, who: SignedIn) -> Response:
+    with reading(request) as session:
+        job = jobs.get(session, who.principal, ref)
+        return page(request, "job.html", who, job=job, history=jobs.history(session, who.principal, ref))

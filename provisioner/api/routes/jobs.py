@@ -1,0 +1,249 @@
+"""/v1/jobs: create (or dry-run: the match table), list, show, history, stop, logs, and the published job
+spec schema; every route is scoped to the caller's account (another account's job answers 404). And the
+minion's log route, POST /v1/nodes/{node_id}/jobs/{job_id}/workers/{worker}/logs (node credential)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from fastapi import APIRouter, Query
+from pydantic import BaseModel, Field
+
+from contracts.jobs import LOG_ROUTE, LogAck, LogChunk
+from contracts.jobspec import JobSpec, spec_from_data
+from provisioner.api.deps import Db, NodeCredential, Principal
+from provisioner.api.errors import NODE_ERRORS, documented
+from provisioner.api.schemas import EventOut, Page
+from provisioner.domain.placement_rows import match_rows
+from provisioner.services import (
+    job_assignments,  # noqa: F401  (registers the heartbeat's `jobs` key)
+    job_logs,
+)
+from provisioner.services import jobs as service
+from provisioner.store.job_models import Job, JobWorker
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+node_router = APIRouter(tags=["jobs"])  # node credential auth (the app's OPEN_ROUTERS)
+REJECTED_SHOWN = 50  # a dry run over a big fleet lists the closest misses, not every node
+
+
+class JobIn(BaseModel):
+    spec: dict[str, Any] = Field(
+        description="a rigbase job spec (GET /v1/jobs/schema); `provision job create` "
+        "converts ChainOpera Launch and OpenPAI files into one"
+    )
+    project: str | None = Field(
+        None, description="project name or id; default: the account's default project"
+    )
+
+
+class WorkerOut(BaseModel):
+    index: int
+    state: str
+    reason: str | None
+    exit_code: int | None
+    node: str | None
+    node_id: str | None
+    gpu_indices: list[int]
+    log_bytes: int
+
+    @classmethod
+    def of(cls, w: JobWorker) -> WorkerOut:
+        return cls(
+            index=w.index,
+            state=w.state,
+            reason=w.reason,
+            exit_code=w.exit_code,
+            node=w.node.name if w.node is not None else None,
+            node_id=w.node_id,
+            gpu_indices=list(w.gpu_indices or []),
+            log_bytes=w.log_bytes,
+        )
+
+
+class JobOut(BaseModel):
+    id: str
+    name: str
+    type: str
+    project: str
+    project_id: str
+    state: str
+    reason: str | None
+    price_per_gpu_hour: float | None = Field(
+        description="credits per GPU-hour, locked when the job was created"
+    )
+    gpu_type: str | None
+    gpu_count: int
+    region: str | None
+    node: str | None
+    workers: list[WorkerOut]
+    spec: dict[str, Any]
+    created_by: str
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None
+    ended_at: datetime | None
+
+    @classmethod
+    def of(cls, j: Job) -> JobOut:
+        return cls(
+            id=j.id,
+            name=j.name,
+            type=j.type,
+            project=j.project.name,
+            project_id=j.project_id,
+            state=j.state,
+            reason=j.reason,
+            price_per_gpu_hour=j.price_per_gpu_hour,
+            gpu_type=j.gpu_type,
+            gpu_count=int((j.spec.get("resources") or {}).get("gpu_count") or 0),
+            region=j.region.name if j.region is not None else None,
+            node=j.node.name if j.node is not None else None,
+            workers=[WorkerOut.of(w) for w in j.workers],
+            spec=j.spec,
+            created_by=j.created_by,
+            created_at=j.created_at,
+            updated_at=j.updated_at,
+            started_at=j.started_at,
+            ended_at=j.ended_at,
+        )
+
+
+class MatchRowOut(BaseModel):
+    """One row of the match table (ChainOpera Launch's columns)."""
+
+    provider: str
+    instance: str
+    vcpus: int
+    memory_gib: float
+    gpus: str
+    region: str
+    cost_per_hour: float
+    selected: bool
+
+
+class RejectedOut(BaseModel):
+    node: str
+    region: str
+    reason: str = Field(description="the rejection's kind, e.g. wrong_gpu_type, maintenance, offline")
+    message: str
+
+
+class PlacementOut(BaseModel):
+    """Where the job would run now: the fitting candidates best first (the first is selected), why each
+    other one does not fit (closest misses first), and why the job would wait when nothing fits."""
+
+    fits: bool
+    waiting_reason: str | None
+    pinned_region: str | None
+    pinned_by: str | None
+    matches: list[MatchRowOut]
+    rejected: list[RejectedOut]
+    rejected_total: int
+
+    @classmethod
+    def of(cls, sub: service.Submission) -> PlacementOut:
+        first = sub.decision.first
+        rejected = first.rejected
+        return cls(
+            fits=bool(sub.decision.chosen),
+            waiting_reason=sub.decision.reason,
+            pinned_region=sub.pinned.region.name if sub.pinned.region is not None else None,
+            pinned_by=sub.pinned.because,
+            matches=[MatchRowOut(**row.__dict__) for row in match_rows(first)],
+            rejected=[
+                RejectedOut(node=c.name, region=c.region, reason=r.value, message=m)
+                for c, r, m in rejected[:REJECTED_SHOWN]
+            ],
+            rejected_total=len(rejected),
+        )
+
+
+class JobCreatedOut(JobOut):
+    placement: PlacementOut
+
+
+class LogOut(BaseModel):
+    job_id: str
+    job_state: str
+    worker: int
+    worker_state: str
+    offset: int
+    next_offset: int = Field(description="ask again from here for what came after")
+    data: str
+    complete: bool = Field(description="the whole output is here: nothing more will come")
+
+
+def _spec(body: JobIn) -> JobSpec:
+    return spec_from_data(body.spec)  # SpecError (422): one line per error, naming the field
+
+
+@router.get("/schema", responses=documented(422))
+def schema() -> dict[str, Any]:
+    """The job spec's JSON Schema (docs/job-spec.schema.json)."""
+    return JobSpec.model_json_schema()
+
+
+@router.post("", status_code=201, responses=documented(403, 404))
+def create(body: JobIn, session: Db, principal: Principal) -> JobCreatedOut:
+    """Create a job: placed on a node now (`starting`) or `waiting` with the reason. Refused, with
+    nothing stored, for a bad spec (422) or a GPU type its pinned region lacks."""
+    sub = service.create(session, principal, _spec(body), project=body.project)
+    assert sub.job is not None
+    return JobCreatedOut(**JobOut.of(sub.job).model_dump(), placement=PlacementOut.of(sub))
+
+
+@router.post("/dry-run", responses=documented(403, 404))
+def dry_run(body: JobIn, session: Db, principal: Principal) -> PlacementOut:
+    """Where the job would run now and why every other candidate does not fit; stores nothing."""
+    return PlacementOut.of(
+        service.create(session, principal, _spec(body), project=body.project, dry_run=True)
+    )
+
+
+@router.get("", responses=documented(404))
+def list_jobs(
+    session: Db, principal: Principal, project: str | None = None, state: str | None = None
+) -> Page[JobOut]:
+    """The account's jobs, newest first (optionally one project's, or in one state)."""
+    return Page(
+        items=[JobOut.of(j) for j in service.list_all(session, principal, project=project, state=state)]
+    )
+
+
+@router.get("/{ref}")
+def show(ref: str, session: Db, principal: Principal) -> JobOut:
+    return JobOut.of(service.get(session, principal, ref))
+
+
+@router.get("/{ref}/history")
+def history(ref: str, session: Db, principal: Principal) -> Page[EventOut]:
+    """Every transition of the job and of its workers, oldest first."""
+    return Page(items=[EventOut.of(e) for e in service.history(session, principal, ref)])
+
+
+@router.post("/{ref}/stop", responses=documented(403))
+def stop(ref: str, session: Db, principal: Principal) -> JobOut:
+    """Stop the job: its nodes send SIGTERM, wait the grace period, then kill."""
+    return JobOut.of(service.stop(session, principal, ref))
+
+
+@router.get("/{ref}/logs")
+def logs(
+    ref: str,
+    session: Db,
+    principal: Principal,
+    worker: int = Query(0, ge=0, lt=10_000),
+    offset: int = Query(0, ge=0),
+) -> LogOut:
+    """One worker's combined stdout/stderr from `offset`, in order."""
+    return LogOut(**job_logs.read(session, principal, ref, worker, offset).__dict__)
+
+
+@node_router.post(LOG_ROUTE, responses={**NODE_ERRORS, **documented(404)})
+def post_log(
+    node_id: str, job_id: str, worker: int, body: LogChunk, session: Db, credential: NodeCredential
+) -> LogAck:
+    """A worker's output from `offset` (idempotent by offset); the answer says how much is held."""
+    return job_logs.append(session, node_id, credential, job_id, worker, body)

@@ -1,0 +1,269 @@
+"""`provision job …`: create (any of the three spec formats; --dry-run shows the match table the way
+ChainOpera Launch does, and without --yes the CLI asks [y/N]), list, show, history, stop, logs, convert.
+Jobs are named by name (the newest of that name) or id, always within this token's account (docs/jobs.md)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from contracts.jobspec import SpecError
+from provisioner.cli import render
+from provisioner.cli.common import EXIT_USAGE, Json, Yes, fail, group, output_options, read_input, show_one
+from provisioner.cli.settings import connect
+from provisioner.domain import job_formats
+from provisioner.domain.placement_rows import MATCH_HEADERS, MatchRow
+
+app = group("Jobs: containers on your fleet's nodes, from a spec to their result.")
+FOLLOW_EVERY_S = 1.0
+
+
+def _gpus(row: dict[str, Any]) -> str:
+    count, kind = row["gpu_count"], row["gpu_type"]
+    if not count:
+        return "-"
+    return f"{count}x {kind}" if kind else str(count)
+
+
+COLUMNS: render.Columns = [
+    ("id", "ID"),
+    ("name", "NAME"),
+    ("project", "PROJECT"),
+    ("type", "TYPE"),
+    ("state", "STATE"),
+    ("node", "NODE"),
+    ("gpus", "GPUS", _gpus),
+    ("price_per_gpu_hour", "PRICE/GPU-H"),
+    ("created_at", "AGE", render.ago("created_at")),
+    ("reason", "REASON"),
+]
+WIDE = [("region", "REGION"), ("created_by", "CREATED BY")]
+WORKER_COLUMNS = [
+    ("index", "WORKER"),
+    ("node", "NODE"),
+    ("state", "STATE"),
+    ("exit_code", "EXIT"),
+    ("gpu_indices", "GPUS"),
+    ("reason", "REASON"),
+]
+HISTORY_COLUMNS = [
+    ("at", "WHEN"),
+    ("actor", "WHO"),
+    ("name", "WHAT"),
+    ("from_state", "FROM"),
+    ("to_state", "TO"),
+    ("reason", "WHY"),
+]
+SHOW_FIELDS = [
+    "id",
+    "name",
+    "project",
+    "type",
+    "state",
+    "reason",
+    "region",
+    "node",
+    "gpu_type",
+    "gpu_count",
+    "price_per_gpu_hour",
+    "created_by",
+    "created_at",
+    "started_at",
+    "ended_at",
+]
+Name = Annotated[str, typer.Argument(help="Job name (the newest job of that name) or id.")]
+SpecFile = Annotated[
+    Path,
+    typer.Option(
+        "--file",
+        "-f",
+        help="Job spec: rigbase YAML/JSON, a ChainOpera Launch job.yaml or an OpenPAI job JSON "
+        "(- reads stdin).",
+    ),
+]
+ProjectOpt = Annotated[
+    str | None, typer.Option("--project", "-p", help="Project name or id (default: your account's default).")
+]
+
+
+def _read_spec(path: Path) -> job_formats.ParsedSpec:
+    """The spec a file holds, or every error on its own line (`error: FIELD: …`) and exit 2."""
+    text = read_input(path, "a job spec file", called="spec file")
+    try:
+        return job_formats.read(text, None if str(path) == "-" else path.name)
+    except SpecError as exc:
+        for line in exc.errors:
+            print(f"error: {line}", file=sys.stderr)
+        raise typer.Exit(EXIT_USAGE) from None
+
+
+def print_match_table(placement: dict[str, Any]) -> None:
+    """The match table as ChainOpera Launch prints it, then why the other nodes do not fit."""
+    con = render.console()
+    if placement["pinned_region"]:
+        con.print(
+            f"Runs only in region {placement['pinned_region']} ({placement['pinned_by'] or 'region:'})."
+        )
+    if placement["matches"]:
+        con.print("Searched and matched the following GPU resource for your job:")
+        t = Table(header_style="bold")
+        for header in MATCH_HEADERS:
+            t.add_column(header, no_wrap=True)
+        for row in placement["matches"]:
+            t.add_row(*MatchRow(**row).cells())
+        con.print(t)
+    else:
+        con.print("No resource fits the job now.")
+    if placement["rejected"]:
+        con.print(f"Not matched ({placement['rejected_total']}):")
+        for r in placement["rejected"]:
+            con.print(f"  {r['node']} ({r['region']}): {r['message']}", soft_wrap=True)
+    if placement["waiting_reason"]:
+        con.print(f"The job would wait: {placement['waiting_reason']}", soft_wrap=True)
+
+
+def _ask(question: str) -> bool:
+    """[y/N] on a terminal; otherwise one answer line from stdin (none: refused, pass --yes)."""
+    if sys.stdin.isatty():
+        return typer.confirm(question, default=False, err=True)
+    print(f"{question} [y/N]: ", end="", file=sys.stderr, flush=True)
+    answer = sys.stdin.readline()
+    if not answer:
+        fail(f"{question} needs an answer: pass --yes", exit_code=EXIT_USAGE)
+    return answer.strip().lower() in ("y", "yes")
+
+
+@app.command("create")
+def create(
+    file: SpecFile,
+    project: ProjectOpt = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Show where the job would run and why; create nothing.")
+    ] = False,
+    yes: Yes = False,
+    json_out: Json = False,
+) -> None:
+    """Create a job from a spec file; prints its id. Asks first, showing the match table, unless --yes."""
+    parsed = _read_spec(file)
+    body = {"spec": parsed.spec.model_dump(mode="json"), "project": project}
+    client = connect()
+    if dry_run or not yes:
+        placement = client.post("/v1/jobs/dry-run", body)
+        if dry_run:
+            if not render.machine(placement, render.chosen(json_out)):
+                print_match_table(placement)
+            return
+        print_match_table(placement)
+        question = (
+            "Do you want to launch the job with the above matched GPU resource?"
+            if placement["fits"]
+            else "Create the job anyway? It waits until a resource fits"
+        )
+        if not _ask(question):
+            fail("nothing created: answer y, or pass --yes")
+    job = client.post("/v1/jobs", body)
+    where = f"on {job['node']}" if job["node"] else f"waiting: {job['reason']}"
+    print(f"job {job['name']} {job['state']} {where}", file=sys.stderr)
+    render.created(job, as_json=json_out)
+
+
+@app.command("convert")
+def convert(file: SpecFile, json_out: Json = False) -> None:
+    """Print the rigbase spec a file becomes (what the conversion changed as comments)."""
+    text = read_input(file, "a job spec file", called="spec file")
+    try:
+        print(job_formats.convert(text, None if str(file) == "-" else file.name, as_json=json_out), end="")
+    except SpecError as exc:
+        for line in exc.errors:
+            print(f"error: {line}", file=sys.stderr)
+        raise typer.Exit(EXIT_USAGE) from None
+
+
+@app.command("list")
+@output_options
+def list_(
+    project: ProjectOpt = None,
+    state: Annotated[str | None, typer.Option("--state", help="Only jobs in this state.")] = None,
+    json_out: Json = False,
+) -> None:
+    """List your account's jobs, newest first."""
+    rows = connect().get("/v1/jobs", project=project, state=state)["items"]
+    render.table(
+        rows, COLUMNS, wide=WIDE, as_json=json_out, empty="no job yet: `provision job create -f FILE`"
+    )
+
+
+@app.command("show")
+@output_options
+def show(name: Name, json_out: Json = False) -> None:
+    """Show one job and its workers (node, state, exit code)."""
+    if json_out or render.chosen() in (render.Output.JSON, render.Output.YAML):
+        show_one(f"/v1/jobs/{name}", as_json=json_out)
+        return
+    job = connect().get(f"/v1/jobs/{name}")
+    render.detail(job, fields=None if render.chosen() is render.Output.WIDE else SHOW_FIELDS)
+    print()
+    render.table(job["workers"], WORKER_COLUMNS)
+
+
+@app.command("history")
+@output_options
+def history(name: Name, json_out: Json = False) -> None:
+    """Every transition of the job and of its workers, oldest first."""
+    render.table(connect().get(f"/v1/jobs/{name}/history")["items"], HISTORY_COLUMNS, as_json=json_out)
+
+
+@app.command("stop")
+def stop(name: Name, json_out: Json = False) -> None:
+    """Stop a job: its workers get SIGTERM, a grace period, then SIGKILL."""
+    job = connect().post(f"/v1/jobs/{name}/stop", {})
+    render.detail(job, as_json=json_out, fields=None if json_out else ["id", "name", "state", "reason"])
+
+
+@app.command("logs")
+def logs(
+    name: Name,
+    worker: Annotated[
+        int | None, typer.Option("--worker", "-w", min=0, help="Only this worker (default: every worker).")
+    ] = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the job ends.")] = False,
+) -> None:
+    """A job's output (stdout and stderr of each worker, in order); --follow waits for more until the end."""
+    client = connect()
+    job = client.get(f"/v1/jobs/{name}")
+    workers = [worker] if worker is not None else [w["index"] for w in job["workers"]]
+    if worker is not None and worker >= len(job["workers"]):
+        fail(
+            f"job '{job['name']}' has workers 0-{len(job['workers']) - 1}: pass one of them to --worker",
+            exit_code=EXIT_USAGE,
+        )
+    prefix = len(workers) > 1
+    offsets = dict.fromkeys(workers, 0)
+    done: set[int] = set()
+    while True:
+        for index in workers:
+            if index in done:
+                continue
+            page = client.get(f"/v1/jobs/{job['id']}/logs", worker=index, offset=offsets[index])
+            _print_log(page["data"], f"[worker {index}] " if prefix else "")
+            offsets[index] = page["next_offset"]
+            if page["complete"] or (not follow and page["next_offset"] == page["offset"]):
+                done.add(index)
+        if len(done) == len(workers):
+            return
+        if follow:
+            time.sleep(FOLLOW_EVERY_S)
+
+
+def _print_log(data: str, prefix: str) -> None:
+    if not data:
+        return
+    if prefix:
+        data = "".join(prefix + line for line in data.splitlines(keepends=True))
+    sys.stdout.write(data)
+    sys.stdout.flush()

@@ -1,0 +1,69 @@
+"""Who may do what: the roles of operator tokens and the actions each allows, as data (docs/accounts.md).
+
+Every operator token belongs to one account and has one role in it. The root account (created at first
+start, named `default`) runs the fleet: its admins administer every account. Everyone else acts only
+inside their own account: another account's resources answer 404, as a missing one would."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from contracts.errors import Forbidden
+
+
+class Role(StrEnum):
+    ADMIN = "admin"
+    MEMBER = "member"
+
+
+class Action(StrEnum):
+    MANAGE_ACCOUNTS = "create accounts and other accounts' tokens"
+    MANAGE_TOKENS = "create, rotate and revoke operator tokens"
+    MANAGE_PROJECTS = "create and remove projects"
+    RUN_JOBS = "create and stop jobs"
+
+
+# The roles that may take each action within their own account ...
+ALLOWED: dict[Action, frozenset[Role]] = {
+    Action.MANAGE_ACCOUNTS: frozenset({Role.ADMIN}),
+    Action.MANAGE_TOKENS: frozenset({Role.ADMIN}),
+    Action.MANAGE_PROJECTS: frozenset({Role.ADMIN, Role.MEMBER}),
+    Action.RUN_JOBS: frozenset({Role.ADMIN, Role.MEMBER}),
+}
+# ... and the actions that reach beyond it, so only the root account's admins take them
+ROOT_ONLY: frozenset[Action] = frozenset({Action.MANAGE_ACCOUNTS})
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who sent a request: the audit-trail actor (`operator:<token name>`), its account and role.
+    `root`: the account is the root account (its admins may act on every account)."""
+
+    actor: str
+    account_id: str
+    role: str
+    root: bool = False
+
+    @property
+    def is_fleet_admin(self) -> bool:
+        return self.root and self.role == Role.ADMIN
+
+    def may(self, action: Action) -> bool:
+        if action in ROOT_ONLY and not self.root:
+            return False
+        return Role(self.role) in ALLOWED[action]
+
+    def require(self, action: Action) -> None:
+        """Forbidden (403), in one line naming the role that may, unless this principal may."""
+        if self.may(action):
+            return
+        who = "an admin token of the root account" if action in ROOT_ONLY else "an admin token"
+        raise Forbidden(
+            f"a {self.role} token may not {action.value}: ask for {who} (docs/accounts.md)",
+            code="forbidden_role",
+        )
+
+    def account_scope(self) -> str | None:
+        """The account whose rows this principal sees, or None for every account (fleet admins)."""
+        return None if self.is_fleet_admin else self.account_id

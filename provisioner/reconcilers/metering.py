@@ -1,0 +1,42 @@
+"""Reconciler: meter running jobs and move earned credits (docs/billing.md).
+
+Every minute (an hour's charge is posted within a minute of the hour ending): one metering pass over every
+job that is due, in batches of services.metering.BATCH jobs per transaction, then the transfer of earned
+credits for the last complete UTC day. Time is domain.clock.CLOCK, which tests replace to walk through hours.
+Stateless and idempotent (every entry has a unique key): a control plane killed mid-pass posts the rest on
+its next pass, and two control planes on one PostgreSQL database post each entry once."""
+
+from __future__ import annotations
+
+import logging
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from provisioner.domain import clock
+from provisioner.reconcilers.loop import register
+from provisioner.services import ledger, metering
+from provisioner.services.wakeups import Wake
+from provisioner.store.engine import session_scope
+
+log = logging.getLogger("rigbase.reconcilers.metering")
+
+
+def run_once(sessions: sessionmaker[Session]) -> int:
+    """One pass; how many entries it posted."""
+    now = clock.now()
+    with session_scope(sessions) as session:
+        ids = metering.due_job_ids(session)
+    posted = 0
+    for start in range(0, len(ids), metering.BATCH):
+        with session_scope(sessions) as session:
+            posted += metering.meter_jobs(session, ids[start : start + metering.BATCH], now)
+    with session_scope(sessions) as session:
+        posted += ledger.transfer_earnings(session, ledger.last_complete_day(now))
+    if posted:
+        log.info("metering posted %d ledger entries", posted)
+    return posted
+
+
+@register(Wake.METERING, period_s=60.0)
+def reconcile(sessions: sessionmaker[Session]) -> None:
+    run_once(sessions)

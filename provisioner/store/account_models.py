@@ -1,0 +1,63 @@
+"""Store models: accounts and projects (issue 12). Who owns what: every operator token belongs to an
+account (api_tokens.account_id), every region to the account that created it (regions.account_id), and
+every job to a project of an account.
+
+The first start creates the account `default` (the root account: its admins administer every account)
+with its default project `default`; revision 0014 does it, and moves the tokens and regions of an older
+store to it. A removed project keeps its row (`removed_at`) for the jobs and audit trail that name it,
+so its name is unique among the account's live projects only (a partial unique index)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import Boolean, ForeignKey, Index, String, text
+from sqlalchemy.orm import Mapped, mapped_column, relationship
+
+from provisioner.store.models import Base, UTCDateTime, new_id, utcnow
+
+PROJECT_LIVE = text("removed_at IS NULL")
+DEFAULT_PROJECT_LIVE = text("is_default AND removed_at IS NULL")
+
+
+class Account(Base):
+    __tablename__ = "accounts"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=lambda: new_id("acc"))
+    name: Mapped[str] = mapped_column(String(63), unique=True)
+    # the account created at first start: its admin tokens may create accounts and other accounts' tokens
+    root: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class Project(Base):
+    __tablename__ = "projects"
+    __table_args__ = (
+        Index(
+            "uq_projects_account_name_live",
+            "account_id",
+            "name",
+            unique=True,
+            sqlite_where=PROJECT_LIVE,
+            postgresql_where=PROJECT_LIVE,
+        ),
+        # one default project per account, enforced by the database too (two workers racing)
+        Index(
+            "uq_projects_account_default_live",
+            "account_id",
+            unique=True,
+            sqlite_where=DEFAULT_PROJECT_LIVE,
+            postgresql_where=DEFAULT_PROJECT_LIVE,
+        ),
+    )
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=lambda: new_id("prj"))
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"), index=True)
+    name: Mapped[str] = mapped_column(String(63))
+    # `default` is an SQL keyword: the column is is_default
+    default: Mapped[bool] = mapped_column("is_default", Boolean, default=False)
+    description: Mapped[str | None] = mapped_column(String(200))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    removed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+    account: Mapped[Account] = relationship(lazy="joined")

@@ -1,0 +1,102 @@
+"""Store models of jobs (issue 12): the job (its spec, project, locked price and placement), one row per
+worker (a container on a node, with its own state and exit code) and the worker's log, stored as the
+chunks the minion ships (idempotent by byte offset, so a resend after a restart of either side adds
+nothing twice). A job's history is the audit trail (kinds `job` and `job_worker`), like every resource."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, Boolean, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy.orm import Mapped, mapped_column, relationship
+
+from provisioner.store.account_models import Project
+from provisioner.store.models import Base, Node, Region, UTCDateTime, new_id, utcnow
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    __table_args__ = (Index("ix_jobs_account_name", "account_id", "name"),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=lambda: new_id("job"))
+    name: Mapped[str] = mapped_column(String(63))
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"), index=True)
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id"), index=True)
+    type: Mapped[str] = mapped_column(String(16))
+    # the rigbase spec (contracts.jobspec.JobSpec) as JSON, whatever format it was submitted in
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    # the ONE lifecycle field (domain.states.JobState); change it only via services.jobs.transition
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    reason: Mapped[str | None] = mapped_column(Text)
+    # credits per GPU-hour, locked at create (services.job_placement.price_of); None until placed once
+    price_per_gpu_hour: Mapped[float | None] = mapped_column(Float)
+    # a regional resource (datastore, reservation) or `region:` pins the job to this region
+    pinned_region_id: Mapped[str | None] = mapped_column(ForeignKey("regions.id"))
+    # where it runs: worker 0's node and its region (each worker row names its own node)
+    region_id: Mapped[str | None] = mapped_column(ForeignKey("regions.id"), index=True)
+    node_id: Mapped[str | None] = mapped_column(ForeignKey("nodes.id"), index=True)
+    gpu_type: Mapped[str | None] = mapped_column(String(64))
+    # counts placements: a re-queued job gets new worker generations, so a late report of the old
+    # node can never move the new run
+    placements: Mapped[int] = mapped_column(Integer, default=0)
+    created_by: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    version: Mapped[int] = mapped_column(Integer, nullable=False)
+
+    project: Mapped[Project] = relationship(lazy="joined")
+    region: Mapped[Region | None] = relationship(foreign_keys=[region_id], lazy="joined")
+    node: Mapped[Node | None] = relationship(lazy="joined")
+    workers: Mapped[list[JobWorker]] = relationship(
+        back_populates="job", order_by="JobWorker.index", lazy="selectin"
+    )
+    __mapper_args__ = {"version_id_col": version}
+
+
+class JobWorker(Base):
+    __tablename__ = "job_workers"
+    __table_args__ = (Index("uq_job_workers_job_index", "job_id", "index", unique=True),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=lambda: new_id("jwk"))
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"))
+    index: Mapped[int] = mapped_column(Integer)
+    command: Mapped[str] = mapped_column(Text)
+    node_id: Mapped[str | None] = mapped_column(ForeignKey("nodes.id"), index=True)
+    # domain.states.WorkerState; change it only via services.jobs.transition_worker
+    state: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str | None] = mapped_column(Text)
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    gpu_indices: Mapped[list[int]] = mapped_column(JSON, default=list)
+    # "<job id>.<placement>": reports of another generation are ignored
+    generation: Mapped[str | None] = mapped_column(String(48))
+    # the stop asked of this worker's container (the minion gets `stop: true` until it reports it ended)
+    stop_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    # bytes of its log stored without a gap (the ack the minion resumes from), and whether it ended
+    log_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    log_complete: Mapped[bool] = mapped_column(Boolean, default=False)
+    reported_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+    version: Mapped[int] = mapped_column(Integer, nullable=False)
+
+    job: Mapped[Job] = relationship(back_populates="workers")
+    node: Mapped[Node | None] = relationship(lazy="joined")
+    __mapper_args__ = {"version_id_col": version}
+
+
+class JobLogChunk(Base):
+    """A piece of one worker's combined stdout/stderr at byte `offset`; (job, worker, offset) is unique."""
+
+    __tablename__ = "job_log_chunks"
+    __table_args__ = (Index("uq_job_log_chunks_offset", "job_id", "worker", "offset", unique=True),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"))
+    worker: Mapped[int] = mapped_column(Integer)
+    offset: Mapped[int] = mapped_column(BigInteger)
+    size: Mapped[int] = mapped_column(Integer)  # bytes of `data` in UTF-8
+    data: Mapped[str] = mapped_column(Text)
+    at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

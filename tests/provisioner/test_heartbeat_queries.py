@@ -1,0 +1,84 @@
+"""Issue 17 ("Fleet scale"): what one heartbeat asks the store. 10,000 nodes beat ≈ 333 times a second, so
+each beat must ask a question once: the credential's node comes with its region and provider in ONE query,
+and the reservations assigned to the node are read once for both the reporter (what the node says it
+serves) and the contributor (what it must serve). Counts statements, not time, on both stores; the nodes
+are written into the store as joined (bench/bench_fleet_heartbeats.py `seed`), and the beat goes through
+the real heartbeat service."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from typing import Any
+
+import pytest
+from sqlalchemy import event
+
+from bench.bench_fleet_heartbeats import ACTUAL, SimNode, seed
+from contracts.messages import HeartbeatRequest
+from provisioner.services import heartbeat, reservations
+from provisioner.services.heartbeat_timing import HeartbeatTiming
+from provisioner.services.runtime import Runtime, attach
+from provisioner.settings import Settings
+from provisioner.store.engine import make_engine, make_sessionmaker
+
+# no quote asked for while the test beats (the first beat after the seed would otherwise ask for one)
+TIMING = HeartbeatTiming(quote_every=1_000_003)  # the seeded beat counts never reach a multiple
+SERVING = {"name": "web", "state": "published", "address": "192.0.2.7", "mdns": True, "upnp": None}
+
+
+def _reads(statements: list[str]) -> Counter[str]:
+    """SELECTs by the table after their first FROM."""
+    tables = (re.search(r"\bFROM (\w+)", s) for s in statements if s.lstrip().upper().startswith("SELECT"))
+    return Counter(m.group(1) for m in tables if m is not None)
+
+
+@pytest.fixture()
+def fleet(database_url: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.setenv("RIGBASE_HOME", str(tmp_path / "home"))
+    (node,) = seed(database_url, 1, 1_000_000)
+    engine = make_engine(database_url)
+    sessions = attach(make_sessionmaker(engine), Runtime.from_settings(Settings.load()))
+    with sessions.begin() as s:
+        reservations.add(s, "web", region="fleet", hostname="web", port=8080, actor="test")
+        reservations.assign(s, "web", node=node.node_id, actor="test")
+    yield sessions, engine, node
+    engine.dispose()
+
+
+def _beat(sessions: Any, node: SimNode, actual: dict[str, Any]) -> dict[str, Any]:
+    body = HeartbeatRequest.model_validate({"version": 1, "actual": actual})
+    with sessions.begin() as s:
+        return heartbeat.beat(
+            s, node.node_id, node.credential, body, observed_address="127.0.0.1", timing=TIMING
+        )
+
+
+def test_a_beat_reads_its_node_and_its_reservations_once(fleet: Any) -> None:
+    sessions, engine, node = fleet
+    _beat(sessions, node, ACTUAL)  # the first beat after the seed (and warm caches)
+    statements: list[str] = []
+    event.listen(engine, "before_cursor_execute", lambda _c, _cur, sql, *_: statements.append(sql))
+    answer = _beat(sessions, node, {**ACTUAL, "reservations": [SERVING]})
+    reads = _reads(statements)
+    assert reads["node_attestations"] == 1, statements  # the node (region, provider) joined in
+    assert reads["nodes"] == 0, statements
+    assert reads["regions"] == reads["providers"] == 0, statements
+    assert reads["reservations"] == 1, statements
+    # and still what it was before the reads were shared: the report stored, the assignment answered
+    assert answer["desired"]["reservations"] == [
+        {"name": "web", "hostname": "web", "port": 8080, "protocol": "tcp"}
+    ]
+    with sessions.begin() as s:
+        rsv = reservations.get(s, "web", "fleet")
+        assert (rsv.actual_state, rsv.address) == ("published", "192.0.2.7")
+
+
+def test_a_beat_writes_the_node_and_its_attestation_once_each(fleet: Any) -> None:
+    sessions, engine, node = fleet
+    _beat(sessions, node, ACTUAL)
+    statements: list[str] = []
+    event.listen(engine, "before_cursor_execute", lambda _c, _cur, sql, *_: statements.append(sql))
+    _beat(sessions, node, ACTUAL)
+    updates = Counter(s.split()[1] for s in statements if s.lstrip().upper().startswith("UPDATE"))
+    assert updates == {"nodes": 1, "node_attestations": 1}, statements
