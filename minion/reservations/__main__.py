@@ -2,7 +2,8 @@
 
     serve   --lan-address A [--upnp --igd-url U --igd-cache F --lease S]
             JSON lines on stdin → one JSON reply line each on stdout:
-            {"op": "apply", "desired": [{"name":…, "hostname":…, "port":…, "protocol":"tcp"}]}
+            {"op": "apply", "desired": [{"name":…, "hostname":…, "port":…, "protocol":"tcp",
+                                         "expose_wan": false}]}   (a WAN mapping needs true and --upnp)
             {"op": "set_address", "address": "10.0.0.7"}   {"op": "renew", "ahead_s": 0}
             {"op": "status"}   {"op": "close"}
     resolve HOST --lan-address A [--until ADDRESS] [--timeout S]

@@ -27,6 +27,8 @@ log = logging.getLogger(__name__)
 
 # UPnP outcomes that are settled until the desired reservation changes (not retried per heartbeat).
 SETTLED_UPNP = {UpnpState.MAPPED, UpnpState.HELD_BY_OTHER_HOST, UpnpState.REFUSED, UpnpState.OFF}
+# UPnP states that are no failure: mapped, or nothing asked of the router (node UPnP off, or LAN-only)
+UPNP_FINE = {UpnpState.OFF, UpnpState.LAN_ONLY, UpnpState.MAPPED}
 # Summary state by precedence: the first matching rule wins.
 SUMMARY_RULES: tuple[tuple[str, ReportedState], ...] = (
     ("mdns-error", ReportedState.ERROR),
@@ -41,7 +43,7 @@ def summarize(mdns: MdnsState, upnp: UpnpState) -> ReportedState:
     facts = {
         "mdns-error": mdns is MdnsState.ERROR,
         "mdns-conflict": mdns is MdnsState.CONFLICT,
-        "upnp-failed": upnp not in (UpnpState.OFF, UpnpState.MAPPED),
+        "upnp-failed": upnp not in UPNP_FINE,
         "upnp-mapped": upnp is UpnpState.MAPPED,
         "otherwise": True,
     }
@@ -49,7 +51,8 @@ def summarize(mdns: MdnsState, upnp: UpnpState) -> ReportedState:
 
 
 class ReservationAgent:
-    """One per node: mDNS on the LAN address always, UPnP only when the node has it on."""
+    """One per node: mDNS on the LAN address always; a UPnP mapping only for a reservation that opts in
+    (`expose_wan`) and only when the node has UPnP on. A reservation is LAN-only by default."""
 
     def __init__(
         self,
@@ -79,13 +82,16 @@ class ReservationAgent:
         with self._lock:
             wanted = {r.name: r for r in desired}
             for name, current in list(self.desired.items()):
-                if wanted.get(name) != current:
+                new = wanted.get(name)
+                if new is None or not new.same_name(current):
                     self._withdraw(name)
+                elif new.expose_wan != current.expose_wan and self.upnp is not None:
+                    self.upnp.unmap(name)  # the WAN opt-in changed: the name stays, the mapping is redone
             for res in desired:
-                if self.desired.get(res.name) != res:
-                    self.desired[res.name] = res
+                if res.name not in self.desired:
                     self.mdns.publish(res)
-                if self.upnp is not None:
+                self.desired[res.name] = res
+                if self.upnp is not None and res.expose_wan:
                     mapping = self.upnp.mappings.get(res.name)
                     if mapping is None or mapping.state not in SETTLED_UPNP:
                         self.upnp.map(res)
@@ -100,7 +106,12 @@ class ReservationAgent:
     def status(self, name: str) -> ReservationStatus:
         mdns_state, mdns_reason = self.mdns.state(name) or (MdnsState.ERROR, "not published")
         mapping = self.upnp.mappings.get(name) if self.upnp is not None else None
-        upnp_state = mapping.state if mapping is not None else UpnpState.OFF
+        if mapping is not None:
+            upnp_state = mapping.state
+        elif (spec := self.desired.get(name)) is None or not spec.expose_wan:
+            upnp_state = UpnpState.LAN_ONLY
+        else:
+            upnp_state = UpnpState.OFF
         state = summarize(mdns_state, upnp_state)
         reason = mdns_reason or (mapping.reason if mapping is not None else None)
         return ReservationStatus(

@@ -19,6 +19,7 @@ __all__ = ["MdnsState", "Protocol", "ReportedState", "ReservationSpec", "Reserva
 
 class UpnpState(enum.StrEnum):
     OFF = "off"  # the node has UPnP disabled (corporate firewall): nothing is sent
+    LAN_ONLY = "lan-only"  # the reservation does not ask for a WAN mapping (expose_wan off): nothing is sent
     MAPPED = "mapped"
     HELD_BY_OTHER_HOST = "held-by-other-host"  # UPnP error 718 ConflictInMappingEntry
     REFUSED = "refused"  # UPnP error 606 Action not authorized (router policy)
@@ -34,12 +35,14 @@ class MdnsState(enum.StrEnum):
 
 @dataclass(frozen=True)
 class ReservationSpec:
-    """Desired: publish HOST.local on the node's LAN and (UPnP on) forward external PORT to node:PORT."""
+    """Desired: publish HOST.local on the node's LAN and, only when the reservation opts in (`expose_wan`)
+    and the node has UPnP on, forward the router's external PORT to node:PORT. LAN-only by default."""
 
     name: str
     hostname: str
     port: int
     protocol: Protocol = Protocol.TCP
+    expose_wan: bool = False
 
     def __post_init__(self) -> None:
         if not is_dns_label(self.hostname):
@@ -49,14 +52,32 @@ class ReservationSpec:
         if not 1024 <= self.port <= 65535:
             raise ValueError(f"port {self.port} must be between 1024 and 65535")
         object.__setattr__(self, "protocol", Protocol(self.protocol))
+        if not isinstance(self.expose_wan, bool):
+            raise ValueError(f"expose_wan {self.expose_wan!r} must be true or false")
 
     @property
     def fqdn(self) -> str:
         return f"{self.hostname}.local."
 
+    def same_name(self, other: ReservationSpec) -> bool:
+        """Publishes the same mDNS name and service (only the WAN opt-in may differ)."""
+        return (self.name, self.hostname, self.port, self.protocol) == (
+            other.name,
+            other.hostname,
+            other.port,
+            other.protocol,
+        )
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ReservationSpec:
-        return cls(data["name"], data["hostname"], int(data["port"]), Protocol(data.get("protocol", "tcp")))
+        # `expose_wan` absent (a control plane older than the opt-in): no WAN mapping, the safe default
+        return cls(
+            data["name"],
+            data["hostname"],
+            int(data["port"]),
+            Protocol(data.get("protocol", "tcp")),
+            data.get("expose_wan", False),
+        )
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""`provision reservation …`: add, list, show, remove, assign, unassign, history."""
+"""`provision reservation …`: add, list, show, update, remove, assign, unassign, history."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from provisioner.cli.common import Json, RegionOpt, Yes, group, output_options, 
 from provisioner.cli.settings import connect
 
 app = group(
-    "Reservations: a HOST.local name and a port, published over mDNS (and UPnP) by a node of the region."
+    "Reservations: a HOST.local name and a port, published over mDNS by a node of the region (the one it "
+    "is assigned to, or the one running its job); LAN-only unless --expose-wan (UPnP)."
 )
 COLUMNS = [
     ("id", "ID"),
@@ -26,6 +27,7 @@ COLUMNS = [
     ("external_address", "EXTERNAL"),
     ("reason", "REASON"),
 ]
+WIDE = [("job", "JOB"), ("wan", "WAN")]  # `-o wide`: the job holding it, LAN-only or exposed
 HISTORY_COLUMNS = [
     ("at", "WHEN"),
     ("actor", "WHO"),
@@ -33,12 +35,38 @@ HISTORY_COLUMNS = [
     ("to_state", "TO"),
     ("reason", "WHY"),
 ]
-SHOW_FIELDS = ["id", "name", "region", "fqdn", "port", "protocol", "node", "state", "desired", "actual"]
+SHOW_FIELDS = [
+    "id",
+    "name",
+    "region",
+    "fqdn",
+    "port",
+    "protocol",
+    "expose_wan",
+    "node",
+    "job",
+    "state",
+    "desired",
+    "actual",
+]
+ExposeWan = Annotated[
+    bool,
+    typer.Option(
+        "--expose-wan",
+        help="Also map the port on the router (UPnP; only nodes with UPnP on): reachable from the WAN. "
+        "Without it the reservation is LAN-only.",
+    ),
+]
 
 
 def _row(r: dict) -> dict:
     """Table row: the actual address and reason next to the summary state."""
-    return {**r, "external_address": r["actual"]["external_address"], "reason": r["actual"]["reason"]}
+    return {
+        **r,
+        "wan": "exposed" if r.get("expose_wan") else "lan-only",
+        "external_address": r["actual"]["external_address"],
+        "reason": r["actual"]["reason"],
+    }
 
 
 @app.command("add")
@@ -50,11 +78,39 @@ def add(
     ],
     port: Annotated[int, typer.Option("--port", help="1024-65535; unique in the region.")],
     protocol: Annotated[Protocol, typer.Option("--protocol", help="tcp or udp.")] = Protocol.TCP,
+    expose_wan: ExposeWan = False,
     json_out: Json = False,
 ) -> None:
-    """Add a reservation (unassigned); prints its id."""
-    body = {"name": name, "region": region, "hostname": hostname, "port": port, "protocol": protocol.value}
+    """Add a reservation (unassigned, LAN-only unless --expose-wan); prints its id."""
+    body = {
+        "name": name,
+        "region": region,
+        "hostname": hostname,
+        "port": port,
+        "protocol": protocol.value,
+        "expose_wan": expose_wan,
+    }
     render.created(connect().post("/v1/reservations", body), as_json=json_out)
+
+
+@app.command("update")
+def update(
+    name: str,
+    expose_wan: Annotated[
+        bool,
+        typer.Option(
+            "--expose-wan/--no-expose-wan",
+            help="Map the port on the router (UPnP, nodes with UPnP on) or keep it LAN-only.",
+        ),
+    ],
+    region: RegionOpt = None,
+    json_out: Json = False,
+) -> None:
+    """Change whether the router maps the reservation's port; its node applies it on its next heartbeat."""
+    body = connect().post(f"/v1/reservations/{name}/expose-wan", {"expose_wan": expose_wan}, region=region)
+    render.detail(
+        body, as_json=json_out, fields=None if json_out else ["id", "name", "expose_wan", "node", "state"]
+    )
 
 
 @app.command("list")
@@ -70,6 +126,7 @@ def list_(
     render.table(
         rows if json_out else [_row(r) for r in rows],
         COLUMNS,
+        wide=WIDE,
         as_json=json_out,
         empty="no reservation yet: `provision reservation add NAME --region R --hostname H --port P`",
     )

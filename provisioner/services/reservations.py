@@ -1,28 +1,42 @@
 """Reservations: a host name (published as HOST.local) and a port, unique per region, assigned to a
 compute node of that region. The assignment reaches the node as desired state in its heartbeat
 response (contributor `reservations`); the node's report comes back in the next heartbeat request
-(reporter `reservations`) and is stored apart from the operator's decision (domain.states)."""
+(reporter `reservations`) and is stored apart from the operator's decision (domain.states).
+
+A job with `reservation:` serves it too, with no operator step: while the job's worker 0 is placed on a
+node (starting or running), that node gets the reservation in its desired state exactly as an operator
+assignment would, so it publishes HOST.local; when the job ends, is stopped or re-placed, the reservation
+leaves that node's desired state (and the new node publishes it). The rule "one live job per reservation,
+and none an operator assigned" (services.jobs) keeps it to one node. `expose_wan` (default off: LAN-only)
+is the reservation's opt-in to a router mapping, made only by a node with UPnP on."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
 from contracts.errors import Conflict, InvalidInput, NotFound, RuleViolation
 from contracts.regional import Protocol
 from provisioner.domain.states import (
+    JOB_LIVE,
+    JOB_ON_NODE,
     RESERVATION_TRANSITIONS,
+    WORKER_ON_NODE,
     ActualState,
+    JobState,
     NodeState,
     ReservationState,
     Service,
+    WorkerState,
 )
 from provisioner.services import audit, desired_state, lifecycle, names, regional_lookup
 from provisioner.services import regions as region_service
 from provisioner.services.errors import flush
+from provisioner.store.job_models import Job, JobWorker
 from provisioner.store.models import Node, new_id
 from provisioner.store.regional_models import Reservation
 
@@ -62,7 +76,15 @@ def _check_protocol(protocol: str) -> Protocol:
 
 
 def add(
-    session: Session, name: str, *, region: str, hostname: str, port: int, protocol: str = "tcp", actor: str
+    session: Session,
+    name: str,
+    *,
+    region: str,
+    hostname: str,
+    port: int,
+    protocol: str = "tcp",
+    expose_wan: bool = False,
+    actor: str,
 ) -> Reservation:
     names.dns_label("reservation", name)
     names.dns_label("reservation host", hostname)  # published as HOST.local: one label
@@ -83,7 +105,13 @@ def add(
                 code=f"duplicate_{column}",
             )
     rsv = Reservation(
-        id=new_id("rsv"), name=name, region=reg, hostname=hostname, port=port, protocol=proto.value
+        id=new_id("rsv"),
+        name=name,
+        region=reg,
+        hostname=hostname,
+        port=port,
+        protocol=proto.value,
+        expose_wan=expose_wan,
     )
     session.add(rsv)
     transition(
@@ -91,8 +119,37 @@ def add(
         rsv,
         ReservationState.UNASSIGNED,
         actor=actor,
-        reason=f"added by operator: {hostname}.local port {port}/{proto.value}",
+        reason=f"added by operator: {hostname}.local port {port}/{proto.value}, {_wan_words(expose_wan)}",
     )
+    return rsv
+
+
+def _wan_words(expose_wan: bool) -> str:
+    return "exposed on the WAN (UPnP)" if expose_wan else "LAN-only"
+
+
+def set_expose_wan(
+    session: Session, ref: str, *, expose_wan: bool, region: str | None = None, actor: str
+) -> Reservation:
+    """`reservation update --expose-wan/--no-expose-wan`: the node serving it maps (or unmaps) the router
+    port on its next heartbeat; audited as a line of the reservation's history."""
+    rsv = get(session, ref, region)
+    if rsv.expose_wan == expose_wan:
+        return rsv  # nothing to do, nothing to audit
+    rsv.expose_wan = expose_wan
+    if rsv.actual_state is not None:  # what the node reported no longer answers the new setting
+        _clear_actual(rsv, ActualState.PENDING if rsv.state == ReservationState.ASSIGNED else None)
+    audit.record(
+        session,
+        kind=KIND,
+        resource_id=rsv.id,
+        name=rsv.name,
+        actor=actor,
+        from_state=rsv.state,
+        to_state=rsv.state,
+        reason=f"now {_wan_words(expose_wan)}",
+    )
+    flush(session, f"reservation '{rsv.name}'")
     return rsv
 
 
@@ -108,7 +165,7 @@ def get(session: Session, ref: str, region: str | None = None) -> Reservation:
 def _clear_actual(rsv: Reservation, to: ActualState | None) -> None:
     rsv.actual_state = to.value if to else None
     rsv.actual_reason = rsv.address = rsv.external_address = rsv.mdns = rsv.upnp = None
-    rsv.reported_at = None
+    rsv.reported_at = rsv.reported_by = None
 
 
 def assign(session: Session, ref: str, *, node: str, region: str | None = None, actor: str) -> Reservation:
@@ -135,6 +192,13 @@ def assign(session: Session, ref: str, *, node: str, region: str | None = None, 
         )
     if rsv.node_id == target.id:
         return rsv  # already there: nothing to do, nothing to audit
+    job = _live_job_of(session, rsv)
+    if job is not None:  # the job's node publishes it: two nodes would answer for HOST.local
+        raise Conflict(
+            f"reservation '{rsv.name}' is used by job '{job.name}' ({job.state}) and moves with it: stop "
+            f"the job first (`provision job stop {job.name}`), or use another reservation",
+            code="reservation_in_use",
+        )
     previous = rsv.node.name if rsv.node is not None else None
     rsv.node = target
     _clear_actual(rsv, ActualState.PENDING)
@@ -207,12 +271,118 @@ def _assigned_to(session: Session, node: Node) -> list[Reservation]:
     )
 
 
-def _assigned_in_beat(session: Session, node: Node) -> list[Reservation]:
-    """`_assigned_to`, asked once per heartbeat by the reporter and the contributor together (nothing
-    between them assigns or unassigns a reservation: operator changes come in their own requests)."""
-    return desired_state.memo(
-        session, ("reservations.assigned", node.id), lambda: _assigned_to(session, node)
+def _job_reservation() -> Any:
+    """The `reservation:` of a job's spec, as SQL (JSON ->> on PostgreSQL, json_extract on SQLite)."""
+    return Job.spec["reservation"].as_string()
+
+
+def _publishing_worker_0(node_id: Any) -> Any:
+    """Worker 0 placed on `node_id` and meant to run there: the node that publishes the job's reservation."""
+    return and_(
+        JobWorker.index == 0,
+        JobWorker.node_id == node_id,
+        JobWorker.state.in_([s.value for s in WORKER_ON_NODE]),
+        JobWorker.stop_requested.is_(False),
     )
+
+
+def _served_by(session: Session, node: Node) -> list[Reservation]:
+    """What `node` must publish, in ONE statement: the reservations an operator assigned to it, and those
+    of its region whose live job has worker 0 placed on it (starting or running)."""
+    by_job = (
+        select(_job_reservation())
+        .select_from(Job)
+        .join(JobWorker, JobWorker.job_id == Job.id)
+        .where(
+            Job.pinned_region_id == node.region_id,
+            Job.state.in_([s.value for s in JOB_ON_NODE]),
+            _publishing_worker_0(node.id),
+        )
+    )
+    return list(
+        session.scalars(
+            select(Reservation)
+            .where(
+                Reservation.region_id == node.region_id,
+                or_(
+                    and_(Reservation.node_id == node.id, Reservation.state == ReservationState.ASSIGNED),
+                    and_(Reservation.state == ReservationState.UNASSIGNED, Reservation.name.in_(by_job)),
+                ),
+            )
+            .order_by(Reservation.name)
+        )
+    )
+
+
+def _served_in_beat(session: Session, node: Node) -> list[Reservation]:
+    """`_served_by`, asked once per heartbeat by the reporter and the contributor together (nothing
+    between them assigns or unassigns a reservation or places a job: those come in their own requests)."""
+    return desired_state.memo(session, ("reservations.served", node.id), lambda: _served_by(session, node))
+
+
+@dataclass(frozen=True)
+class JobServing:
+    """The live job that holds a reservation, and the node publishing it (None while the job waits)."""
+
+    job: Job
+    node: Node | None
+
+
+def _live_job_of(session: Session, rsv: Reservation) -> Job | None:
+    """The live job (waiting, starting, running) whose spec names `rsv`: one at most (services.jobs)."""
+    return session.scalars(
+        select(Job)
+        .where(
+            Job.pinned_region_id == rsv.region_id,
+            Job.state.in_([s.value for s in JOB_LIVE]),
+            _job_reservation() == rsv.name,
+        )
+        .order_by(Job.created_at)
+        .limit(1)
+    ).first()
+
+
+def serving_jobs(session: Session, rows: list[Reservation]) -> dict[str, JobServing]:
+    """For `reservation show`/`list`: the live job of each reservation that has one (by reservation id),
+    with worker 0's node while it publishes there."""
+    regions = {r.region_id for r in rows}
+    if not regions:
+        return {}
+    jobs = session.scalars(
+        select(Job).where(
+            Job.pinned_region_id.in_(sorted(regions)),
+            Job.state.in_([s.value for s in JOB_LIVE]),
+            _job_reservation().is_not(None),
+        )
+    )
+    by_key = {(j.pinned_region_id, str(j.spec.get("reservation"))): j for j in jobs}
+    out: dict[str, JobServing] = {}
+    for rsv in rows:
+        job = by_key.get((rsv.region_id, rsv.name))
+        if job is None:
+            continue
+        worker0 = next((w for w in job.workers if w.index == 0), None)
+        publishing = (
+            worker0 is not None
+            and JobState(job.state) in JOB_ON_NODE
+            and WorkerState(worker0.state) in WORKER_ON_NODE
+            and not worker0.stop_requested
+        )
+        # by id: the jobs service places a worker by setting node_id, which a loaded `node` does not follow
+        node = session.get(Node, worker0.node_id) if publishing and worker0 and worker0.node_id else None
+        out[rsv.id] = JobServing(job, node)
+    return out
+
+
+def actual_is_current(rsv: Reservation, serving: JobServing | None) -> bool:
+    """Whether the stored actual_* describe what serves the reservation now: an operator assignment
+    clears them when it changes; a job's reservation moves without that, so a report counts only from
+    the node that publishes it now, made for this job."""
+    if rsv.state == ReservationState.ASSIGNED:
+        return True
+    if serving is None or serving.node is None or rsv.reported_at is None:
+        return False
+    return rsv.reported_by == serving.node.id and rsv.reported_at >= serving.job.created_at
 
 
 @desired_state.contributes("upnp")
@@ -224,21 +394,29 @@ def upnp_for_node(session: Session, node: Node) -> bool:
 
 @desired_state.contributes("reservations")
 def desired_for_node(session: Session, node: Node) -> list[dict[str, Any]]:
-    """What the node must serve: the wire shape of minion/reservations/model.py Reservation.from_dict."""
+    """What the node must serve (assigned by an operator, or held by a job whose worker 0 it runs): the
+    wire shape of minion/reservations/model.py ReservationSpec.from_dict. `expose_wan`: the node maps the
+    port on the router only when true and its UPnP is on."""
     return [
-        {"name": r.name, "hostname": r.hostname, "port": r.port, "protocol": r.protocol}
-        for r in _assigned_in_beat(session, node)
+        {
+            "name": r.name,
+            "hostname": r.hostname,
+            "port": r.port,
+            "protocol": r.protocol,
+            "expose_wan": bool(r.expose_wan),
+        }
+        for r in _served_in_beat(session, node)
     ]
 
 
 @desired_state.reports("reservations")
 def record_actual(session: Session, node: Node, reported: Any) -> None:
     """Store each reported ReservationStatus on the reservation it belongs to. Reports about a
-    reservation no longer assigned to this node (a move raced the heartbeat) are ignored, and an
-    unknown state becomes `error` with the reason, so a bad report can't corrupt the row."""
+    reservation this node no longer serves (a move or a job's re-placement raced the heartbeat) are
+    ignored, and an unknown state becomes `error` with the reason, so a bad report can't corrupt the row."""
     if not isinstance(reported, list):
         return
-    mine = {r.name: r for r in _assigned_in_beat(session, node)}
+    mine = {r.name: r for r in _served_in_beat(session, node)}
     now = datetime.now(UTC)
     for item in reported:
         name = item.get("name") if isinstance(item, dict) else None
@@ -253,11 +431,13 @@ def record_actual(session: Session, node: Node, reported: Any) -> None:
                 {"reason": f"the node reported an unknown state {item.get('state')!r}"},
             )
         before = rsv.actual_state
+        if rsv.state != ReservationState.ASSIGNED and rsv.reported_by != node.id:
+            before = ActualState.PENDING.value  # a job's reservation, first report from this node
         rsv.actual_state = state.value
         rsv.actual_reason = item.get("reason")
         rsv.address, rsv.external_address = item.get("address"), item.get("external_address")
         rsv.mdns, rsv.upnp = item.get("mdns"), item.get("upnp")
-        rsv.reported_at = now
+        rsv.reported_at, rsv.reported_by = now, node.id
         if before != state.value:
             audit.record(
                 session,

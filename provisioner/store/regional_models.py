@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import ForeignKey, Index, Integer, String, Text
+from sqlalchemy import Boolean, ForeignKey, Index, Integer, String, Text, false
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from provisioner.store.models import NOT_REMOVED, Base, Node, Region, UTCDateTime, new_id, utcnow
@@ -52,6 +52,8 @@ class Reservation(Base):
     hostname: Mapped[str] = mapped_column(String(63))
     port: Mapped[int] = mapped_column(Integer)
     protocol: Mapped[str] = mapped_column(String(8))
+    # the router maps the port (UPnP, nodes with UPnP on only) when true; LAN-only by default (issue 12)
+    expose_wan: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false(), nullable=False)
     # desired (domain.states.ReservationState); change it only via services.reservations.transition
     state: Mapped[str] = mapped_column(String(16))
     reason: Mapped[str | None] = mapped_column(Text)
@@ -64,6 +66,9 @@ class Reservation(Base):
     mdns: Mapped[str | None] = mapped_column(String(24))
     upnp: Mapped[str | None] = mapped_column(String(24))
     reported_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # the node the actual_* came from: a job's reservation moves with no operator step to clear them, so
+    # `reservation show` trusts them only from the node that serves it now (services.reservations)
+    reported_by: Mapped[str | None] = mapped_column(String(32))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
     version: Mapped[int] = mapped_column(Integer, nullable=False)

@@ -23,6 +23,7 @@ from tests.fixtures.netns import AgentProcess, MdnsLan
     ("mdns", "upnp", "expected"),
     [
         (MdnsState.PUBLISHED, UpnpState.OFF, ReportedState.PUBLISHED),
+        (MdnsState.PUBLISHED, UpnpState.LAN_ONLY, ReportedState.PUBLISHED),
         (MdnsState.PUBLISHED, UpnpState.MAPPED, ReportedState.MAPPED),
         (MdnsState.PUBLISHED, UpnpState.HELD_BY_OTHER_HOST, ReportedState.ERROR),
         (MdnsState.PUBLISHED, UpnpState.REFUSED, ReportedState.ERROR),
@@ -42,6 +43,7 @@ def test_summary_state_rules(mdns: MdnsState, upnp: UpnpState, expected: Reporte
         ({"name": "a", "hostname": "-x", "port": 8080}, "DNS label"),
         ({"name": "a", "hostname": "ok", "port": 80}, "between 1024 and 65535"),
         ({"name": "a", "hostname": "ok", "port": 70000}, "between 1024 and 65535"),
+        ({"name": "a", "hostname": "ok", "port": 8080, "expose_wan": "yes"}, "true or false"),
     ],
 )
 def test_invalid_desired_reservation_is_refused(data: dict, message: str) -> None:
@@ -52,6 +54,10 @@ def test_invalid_desired_reservation_is_refused(data: dict, message: str) -> Non
 def test_status_serializes_for_the_heartbeat() -> None:
     res = ReservationSpec.from_dict({"name": "nb", "hostname": "jupyter", "port": 8888, "protocol": "udp"})
     assert res.protocol is Protocol.UDP and res.fqdn == "jupyter.local."
+    # a control plane older than the WAN opt-in sends no `expose_wan`: LAN-only, the safe default
+    assert res.expose_wan is False
+    exposed = ReservationSpec.from_dict({**res.__dict__, "protocol": "udp", "expose_wan": True})
+    assert exposed.expose_wan is True and exposed.same_name(res) and exposed != res
     status = ReservationStatus(
         "nb", ReportedState.MAPPED, MdnsState.PUBLISHED, UpnpState.MAPPED, "10.0.0.5", "203.0.114.7:8888"
     )
@@ -71,6 +77,10 @@ def _reconcile(address: str) -> dict:
         second = agent.apply([b])  # a is withdrawn, b untouched
         untouched = agent.mdns._entries["b"] is entry_b
         moved = agent.apply([ReservationSpec("b", "beta", 2002)])  # same name, new port: re-published
+        entry_moved = agent.mdns._entries["b"]
+        # only the WAN opt-in changes: the name is not withdrawn and re-announced (no UPnP here: lan-only)
+        opted = agent.apply([ReservationSpec("b", "beta", 2002, expose_wan=True)])
+        kept = agent.mdns._entries["b"] is entry_moved
         return {
             "first": [s.state.value for s in first],
             "second": [s.name for s in second],
@@ -79,6 +89,9 @@ def _reconcile(address: str) -> dict:
             "republished": agent.mdns._entries["b"] is not entry_b,
             "moved_port": agent.mdns._entries["b"].info.port if agent.mdns._entries["b"].info else None,
             "moved": [s.state.value for s in moved],
+            "moved_upnp": [s.upnp.value for s in moved],
+            "opted": [(s.state.value, s.upnp.value) for s in opted],
+            "kept": kept,
         }
     finally:
         agent.close()
@@ -98,6 +111,8 @@ def test_apply_reconciles_to_the_desired_set(lan_node: tuple[Netns, str]) -> Non
     assert result["second"] == ["b"] and result["names_after_second"] == ["b"]
     assert result["untouched"] and result["republished"]
     assert result["moved_port"] == 2002 and result["moved"] == ["published"]
+    assert result["moved_upnp"] == ["lan-only"]  # not asked for the WAN
+    assert result["opted"] == [("published", "off")] and result["kept"]  # asked, but the node's UPnP is off
 
 
 def test_serve_rejects_bad_requests_with_a_reason(mdns_lan: MdnsLan) -> None:
@@ -135,5 +150,5 @@ def _through_heartbeat(address: str) -> list:
 def test_heartbeat_handler_applies_and_reports(lan_node: tuple[Netns, str]) -> None:
     node, address = lan_node
     ok, bad = node.call(_through_heartbeat, address)
-    assert (ok["name"], ok["state"], ok["address"]) == ("nb", "published", address)
+    assert (ok["name"], ok["state"], ok["address"], ok["upnp"]) == ("nb", "published", address, "lan-only")
     assert (bad["name"], bad["state"]) == ("bad", "error") and "DNS label" in bad["reason"]

@@ -1,7 +1,9 @@
 """Control plane → heartbeat desired state → minion.desired.apply → ReservationAgent in a node's network
 namespace → a zeroconf peer on the same virtual LAN resolves HOST.local. Unassign sends goodbyes (the
 peer's cache drops the name), a move reaches the peer within 2 s, and the shutdown hook withdraws the
-name. Real store (services), real minion handler, real zeroconf on both sides; no mocks."""
+name. A job's reservation does the same with no operator step: published by the node running the job's
+worker 0 while it runs, withdrawn when the job is stopped. Real store (services), real minion handler, real
+zeroconf on both sides; no mocks."""
 
 from __future__ import annotations
 
@@ -14,10 +16,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from contracts.jobspec import JobSpec
+from provisioner.domain.roles import Principal, Role
+from provisioner.domain.states import NodeState
 from provisioner.lab.netns import Netns
-from provisioner.services import desired_state, nodes, providers, regions, reservations
+from provisioner.services import desired_state, jobs, nodes, providers, regions, reservations
+from provisioner.store.account_models import Account
 from provisioner.store.engine import make_engine, make_sessionmaker
 from provisioner.store.migrate import upgrade
 from tests.fixtures.netns import REPO, MdnsLan
@@ -193,3 +200,61 @@ def test_assign_unassign_move_and_shutdown_reach_a_lan_peer(mdns_lan: MdnsLan, s
             r.stop()
         a.close()
         b.close()
+
+
+def _activate(factory: Any, name: str) -> None:
+    """The node as the join leaves it: active, with a CPU-only inventory (jobs need one to be placed)."""
+    with factory.begin() as s:
+        node = nodes.get(s, name)
+        for state in (NodeState.ENROLLING, NodeState.PROVISIONING, NodeState.ACTIVE):
+            nodes.transition(s, node, state, actor="minion:test")
+        inventory = {
+            "hostname": name,
+            "cpu": {"physical_cores": 8, "threads": 16},
+            "memory_total_bytes": 16 * 2**30,
+            "tpm": {"present": True},
+            "gpus": [],
+        }
+        nodes.record_report(s, node, inventory=inventory, requirements={"ok": True, "rules": []})
+
+
+def test_a_jobs_reservation_resolves_while_it_runs_and_goes_when_it_stops(
+    mdns_lan: MdnsLan, sessions: Any
+) -> None:
+    lan = mdns_lan
+    _activate(sessions, "node-a")
+    with sessions.begin() as s:
+        account = s.scalar(select(Account).where(Account.name == "default"))
+        assert account is not None
+        root = Principal(actor=ACTOR, account_id=account.id, role=Role.ADMIN, root=account.root)
+        spec = {
+            "name": "serve-nb",
+            "type": "endpoint",
+            "resources": {"gpu_count": 0, "cpu_count": 4},
+            "workers": ["python -m http.server 8888"],
+            "environment": {"image": "localhost/rigbase-job:test"},
+            "reservation": "nb",
+        }
+        job = jobs.create(s, root, JobSpec.model_validate(spec)).job
+        assert job is not None and job.state == "starting" and job.node_id == nodes.get(s, "node-a").id
+    a = Minion(lan.node_a)
+    peer: Resolver | None = None
+    try:
+        [status] = heartbeat(sessions, a, "node-a")["reservations"]  # the job's node publishes it
+        assert (status["state"], status["address"], status["upnp"]) == ("published", lan.addr_a, "lan-only")
+        with sessions() as s:
+            rsv = reservations.get(s, "nb")
+            serving = reservations.serving_jobs(s, [rsv])[rsv.id]
+            assert (serving.job.name, serving.node and serving.node.name) == ("serve-nb", "node-a")
+            assert reservations.actual_is_current(rsv, serving) and rsv.address == lan.addr_a
+        peer = Resolver(lan.peer, lan.addr_peer, "jupyter")
+        peer.wait_for([lan.addr_a])  # resolves from the client's namespace while the job runs
+        with sessions.begin() as s:
+            jobs.stop(s, root, "serve-nb")
+        t0 = time.monotonic()
+        assert heartbeat(sessions, a, "node-a")["reservations"] == []
+        assert peer.wait_for([]) - t0 < MOVE_WITHIN_S  # withdrawn (goodbye) when the job ends
+    finally:
+        if peer is not None:
+            peer.stop()
+        a.close()

@@ -1,4 +1,5 @@
-"""UPnP port mappings against a real miniupnpd router between a WAN and a LAN namespace."""
+"""UPnP port mappings against a real miniupnpd router between a WAN and a LAN namespace. A reservation is
+LAN-only unless it opts in (`expose_wan`), and the node maps only with UPnP on (docs/reservations.md)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 from provisioner.lab.netns import Netns
 from tests.fixtures.netns import AgentProcess, UpnpLan
 
-WEB = {"name": "web", "hostname": "web", "port": 8080}
+WEB = {"name": "web", "hostname": "web", "port": 8080, "expose_wan": True}
 
 
 def _router_mapping(ns: Netns, lan_address: str, igd_url: str, port: int, proto: str = "TCP") -> tuple | None:
@@ -142,7 +143,8 @@ def test_router_refusal_is_reported_606(upnp_lan: UpnpLan) -> None:
     gw = upnp_lan.router
     agent = AgentProcess(upnp_lan.node_a, upnp_lan.addr_a, "--upnp", "--igd-url", gw.root_desc_url)
     try:
-        [status] = agent.apply({"name": "high", "hostname": "high", "port": 30000})  # policy allows < 20000
+        high = {"name": "high", "hostname": "high", "port": 30000, "expose_wan": True}
+        [status] = agent.apply(high)  # the router's policy allows < 20000
         assert (status["state"], status["upnp"]) == ("error", "refused")
         assert "606" in status["reason"] and status["external_address"] is None
     finally:
@@ -161,10 +163,38 @@ def test_upnp_off_sends_nothing_to_the_router(upnp_lan: UpnpLan) -> None:
     assert upnp_lan.addr_a not in log.read_text()[len(before) :]
 
 
+def test_lan_only_by_default_even_with_upnp_on(upnp_lan: UpnpLan) -> None:
+    """No `expose_wan`: the name is published, the router is never asked; opting in maps the port, opting
+    out again removes the mapping while the name stays published (no goodbye, no re-probe)."""
+    gw = upnp_lan.router
+    log = gw.state_dir / "miniupnpd.log"
+    lan_only = {k: v for k, v in WEB.items() if k != "expose_wan"}
+    agent = AgentProcess(upnp_lan.node_a, upnp_lan.addr_a, "--upnp", "--igd-url", gw.root_desc_url)
+    try:
+        requests = _add_requests(log)
+        [status] = agent.apply(lan_only)
+        assert (status["state"], status["mdns"], status["upnp"], status["external_address"]) == (
+            "published",
+            "published",
+            "lan-only",
+            None,
+        )
+        assert agent.apply(lan_only)[0]["upnp"] == "lan-only"  # and on the next heartbeat
+        assert _add_requests(log) == requests  # nothing was asked of the router
+        assert _router_mapping(upnp_lan.node_a, upnp_lan.addr_a, gw.root_desc_url, 8080) is None
+        assert agent.apply(WEB)[0]["state"] == "mapped"  # `provision reservation update --expose-wan`
+        assert _router_mapping(upnp_lan.node_a, upnp_lan.addr_a, gw.root_desc_url, 8080) is not None
+        [status] = agent.apply(lan_only)  # `--no-expose-wan`
+        assert (status["state"], status["upnp"]) == ("published", "lan-only")
+        assert _router_mapping(upnp_lan.node_a, upnp_lan.addr_a, gw.root_desc_url, 8080) is None
+    finally:
+        agent.close()
+
+
 def test_shutdown_removes_mappings(upnp_lan: UpnpLan) -> None:
     gw = upnp_lan.router
     agent = AgentProcess(upnp_lan.node_a, upnp_lan.addr_a, "--upnp", "--igd-url", gw.root_desc_url)
-    agent.apply(WEB, {"name": "dns", "hostname": "dns", "port": 15353, "protocol": "udp"})
+    agent.apply(WEB, {"name": "dns", "hostname": "dns", "port": 15353, "protocol": "udp", "expose_wan": True})
     assert _router_mapping(upnp_lan.node_a, upnp_lan.addr_a, gw.root_desc_url, 15353, "UDP") is not None
     agent.close()
     assert _router_mapping(upnp_lan.node_a, upnp_lan.addr_a, gw.root_desc_url, 8080) is None

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis.checks import (
     content_type_conformance,
     not_a_server_error,
@@ -191,6 +191,9 @@ def test_stateful_runs_chain_create_read_act_delete(fuzz_schema: Any, world: Wor
             max_examples=STATEFUL_EXAMPLES,
             stateful_step_count=6,
             deadline=None,
+            # generate only: a replay (shrinking) runs against a server whose state the first run changed,
+            # so it draws differently and hypothesis reports FlakyStrategyDefinition instead of the failure
+            phases=[Phase.generate],
             suppress_health_check=HEALTH,
             database=None,
         )

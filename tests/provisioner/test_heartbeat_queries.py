@@ -67,7 +67,7 @@ def test_a_beat_reads_its_node_and_its_reservations_once(fleet: Any) -> None:
     assert reads["reservations"] == 1, statements
     # and still what it was before the reads were shared: the report stored, the assignment answered
     assert answer["desired"]["reservations"] == [
-        {"name": "web", "hostname": "web", "port": 8080, "protocol": "tcp"}
+        {"name": "web", "hostname": "web", "port": 8080, "protocol": "tcp", "expose_wan": False}
     ]
     with sessions.begin() as s:
         rsv = reservations.get(s, "web", "fleet")

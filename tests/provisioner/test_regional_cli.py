@@ -68,16 +68,24 @@ def test_reservation_walkthrough_desired_and_actual(fleet: tuple[ControlPlane, S
         "5353",
         "--protocol",
         "udp",
+        "--expose-wan",
     )
     table = _ok(cp, "reservation", "list", "--region", "lab-1")
     assert rid in table and "jupyter.local" in table and "unassigned" in table
+    wide = _ok(cp, "reservation", "list", "--region", "lab-1", "-o", "wide")
+    assert "lan-only" in wide and "exposed" in wide  # nb LAN-only by default, dns opted in
+    assert json.loads(_ok(cp, "reservation", "show", "dns", "--json"))["expose_wan"] is True
     assert "gpu-1" in _ok(cp, "reservation", "assign", "nb", "--node", "gpu-1")
     shown = json.loads(_ok(cp, "reservation", "show", "nb", "--json"))
     assert shown["state"] == "pending" and shown["desired"] == {
         "state": "assigned",
         "node": "gpu-1",
         "node_id": shown["desired"]["node_id"],
+        "job": None,
+        "job_id": None,
+        "expose_wan": False,
     }
+    assert (shown["expose_wan"], shown["job"]) == (False, None)
     assert shown["actual"]["state"] == "pending"
 
     # the heartbeat path (the route calls exactly these two functions): desired out, actual back in
@@ -85,8 +93,12 @@ def test_reservation_walkthrough_desired_and_actual(fleet: tuple[ControlPlane, S
         node = nodes.get(s, "gpu-1")
         desired = desired_state.desired_for(s, node)
         assert desired["reservations"] == [
-            {"name": "nb", "hostname": "jupyter", "port": 8888, "protocol": "tcp"}
+            {"name": "nb", "hostname": "jupyter", "port": 8888, "protocol": "tcp", "expose_wan": False}
         ]
+    assert "expose_wan  yes" in _ok(cp, "reservation", "update", "nb", "--expose-wan")  # opt-in: the router
+    with store.sessions.begin() as s:  # type: ignore[attr-defined]
+        node = nodes.get(s, "gpu-1")
+        assert desired_state.desired_for(s, node)["reservations"][0]["expose_wan"] is True
         desired_state.record_actual(
             s,
             node,
@@ -122,6 +134,7 @@ def test_reservation_walkthrough_desired_and_actual(fleet: tuple[ControlPlane, S
     assert [(h["from_state"], h["to_state"]) for h in history] == [
         (None, "unassigned"),
         ("unassigned", "assigned"),
+        ("assigned", "assigned"),  # now exposed on the WAN
         ("pending", "mapped"),
         ("assigned", "assigned"),
         ("assigned", "unassigned"),

@@ -63,7 +63,7 @@ def test_assign_reaches_desired_state_and_the_report_is_kept_apart(seeded: Store
         gpu1, gpu2 = nodes.get(s, "gpu-1"), nodes.get(s, "gpu-2")
         desired = desired_state.desired_for(s, gpu1)
         assert desired["reservations"] == [
-            {"name": "nb", "hostname": "jupyter", "port": 8888, "protocol": "tcp"}
+            {"name": "nb", "hostname": "jupyter", "port": 8888, "protocol": "tcp", "expose_wan": False}
         ]
         assert desired["upnp"] is True and desired_state.desired_for(s, gpu2)["upnp"] is False
         assert desired_state.desired_for(s, gpu2)["reservations"] == []
