@@ -21,13 +21,13 @@ from tests.fixtures.finalize import finish_finalize
 from tests.provisioner.test_join_http import Minion, api, cp, minion, token, wait_state  # noqa: F401
 
 webdriver = pytest.importorskip("selenium.webdriver")
+from selenium.common.exceptions import WebDriverException  # noqa: E402
 from selenium.webdriver.chrome.options import Options  # noqa: E402
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
 from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
 from selenium.webdriver.remote.webelement import WebElement  # noqa: E402
-from selenium.webdriver.support import expected_conditions  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 __all__ = ["cp", "minion"]
@@ -88,11 +88,21 @@ def text(driver: WebDriver) -> str:
     return str(driver.find_element(By.TAG_NAME, "main").text)
 
 
+def _detached(element: WebElement) -> bool:
+    """The element left the document. Chromedriver says so either as a stale reference or, while the new
+    page replaces the old one, as "Node with given id does not belong to the document"."""
+    try:
+        element.is_enabled()
+    except WebDriverException:  # StaleElementReferenceException is one
+        return True
+    return False
+
+
 def follow(driver: WebDriver, button: WebElement) -> None:
     """Click a link or a form's button and wait until the browser shows the next page (not the old one)."""
     old = driver.find_element(By.TAG_NAME, "html")
     button.click()
-    WebDriverWait(driver, 15).until(expected_conditions.staleness_of(old))
+    WebDriverWait(driver, 15).until(lambda d: _detached(old))
     WebDriverWait(driver, 15).until(lambda d: d.execute_script("return document.readyState") == "complete")
 
 
@@ -122,7 +132,7 @@ def test_an_operator_adopts_a_minion_and_activates_it_in_the_browser(
     assert browser.switch_to.active_element == field
     old = browser.find_element(By.TAG_NAME, "html")
     field.send_keys(cp.token, Keys.ENTER)
-    WebDriverWait(browser, 15).until(expected_conditions.staleness_of(old))
+    WebDriverWait(browser, 15).until(lambda d: _detached(old))
     assert "Resources Dashboard" in text(browser)
     cookie = browser.get_cookie("rigbase_console")
     assert cookie and cookie["httpOnly"] and cookie["secure"] and cookie["sameSite"] == "Strict"
