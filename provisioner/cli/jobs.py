@@ -167,8 +167,9 @@ def create(
         if not _ask(question):
             fail("nothing created: answer y, or pass --yes")
     job = client.post("/v1/jobs", body)
-    where = f"on {job['node']}" if job["node"] else f"waiting: {job['reason']}"
-    print(f"job {job['name']} {job['state']} {where}", file=sys.stderr)
+    # a waiting job's reason already says it waits ("Waiting for GPUs: …")
+    said = f"{job['state']} on {job['node']}" if job["node"] else f"{job['state']}: {job['reason']}"
+    print(f"job {job['name']} {said}", file=sys.stderr)
     render.created(job, as_json=json_out)
 
 
