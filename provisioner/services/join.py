@@ -332,7 +332,10 @@ def _record_pending(
     row.attested = attested
     row.inventory = report.get("inventory")
     row.requirements = report.get("requirements")
-    row.refusal = None
+    if attested:
+        # Only a verified proof clears the last refusal: a refused minion retries step 1 at once, and step 1
+        # proves nothing, so the listing keeps saying why it got no further until it does.
+        row.refusal = None
     session.flush()
 
 

@@ -55,13 +55,16 @@ def booted(
     ran `ran` (PCR 4 extended so) and which sends the log of `log` (default: what it ran)."""
     made: list[Minion] = []
 
-    def make(name: str, ran: list[str], log: list[str] | None = None, send_log: bool = True) -> Minion:
+    def make(
+        name: str, ran: list[str], log: list[str] | None = None, send_log: bool = True, add: bool = True
+    ) -> Minion:
         tpm = _started_copy(_golden_swtpm(tpm_vendor_ca, len(made)), tmp_path / f"swtpm-{name}")
         m = Minion(tpm, cp.url)
         made.append(m)
         extend_digests(m.session, boot_path_events(ran))
         m.event_log = write_event_log(boot_path_events(ran if log is None else log)) if send_log else None
-        add_node(cp, name, m.minion_id)
+        if add:
+            add_node(cp, name, m.minion_id)
         return m
 
     yield make
@@ -111,6 +114,24 @@ def test_boot_path_refusals(
     assert code in shown[0]["reason"] and "lab" in shown[0]["reason"]
     node = api(cp, "GET", "/v1/nodes/gpu-x")
     assert node["state"] == "errored" and words in node["reason"]
+
+
+def test_a_pending_minion_keeps_its_refusal_through_its_retries(
+    cp: ControlPlane, booted: Callable[..., Minion]
+) -> None:
+    """A minion not yet adopted, refused at step 2 (its boot path names an unknown application), retries
+    step 1 at once; `node pending` keeps showing why it got no further, never as attested."""
+    m = booted("gpu-x", ran=[BOOT[0], STRANGER, BOOT[2]], add=False)
+    jt = token(cp)
+    assert m.join(jt).json()["code"] == "attestation_unknown_boot_application"
+
+    def listed() -> dict[str, Any]:
+        rows = api(cp, "GET", "/v1/pending-minions")["items"]
+        return next(p for p in rows if p["minion_id"] == m.minion_id)
+
+    assert listed()["attested"] is False and STRANGER in str(listed()["refusal"])
+    assert m.begin(jt).status_code == 201  # the retry's step 1 proves nothing
+    assert listed()["attested"] is False and STRANGER in str(listed()["refusal"])
 
 
 def test_matching_log_joins_and_a_tampered_log_errors_the_node(
