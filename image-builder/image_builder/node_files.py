@@ -79,6 +79,8 @@ ConditionPathExists={ESP_MOUNT}/{BUNDLE_ON_ESP}
 
 [Service]
 {ANSIBLE_ENV}
+# Containers' images and layers on the scratch volume finalize mounts, not on the root's tmpfs overlay (RAM)
+Environment=RIGBASE_JOBS_PODMAN_ROOT=/scratch/containers
 ExecStart=/usr/local/bin/minion run --bundle {ESP_MOUNT}/{BUNDLE_ON_ESP}
 # one line per change of state (joining, pending, refused: why, active) on the console the operator reads
 StandardOutput=journal+console

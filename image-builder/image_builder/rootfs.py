@@ -56,6 +56,16 @@ BASE_PACKAGES: tuple[str, ...] = (
     "nfs-kernel-server",
     "nfs-common",  # the storage node's region cache export, and NFS mounts of it
     "cifs-utils",  # SMB datastores
+    # What the minion runs jobs and inference containers with (minion/jobs/podman.py). debootstrap resolves
+    # neither virtual packages nor alternatives, so podman's runtime, monitor, init and network stack are
+    # named: crun (the OCI runtime), conmon, catatonit (--init), CNI plugins and iptables for the bridge.
+    "podman",
+    "crun",
+    "conmon",
+    "catatonit",
+    "golang-github-containers-common",
+    "containernetworking-plugins",
+    "iptables",
 )
 
 #: Debian's non-free NVIDIA driver stack for real GPU nodes (--with-nvidia).

@@ -34,6 +34,7 @@ NODE_REQUIREMENTS = (
     "tpm2-pytss",
     "nvidia-ml-py",
     "cryptography",
+    "segno",  # `minion id --qr`: the sticker an operator prints for a device or a server
     # The node runs its own finalize playbook (node_ansible.py): ansible-core and ansible-runner, and their
     # dependencies pinned too, so the wheelhouse does not drift to whatever PyPI has on the build day.
     "ansible-core",

@@ -48,6 +48,7 @@ def test_two_builds_from_one_cache_are_byte_identical_and_signed(built_image) ->
     names = {p["name"] for p in doc["packages"]}
     assert {"systemd-resolved", "parted", "mdadm", "nfs-kernel-server", "cifs-utils"} <= names
     assert not names & {"openssh-server", "dropbear", "dropbear-bin"}  # no SSH server on a node
+    assert {"podman", "crun", "conmon", "catatonit", "containernetworking-plugins"} <= names  # jobs run here
     uki = (a / "rigbase.efi").read_bytes()
     assert doc["pe_hashes"]["uki"] == pe.authenticode_sha256(uki)
     # The second build reused the debootstrap stage: seconds, not minutes.
@@ -59,6 +60,20 @@ def test_nvidia_package_set_resolves(built_image) -> None:
     plan = rootfs.simulate_install(base, rootfs.NVIDIA_PACKAGES, rootfs.apt_mirror())
     installs = [line.split()[1] for line in plan.splitlines() if line.startswith("Inst ")]
     assert "nvidia-driver" in installs and "nvidia-kernel-dkms" in installs
+
+
+def test_the_node_root_runs_the_container_stack_the_minion_calls(built_image) -> None:
+    """What minion/jobs/podman.py execs is there and runs in the node's own tree: podman with crun as its
+    OCI runtime and catatonit for --init."""
+    base = rootfs.base_tree(built_image.cache, rootfs.inputs_for(False))
+    runs = ((["podman", "--version"], "podman version"), (["catatonit", "--version"], "catatonit"))
+    for argv, words in runs:
+        out = rootfs.chroot(base, *argv)
+        assert words in (out.stdout + out.stderr), (argv, out.stdout, out.stderr)
+    # crun re-executes itself through /proc, which a plain chroot lacks: present and executable is what
+    # can be checked here (the lab's job tests run the same crun on this host)
+    for path in ("usr/bin/crun", "usr/bin/conmon", "usr/lib/cni/bridge", "usr/sbin/xtables-nft-multi"):
+        assert os.access(base / path, os.X_OK), path
 
 
 def test_usb_boot_installs_to_nvme_and_node_shows_banner_and_manifest_pcrs(
