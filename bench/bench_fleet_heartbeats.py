@@ -304,12 +304,39 @@ class Tally:
     sent: int = 0
 
 
-async def _beat(client: httpx.AsyncClient, node: SimNode, scheduled: float, tally: Tally | None) -> None:
+# A beat still unsent this long after its time is dropped (counted): its node would be sending the next.
+LATE_S = HEARTBEAT_S
+LATE = "not sent: waited a whole heartbeat interval for a connection (the server fell behind)"
+
+
+async def _beat(
+    client: httpx.AsyncClient,
+    node: SimNode,
+    scheduled: float,
+    tally: Tally | None,
+    sending: asyncio.Semaphore,
+) -> None:
+    """One beat, sent once one of the client's connections is free (`sending`: as many as connections).
+    The beats queue on that semaphore, not in httpx's connection pool, whose every hand-over scans all
+    requests queued in it: with thousands queued (a server behind a 333 beats/s open loop) the load
+    client spent its core on that scan and sent nothing, which is how the 10,000-node run hung."""
+    try:
+        async with sending:
+            if time.perf_counter() - scheduled > LATE_S:
+                if tally is not None:
+                    tally.sent += 1
+                    tally.errors[LATE] += 1
+                return
+            await _send(client, node, scheduled, tally)
+    finally:
+        node.busy = False
+
+
+async def _send(client: httpx.AsyncClient, node: SimNode, scheduled: float, tally: Tally | None) -> None:
     body: dict[str, Any] = {"version": 1, "actual": ACTUAL}
     nonce, node.nonce = node.nonce, None
     if nonce is not None:
         body["quote"] = node.ak.quote(nonce, node.pcrs)
-    node.busy = True
     try:
         answer = await client.post(
             f"/v1/nodes/{node.node_id}/heartbeat",
@@ -326,8 +353,6 @@ async def _beat(client: httpx.AsyncClient, node: SimNode, scheduled: float, tall
             node.nonce = base64.b64decode(asked) if asked else None
     except httpx.HTTPError as exc:
         done, error = time.perf_counter(), f"{type(exc).__name__}: {exc}"[:160]
-    finally:
-        node.busy = False
     if tally is None:
         return
     tally.sent += 1
@@ -348,8 +373,11 @@ async def drive(
     seconds: float,
     tally: Tally | None,
     cursor: list[int],
+    connections: int,
 ) -> float:
-    """Send beats to `order` round-robin (from `cursor`) at `rate`/s for `seconds`; the elapsed time."""
+    """Send beats to `order` round-robin (from `cursor`) at `rate`/s for `seconds`, at most `connections`
+    at once; the elapsed time (until the last answer, or LATE_S past the last beat's time)."""
+    sending = asyncio.Semaphore(connections)
     loop_start = time.perf_counter()
     count = int(rate * seconds)
     pending: set[asyncio.Task[None]] = set()
@@ -364,7 +392,8 @@ async def drive(
             if tally is not None:
                 tally.errors["skipped: the node's previous beat was still unanswered"] += 1
             continue
-        task = asyncio.create_task(_beat(client, node, scheduled, tally))
+        node.busy = True
+        task = asyncio.create_task(_beat(client, node, scheduled, tally, sending))
         pending.add(task)
         task.add_done_callback(pending.discard)
     if pending:
@@ -546,7 +575,10 @@ def run(args: argparse.Namespace) -> None:
     )
     if cycle_s > 50:
         print("  warning: a node beats less often than every 50 s: its quote nonce (60 s) may expire")
+    from bench.bench_join_burst import sigterm_unwinds  # that module imports this one
+
     with ExitStack() as stack:
+        stack.enter_context(sigterm_unwinds())  # the server and PostgreSQL stop on SIGTERM too
         tmp = Path(tempfile.mkdtemp(prefix="rigbase-bench-fleet-"))
         stack.callback(shutil.rmtree, tmp, True)
         cluster = stack.enter_context(PostgresCluster())
@@ -593,14 +625,14 @@ async def _load(
         # warm-up: the nodes asked for a quote "in the cycle before" (connections open on the way)
         primed = [n for n in nodes if n.index % args.quote_every == 0]
         warm = Tally()
-        await drive(client, primed, args.rate, len(primed) / args.rate, warm, [0])
+        await drive(client, primed, args.rate, len(primed) / args.rate, warm, [0], args.connections)
         if warm.errors:
             return [f"  warm-up failed: {dict(warm.errors)}"]
         asked = sum(1 for n in primed if n.nonce)
         tally, cursor = Tally(), [0]
         tables0 = await table_activity(database_url)
         cpu0 = (tree_cpu_s(server_pid), tree_cpu_s(postmaster), sum(os.times()[:2]))
-        elapsed = await drive(client, nodes, args.rate, args.seconds, tally, cursor)
+        elapsed = await drive(client, nodes, args.rate, args.seconds, tally, cursor, args.connections)
         cpu1 = (tree_cpu_s(server_pid), tree_cpu_s(postmaster), sum(os.times()[:2]))
         tables1 = await table_activity(database_url)
         lines = _report(
@@ -614,7 +646,9 @@ async def _load(
             if spy is None:
                 lines.append("  where the time goes: py-spy is not installed (.venv/bin/pip install py-spy)")
             else:
-                await drive(client, nodes, args.rate, args.profile_seconds + 1, None, cursor)
+                await drive(
+                    client, nodes, args.rate, args.profile_seconds + 1, None, cursor, args.connections
+                )
                 _, err = spy.communicate(timeout=120)
                 if raw.exists():
                     lines += summarise_profile(raw)

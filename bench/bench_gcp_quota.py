@@ -19,7 +19,8 @@ SKYPILOT_S_PER_REGION = 1.0
 RUNS = 5
 
 
-def _quotas() -> list[dict]:
+def region_quotas(*extra: dict) -> list[dict]:
+    """One region's quotas in the fake: CPUs, local SSD and each catalogue GPU, plus what a bench adds."""
     return [
         q("CPUS", 72, 8),
         q("A2_CPUS", 48),
@@ -31,12 +32,13 @@ def _quotas() -> list[dict]:
         q("NVIDIA_A100_GPUS", 8),
         q("NVIDIA_L4_GPUS", 8),
         q("NVIDIA_H100_GPUS", 8),
+        *extra,
     ]
 
 
 def _bench_quota(latency_s: float) -> None:
     regions = list(catalogue.load().regions)
-    fake = FakeCompute(region_quotas={r: _quotas() for r in regions}, latency_s=latency_s)
+    fake = FakeCompute(region_quotas={r: region_quotas() for r in regions}, latency_s=latency_s)
     with FakeComputeServer(fake) as server:
         endpoints = Endpoints(compute=server.url)
         t0 = time.perf_counter()

@@ -14,6 +14,8 @@ from typing import Final
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from contracts.jobs import DatastoreAccess, Mount, WorkerRunState
+
 # The catalogue keys of regions/jetson.yaml `models`, in catalogue order (a test keeps the two equal).
 DEVICE_MODELS: Final[tuple[str, ...]] = ("agx-xavier", "xavier-nx", "agx-orin", "orin-nx", "orin-nano")
 
@@ -73,3 +75,87 @@ class DeviceReport(BaseModel):
             if not path.startswith("/dev/") or "/.." in path:
                 raise ValueError(f"'{path}' is not a device node under /dev")
         return value
+
+
+# ------------------------------------------------------------------ device configurations (inference)
+# The heartbeat carries a device's configuration under desired[DEVICE_DESIRED_KEY] (a DeviceDesired) and
+# the minion reports what its inference container does under actual[DEVICE_DESIRED_KEY] (a DeviceActual).
+# The container's output goes to DEVICE_LOG_ROUTE as the LogChunks jobs use (contracts/jobs.py).
+DEVICE_DESIRED_KEY: Final = "device_config"
+DEVICE_LOG_ROUTE: Final = "/v1/nodes/{node_id}/device/logs"
+# Inside the inference container (docs/devices.md "What the container gets"); the output path under both
+# cloudbender.txt's name and rigbase's own.
+MODEL_PATH: Final = "/opt/ml/model"
+CHECKPOINTS_PATH: Final = "/opt/ml/checkpoints"
+OUTPUT_PATH_ENV: Final[tuple[str, ...]] = ("TRAINML_OUTPUT_PATH", "RIGBASE_OUTPUT_PATH")
+LAST_LINES: Final = 20  # of an exited container's output, in its status
+LAST_LINES_MAX: Final = 4096  # bytes of those lines
+
+
+class InferenceState(StrEnum):
+    """What the device's inference container does (observed by the minion, shown by `device show`)."""
+
+    DEPLOYING = "deploying"  # being prepared or created, not yet running
+    RUNNING = "running"
+    EXITED = "exited"  # the command ended by itself: not restarted until the next deploy or reboot
+    FAILED = "failed"  # never ran (bad image, mount refused): `message` says why
+
+
+class DeviceInference(BaseModel):
+    """The configuration revision a device must run: one container, started again after a reboot of the
+    device but not when its command exits. `generation` names one deploy; a new one replaces the
+    container. `env` carries the configuration's variables and its keys (sealed at rest on the control
+    plane, unsealed only into this message)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    config: str = Field(min_length=1, max_length=63)
+    config_id: str = Field(pattern=r"^[A-Za-z0-9_]{1,32}$")
+    revision: int = Field(ge=1)
+    generation: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,48}$")
+    image: str = Field(pattern=r"^[^\s]{1,512}$")
+    command: str = Field(min_length=1, max_length=64 * 1024)
+    env: dict[str, str] = Field(default_factory=dict, repr=False)
+    mounts: list[Mount] = Field(default_factory=list, max_length=34)
+    datastores: list[DatastoreAccess] = Field(default_factory=list, max_length=1)
+
+
+class DeviceDesired(BaseModel):
+    """desired["device_config"]: the inference to run, or None (no configuration deployed: run nothing)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    inference: DeviceInference | None = None
+
+
+class InferenceReport(BaseModel):
+    """What the minion observes of the inference container of one deploy."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    generation: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,48}$")
+    state: InferenceState
+    exit_code: int | None = None
+    message: str | None = Field(None, max_length=1000)
+    last_lines: str | None = Field(None, max_length=LAST_LINES_MAX)
+    log_acked: int = Field(0, ge=0)
+
+
+class DeviceActual(BaseModel):
+    """actual["device_config"] in a heartbeat."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    inference: InferenceReport | None = None
+    message: str | None = Field(None, max_length=1000)  # e.g. "podman is not installed"
+
+
+# What the minion reports for each state of the container it runs (minion/jobs/worker.py's states):
+# `stopped` is a container the minion replaced or was told to drop, which no deploy waits for.
+INFERENCE_OF_RUN_STATE: Final[dict[WorkerRunState, InferenceState]] = {
+    WorkerRunState.STARTING: InferenceState.DEPLOYING,
+    WorkerRunState.RUNNING: InferenceState.RUNNING,
+    WorkerRunState.EXITED: InferenceState.EXITED,
+    WorkerRunState.STOPPED: InferenceState.EXITED,
+    WorkerRunState.FAILED_TO_START: InferenceState.FAILED,
+}

@@ -161,6 +161,11 @@ class WorkerAssignment(_Answer):
     disk_gb: int = Field(0, ge=0, le=100_000)  # 0: no quota
     mounts: list[Mount] = Field(default_factory=list, max_length=MAX_MOUNTS)
     reservation: ReservationBinding | None = None
+    # host devices passed through as they are (`--device`): a Jetson's accelerator by CDI name and its
+    # video/media devices (the device inference container, contracts/device.py); jobs leave it empty
+    devices: list[Annotated[str, Field(pattern=r"^[^\s]{1,256}$")]] = Field(
+        default_factory=list, max_length=64
+    )
     stop: bool = False
     stop_grace_s: int = Field(30, ge=0, le=3600)  # SIGTERM, then this long, then SIGKILL
 

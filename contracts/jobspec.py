@@ -376,6 +376,11 @@ class JobSpec(_Section):
     data: Data = Field(default_factory=Data)
     reservation: _DnsLabel | None = Field(None, description="a regional port reservation the job serves on")
     region: _DnsLabel | None = Field(None, description="run only in this region")
+    preemptible: bool = Field(
+        False,
+        description="may run on preemptible (GCP Spot) capacity: cheaper, but Google may take it back; "
+        "a preempted training job is re-queued once, any other job fails",
+    )
 
     @field_validator("workers", mode="before")
     @classmethod

@@ -364,7 +364,11 @@ def check(
     """Evaluate every rule that applies to a node of this region kind."""
     mode = StorageMode(storage_mode) if storage_mode is not None else None
     results = []
-    for rule in RULES:
+    # A recognised Jetson (inventory.device) is an edge device, not a server: the server rules (drives,
+    # 10 GbE, GPUs) do not apply to it. The control plane accepts such a report only from a node added
+    # as a device (provision device add), so a compute or storage node gains nothing by it.
+    rules = () if inventory.device is not None else RULES
+    for rule in rules:
         if not rule.applies.holds(mode, public_jobs):
             continue
         measured = rule.measure(inventory)

@@ -58,6 +58,19 @@ def owner_of(root: Path) -> str:
         return owner
 
 
+def runtime_for(settings: ContainerSettings, root: Path, transport: LogTransport) -> Runtime:
+    """The podman, GPUs and log transport the workers under `root` share (its own owner label)."""
+    return Runtime(
+        podman=Podman(settings),
+        settings=settings,
+        gpus=GpuPool(settings.cdi_spec_dirs, settings.gpu_kind),
+        transport=transport,
+        owner=owner_of(root),
+        root=root,
+        closing=threading.Event(),
+    )
+
+
 def _key_of(container: Container) -> Key | None:
     job, worker = container.labels.get(LABEL_JOB), container.labels.get(LABEL_WORKER, "")
     return (job, int(worker)) if job and worker.isdigit() else None
@@ -73,17 +86,7 @@ class JobsAgent:
 
     @classmethod
     def create(cls, settings: ContainerSettings, state_dir: Path, transport: LogTransport) -> JobsAgent:
-        root = state_dir / "jobs"
-        rt = Runtime(
-            podman=Podman(settings),
-            settings=settings,
-            gpus=GpuPool(settings.cdi_spec_dirs, settings.gpu_kind),
-            transport=transport,
-            owner=owner_of(root),
-            root=root,
-            closing=threading.Event(),
-        )
-        return cls(rt)
+        return cls(runtime_for(settings, state_dir / "jobs", transport))
 
     # -- the handler -----------------------------------------------------------------------------------
     def handle(self, value: Any) -> dict[str, Any]:

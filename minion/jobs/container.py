@@ -94,6 +94,8 @@ class RunPlan:
             args += ["--publish", f"{port}:{port}/{a.reservation.protocol.value}"]
         for index in self.gpus:
             args += ["--device", f"{settings.gpu_kind}={index}"]
+        for device in a.devices:
+            args += ["--device", device]
         for bound in self.bound:
             args += ["--volume", bound.volume()]
         return [*args, "--entrypoint", "/bin/sh", a.image, "-c", a.command]

@@ -54,18 +54,24 @@ class ControlPlaneLogs:
     def send(self, job_id: str, worker: int, chunk: LogChunk) -> LogAck | None:
         node = self.node()
         path = LOG_ROUTE.format(node_id=node["node_id"], job_id=job_id, worker=worker)
-        try:
-            response = self.cp.post(path, chunk.model_dump(mode="json"), token=node["node_credential"])
-        except ConnectionProblem as exc:
-            raise LogUnavailable(str(exc)) from None
-        if response.status_code in (404, 409, 410):
-            return None
-        if response.status_code >= 400:
-            raise LogUnavailable(f"log chunk refused: HTTP {response.status_code} {response.text[:200]}")
-        try:
-            return LogAck.model_validate_json(response.content)
-        except ValidationError:
-            raise LogUnavailable("unreadable log acknowledgement") from None
+        return post_chunk(self.cp, path, node["node_credential"], chunk)
+
+
+def post_chunk(cp: ControlPlane, path: str, token: str, chunk: LogChunk) -> LogAck | None:
+    """POST one chunk to a log route (a job worker's, a device's) and read the answer as LogTransport.send
+    promises: its ack, None when the receiver does not know the sender, LogUnavailable to retry later."""
+    try:
+        response = cp.post(path, chunk.model_dump(mode="json"), token=token)
+    except ConnectionProblem as exc:
+        raise LogUnavailable(str(exc)) from None
+    if response.status_code in (404, 409, 410):
+        return None
+    if response.status_code >= 400:
+        raise LogUnavailable(f"log chunk refused: HTTP {response.status_code} {response.text[:200]}")
+    try:
+        return LogAck.model_validate_json(response.content)
+    except ValidationError:
+        raise LogUnavailable("unreadable log acknowledgement") from None
 
 
 def entry_bytes(line: bytes) -> bytes:

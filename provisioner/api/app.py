@@ -27,6 +27,7 @@ from provisioner.api.routes import (
     accounts,
     billing,
     datastores,
+    devices,
     enrollment,
     finalize,
     gcp,
@@ -63,10 +64,11 @@ OPERATOR_ROUTERS = [
     projects.router,
     jobs.router,
     billing.router,
+    devices.router,
     status.router,
 ]
 # join token / node credential auth of their own
-OPEN_ROUTERS: list = [join.router, finalize.router, jobs.node_router]
+OPEN_ROUTERS: list = [join.router, finalize.router, jobs.node_router, devices.node_router]
 
 
 class ControlPlaneApp(FastAPI):

@@ -1,23 +1,42 @@
 """Request-scoped dependencies: one database unit of work per request, and the bearer credentials.
 
 `db` commits when the handler returns and rolls back when it raises, BEFORE the response is sent
-(scope="function"), so a client never sees success for a change that was not committed."""
+(scope="function"), so a client never sees success for a change that was not committed.
+
+Units of work are admitted (provisioner/api/admission.py), a bounded number at once. Why: a request's unit
+of work holds a pooled connection (and, on SQLite, the write lock) from its first query until the
+dependency commits, and between those two it needs the shared worker-thread pool again (a sync handler
+after a dependency that queried, then FastAPI's response validation of a sync handler). Without a bound,
+a burst fills every worker thread with requests waiting for a connection while the connections are
+held by requests waiting for a worker thread: nothing moves until the pool's 30 s timeout answers 500
+(a join burst of 200 minions stalled that way, issue 17). With at most min(pool, threads - reserve)
+units of work admitted, each gets its connection and its threads; the rest wait on the event loop,
+holding neither."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
+from provisioner.api.admission import admitted as admitted  # for routes running their own unit of work
 from provisioner.domain.roles import Principal as PrincipalValue
 from provisioner.services import accounts
 from provisioner.services.heartbeat_timing import HeartbeatTiming
 
 
-def _db(request: Request) -> Iterator[Session]:
+async def _unit_of_work_slot(request: Request) -> AsyncIterator[None]:
+    async with admitted(request):
+        yield
+
+
+def _db(
+    request: Request, _slot: Annotated[None, Depends(_unit_of_work_slot, scope="function")]
+) -> Iterator[Session]:
+    # the slot is taken before the session exists and given back after it is closed (LIFO exit)
     session: Session = request.app.state.sessions()
     try:
         yield session

@@ -116,6 +116,8 @@ POLICIES: Final[tuple[Policy, ...]] = (
     Policy("POST", _path(r"/v1/nodes/[^/]+/finalize"), 256 * KiB, Auth.NODE),
     # A job worker's LogChunk: at most 256 KiB of UTF-8 (contracts/jobs.py LOG_CHUNK_MAX), JSON-escaped (6x).
     Policy("POST", _path(r"/v1/nodes/[^/]+/jobs/[^/]+/workers/[^/]+/logs"), 2 * MiB, Auth.NODE),
+    # A device's inference container output: the same LogChunk (contracts/device.py DEVICE_LOG_ROUTE).
+    Policy("POST", _path(r"/v1/nodes/[^/]+/device/logs"), 2 * MiB, Auth.NODE),
     # the playbook bundle download: a GET, no body
     Policy("GET", _path(r"/v1/finalize/bundles/[^/]+"), 1 * KiB, Auth.NODE),
     # An image manifest lists every package of the image (thousands of lines), sent base64-encoded.

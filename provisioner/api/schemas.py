@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from decimal import Decimal
 from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, Field
@@ -74,6 +75,9 @@ class RegionOut(BaseModel):
     settings: dict[str, Any]
     account_id: str | None = Field(None, description="the account that created it (its owner)")
     created_at: datetime
+    credits_earned: Decimal | None = Field(
+        None, description="credits its owner earned from public jobs here, all time (region show only)"
+    )
 
     @classmethod
     def of(cls, r: Region) -> RegionOut:

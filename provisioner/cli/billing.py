@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import typer
 
 from provisioner.cli import render
-from provisioner.cli.common import Json, group, output_options
+from provisioner.cli.common import EXIT_USAGE, Json, fail, group, output_options
 from provisioner.cli.settings import connect
 
 app = group("Billing: what an hour costs and earns, balances and the ledger of credits.")
@@ -156,7 +156,12 @@ USAGE_COLUMNS: list[render.Column] = [
 @app.command("usage")
 @output_options
 def usage(
-    month: Annotated[str, typer.Option("--month", help="The month, YYYY-MM (UTC), e.g. 2026-11.")],
+    month: Annotated[
+        str | None, typer.Option("--month", help="The month, YYYY-MM (UTC), e.g. 2026-11.")
+    ] = None,
+    day: Annotated[
+        str | None, typer.Option("--day", help="Instead of --month: one UTC day, e.g. 2026-11-17.")
+    ] = None,
     account: Annotated[
         str | None, typer.Option("--account", help="Account name or id (default: yours).")
     ] = None,
@@ -165,15 +170,18 @@ def usage(
     ] = False,
     json_out: Json = False,
 ) -> None:
-    """What an account paid and earned in a month: per job, GPU type and rule (device days included)."""
-    rows = connect().get("/v1/billing/usage", month=month, account=account)["items"]
+    """What an account paid and earned in a month or on a day: per job, GPU type and rule (device days
+    included)."""
+    if (month is None) == (day is None):
+        fail("give --month YYYY-MM or --day YYYY-MM-DD (one of them)", exit_code=EXIT_USAGE)
+    rows = connect().get("/v1/billing/usage", month=month, day=day, account=account)["items"]
     if csv_out:
         out = csv.writer(sys.stdout, lineterminator="\n")
         fields = [c[0] for c in USAGE_COLUMNS]
         out.writerow(fields)
         out.writerows([[row.get(f) if row.get(f) is not None else "" for f in fields] for row in rows])
         return
-    render.table(rows, USAGE_COLUMNS, as_json=json_out, empty=f"nothing paid or earned in {month}")
+    render.table(rows, USAGE_COLUMNS, as_json=json_out, empty=f"nothing paid or earned in {month or day}")
 
 
 PRICE_COLUMNS: list[render.Column] = [

@@ -7,6 +7,8 @@ model, memory, L4T/JetPack, GPU cores, DLA, video and media devices, TPM kind.""
 
 from __future__ import annotations
 
+import sys
+import time
 from collections.abc import Iterator
 from typing import Annotated, Any
 
@@ -14,6 +16,7 @@ import typer
 
 from provisioner.cli import render
 from provisioner.cli.common import Json, RegionOpt, Timeout, Wait, Yes, confirm, fail, group, output_options
+from provisioner.cli.errors import EXIT_USAGE
 from provisioner.cli.nodes import HISTORY_COLUMNS, print_added, print_listed, wanted_states
 from provisioner.cli.settings import connect
 from provisioner.client import Client, ControlPlaneError
@@ -52,6 +55,30 @@ SHOW_FIELDS = (
     "created_at",
     *DEVICE_FIELDS,
 )
+# Configuration Status and Inference Status (GET /v1/nodes/{ref}/device-status), in this order
+STATUS_FIELDS = (
+    "config",
+    "config_revision",
+    "latest_revision",
+    "deployed_revision",
+    "deployed_at",
+    "inference_status",
+    "inference_message",
+    "exit_code",
+    "last_lines",
+    "reported_at",
+)
+STATUS_COLUMNS: render.Columns = [
+    ("device", "DEVICE"),
+    ("region", "REGION"),
+    ("config", "CONFIG"),
+    ("deployed_revision", "REVISION"),
+    ("latest_revision", "LATEST"),
+    ("inference_status", "INFERENCE"),
+    ("deployed_at", "DEPLOYED", render.ago("deployed_at")),
+]
+STATUS_WIDE: render.Columns = [("exit_code", "EXIT"), ("inference_message", "MESSAGE")]
+FOLLOW_EVERY_S = 1.0
 
 
 def _section(node: dict[str, Any]) -> dict[str, Any]:
@@ -167,16 +194,27 @@ def show(name: str, region: RegionOpt = None, json_out: Json = False) -> None:
     client = connect()
     node = _device(client, name, region)
     section = _section(node)
+    status = client.get(f"/v1/nodes/{node['id']}/device-status")
     if render.chosen(json_out) in (render.Output.JSON, render.Output.YAML):
-        render.detail({**node, "device": section or None}, as_json=json_out)
+        render.detail({**node, "device": section or None, "configuration": status}, as_json=json_out)
         return
-    shown = {**node, **{field: section.get(field) for field in DEVICE_FIELDS}}
+    shown = {**node, **{field: section.get(field) for field in DEVICE_FIELDS}, **_status_cells(status)}
     for field in ("video_devices", "media_devices"):  # lists of device paths: one cell each
         if isinstance(shown[field], list):
             shown[field] = ", ".join(map(str, shown[field])) or "none"
     if isinstance(shown["chip_id"], int):  # as NVIDIA writes it: 0x23 is Orin (tegra234)
         shown["chip_id"] = f"0x{shown['chip_id']:02x}"
-    render.detail(shown, fields=SHOW_FIELDS)
+    render.detail(shown, fields=(*SHOW_FIELDS, *STATUS_FIELDS))
+
+
+def _status_cells(status: dict[str, Any]) -> dict[str, Any]:
+    """The status as `show` prints it: the last lines on one line each (a table cell)."""
+    cells = {field: status.get(field) for field in STATUS_FIELDS}
+    if cells["config"] is None:
+        cells["config"] = "none: `provision device set-config DEVICE CONFIG`"
+    if isinstance(cells["last_lines"], str):
+        cells["last_lines"] = " | ".join(cells["last_lines"].splitlines()[-5:])
+    return cells
 
 
 @app.command("remove")
@@ -205,3 +243,95 @@ def history(name: str, region: RegionOpt = None, json_out: Json = False) -> None
         node = max(gone, key=lambda r: str(r["created_at"]))
     rows = client.get(f"/v1/nodes/{node['id']}/history")["items"]
     render.table(rows, HISTORY_COLUMNS, as_json=json_out)
+
+
+@app.command("set-config")
+def set_config(
+    name: Annotated[str, typer.Argument(help="The device (name or id).")],
+    config: Annotated[str, typer.Argument(help="A device configuration of the device's region.")],
+    region: RegionOpt = None,
+    json_out: Json = False,
+) -> None:
+    """Choose the configuration a device runs (its latest revision); `provision device deploy` starts it.
+
+    Example: provision device set-config cam-1 detect && provision device deploy cam-1
+    """
+    client = connect()
+    node = _device(client, name, region)
+    answer = client.request("PUT", f"/v1/nodes/{node['id']}/device-config", json={"config": config})
+    render.detail(answer, as_json=json_out, fields=("device", "config", "config_revision", "latest_revision"))
+
+
+@app.command("deploy")
+def deploy(
+    name: Annotated[
+        str | None, typer.Argument(help="The device (name or id); or --config for every device set to it.")
+    ] = None,
+    config: Annotated[
+        str | None, typer.Option("--config", help="Deploy every device set to this configuration.")
+    ] = None,
+    latest: Annotated[
+        bool, typer.Option("--latest", help="The configuration's latest revision (not the one set).")
+    ] = False,
+    region: RegionOpt = None,
+    json_out: Json = False,
+) -> None:
+    """Deploy a device's configuration: the device replaces its inference container at its next heartbeat.
+
+    Example: provision device deploy cam-1 --latest; provision device deploy --config detect --latest
+    """
+    if (name is None) == (config is None):
+        fail("name one device, or pass --config CONFIG for every device set to it", exit_code=EXIT_USAGE)
+    client = connect()
+    if name is not None:
+        node = _device(client, name, region)
+        answer = client.post(f"/v1/nodes/{node['id']}/deploy", {"latest": latest})
+        render.detail(answer, as_json=json_out, fields=("device", *STATUS_FIELDS[:6]))
+        return
+    rows = client.post(f"/v1/device-configs/{config}/deploy", {"latest": latest}, region=region)["items"]
+    render.table(rows, STATUS_COLUMNS, as_json=json_out)
+
+
+@app.command("status")
+@output_options
+def status(
+    name: Annotated[str | None, typer.Argument(help="One device (default: every configured device).")] = None,
+    region: RegionOpt = None,
+    json_out: Json = False,
+) -> None:
+    """Configuration Status (revision, when deployed) and Inference Status (deploying, running, exited with
+    its code and last lines, failed with why) of one device, or a table of every configured device."""
+    client = connect()
+    if name is None:
+        rows = client.get("/v1/device-status", region=region)["items"]
+        empty = "no device has a configuration: `provision device set-config DEVICE CONFIG`"
+        render.table(rows, STATUS_COLUMNS, wide=STATUS_WIDE, as_json=json_out, empty=empty)
+        return
+    node = _device(client, name, region)
+    answer = client.get(f"/v1/nodes/{node['id']}/device-status")
+    render.detail(answer, as_json=json_out, fields=("device", "region", *STATUS_FIELDS))
+
+
+@app.command("logs")
+def logs(
+    name: Annotated[str, typer.Argument(help="The device (name or id).")],
+    region: RegionOpt = None,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing until the container ends (Ctrl-C stops).")
+    ] = False,
+) -> None:
+    """The output of the device's inference container (its newest one), shipped by the device over its
+    own outbound connection; --follow waits for more."""
+    client = connect()
+    node = _device(client, name, region)
+    offset, generation = 0, None
+    while True:
+        page = client.get(f"/v1/nodes/{node['id']}/device-logs", offset=offset, generation=generation)
+        if page["data"]:
+            sys.stdout.write(page["data"])
+            sys.stdout.flush()
+        offset, generation = page["next_offset"], page["generation"]
+        if page["complete"] or (not follow and page["next_offset"] == page["offset"]):
+            return
+        if follow:
+            time.sleep(FOLLOW_EVERY_S)

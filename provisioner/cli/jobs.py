@@ -71,6 +71,7 @@ SHOW_FIELDS = [
     "gpu_type",
     "gpu_count",
     "price_per_gpu_hour",
+    "credits",
     "created_by",
     "created_at",
     "started_at",
@@ -87,7 +88,12 @@ SpecFile = Annotated[
     ),
 ]
 ProjectOpt = Annotated[
-    str | None, typer.Option("--project", "-p", help="Project name or id (default: your account's default).")
+    str | None,
+    typer.Option(
+        "--project",
+        "-p",
+        help="Project name or id, or OWNER/PROJECT shared with you (default: your account's default).",
+    ),
 ]
 
 
@@ -117,6 +123,15 @@ def print_match_table(placement: dict[str, Any]) -> None:
         for row in placement["matches"]:
             t.add_row(*MatchRow(**row).cells())
         con.print(t)
+        chosen = next((row for row in placement["matches"] if row.get("selected")), None)
+        if chosen is not None and chosen.get("provider") == "gcp":
+            # cost before money: say that choosing this row rents a VM (docs/gcp.md "Burst compute for jobs")
+            con.print(
+                f"The job would get a new GCP VM ({chosen['instance']}) in {chosen['region']}, billed by "
+                "Google while it exists and deleted when the job ends; the cost per hour above is Google's "
+                "GPU price plus rigbase's usage fee.",
+                soft_wrap=True,
+            )
     else:
         con.print("No resource fits the job now.")
     if placement["rejected"]:

@@ -26,6 +26,18 @@ NODE_COLUMNS = [
     ("join_seconds", "JOIN S"),
     ("reason", "REASON"),
 ]
+# devices (`lab up --devices N`) get a table of their own: the node table stays as it was
+DEVICE_COLUMNS = [
+    ("name", "DEVICE"),
+    ("minion_id", "MINION ID"),
+    ("model", "MODEL"),
+    ("state", "STATE"),
+    ("online", "ONLINE"),
+    ("netns", "NAMESPACE"),
+    ("address", "ADDRESS"),
+    ("join_seconds", "JOIN S"),
+    ("reason", "REASON"),
+]
 NS_COLUMNS = [("name", "NAMESPACE"), ("address", "ADDRESS"), ("exists", "EXISTS")]
 PROC_COLUMNS = [("kind", "PROCESS"), ("node", "NODE"), ("pid", "PID"), ("alive", "ALIVE")]
 
@@ -50,8 +62,24 @@ def _run(fn: Any, *args: Any, **kwargs: Any) -> Any:
         raise from_refusal(exc) from exc
 
 
+def _is_device(row: dict[str, Any]) -> bool:
+    return row.get("service") == "device"
+
+
+def _device_row(row: dict[str, Any]) -> dict[str, Any]:
+    """The model the device's minion reported (its `device` section), else the lab profile it runs."""
+    inventory = row.get("inventory")
+    section = (inventory.get("device") if isinstance(inventory, dict) else None) or {}
+    return row | {"model": section.get("model_name") or section.get("model") or row.get("profile") or "-"}
+
+
 def _show_nodes(nodes: list[dict[str, Any]]) -> None:
-    render.table(nodes, NODE_COLUMNS, as_json=False, empty="no lab node yet")
+    machines = [n for n in nodes if not _is_device(n)]
+    render.table(machines, NODE_COLUMNS, as_json=False, empty="no lab node yet")
+    devices = [_device_row(n) for n in nodes if _is_device(n)]
+    if devices:
+        print()
+        render.table(devices, DEVICE_COLUMNS, as_json=False)
 
 
 @app.command("up")
@@ -60,6 +88,14 @@ def up(
     upnp: Annotated[
         bool, typer.Option("--upnp", help="Also a router (miniupnpd) and a WAN namespace.")
     ] = False,
+    devices: Annotated[
+        int,
+        typer.Option(
+            "--devices",
+            help="How many simulated Jetson Orin devices (0-16; makes the region central, node-1 its "
+            "storage node).",
+        ),
+    ] = 0,
     timeout: Annotated[
         float, typer.Option("--timeout", help="Seconds to wait for the nodes to reach maintenance.", min=1)
     ] = 600,
@@ -71,7 +107,7 @@ def up(
     from provisioner.lab.topology import LabPlan
 
     try:
-        plan = LabPlan(nodes=nodes, upnp=upnp)
+        plan = LabPlan(nodes=nodes, upnp=upnp, devices=devices)
     except ValueError as exc:
         fail(str(exc), exit_code=EXIT_USAGE)
     _run(
@@ -86,7 +122,8 @@ def up(
         render.print_json(report)
         return
     _show_nodes(report["nodes"])
-    first = report["nodes"][0]["name"] if report["nodes"] else "node-1"
+    compute = [n["name"] for n in report["nodes"] if n.get("service") == "compute"]
+    first = compute[0] if compute else "node-1"
     print(
         f"\nThe lab is up. Plain `provision …` commands in this RIGBASE_HOME ({report['home']}) "
         "use its control plane.\n"
@@ -95,6 +132,8 @@ def up(
         f"      a laptop on the LAN   ip netns exec rigbase-lab-client bash\n"
         f"      status / tear down    provision lab status | provision lab down --yes"
     )
+    if any(_is_device(n) for n in report["nodes"]):
+        print('      devices               provision device status (docs/devices.md, "In the lab")')
 
 
 @app.command("status")

@@ -13,6 +13,7 @@ from provisioner.cli import (
     backup,
     billing,
     datastores,
+    device_configs,
     devices,
     enrollment,
     gcp,
@@ -80,6 +81,7 @@ app.add_typer(regions.app, name="region")
 regions.app.command("quota")(gcp.quota)
 app.add_typer(nodes.app, name="node")
 app.add_typer(devices.app, name="device")
+app.add_typer(device_configs.app, name="device-config")
 app.add_typer(lab.app, name="lab")
 app.add_typer(reservations.app, name="reservation")
 app.add_typer(datastores.app, name="datastore")

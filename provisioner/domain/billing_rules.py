@@ -234,35 +234,79 @@ def job_hour_key(rule: Rule, job_id: str, worker: int, index: int) -> str:
     return f"{rule.value}:{job_id}:{worker}:{index}"
 
 
-@lru_cache(maxsize=4096)  # (rate, quantity) repeats across jobs: full hours of the same few GPU counts
-def _rated(rate: Decimal, quantity: Decimal) -> tuple[Decimal, Decimal]:
-    """(amount, quantity) of `quantity` units at `rate`, each at the ledger's scale."""
-    return credits(rate * quantity), credits(quantity)
+@dataclass(frozen=True, slots=True)
+class Line:
+    """A charge without its key: what a worker-hour of a job of some kind moves, from whom to whom."""
+
+    rule: Rule
+    payer: str
+    payee: str
+    amount: Decimal
+    quantity: Decimal
+
+
+def _line(rule: Rule, payer: str, payee: str, rate: Decimal, quantity: Decimal) -> Line:
+    return Line(rule, payer, payee, credits(rate * quantity), credits(quantity))
+
+
+# thousands of jobs an hour share a few kinds (accounts, GPU class and count, price, a full hour): their
+# lines are computed once per kind; the keys, which name the job, are added per job by charges_for
+@lru_cache(maxsize=8192)
+def lines_for(
+    job_type: str,
+    project_account: str,
+    creator_account: str,
+    region_account: str | None,
+    gpu_class: GpuClass | None,
+    gpus_per_worker: int,
+    price_per_gpu_hour: Decimal,
+    piece_hours: Decimal,
+) -> tuple[Line, ...]:
+    """The lines one worker's `piece_hours` (an hour, or the partial last one) of such a job produces."""
+    gpu_hours = piece_hours * gpus_per_worker
+    out: list[Line] = []
+    gpu_class = gpu_class if gpus_per_worker > 0 else None
+    if is_public(region_account, project_account):
+        assert region_account is not None
+        price = price_per_gpu_hour if gpu_class is not None else Decimal(0)
+        out.append(_line(Rule.PUBLIC_PRICE, project_account, PLATFORM, price, gpu_hours))
+        earned = earnings_per_gpu_hour(price, gpu_class)
+        if earned > 0:
+            out.append(
+                _line(Rule.PUBLIC_EARNINGS, PLATFORM, earned_account(region_account), earned, gpu_hours)
+            )
+    else:
+        fee = usage_fee_per_gpu_hour(gpu_class)
+        out.append(_line(Rule.USAGE_FEE, project_account, PLATFORM, fee, gpu_hours))
+    federated = federated_fee_per_worker_hour(job_type)
+    if is_federated(creator_account, project_account) and federated > 0:
+        out.append(_line(Rule.FEDERATED_FEE, creator_account, PLATFORM, federated, piece_hours))
+    return tuple(out)
 
 
 def charges_for(facts: JobFacts, worker: int, piece: Piece) -> list[Charge]:
     """The entries one worker's hour (or partial hour) produces."""
-    gpu_hours = piece.hours * facts.gpus_per_worker
-    out: list[Charge] = []
-
-    def add(rule: Rule, payer: str, payee: str, rate: Decimal, quantity: Decimal) -> None:
-        key = job_hour_key(rule, facts.job_id, worker, piece.index)
-        out.append(Charge(rule, payer, payee, *_rated(rate, quantity), key))
-
-    gpu_class = facts.gpu_class if facts.gpus_per_worker > 0 else None
-    if is_public(facts.region_account, facts.project_account):
-        assert facts.region_account is not None
-        price = facts.price_per_gpu_hour if gpu_class is not None else Decimal(0)
-        add(Rule.PUBLIC_PRICE, facts.project_account, PLATFORM, price, gpu_hours)
-        earned = earnings_per_gpu_hour(price, gpu_class)
-        if earned > 0:
-            add(Rule.PUBLIC_EARNINGS, PLATFORM, earned_account(facts.region_account), earned, gpu_hours)
-    else:
-        add(Rule.USAGE_FEE, facts.project_account, PLATFORM, usage_fee_per_gpu_hour(gpu_class), gpu_hours)
-    fee = federated_fee_per_worker_hour(facts.job_type)
-    if is_federated(facts.creator_account, facts.project_account) and fee > 0:
-        add(Rule.FEDERATED_FEE, facts.creator_account, PLATFORM, fee, piece.hours)
-    return out
+    lines = lines_for(
+        facts.job_type,
+        facts.project_account,
+        facts.creator_account,
+        facts.region_account,
+        facts.gpu_class,
+        facts.gpus_per_worker,
+        facts.price_per_gpu_hour,
+        piece.hours,
+    )
+    return [
+        Charge(
+            x.rule,
+            x.payer,
+            x.payee,
+            x.amount,
+            x.quantity,
+            job_hour_key(x.rule, facts.job_id, worker, piece.index),
+        )
+        for x in lines
+    ]
 
 
 # ------------------------------------------------------------------------------- devices
@@ -279,9 +323,10 @@ def day_bounds(day: date) -> tuple[datetime, datetime]:
 
 def devices_configured(day: date, devices: Iterable[tuple[datetime, datetime | None]]) -> int:
     """Distinct devices configured at any moment of the UTC `day`: each (added_at, removed_at) interval
-    that overlaps it counts once (an addition is a new device; offline devices count)."""
+    that overlaps it counts once (an addition is a new device; offline devices count). A device removed at
+    the very instant the day began still counts that day, as services/device_days.py counts it."""
     start, end = day_bounds(day)
-    return sum(1 for added, removed in devices if added < end and (removed is None or removed > start))
+    return sum(1 for added, removed in devices if added < end and (removed is None or removed >= start))
 
 
 def device_fee_for_day(devices: int, day: date) -> Decimal:

@@ -55,6 +55,8 @@ class PlacementRequest:
     # False when the job's account has no credits (balance <= 0): it may not start on public capacity
     # (another account's region) and waits there with NO_CREDITS (docs/billing.md)
     public_credit: bool = True
+    # the job's spec says `preemptible: true`: Spot capacity (Candidate.preemptible) may take it
+    preemptible: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +88,9 @@ class Candidate:
     requirements_ok: bool
     failed_rules: tuple[str, ...] = ()
     vcpus_free: int | None = None
+    # Spot capacity (a GCP Spot VM): only jobs that say `preemptible: true` may use it
+    # (services.job_placement.allowed leaves it out of the others' snapshot)
+    preemptible: bool = False
 
     @property
     def free_vcpus(self) -> int:

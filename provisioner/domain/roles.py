@@ -21,6 +21,7 @@ class Action(StrEnum):
     MANAGE_ACCOUNTS = "create accounts and other accounts' tokens"
     MANAGE_TOKENS = "create, rotate and revoke operator tokens"
     MANAGE_PROJECTS = "create and remove projects"
+    SHARE_PROJECTS = "share projects with other accounts"
     RUN_JOBS = "create and stop jobs"
 
 
@@ -29,6 +30,8 @@ ALLOWED: dict[Action, frozenset[Role]] = {
     Action.MANAGE_ACCOUNTS: frozenset({Role.ADMIN}),
     Action.MANAGE_TOKENS: frozenset({Role.ADMIN}),
     Action.MANAGE_PROJECTS: frozenset({Role.ADMIN, Role.MEMBER}),
+    # lets another account's jobs use this account's regions, datastores and reservations: admins decide
+    Action.SHARE_PROJECTS: frozenset({Role.ADMIN}),
     Action.RUN_JOBS: frozenset({Role.ADMIN, Role.MEMBER}),
 }
 # ... and the actions that reach beyond it, so only the root account's admins take them

@@ -18,6 +18,7 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any, TypeVar
 
+from contracts.device import InferenceState
 from contracts.errors import RuleViolation
 from contracts.regional import ReportedState
 
@@ -168,6 +169,24 @@ DATASTORE_TRANSITIONS: dict[DatastoreState, frozenset[DatastoreState]] = {
 }
 
 
+# ------------------------------------------------------------------------------- device configurations
+
+
+class DeviceConfigState(StrEnum):
+    ACTIVE = "active"  # devices may be set to it and deployed (each update adds a revision)
+    REMOVED = "removed"  # kept for the audit trail; the name may be reused; no device may still use it
+
+
+DEVICE_CONFIG_TRANSITIONS: dict[DeviceConfigState, frozenset[DeviceConfigState]] = {
+    DeviceConfigState.ACTIVE: frozenset({DeviceConfigState.REMOVED}),
+    DeviceConfigState.REMOVED: frozenset(),
+}
+
+# What a device's inference container does is observed, not decided (the minion reports it:
+# contracts.device.InferenceState, re-exported here); these end only with a new deploy (or a reboot).
+INFERENCE_ENDED: frozenset[InferenceState] = frozenset({InferenceState.EXITED, InferenceState.FAILED})
+
+
 # ------------------------------------------------------------------------------- jobs
 
 
@@ -199,7 +218,8 @@ JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     JobState.STARTING: frozenset(
         {JobState.WAITING, JobState.RUNNING, JobState.SUCCEEDED, JobState.FAILED, JobState.STOPPED}
     ),
-    JobState.RUNNING: frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.STOPPED}),
+    # RUNNING → WAITING: a training job whose GCP Spot VM was preempted is re-queued once (gcp_burst)
+    JobState.RUNNING: frozenset({JobState.WAITING, JobState.SUCCEEDED, JobState.FAILED, JobState.STOPPED}),
     JobState.SUCCEEDED: frozenset(),
     JobState.FAILED: frozenset(),
     JobState.STOPPED: frozenset(),
@@ -217,7 +237,10 @@ WORKER_TRANSITIONS: dict[WorkerState, frozenset[WorkerState]] = {
             WorkerState.STOPPED,
         }
     ),
-    WorkerState.RUNNING: frozenset({WorkerState.SUCCEEDED, WorkerState.FAILED, WorkerState.STOPPED}),
+    # RUNNING → WAITING: re-queued with its training job after a Spot VM preemption (gcp_burst)
+    WorkerState.RUNNING: frozenset(
+        {WorkerState.WAITING, WorkerState.SUCCEEDED, WorkerState.FAILED, WorkerState.STOPPED}
+    ),
     WorkerState.SUCCEEDED: frozenset(),
     WorkerState.FAILED: frozenset(),
     WorkerState.STOPPED: frozenset(),
@@ -258,6 +281,35 @@ VM_TRANSITIONS: dict[VmStatus, frozenset[VmStatus]] = {
     VmStatus.DELETING: frozenset({VmStatus.DELETED}),
     VmStatus.DELETED: frozenset(),
 }
+
+
+# ------------------------------------------------------------------------------- GCP burst VM
+
+
+class BurstVmState(StrEnum):
+    """How far the ephemeral GCP VM of one job worker got (services/gcp_burst.py). The row is written
+    before the insert call, so a control plane killed anywhere finds it and resumes (requestId)."""
+
+    PENDING = "pending"  # placed there; row written, no insert sent yet
+    CREATING = "creating"  # insert sent (requestId derived from our ids); resumable
+    CREATED = "created"  # the VM exists in `zone`: its node joins and runs the job
+    DELETING = "deleting"  # the job ended (or was re-queued, preempted): delete sent
+    DELETED = "deleted"  # the VM and its disks are gone
+    FAILED = "failed"  # every zone refused; the job went back to waiting with the reason
+
+
+BURST_VM_TRANSITIONS: dict[BurstVmState, frozenset[BurstVmState]] = {
+    BurstVmState.PENDING: frozenset({BurstVmState.CREATING, BurstVmState.DELETING, BurstVmState.FAILED}),
+    BurstVmState.CREATING: frozenset({BurstVmState.CREATED, BurstVmState.DELETING, BurstVmState.FAILED}),
+    BurstVmState.CREATED: frozenset({BurstVmState.DELETING}),
+    BurstVmState.DELETING: frozenset({BurstVmState.DELETED}),
+    BurstVmState.FAILED: frozenset(),
+    BurstVmState.DELETED: frozenset(),
+}
+# A burst VM that holds (or is about to hold) quota in its region: what GCP capacity subtracts.
+BURST_VM_LIVE: frozenset[BurstVmState] = frozenset(
+    {BurstVmState.PENDING, BurstVmState.CREATING, BurstVmState.CREATED, BurstVmState.DELETING}
+)
 
 
 # ------------------------------------------------------------------------------- trust and join
@@ -364,6 +416,7 @@ TABLES: dict[type[StrEnum], Mapping[Any, frozenset[Any]]] = {
     ReservationState: RESERVATION_TRANSITIONS,
     DatastoreState: DATASTORE_TRANSITIONS,
     VmStatus: VM_TRANSITIONS,
+    BurstVmState: BURST_VM_TRANSITIONS,
     TrustState: TRUST_TRANSITIONS,
     ImageState: IMAGE_TRANSITIONS,
     JoinTokenState: JOIN_TOKEN_TRANSITIONS,
@@ -371,6 +424,7 @@ TABLES: dict[type[StrEnum], Mapping[Any, frozenset[Any]]] = {
     OperatorTokenState: OPERATOR_TOKEN_TRANSITIONS,
     JobState: JOB_TRANSITIONS,
     WorkerState: WORKER_TRANSITIONS,
+    DeviceConfigState: DEVICE_CONFIG_TRANSITIONS,
 }
 
 # The states whose `reason` is kept: errored says why it failed; offline says why it went away

@@ -301,3 +301,20 @@ def write_testbed(profile: dict[str, Any], directory: Path) -> tuple[Path, Path]
 def gpu_count(profile: dict[str, Any]) -> int:
     """How many GPUs the profile's node has (its lab CDI spec gets one device each)."""
     return len(_expand(profile.get("gpus")))
+
+
+def write_jetson_files(profile: dict[str, Any], root: Path) -> Path:
+    """What a Jetson's kernel and L4T show and minion/hardware/jetson.py reads, written under a device's
+    host root from the profile's `jetson` section: the device tree's model and compatible (NUL-separated
+    string lists), the fused Tegra chip id and /etc/nv_tegra_release. MemTotal is write_host_root's."""
+    jetson = profile["jetson"]
+    tree = root / "proc" / "device-tree"
+    tree.mkdir(parents=True, exist_ok=True)
+    (tree / "model").write_bytes(jetson["model"].encode() + b"\0")
+    (tree / "compatible").write_bytes(b"".join(c.encode() + b"\0" for c in jetson["compatible"]))
+    fuse = root / "sys" / "module" / "tegra_fuse" / "parameters"
+    fuse.mkdir(parents=True, exist_ok=True)
+    (fuse / "tegra_chip_id").write_text(f"{jetson['tegra_chip_id']}\n")
+    (root / "etc").mkdir(parents=True, exist_ok=True)
+    (root / "etc" / "nv_tegra_release").write_text(f"{jetson['nv_tegra_release']}\n")
+    return root

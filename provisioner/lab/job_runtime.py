@@ -185,3 +185,38 @@ def remove_containers(owner: str, runtime: Mapping[str, str]) -> list[str]:
 def environ_without_rigbase(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     """The lab's environment minus every RIGBASE_* (the minion's settings are the lab's choice)."""
     return {k: v for k, v in environ.items() if not k.startswith("RIGBASE_")}
+
+
+# A Jetson's inference container asks for its GPU as `nvidia.com/gpu=all` (what `nvidia-ctk cdi generate
+# --mode=csv` names on L4T; minion/devices/agent.py). podman 4.3 reads CDI specs only from /etc/cdi and
+# /var/run/cdi, for every container on the machine, so the lab's stand-in is written there under the lab's
+# prefix (`lab down` removes it) and only when no other spec on the machine defines that kind: a host with
+# real NVIDIA GPUs keeps its own spec, and its devices are what the lab's device containers then get.
+L4T_GPU_KIND = "nvidia.com/gpu"
+L4T_SPEC_NAME = f"{CDI_PREFIX}l4t-gpu.json"
+
+
+def write_l4t_cdi_spec(directories: tuple[Path, ...] = (Path("/etc/cdi"), CDI_DIR)) -> Path | None:
+    """`nvidia.com/gpu=all` as /dev/null seen as /dev/nvhost-gpu (no GPU here); None when the machine
+    already has a spec of that kind (not the lab's)."""
+    ours = directories[-1] / L4T_SPEC_NAME
+    for directory in directories:
+        for path in sorted(directory.glob("*")) if directory.is_dir() else []:
+            if path == ours or path.suffix not in (".json", ".yaml", ".yml"):
+                continue
+            try:
+                text = path.read_text(errors="replace")
+            except OSError:
+                continue
+            if L4T_GPU_KIND in text:
+                return None
+    device = {
+        "name": "all",
+        "containerEdits": {"deviceNodes": [{"path": "/dev/nvhost-gpu", "hostPath": "/dev/null"}]},
+    }
+    spec = {"cdiVersion": CDI_VERSION, "kind": L4T_GPU_KIND, "devices": [device]}
+    ours.parent.mkdir(parents=True, exist_ok=True)
+    tmp = ours.with_suffix(".tmp")
+    tmp.write_text(json.dumps(spec, indent=1) + "\n")
+    tmp.replace(ours)
+    return ours

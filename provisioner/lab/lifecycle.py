@@ -41,6 +41,7 @@ from provisioner.lab.state import LabNodeRecord, LabState, Proc, default_home, l
 from provisioner.lab.swtpm import Swtpm, VendorCA, create_vendor_ca, provision_swtpm
 from provisioner.lab.topology import (
     CP_PORT,
+    DEVICE_DEMO_MODEL,
     HARDWARE_PROFILE,
     HEARTBEAT_SECONDS,
     JOIN_RETRY_SECONDS,
@@ -49,6 +50,8 @@ from provisioner.lab.topology import (
     NETNS_PREFIX,
     PROVIDER,
     REGION,
+    STORAGE_NODE,
+    DevicePlan,
     LabPlan,
     NodePlan,
     Role,
@@ -111,6 +114,17 @@ def _preflight(plan: LabPlan, home: Path, state: LabState | None) -> None:
                 f"the lab has {have} nodes and cannot shrink to {plan.nodes}: "
                 f"run `provision lab down --yes` first, or `provision lab up --nodes {have}`"
             )
+        if plan.devices and state.storage_mode != "central":
+            raise Conflict(
+                f"the lab's region {REGION} uses local storage and devices need a central-storage region: "
+                f"run `provision lab down --yes`, then `provision lab up --devices {plan.devices}`"
+            )
+        devices = sum(1 for n in state.nodes.values() if n.service == "device")
+        if plan.devices < devices:
+            raise Conflict(
+                f"the lab has {devices} devices and cannot shrink to {plan.devices}: "
+                f"run `provision lab down --yes` first, or `provision lab up --devices {devices}`"
+            )
         if state.upnp and not plan.upnp:
             raise Conflict(
                 "the lab is up with a UPnP router: pass --upnp again, or `provision lab down --yes` first"
@@ -167,7 +181,7 @@ def _ensure_network(plan: LabPlan, state: LabState, progress: Progress) -> netns
         lan_ns.ip("link", "set", "br0", "up")
     lan = netns.VirtualLan(lan_ns, LAN_CIDR, members=dict(state.lan_members))
     members: list[tuple[str, int]] = [(netns_name(Role.CP), 2), (netns_name(Role.CLIENT), 3)]
-    members += [(p.netns, int(p.address.rsplit(".", 1)[1])) for p in plan.node_plans()]
+    members += [(p.netns, int(p.address.rsplit(".", 1)[1])) for p in plan.member_plans()]
     made = []
     for name, host in members:
         if name in state.lan_members:
@@ -182,7 +196,7 @@ def _ensure_network(plan: LabPlan, state: LabState, progress: Progress) -> netns
         state.lan_members = dict(lan.members)
         state.miniupnpd = Proc.of("miniupnpd", router.process.pid) if router.process else None
         state.save()
-        for name in [netns_name(Role.CLIENT)] + [p.netns for p in plan.node_plans()]:
+        for name in [netns_name(Role.CLIENT)] + [p.netns for p in plan.member_plans()]:
             netns.Netns(name).add_route("default", via=router.lan_ip)
         made += [netns_name(Role.ROUTER), netns_name(Role.WAN)]
     elif plan.upnp:
@@ -322,11 +336,13 @@ def _ensure_region(state: LabState, ca: VendorCA, progress: Progress) -> Path:
     if not any(r["name"] == REGION for r in client.get("/v1/regions")["items"]):
         # No public jobs (the lab's region is the smallest rule set). Nodes read the profile's /proc through
         # `minion run --host-root` (RAM, cores); every other rule reads the umockdev sysfs.
+        # A lab with devices (`--devices`) is central: devices need a central-storage region whose storage
+        # node (node-1) is active (docs/devices.md); the mode of a region never changes afterwards.
         client.post(
             "/v1/regions",
-            {"name": REGION, "provider": PROVIDER, "storage_mode": "local", "public_jobs": False},
+            {"name": REGION, "provider": PROVIDER, "storage_mode": state.storage_mode, "public_jobs": False},
         )
-        progress(f"region: {REGION} (provider {PROVIDER}, storage mode local, no public jobs)")
+        progress(f"region: {REGION} (provider {PROVIDER}, storage mode {state.storage_mode}, no public jobs)")
     marker = lab_dir() / "tpm-ca" / ".trusted"
     if not marker.exists():
         for pem in (ca.root_certificate, ca.intermediate_certificate):
@@ -349,14 +365,28 @@ def _node_dir(name: str, home: Path | None = None) -> Path:
     return lab_dir(home) / "nodes" / name
 
 
-def _prepare_node(plan: NodePlan, node: LabNodeRecord, ca: VendorCA) -> Swtpm:
+def _profile_of(node: LabNodeRecord) -> str:
+    return node.profile or HARDWARE_PROFILE
+
+
+def _record(plan: LabPlan, p: NodePlan | DevicePlan) -> LabNodeRecord:
+    """A new node's or device's record; its service and profile are fixed when it is first planned."""
+    service = "device" if isinstance(p, DevicePlan) else "compute"
+    if plan.devices and p.name == STORAGE_NODE:
+        service = "storage"
+    return LabNodeRecord(
+        p.k, p.name, p.netns, p.address, service=service, profile=p.profile if service == "device" else None
+    )
+
+
+def _prepare_node(plan: NodePlan | DevicePlan, node: LabNodeRecord, ca: VendorCA) -> Swtpm:
     """Its own swtpm (EK certificate from the lab's vendor CA), started; its minion_id (asked of the
     node's own `minion id`, as an operator reads it off the banner); its hardware."""
     tpm = provision_swtpm(_node_dir(plan.name) / "swtpm", ca)
     tpm.start()
     if node.minion_id is None:
         node.minion_id = _minion_id(tpm.tcti)
-    hardware.write_testbed(hardware.load_profile(HARDWARE_PROFILE), _node_dir(plan.name) / "hardware")
+    hardware.write_testbed(hardware.load_profile(_profile_of(node)), _node_dir(plan.name) / "hardware")
     return tpm
 
 
@@ -375,8 +405,11 @@ def _start_minion(node: LabNodeRecord, tpm: Swtpm, bundle: Path) -> None:
         raise Unavailable(f"{node.name} has no lab root yet: `provision lab down`, then `lab up` again")
     # the node's debootstrap'd root is its --host-root: /proc files of the profile for the inventory,
     # and the tree the minion's own finalize chroots into (rigbase_lab=true)
-    root = hardware.write_host_root(hardware.load_profile(HARDWARE_PROFILE), Path(node.root))
-    record = d / "hardware" / f"{HARDWARE_PROFILE}.umockdev"
+    profile = hardware.load_profile(_profile_of(node))
+    root = hardware.write_host_root(profile, Path(node.root))
+    if "jetson" in profile:  # a simulated Jetson: its device tree, chip id and L4T release in its root
+        hardware.write_jetson_files(profile, root)
+    record = d / "hardware" / f"{_profile_of(node)}.umockdev"
     argv = [
         "umockdev-run",
         "-d",
@@ -399,9 +432,16 @@ def _start_minion(node: LabNodeRecord, tpm: Swtpm, bundle: Path) -> None:
     ]  # the profile's RAM and cores, not this machine's; and the root the minion finalizes in a chroot
     (d / "minion").mkdir(parents=True, exist_ok=True)
     (d / "cache").mkdir(exist_ok=True)  # the node's region cache (`cache` mounts of its jobs)
-    gpus = hardware.gpu_count(hardware.load_profile(HARDWARE_PROFILE))
+    gpus = hardware.gpu_count(profile)
     if gpus:
         job_runtime.write_cdi_spec(node.netns, gpus)
+    if node.service == "device":
+        # its inference container asks for `nvidia.com/gpu=all`; and a model to mount (`--model lab-demo`:
+        # a directory of the device's region cache, docs/devices.md "In the lab")
+        job_runtime.write_l4t_cdi_spec()
+        demo = d / "cache" / "models" / DEVICE_DEMO_MODEL
+        demo.mkdir(parents=True, exist_ok=True)
+        (demo / "README").write_text("the lab's stand-in model directory (provision lab up --devices)\n")
     jobs_env = job_runtime.minion_environment(
         netns=node.netns,
         node_dir=d,
@@ -426,9 +466,9 @@ def _start_minion(node: LabNodeRecord, tpm: Swtpm, bundle: Path) -> None:
 
 
 def _ensure_nodes(plan: LabPlan, state: LabState, ca: VendorCA, bundle: Path, progress: Progress) -> None:
-    for p in plan.node_plans():
-        state.nodes.setdefault(p.name, LabNodeRecord(p.k, p.name, p.netns, p.address))
-    todo = [(p, state.nodes[p.name]) for p in plan.node_plans()]
+    for p in plan.member_plans():
+        state.nodes.setdefault(p.name, _record(plan, p))
+    todo = [(p, state.nodes[p.name]) for p in plan.member_plans()]
     with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:  # swtpm_setup ~1 s each
         tpms = list(pool.map(lambda pn: _prepare_node(pn[0], pn[1], ca), todo))
     started = []
@@ -478,29 +518,39 @@ def _show_pending(
     progress("pending minions (what `provision node pending` shows):\n" + view(rows).rstrip())
 
 
-def _add_nodes(state: LabState, progress: Progress) -> list[LabNodeRecord]:
-    """Adopt each minion by its minion_id, as `provision node add` does (POST /v1/nodes). Each node's
+def _order(node: LabNodeRecord) -> tuple[bool, int]:
+    """Nodes first (node-1 …), then devices (device-1 …)."""
+    return (node.service == "device", node.k)
+
+
+def _add_nodes(state: LabState, progress: Progress, *, devices: bool = False) -> list[LabNodeRecord]:
+    """Adopt each minion by its minion_id, as `provision node add` does (POST /v1/nodes); with `devices`,
+    the lab's devices instead, as `provision device add` does (the same call with service `device`). Each
     minion then finalizes its own root (`minion run --host-root`): the control plane needs no path."""
     client = _client(state)
     existing = {n["name"] for n in client.pages("/v1/nodes", region=REGION)}
     added = []
-    for node in sorted(state.nodes.values(), key=lambda n: n.k):
-        if node.name in existing:
+    for node in sorted(state.nodes.values(), key=_order):
+        if node.name in existing or (node.service == "device") != devices:
             continue
-        node_id = client.post(
-            "/v1/nodes",
-            {
-                "name": node.name,
-                "region": REGION,
-                "minion_id": node.minion_id or "",
-                "hostname": f"{node.name}.{REGION}.rigbase.test",
-                "upnp": state.upnp,
-            },
-        )["id"]
+        body: dict[str, Any] = {
+            "name": node.name,
+            "region": REGION,
+            "minion_id": node.minion_id or "",
+            "hostname": f"{node.name}.{REGION}.rigbase.test",
+            "upnp": state.upnp,
+        }
+        if node.service != "compute":  # storage (node-1 of a lab with devices) or device
+            body["service"] = node.service
+        node_id = client.post("/v1/nodes", body)["id"]
         node.added_at = time.time()
         state.save()
         added.append(node)
-        progress(f"added {node.name} ({node_id}) by minion_id {node.minion_id}, root {node.root}")
+        what = {"compute": "", "storage": " as the storage node", "device": f" as a device ({node.profile})"}
+        progress(
+            f"added {node.name}{what.get(node.service, '')} ({node_id}) by minion_id {node.minion_id}, "
+            f"root {node.root}"
+        )
     return added
 
 
@@ -523,7 +573,12 @@ def _wait_ready(state: LabState, progress: Progress, timeout: float) -> None:
                     f"{name} is {node['state']}: {node.get('reason') or '-'}; see "
                     f"`provision node history {name}` and {_node_dir(name) / 'minion.log'}"
                 )
-        waiting = [n for n in state.nodes if nodes.get(n, {}).get("state") not in READY_STATES]
+        # only what was added: devices wait for the storage node (added after the nodes are ready)
+        waiting = [
+            n
+            for n, lab_node in state.nodes.items()
+            if lab_node.added_at is not None and nodes.get(n, {}).get("state") not in READY_STATES
+        ]
         if not waiting:
             return
         _check_minions(state, [state.nodes[n] for n in waiting])
@@ -551,7 +606,10 @@ def up(
     _preflight(plan, home, state)
     if state is None:
         state = LabState(
-            home=str(home), upnp=plan.upnp, home_entries_before=sorted(e for e in os.listdir(home))
+            home=str(home),
+            upnp=plan.upnp,
+            storage_mode=plan.storage_mode,
+            home_entries_before=sorted(e for e in os.listdir(home)),
         )
     state.upnp = plan.upnp
     lab_dir().mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -568,8 +626,8 @@ def up(
         _ensure_control_plane(state, step)
         bundle = _ensure_region(state, ca, step)
         # each minion finalizes itself in a chroot of its root: the roots exist before the minions start
-        for p in plan.node_plans():
-            state.nodes.setdefault(p.name, LabNodeRecord(p.k, p.name, p.netns, p.address))
+        for p in plan.member_plans():
+            state.nodes.setdefault(p.name, _record(plan, p))
         if any(n.root is None for n in state.nodes.values()):
             if not base.done():
                 step("waiting for the cached Debian root (debootstrap, first run only)")
@@ -586,7 +644,12 @@ def up(
             _add_nodes(state, step)
         image.result()
     _wait_ready(state, step, timeout)
-    step("all nodes in maintenance")
+    step("all nodes in maintenance" if plan.devices == 0 else "all nodes ready (the storage node active)")
+    if any(n.service == "device" and n.added_at is None for n in state.nodes.values()):
+        # a device is refused until the region's storage node is active: added only now
+        _add_nodes(state, step, devices=True)
+        _wait_ready(state, step, timeout)
+        step("all devices active")
     return state
 
 
@@ -644,12 +707,13 @@ def status(home: Path | None = None) -> dict[str, Any]:
     reachable = bool(state.host_url and _healthy(state.host_url, _ca(state)))
     if reachable:
         nodes = list(_client(state).pages("/v1/nodes", region=REGION))
-    order = {name: node.k for name, node in state.nodes.items()}
-    nodes.sort(key=lambda row: (order.get(row["name"], len(order) + 1), row["name"]))
+    order = {name: _order(node) for name, node in state.nodes.items()}
+    nodes.sort(key=lambda row: (order.get(row["name"], (True, len(order) + 1)), row["name"]))
     for row in nodes:
         lab = state.nodes.get(row["name"])
         if lab:
             row |= {
+                "profile": lab.profile,
                 "netns": lab.netns,
                 "address": lab.address,
                 "lab_root": lab.root,
@@ -661,6 +725,7 @@ def status(home: Path | None = None) -> dict[str, Any]:
         "up": True,
         "home": str(home),
         "upnp": state.upnp,
+        "storage_mode": state.storage_mode,
         "host_url": state.host_url,
         "lan_url": state.lan_url,
         "control_plane_reachable": reachable,

@@ -88,13 +88,16 @@ class LabNodeRecord:
     minion: Proc | None = None
     started_at: float | None = None  # when its minion started (epoch seconds)
     added_at: float | None = None  # when the lab added it by minion_id
-    ready_at: float | None = None  # when it reached maintenance
+    ready_at: float | None = None  # when it reached maintenance (a device: active)
+    service: str = "compute"  # compute, storage (node-1 of a lab with devices) or device
+    profile: str | None = None  # its hardware profile (provisioner/lab/profiles/); None: the GPU node's
 
 
 @dataclass
 class LabState:
     home: str
     upnp: bool = False
+    storage_mode: str = "local"  # of region `lab`, fixed when it is created: central for a lab with devices
     namespaces: list[str] = field(default_factory=list)
     lan_members: dict[str, str] = field(default_factory=dict)  # namespace -> LAN address
     host_url: str | None = None  # the control plane on the host's loopback (what `provision …` uses)

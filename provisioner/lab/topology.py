@@ -29,6 +29,17 @@ NODE_HOST_BASE = 10  # node K is .(10+K)
 REGION = "lab"
 PROVIDER = "physical"
 HARDWARE_PROFILE = "lab-gpu-node"
+# Simulated Jetson devices (`lab up --devices N`): device K has the profile DEVICE_PROFILES[(K-1) % 3], its
+# own namespace and the LAN address .(DEVICE_HOST_BASE+K). Xavier (no TPM) is not simulated: the no-TPM
+# join does not exist yet.
+MAX_DEVICES, DEFAULT_DEVICES = 16, 0
+DEVICE_HOST_BASE = 40
+DEVICE_PROFILES = ("lab-jetson-agx-orin", "lab-jetson-orin-nx", "lab-jetson-orin-nano")
+# Devices need a central-storage region with an active storage node (docs/devices.md): a lab with devices
+# makes its region central and node-1 its storage node; a lab without keeps local storage, node-1 compute.
+STORAGE_NODE = "node-1"
+# a directory of each device's region cache (CACHE/models/lab-demo) for `provision device-config add --model`
+DEVICE_DEMO_MODEL = "lab-demo"
 # Short heartbeats so the walkthrough shows state changes within seconds (production default: 30 s).
 HEARTBEAT_SECONDS = 2
 # A pending minion retries its join at most this far apart, so an adopted node joins within a second.
@@ -42,6 +53,7 @@ class Role(StrEnum):
     ROUTER = "router"
     WAN = "wan"
     NODE = "node"
+    DEVICE = "device"
 
 
 # host numbers on the LAN of the fixed members (the bridge namespace has no address)
@@ -49,15 +61,16 @@ HOSTS = {Role.ROUTER: 1, Role.CP: 2, Role.CLIENT: 3}
 
 # exactly the names a lab makes: `lab down` deletes these and nothing else, so namespaces of tests
 # (rigbase-<tag>-<role>-<random>) or other tools are never touched
-NAME_PATTERN = re.compile(rf"^{NETNS_PREFIX}(lan|cp|client|router|wan|node\d+)$")
+NAME_PATTERN = re.compile(rf"^{NETNS_PREFIX}(lan|cp|client|router|wan|node\d+|device\d+)$")
 
 
 def netns_name(role: Role, k: int | None = None) -> str:
-    return f"{NETNS_PREFIX}{role.value}{k if role is Role.NODE else ''}"
+    return f"{NETNS_PREFIX}{role.value}{k if role in (Role.NODE, Role.DEVICE) else ''}"
 
 
 def address(role: Role, k: int | None = None) -> str:
-    host = NODE_HOST_BASE + k if role is Role.NODE and k is not None else HOSTS[role]
+    bases = {Role.NODE: NODE_HOST_BASE, Role.DEVICE: DEVICE_HOST_BASE}
+    host = bases[role] + k if role in bases and k is not None else HOSTS[role]
     return str(LAN_CIDR.network_address + host)
 
 
@@ -78,25 +91,66 @@ class NodePlan:
     def address(self) -> str:
         return address(Role.NODE, self.k)
 
+    @property
+    def profile(self) -> str:
+        return HARDWARE_PROFILE
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    """A simulated Jetson (service `device`): named device-K in the control plane."""
+
+    k: int
+
+    @property
+    def name(self) -> str:
+        return f"device-{self.k}"
+
+    @property
+    def netns(self) -> str:
+        return netns_name(Role.DEVICE, self.k)
+
+    @property
+    def address(self) -> str:
+        return address(Role.DEVICE, self.k)
+
+    @property
+    def profile(self) -> str:
+        return DEVICE_PROFILES[(self.k - 1) % len(DEVICE_PROFILES)]
+
 
 @dataclass(frozen=True)
 class LabPlan:
     nodes: int = DEFAULT_NODES
     upnp: bool = False
+    devices: int = DEFAULT_DEVICES
 
     def __post_init__(self) -> None:
         if not MIN_NODES <= self.nodes <= MAX_NODES:
             raise ValueError(f"--nodes {self.nodes} is out of range: use {MIN_NODES} to {MAX_NODES}")
+        if not 0 <= self.devices <= MAX_DEVICES:
+            raise ValueError(f"--devices {self.devices} is out of range: use 0 to {MAX_DEVICES}")
 
     def node_plans(self) -> list[NodePlan]:
         return [NodePlan(k) for k in range(1, self.nodes + 1)]
+
+    def device_plans(self) -> list[DevicePlan]:
+        return [DevicePlan(k) for k in range(1, self.devices + 1)]
+
+    def member_plans(self) -> list[NodePlan | DevicePlan]:
+        """Every simulated machine: the nodes, then the devices."""
+        return [*self.node_plans(), *self.device_plans()]
+
+    @property
+    def storage_mode(self) -> str:
+        return "central" if self.devices else "local"
 
     def fixed_namespaces(self) -> list[tuple[Role, str]]:
         roles = [Role.LAN, Role.CP, Role.CLIENT] + ([Role.ROUTER, Role.WAN] if self.upnp else [])
         return [(r, netns_name(r)) for r in roles]
 
     def namespaces(self) -> list[str]:
-        return [n for _, n in self.fixed_namespaces()] + [p.netns for p in self.node_plans()]
+        return [n for _, n in self.fixed_namespaces()] + [p.netns for p in self.member_plans()]
 
     @property
     def cp_lan_url(self) -> str:

@@ -48,9 +48,11 @@ def lost_because(session: Session, node: Node, *, grace: timedelta, now: datetim
             detail = f": {node.reason}" if node.reason else ""
             return f"node {node.name} is {node.state}{detail}"
         return None
-    seen = node.last_heartbeat_at
+    # a node that never reported yet (a GCP burst VM booting for its job) counts from when it was made
+    seen = node.last_heartbeat_at or node.created_at
     if seen is None or now - seen >= ONLINE_WINDOW + grace:
-        when = seen.isoformat(timespec="seconds") if seen else "never"
+        last = node.last_heartbeat_at
+        when = last.isoformat(timespec="seconds") if last else "never"
         return f"node {node.name} went offline (last heartbeat {when})"
     return None
 

@@ -44,6 +44,7 @@ REGISTRY: dict[Wake, Reconciler] = {}
 # modules whose import registers reconcilers; one line each
 RECONCILER_MODULES: list[str] = [
     "provisioner.reconcilers.gcp",
+    "provisioner.reconcilers.gcp_burst",  # jobs' burst VMs: create, delete when done, reap; quota cache
     "provisioner.reconcilers.finalize",  # provisioning without a finalize report for too long → errored
     "provisioner.reconcilers.region_health",  # regions new/healthy/offline from heartbeats
     "provisioner.reconcilers.jobs",  # place waiting jobs; workers of lost nodes fail or re-queue

@@ -31,11 +31,12 @@ def principal_of(session: Session, token: str | None) -> Principal:
 
 
 def project_for(session: Session, principal: Principal, name_or_id: str | None) -> Project:
-    """The principal's project named `name_or_id` (None: its account's default project). Another
-    account's project raises the same NotFound (404) as a missing one."""
+    """The project `name_or_id` names for the principal (None: its account's default project): its own,
+    or `OWNER/PROJECT` (or the id) of one shared with its account (services/projects.resolve). Another
+    account's project not shared with it raises the same NotFound (404) as a missing one."""
     if name_or_id is None:
         return projects.default_of(session, principal.account_id)
-    return projects.get(session, principal.account_id, name_or_id)
+    return projects.resolve(session, principal.account_id, name_or_id)
 
 
 def _not_found(ref: str) -> NotFound:

@@ -67,3 +67,19 @@ def device_ids_on(session: Session, account_id: str, day: date) -> list[str]:
 def devices_on(session: Session, account_id: str, day: date) -> int:
     """How many distinct devices `account_id` had on the UTC day `day` (see the module's rule)."""
     return int(session.scalar(select(func.count()).select_from(_on(account_id, day).subquery())) or 0)
+
+
+def intervals_by_account(session: Session) -> dict[str, list[tuple[datetime, datetime | None]]]:
+    """Every account's devices as (added_at, removed_at or None) in one query: what the daily device fee
+    walks day by day (services/device_fees.py) without a query per account and day. Same rule as `_on`."""
+    removed_at = _removed_at().scalar_subquery()
+    rows = session.execute(
+        select(Region.account_id, Node.created_at, removed_at)
+        .join(Region, Region.id == Node.region_id)
+        .where(Region.account_id.is_not(None), Node.service == Service.DEVICE.value)
+    )
+    out: dict[str, list[tuple[datetime, datetime | None]]] = {}
+    for account_id, added, removed in rows:
+        if account_id is not None:  # the query's filter; mypy cannot see it
+            out.setdefault(account_id, []).append((added, removed))
+    return out

@@ -5,7 +5,11 @@ How "offline" maps onto the state tables: `online` is derived from heartbeats an
 storage node moves its REGION to `offline` with the reason (the region cannot serve without it), and
 `gcp_storage_nodes.running` records what Compute said; the node itself keeps its lifecycle state and
 shows offline by itself once its heartbeats stop. A VM deleted behind rigbase's back makes the node and
-the region `errored` with that reason."""
+the region `errored` with that reason.
+
+A job's burst VM (services/gcp_burst.py) that is preempted, stopped or deleted outside rigbase loses its
+job its node: a training job is re-queued once, any other job fails, with the event in the job's
+history."""
 
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ from provisioner.domain.states import (
     VmStatus,
 )
 from provisioner.providers.base import NodeEvent, NodeEventKind
+from provisioner.services import gcp_burst, gcp_preemption
 from provisioner.services import nodes as node_service
 from provisioner.services import regions as region_service
 from provisioner.store.engine import session_scope
@@ -33,6 +38,14 @@ ACTOR = "gcp:events"
 def apply_event(sessions: sessionmaker[Session], event: NodeEvent) -> None:
     """One instance event → store. Raising makes the consumer nack, so Pub/Sub redelivers it."""
     with session_scope(sessions) as s:
+        burst = gcp_burst.live_by_instance(s, event.instance)
+        if burst is not None:
+            # a job's burst VM stopped, was preempted or deleted behind our back: its job lost its node
+            if event.kind is not NodeEventKind.STARTED:
+                when = event.timestamp or "unknown time"
+                why = f"VM {event.instance} {event.reason} ({event.method} at {when})"
+                gcp_preemption.preempted(s, burst, why=why, actor=ACTOR)
+            return
         rec = s.scalar(
             select(GcpStorageNode).where(
                 GcpStorageNode.instance_name == event.instance,

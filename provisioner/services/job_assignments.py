@@ -165,7 +165,8 @@ def assignment_of(session: Session, node: Node, worker: JobWorker) -> WorkerAssi
     )
 
 
-def _datastore_access(session: Session, region_id: str, names: set[str]) -> list[DatastoreAccess]:
+def datastore_access(session: Session, region_id: str, names: set[str]) -> list[DatastoreAccess]:
+    """The live datastores of `names` in the region, with their unsealed passwords (a job's or a device's)."""
     if not names:
         return []
     sealer = runtime_of(session).sealer
@@ -206,7 +207,7 @@ def desired_for_node(session: Session, node: Node) -> dict[str, Any]:
         workers.append(assignment)
         datastores |= {m.datastore for m in assignment.mounts if m.datastore is not None}
     return JobsDesired(
-        workers=workers, datastores=_datastore_access(session, node.region_id, datastores)
+        workers=workers, datastores=datastore_access(session, node.region_id, datastores)
     ).model_dump(mode="json")
 
 

@@ -9,8 +9,10 @@ stored twice."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Protocol
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -27,6 +29,32 @@ READ_MAX = 1024 * 1024  # bytes one read answers at most; the reader asks again 
 # A worker that ended without its minion sending the log's end (its node was lost) is complete this long
 # after it ended, so `job logs --follow` ends too.
 LOG_SETTLE = timedelta(seconds=30)
+
+
+class StoredChunk(Protocol):
+    """A stored piece of a log (JobLogChunk, DeviceLogChunk): its bytes' start and its text."""
+
+    @property
+    def offset(self) -> int: ...
+
+    @property
+    def data(self) -> str: ...
+
+
+def joined(chunks: Iterable[StoredChunk], offset: int) -> tuple[str, int]:
+    """The text of `chunks` (in offset order, each ending past `offset`) from byte `offset` on, at most about
+    READ_MAX bytes, and the byte offset it ends at (where the reader asks again)."""
+    parts: list[bytes] = []
+    position = offset
+    for chunk in chunks:
+        raw = chunk.data.encode()
+        if chunk.offset < position:
+            raw = raw[position - chunk.offset :]
+        parts.append(raw)
+        position += len(raw)
+        if position - offset >= READ_MAX:
+            break
+    return b"".join(parts).decode(errors="replace"), position
 
 
 def append(
@@ -92,16 +120,7 @@ def read(session: Session, principal: Principal, ref: str, worker: int, offset: 
         )
         .order_by(JobLogChunk.offset)
     )
-    parts: list[bytes] = []
-    position = offset
-    for chunk in chunks:
-        raw = chunk.data.encode()
-        if chunk.offset < position:
-            raw = raw[position - chunk.offset :]
-        parts.append(raw)
-        position += len(raw)
-        if position - offset >= READ_MAX:
-            break
+    data, position = joined(chunks, offset)
     settled = WorkerState(row.state) in WORKER_DONE and (
         row.node_id is None or datetime.now(UTC) - row.updated_at > LOG_SETTLE
     )
@@ -112,6 +131,6 @@ def read(session: Session, principal: Principal, ref: str, worker: int, offset: 
         worker_state=row.state,
         offset=offset,
         next_offset=position,
-        data=b"".join(parts).decode(errors="replace"),
+        data=data,
         complete=(row.log_complete or settled) and position >= row.log_bytes,
     )

@@ -22,8 +22,9 @@ from sqlalchemy.orm import Session
 from provisioner.domain import billing_rules
 from provisioner.domain.placement import Candidate, PlacementRequest, Source
 from provisioner.domain.states import WORKER_ON_NODE, NodeState, Service, is_online
-from provisioner.services import prices
+from provisioner.services import gcp_capacity, prices
 from provisioner.services.pending import failed_rules
+from provisioner.store.gcp_models import GcpBurstVm
 from provisioner.store.job_models import Job, JobWorker
 from provisioner.store.models import Node
 
@@ -76,10 +77,24 @@ def usage_fee_of(candidate: Candidate) -> float:
 
 
 def priced_for(candidates: Iterable[Candidate], account_id: str) -> list[Candidate]:
-    """The candidates with the prices `account_id` pays: its own regions at the usage fee."""
+    """The candidates with the prices `account_id` pays: its own regions at the usage fee. A GCP burst VM
+    keeps its price (Google's price plus the usage fee, services.gcp_capacity) on any account's region:
+    the account pays Google for it whoever owns the region."""
     return [
-        replace(c, price_per_gpu_hour=usage_fee_of(c)) if c.region_account_id == account_id else c
+        replace(c, price_per_gpu_hour=usage_fee_of(c))
+        if c.region_account_id == account_id and c.source != Source.GCP
+        else c
         for c in candidates
+    ]
+
+
+def allowed(candidates: Iterable[Candidate], request: PlacementRequest) -> list[Candidate]:
+    """What this job may be offered at all: Spot capacity only to a job that says `preemptible: true`,
+    and GCP burst VMs (one GPU each, the catalogue's 1-GPU machine shape) only to 1-GPU workers."""
+    return [
+        c
+        for c in candidates
+        if c.source != Source.GCP or (request.gpu_count == 1 and (request.preemptible or not c.preemptible))
     ]
 
 
@@ -149,9 +164,14 @@ def candidate_of(
 
 
 def node_candidates(session: Session, now: datetime | None = None) -> list[Candidate]:
-    """Every live compute node as a candidate (the storage node serves its region, never jobs)."""
+    """Every live compute node as a candidate (the storage node serves its region, never jobs; a GCP burst
+    VM's node serves only the job it was made for, which is assigned to it when it is made)."""
     nodes = session.scalars(
-        select(Node).where(Node.state != NodeState.REMOVED, Node.service == Service.COMPUTE.value)
+        select(Node).where(
+            Node.state != NodeState.REMOVED,
+            Node.service == Service.COMPUTE.value,
+            Node.id.not_in(select(GcpBurstVm.node_id)),
+        )
     )
     busy = busy_by_node(session)
     public = {row.gpu_type: float(row.price_per_gpu_hour) for row in prices.list_prices(session)}
@@ -159,9 +179,9 @@ def node_candidates(session: Session, now: datetime | None = None) -> list[Candi
 
 
 # The capacity sources placement chooses from, each giving its candidates from the store: the seam of
-# domain.placement.CapacitySource on the store's side. The GCP jobs issue appends its ephemeral cloud
-# nodes (Source.GCP candidates) here; everything downstream (ranking, rejections, match table) is shared.
-SOURCES: list[Callable[[Session], Iterable[Candidate]]] = [node_candidates]
+# domain.placement.CapacitySource on the store's side. GCP burst capacity (Source.GCP candidates, from the
+# cached quota: services.gcp_capacity) competes with owned nodes; ranking, rejections, match table are shared.
+SOURCES: list[Callable[[Session], Iterable[Candidate]]] = [node_candidates, gcp_capacity.gcp_candidates]
 
 
 def snapshot(session: Session) -> list[Candidate]:

@@ -13,7 +13,13 @@ history`.
 A regional resource (a datastore of `data.input`/`data.output`, the `reservation`) pins the job to its
 region, and so does `region:`; a GPU type that region does not have is refused at create
 (domain.placement.refusal_at_create). Only datastores and reservations of the caller's own regions can be
-used: data access is not something a public region lends."""
+used: data access is not something a public region lends.
+
+Federated jobs (docs/accounts.md "Sharing a project"): a member of an account a project is shared with
+creates a job in it. The job's creator account (`jobs.account_id`) is the sharee's; everything placement
+and the usage fee decide by account — own regions, datastores, reservations, the usage-fee price, the
+credit check for public capacity — is the project owner's, as for the owner's own jobs. Both see the
+job: an account sees the jobs it created and every job in the projects it owns."""
 
 from __future__ import annotations
 
@@ -23,7 +29,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, or_, select
 from sqlalchemy.orm import Session
 
 from contracts.errors import Conflict, InvalidInput, NotFound, RuleViolation
@@ -49,9 +55,10 @@ from provisioner.domain.states import (
     ReservationState,
     WorkerState,
 )
-from provisioner.services import accounts, audit, job_placement, ledger, lifecycle
+from provisioner.services import accounts, audit, gcp_burst, job_placement, ledger, lifecycle
 from provisioner.services.errors import flush
 from provisioner.services.wakeups import Wake, wake_after_commit
+from provisioner.store.account_models import Project
 from provisioner.store.job_models import Job, JobLogChunk, JobWorker
 from provisioner.store.models import Node, Region, new_id
 from provisioner.store.regional_models import Datastore, Reservation
@@ -99,8 +106,14 @@ def transition_worker(
 # ------------------------------------------------------------------------------- lookups
 
 
+def _visible_to(account_id: str) -> Any:
+    """The jobs an account sees: those it created and every job in the projects it owns."""
+    owned = select(Project.id).where(Project.account_id == account_id)
+    return or_(Job.account_id == account_id, Job.project_id.in_(owned))
+
+
 def _account_jobs(principal: Principal) -> Any:
-    return select(Job).where(Job.account_id == principal.account_id)
+    return select(Job).where(_visible_to(principal.account_id))
 
 
 def get(session: Session, principal: Principal, ref: str) -> Job:
@@ -159,14 +172,15 @@ def _regions_named(session: Session, name: str) -> list[Region]:
 
 
 def _regional(
-    session: Session, principal: Principal, model: Any, kind: str, name: str, region_name: str | None
+    session: Session, account_id: str, model: Any, kind: str, name: str, region_name: str | None
 ) -> Any:
-    """The caller's own datastore or reservation called `name` (in `region_name` when given)."""
+    """The datastore or reservation called `name` of `account_id`'s regions (in `region_name` when
+    given)."""
     removed = DatastoreState.REMOVED if model is Datastore else ReservationState.REMOVED
     stmt = (
         select(model)
         .join(Region, Region.id == model.region_id)
-        .where(model.name == name, model.state != removed, Region.account_id == principal.account_id)
+        .where(model.name == name, model.state != removed, Region.account_id == account_id)
     )
     if region_name is not None:
         stmt = stmt.where((Region.name == region_name) | (Region.id == region_name))
@@ -190,15 +204,18 @@ def datastores_of(spec: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]
     return [(key, data[key]) for key in ("input", "output") if isinstance(data.get(key), Mapping)]
 
 
-def pinned_region(session: Session, principal: Principal, spec: Mapping[str, Any]) -> Pinned:
-    """The region the job's regional resources (or its `region:`) confine it to; all must agree."""
+def pinned_region(session: Session, account_id: str, spec: Mapping[str, Any]) -> Pinned:
+    """The region the job's regional resources (or its `region:`) confine it to; all must agree.
+    `account_id`: the account of the job's project, whose regional resources it may use."""
     region_name = spec.get("region")
     found: list[tuple[Region, str]] = []
     for key, path in datastores_of(spec):
-        ds = _regional(session, principal, Datastore, "datastore", str(path.get("datastore")), region_name)
+        ds = _regional(session, account_id, Datastore, "datastore", str(path.get("datastore")), region_name)
         found.append((ds.region, f"data.{key} datastore '{ds.name}'"))
     if spec.get("reservation"):
-        rsv = _regional(session, principal, Reservation, "reservation", str(spec["reservation"]), region_name)
+        rsv = _regional(
+            session, account_id, Reservation, "reservation", str(spec["reservation"]), region_name
+        )
         if rsv.state == ReservationState.ASSIGNED:
             # the node an operator assigned it to publishes it already: two nodes would answer for it
             raise RuleViolation(
@@ -220,7 +237,7 @@ def pinned_region(session: Session, principal: Principal, spec: Mapping[str, Any
         usable = [
             r
             for r in _regions_named(session, str(region_name))
-            if r.account_id == principal.account_id or r.public_jobs
+            if r.account_id == account_id or r.public_jobs
         ]
         if not usable:
             raise NotFound(
@@ -250,6 +267,7 @@ def request_of(
         region=pinned.region.name if pinned.region is not None else None,
         region_reason=pinned.because,
         public_credit=public_credit,
+        preemptible=bool(spec.get("preemptible")),
     )
 
 
@@ -267,7 +285,7 @@ class Decision:
 def decide(request: PlacementRequest, candidates: Sequence[Candidate], workers: int) -> Decision:
     """Place `workers` workers one after another, each seeing the GPUs the ones before took, at the prices
     the job's account pays (its own regions at the usage fee). `after`: `candidates` less what they took."""
-    snapshot = job_placement.priced_for(candidates, request.account_id)
+    snapshot = job_placement.priced_for(job_placement.allowed(candidates, request), request.account_id)
     first: Placement | None = None
     chosen: list[Candidate] = []
     for _ in range(workers):
@@ -349,10 +367,9 @@ def create(
     principal.require(Action.RUN_JOBS)
     spec = job_spec.model_dump(mode="json")
     proj = accounts.project_for(session, principal, project)
-    pinned = pinned_region(session, principal, spec)
-    request = request_of(
-        spec, principal.account_id, pinned, public_credit=ledger.can_cover(session, principal.account_id)
-    )
+    owner = proj.account_id  # a federated job places, and pays usage, as its project owner's would
+    pinned = pinned_region(session, owner, spec)
+    request = request_of(spec, owner, pinned, public_credit=ledger.can_cover(session, owner))
     candidates = job_placement.snapshot(session)
     refusal = refusal_at_create(request, candidates)
     if refusal is not None:
@@ -363,7 +380,13 @@ def create(
         return Submission(None, decision, pinned)
     name = str(spec.get("name"))
     live = [s.value for s in JOB_LIVE]
-    clash = session.scalar(_account_jobs(principal).where(Job.name == name, Job.state.in_(live)).limit(1))
+    # a name is unique among the live jobs the creator sees and those of the project (its owner sees them)
+    clash = session.scalar(
+        select(Job)
+        .where(or_(_visible_to(principal.account_id), Job.project_id == proj.id), Job.name == name)
+        .where(Job.state.in_(live))
+        .limit(1)
+    )
     if clash is not None:
         raise Conflict(
             f"job '{name}' is already {clash.state} in this account: choose another name, or `provision job "
@@ -374,7 +397,7 @@ def create(
     job = Job(
         id=new_id("job"),
         name=name,
-        account_id=principal.account_id,
+        account_id=principal.account_id,  # the creator: billing_rules.is_federated compares it
         project_id=proj.id,
         type=str(spec.get("type")),
         spec=dict(spec),
@@ -399,11 +422,21 @@ def create(
         )
         session.add(worker)
         transition_worker(session, worker, WorkerState.WAITING, actor=principal.actor, reason="created")
-    if decision.chosen:
-        _assign(session, job, decision.chosen, actor=principal.actor)
-    else:
+    if not decision.chosen or not _assign_or_wait(session, job, decision.chosen, actor=principal.actor):
         wake_after_commit(session, Wake.JOBS)
     return Submission(job, decision, pinned)
+
+
+def _assign_or_wait(session: Session, job: Job, chosen: Sequence[Candidate], *, actor: str) -> bool:
+    """Assign the workers; GCP candidates first become burst VMs with their nodes (services.gcp_burst).
+    False, with the job's reason set, when that capacity was taken since the snapshot: the job waits."""
+    placed, why = gcp_burst.materialise(session, job, chosen, actor=actor)
+    if why is not None:
+        job.reason = f"{WAITING_FOR_GPUS}: {why}"
+        flush(session, f"job '{job.name}'")
+        return False
+    _assign(session, job, placed, actor=actor)
+    return True
 
 
 def _reservation_free(session: Session, spec: Mapping[str, Any], pinned: Pinned) -> None:
@@ -433,16 +466,16 @@ def place_waiting(
     pinned = Pinned(session.get(Region, job.pinned_region_id) if job.pinned_region_id else None, None)
     if pinned.region is not None:
         pinned = Pinned(pinned.region, _pin_words(job.spec))
-    request = request_of(
-        job.spec, job.account_id, pinned, public_credit=ledger.can_cover(session, job.account_id)
-    )
+    owner = job.project.account_id  # as at create: the project owner's placement
+    request = request_of(job.spec, owner, pinned, public_credit=ledger.can_cover(session, owner))
     decision = decide(request, snapshot, len(job.workers))
     if not decision.chosen:
         if decision.reason and decision.reason != job.reason:
             job.reason = decision.reason  # the same state, a fresher why: not a transition
             flush(session, f"job '{job.name}'")
         return snapshot
-    _assign(session, job, decision.chosen, actor=actor)
+    if not _assign_or_wait(session, job, decision.chosen, actor=actor):
+        return snapshot
     return decision.after
 
 

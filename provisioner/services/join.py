@@ -28,9 +28,10 @@ from provisioner.attestation.refusals import Refusal, RefusalCode, refuse
 from provisioner.attestation.tpm_structures import MalformedStructure, parse_public
 from provisioner.attestation.verifier import Attested, JoinVerifier, RegionTrust
 from provisioner.attestation.wire import PendingJoin
-from provisioner.domain.states import NODE_STOPPED, JoinOutcome, NodeState
+from provisioner.domain.states import NODE_AWAITING_MINION, NODE_STOPPED, JoinOutcome, NodeState
 from provisioner.services import (
     audit,
+    device_join,
     images,
     join_tokens,
     node_address,
@@ -397,6 +398,14 @@ def finish(
             f"`provision node retry {node.name}`",
             code="node_errored",
         )
+    # a device must report a Jetson and a compute or storage node must not (services/device_join.py)
+    mismatch = device_join.service_mismatch(node, report.get("inventory"))
+    if mismatch is not None and node.state in NODE_AWAITING_MINION:
+        node_service.transition(
+            session, node, NodeState.ERRORED, actor=f"minion:{node.minion_id}", reason=mismatch
+        )
+        session.commit()
+        raise Conflict(mismatch, code="device_section_mismatch")
     credential = _record_attestation(session, node, outcome, att)
     node_service.record_report(
         session, node, inventory=report.get("inventory"), requirements=report.get("requirements")

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
+from functools import lru_cache
 from typing import Any
 
 from sqlalchemy import and_, exists, func, or_, select
@@ -29,11 +30,14 @@ from provisioner.store.billing_models import LedgerEntry
 from provisioner.store.job_models import Job, JobWorker
 from provisioner.store.models import Region
 
-BATCH = 500  # jobs per transaction in the reconciler
+# entries per transaction in the reconciler (whole jobs: a batch ends with the job that fills it)
+BATCH = 5000
+PASS_LIMIT = 100_000  # entries read into memory at once (whole jobs); a pass reads again until done
 _JOB_COLUMNS = (
     Job.id,
     Job.type,
-    Job.spec,
+    # only the GPU count of the spec, extracted by the database: decoding 10,000 specs' JSON is not free
+    Job.spec["resources"]["gpu_count"].as_integer().label("gpu_count"),
     Job.account_id,
     Job.region_id,
     Job.gpu_type,
@@ -43,13 +47,18 @@ _JOB_COLUMNS = (
 )
 
 
+@lru_cache(maxsize=256)
+def _locked_price(value: float) -> Decimal:
+    """A job's locked price (a float column, written from a Decimal at create) back to its Decimal."""
+    return rules.credits(Decimal(str(value)))
+
+
 def _facts(session: Session, row: Any) -> JobFacts:
     """The JobFacts of one row of `_JOB_COLUMNS`."""
-    resources = (row.spec or {}).get("resources") or {}
-    gpus = int(resources.get("gpu_count") or 0)
+    gpus = int(row.gpu_count or 0)
     gpu_type = row.gpu_type if gpus > 0 else None
     if row.price_per_gpu_hour is not None:
-        price = rules.credits(Decimal(str(row.price_per_gpu_hour)))  # locked at create (a float column)
+        price = _locked_price(row.price_per_gpu_hour)
     else:
         price = prices.price_for(session, gpu_type)
     return JobFacts(
@@ -106,48 +115,84 @@ def due_job_ids(session: Session) -> list[str]:
     return list(session.scalars(select(Job.id).where(_unfinished()).order_by(Job.id)))  # type: ignore[arg-type]
 
 
-def meter_jobs(session: Session, job_ids: Sequence[str], now: datetime) -> int:
-    """Post every piece of these jobs that is over at `now` and not posted yet; how many entries were new."""
-    if not job_ids:
-        return 0
-    posted = dict(
-        session.execute(
-            select(LedgerEntry.job_id, func.max(LedgerEntry.hour))
-            .where(LedgerEntry.job_id.in_(job_ids))
-            .group_by(LedgerEntry.job_id)
-        ).all()
+@dataclass(frozen=True)
+class Due:
+    jobs: list[list[NewEntry]]  # the entries of each job, in the order of job ids
+    more: bool  # stopped at the limit: jobs after the last one here may be due too (read again)
+
+
+def due_entries(
+    session: Session, now: datetime, job_ids: Sequence[str] | None = None, limit: int | None = None
+) -> Due:
+    """The entries of every due job (or of those of `job_ids` that are due) for its pieces that are over
+    at `now` and not posted yet, one list per job (a job's pieces are posted together: the next pass
+    starts after the newest hour in the ledger, so a piece must never be half posted). Whole jobs until
+    `limit` entries: after a long outage 10,000 jobs owe weeks of hours, more than memory should hold.
+
+    Two queries whatever the number of jobs, and no id lists sent to the database (a 500-id IN list costs
+    more to render and parse than the rows it selects): the jobs with their accounts and their newest
+    posted hour (a correlated max over the (job_id, hour) index), and their workers."""
+    last_hour = (
+        select(func.max(LedgerEntry.hour))
+        .where(LedgerEntry.job_id == Job.id)
+        .correlate(Job)
+        .scalar_subquery()
     )
-    workers: dict[str, list[int]] = {}
-    for job_id, index in session.execute(
-        select(JobWorker.job_id, JobWorker.index)
-        .where(JobWorker.job_id.in_(job_ids))
-        .order_by(JobWorker.index)
-    ):
-        workers.setdefault(job_id, []).append(index)
-    # plain rows, not ORM objects: a pass over 10,000 jobs must take well under a second
-    query = (
+    jobs = (
         select(
             *_JOB_COLUMNS,
             Project.account_id.label("project_account"),
             Region.account_id.label("region_account"),
+            last_hour.label("last_hour"),
         )
         .join(Project, Project.id == Job.project_id)
         .outerjoin(Region, Region.id == Job.region_id)
-        .where(Job.id.in_(job_ids))
+        .where(_unfinished())  # type: ignore[arg-type]
+        .order_by(Job.id)
     )
-    out: list[NewEntry] = []
-    for row in session.execute(query):
-        if row.started_at is None:
-            continue
-        last = posted.get(row.id)
-        first = 0 if last is None else int(last) + 1
+    worker_rows = (
+        select(JobWorker.job_id, JobWorker.index)
+        .join(Job, Job.id == JobWorker.job_id)
+        .where(_unfinished())  # type: ignore[arg-type]
+        .order_by(JobWorker.index)
+    )
+    if job_ids is not None:
+        jobs = jobs.where(Job.id.in_(job_ids))
+        worker_rows = worker_rows.where(Job.id.in_(job_ids))
+    workers: dict[str, list[int]] = {}
+    for job_id, index in session.execute(worker_rows):
+        workers.setdefault(job_id, []).append(index)
+    limit = PASS_LIMIT if limit is None else limit
+    out: list[list[NewEntry]] = []
+    total = 0
+    for row in session.execute(jobs).all():
+        first = 0 if row.last_hour is None else int(row.last_hour) + 1
         todo = rules.pieces(row.started_at, row.ended_at, now, first=first)
         if not todo:
             continue
+        if total >= limit:
+            return Due(out, more=True)
         facts = _facts(session, row)
-        for piece in todo:
-            out.extend(entries_for(facts, workers.get(row.id) or [0], piece))
-    return ledger.post(session, out)
+        out.append([e for piece in todo for e in entries_for(facts, workers.get(row.id) or [0], piece)])
+        total += len(out[-1])
+    return Due(out, more=False)
+
+
+def batches(due: Sequence[Sequence[NewEntry]], size: int = BATCH) -> list[list[NewEntry]]:
+    """Whole jobs' entries in batches of about `size` entries (one transaction each)."""
+    out: list[list[NewEntry]] = [[]]
+    for job in due:
+        if len(out[-1]) >= size:
+            out.append([])
+        out[-1].extend(job)
+    return [b for b in out if b]
+
+
+def meter_jobs(session: Session, job_ids: Sequence[str], now: datetime) -> int:
+    """Post every piece of these jobs that is over at `now` and not posted yet; how many entries were new."""
+    if not job_ids:
+        return 0
+    return meter(session, now, job_ids).entries
 
 
 @dataclass(frozen=True)
@@ -156,7 +201,13 @@ class MeterResult:
     entries: int
 
 
-def meter(session: Session, now: datetime) -> MeterResult:
-    """One metering pass over every job that is due, in this session's transaction."""
-    ids = due_job_ids(session)
-    return MeterResult(jobs=len(ids), entries=meter_jobs(session, ids, now))
+def meter(session: Session, now: datetime, job_ids: Sequence[str] | None = None) -> MeterResult:
+    """One metering pass over every job that is due (or those of `job_ids`), in this session's
+    transaction (read again after each PASS_LIMIT entries: the session sees what it posted)."""
+    jobs = entries = 0
+    while True:
+        due = due_entries(session, now, job_ids)
+        jobs += len(due.jobs)
+        entries += ledger.post(session, [e for job in due.jobs for e in job])
+        if not due.more:
+            return MeterResult(jobs=jobs, entries=entries)

@@ -27,7 +27,9 @@ from provisioner.store.billing_models import GpuPrice
 
 @lru_cache(maxsize=4)
 def _classes_in(directory: Path) -> dict[str, GpuClass]:
-    return rules.gpu_classes(yaml.safe_load((directory / "gpus.yaml").read_text()))
+    # libyaml's loader where PyYAML was built with it: the catalogue is read on the first metering tick
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    return rules.gpu_classes(yaml.load((directory / "gpus.yaml").read_text(), Loader=loader))  # noqa: S506
 
 
 @lru_cache(maxsize=1)

@@ -4,20 +4,25 @@ so a project's name or id tells nothing about who else exists.
 
 Each account has one default project (`default`), created with the account; it is where a job goes when
 none is named, and it cannot be removed. A removed project keeps its row (removed_at) for the jobs and
-audit trail that name it; its name can be used again."""
+audit trail that name it; its name can be used again.
+
+Sharing (docs/accounts.md "Sharing a project"): the owner account's admins share a project with another
+account (`project_shares`); that account's members then name it `OWNER/PROJECT` (or by its id) and create
+jobs in it. Such a job is federated: its creator (`jobs.account_id`) is not its project's owner. A share
+neither moves the project nor shows the sharee anything but the jobs it created there."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Select, select
+from sqlalchemy import Select, delete, select
 from sqlalchemy.orm import Session
 
 from contracts.errors import Conflict, NotFound, RuleViolation
 from provisioner.domain.roles import Action, Principal
 from provisioner.services import audit, names
-from provisioner.store.account_models import Project
+from provisioner.store.account_models import Account, Project, ProjectShare
 
 KIND = "project"
 DEFAULT_NAME = "default"
@@ -25,6 +30,23 @@ DESCRIPTION_MAX = 200
 # a project has no lifecycle beyond existing: its audit lines go from nothing to PRESENT to GONE
 PRESENT = "present"
 GONE = "gone"
+# a share, like a project, only exists: audit lines of kind SHARE_KIND, under the project's id
+SHARE_KIND = "project_share"
+SHARED = "shared"
+UNSHARED = "unshared"
+# why a share or an unshare is refused (code → the one line the operator reads), checked before any write
+SHARE_REFUSALS: dict[str, str] = {
+    "share_with_self": (
+        "project '{project}' already belongs to account '{account}': share it with another account"
+    ),
+    "not_project_owner": (
+        "project '{project}' belongs to account '{owner}': only its admins can share or unshare it"
+    ),
+    "already_shared": "project '{project}' is already shared with account '{account}'",
+    "not_shared": (
+        "project '{project}' is not shared with account '{account}': see `provision project show {project}`"
+    ),
+}
 
 
 def project_has_jobs(session: Session, project: Project) -> bool:
@@ -50,6 +72,66 @@ def _not_found(ref: str) -> NotFound:
 
 def list_all(session: Session, account_id: str) -> list[Project]:
     return list(session.scalars(_live(account_id).order_by(Project.name)))
+
+
+def shared_with_account(session: Session, account_id: str) -> list[Project]:
+    """The live projects of other accounts shared with `account_id`, by owner and name."""
+    stmt = (
+        select(Project)
+        .join(ProjectShare, ProjectShare.project_id == Project.id)
+        .join(Account, Account.id == Project.account_id)
+        .where(ProjectShare.account_id == account_id, Project.removed_at.is_(None))
+        .order_by(Account.name, Project.name)
+    )
+    return list(session.scalars(stmt))
+
+
+def shares_of(session: Session, project: Project) -> list[ProjectShare]:
+    """Who `project` is shared with, by account name."""
+    stmt = (
+        select(ProjectShare)
+        .join(Account, Account.id == ProjectShare.account_id)
+        .where(ProjectShare.project_id == project.id)
+        .order_by(Account.name)
+    )
+    return list(session.scalars(stmt))
+
+
+def is_shared_with(session: Session, project: Project, account_id: str) -> bool:
+    stmt = select(ProjectShare.id).where(
+        ProjectShare.project_id == project.id, ProjectShare.account_id == account_id
+    )
+    return session.scalar(stmt) is not None
+
+
+def resolve(session: Session, account_id: str, ref: str) -> Project:
+    """The project `ref` names for `account_id`: its own by name or id, or `OWNER/PROJECT` (owner account
+    and project by name or id) — its own or one shared with it — or the id of a project shared with it.
+    Anything else, another account's project not shared with it included, is the NotFound of a missing
+    one."""
+    if "/" in ref:
+        owner_ref, _, project_ref = ref.partition("/")
+        owner = session.scalar(select(Account).where((Account.name == owner_ref) | (Account.id == owner_ref)))
+        if owner is None or not project_ref:
+            raise _not_found(ref)
+        try:
+            row = get(session, owner.id, project_ref)
+        except NotFound:
+            raise _not_found(ref) from None
+        if owner.id != account_id and not is_shared_with(session, row, account_id):
+            raise _not_found(ref)
+        return row
+    try:
+        return get(session, account_id, ref)
+    except NotFound:
+        shared = session.scalar(
+            select(Project)
+            .join(ProjectShare, ProjectShare.project_id == Project.id)
+            .where(Project.id == ref, Project.removed_at.is_(None), ProjectShare.account_id == account_id)
+        )
+        if shared is None:
+            raise
+        return shared
 
 
 def get(session: Session, account_id: str, ref: str) -> Project:
@@ -132,3 +214,69 @@ def remove(session: Session, principal: Principal, ref: str) -> Project:
         reason="removed",
     )
     return row
+
+
+def _refused(code: str, **words: str) -> RuleViolation:
+    return RuleViolation(SHARE_REFUSALS[code].format(**words), code=code)
+
+
+def _share_target(
+    session: Session, principal: Principal, ref: str, account_ref: str
+) -> tuple[Project, Account]:
+    """The project (the caller's account must own it) and the account named, or a one-line refusal."""
+    principal.require(Action.SHARE_PROJECTS)
+    project = resolve(session, principal.account_id, ref)
+    if project.account_id != principal.account_id:  # a sharee naming OWNER/PROJECT
+        raise _refused("not_project_owner", project=ref, owner=project.account.name)
+    account = session.scalar(
+        select(Account).where((Account.name == account_ref) | (Account.id == account_ref))
+    )
+    if account is None:
+        raise NotFound(
+            f"account '{account_ref}' does not exist: check the name with its admins",
+            code="account_not_found",
+        )
+    if account.id == project.account_id:
+        raise _refused("share_with_self", project=project.name, account=account.name)
+    return project, account
+
+
+def share(session: Session, principal: Principal, ref: str, account_ref: str) -> Project:
+    """Share the caller's project `ref` with account `account_ref`: its members may create jobs there."""
+    project, account = _share_target(session, principal, ref, account_ref)
+    if is_shared_with(session, project, account.id):
+        raise Conflict(
+            SHARE_REFUSALS["already_shared"].format(project=project.name, account=account.name),
+            code="already_shared",
+        )
+    session.add(ProjectShare(project_id=project.id, account_id=account.id, created_by=principal.actor))
+    session.flush()
+    _audit_share(session, principal, project, account, SHARED)
+    return project
+
+
+def unshare(session: Session, principal: Principal, ref: str, account_ref: str) -> Project:
+    """Stop sharing: the account creates no more jobs there; the jobs it created run on, seen by both."""
+    project, account = _share_target(session, principal, ref, account_ref)
+    if not is_shared_with(session, project, account.id):
+        raise _refused("not_shared", project=project.name, account=account.name)
+    session.execute(
+        delete(ProjectShare).where(
+            ProjectShare.project_id == project.id, ProjectShare.account_id == account.id
+        )
+    )
+    _audit_share(session, principal, project, account, UNSHARED)
+    return project
+
+
+def _audit_share(session: Session, principal: Principal, project: Project, account: Account, to: str) -> None:
+    audit.record(
+        session,
+        kind=SHARE_KIND,
+        resource_id=project.id,
+        name=f"{project.name} with {account.name}",
+        actor=principal.actor,
+        from_state=UNSHARED if to == SHARED else SHARED,
+        to_state=to,
+        reason=f"{to} with account {account.name}",
+    )

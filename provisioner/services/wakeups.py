@@ -23,6 +23,7 @@ class Wake(StrEnum):
     GCP_PROVIDER = "gcp-provider"  # bootstrap `new` gcp providers, tear down `removing` ones
     GCP_REGIONS = "gcp-regions"  # each gcp region's storage node VM
     GCP_EVENTS = "gcp-events"  # the Pub/Sub consumer of VM events
+    GCP_BURST = "gcp-burst"  # jobs' burst VMs: create, delete when done, reap strays; quota cache
     JOBS = "jobs"  # place waiting jobs; fail (or re-queue) the workers of lost nodes
     METERING = "metering"  # post job hours to the ledger; move earned credits daily (docs/billing.md)
 

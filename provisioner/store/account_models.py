@@ -5,13 +5,17 @@ every job to a project of an account.
 The first start creates the account `default` (the root account: its admins administer every account)
 with its default project `default`; revision 0014 does it, and moves the tokens and regions of an older
 store to it. A removed project keeps its row (`removed_at`) for the jobs and audit trail that name it,
-so its name is unique among the account's live projects only (a partial unique index)."""
+so its name is unique among the account's live projects only (a partial unique index).
+
+A project's owner may share it with other accounts (`project_shares`, one row per project and account):
+their members create jobs in it, and such a job is federated (docs/accounts.md "Sharing a project").
+Unsharing deletes the row; the audit trail keeps when it existed."""
 
 from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import Boolean, ForeignKey, Index, String, text
+from sqlalchemy import Boolean, ForeignKey, Index, String, UniqueConstraint, text
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from provisioner.store.models import Base, UTCDateTime, new_id, utcnow
@@ -60,4 +64,21 @@ class Project(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     removed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
+    account: Mapped[Account] = relationship(lazy="joined")
+
+
+class ProjectShare(Base):
+    """`project` is shared with `account`: that account's members may create jobs in it."""
+
+    __tablename__ = "project_shares"
+    __table_args__ = (UniqueConstraint("project_id", "account_id", name="uq_project_shares_project_account"),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=lambda: new_id("psh"))
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id"), index=True)
+    # the account shared with: an index, for "the projects shared with this account" at every job lookup
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"), index=True)
+    created_by: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+    project: Mapped[Project] = relationship(lazy="joined")
     account: Mapped[Account] = relationship(lazy="joined")

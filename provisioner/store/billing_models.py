@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import BigInteger, CheckConstraint, Index, Integer, String, Text
+from sqlalchemy import BigInteger, CheckConstraint, Index, Integer, String, Text, text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from provisioner.store.models import Base, UTCDateTime, utcnow
@@ -32,6 +32,15 @@ class LedgerEntry(Base):
         Index("ix_ledger_entries_payer_at", "payer", "at"),
         Index("ix_ledger_entries_payee_at", "payee", "at"),
         Index("ix_ledger_entries_job", "job_id", "hour"),
+        # the daily device fee's "newest charged day of each account" (services/device_fees.py; 0020)
+        Index(
+            "ix_ledger_entries_rule_payer_day",
+            "rule",
+            "payer",
+            "day",
+            postgresql_where=text("day IS NOT NULL"),  # job-hour entries have no day: not indexed
+            sqlite_where=text("day IS NOT NULL"),
+        ),
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)

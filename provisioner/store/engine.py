@@ -20,6 +20,7 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import QueuePool
 
 from contracts.errors import InvalidInput, Unavailable
 
@@ -87,6 +88,16 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     kwargs.setdefault("pool_pre_ping", True)
     kwargs.setdefault("pool_size", 10)
     return create_engine(parsed, connect_args={"connect_timeout": 5}, **kwargs)
+
+
+def pool_capacity(engine: Engine) -> int | None:
+    """How many connections `engine` hands out at once (pool size plus overflow), or None when it has no
+    bound (a pool with unlimited overflow, or one that opens a connection per checkout)."""
+    pool = engine.pool
+    if isinstance(pool, QueuePool):  # SQLite files and PostgreSQL; QueuePool has no public overflow bound
+        overflow: int = pool._max_overflow  # noqa: SLF001
+        return None if overflow < 0 else pool.size() + overflow
+    return None
 
 
 def check_reachable(engine: Engine) -> None:

@@ -18,10 +18,10 @@ import subprocess
 import tarfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import pytest
 
@@ -112,16 +112,20 @@ def settings(tmp_path: Path, gpu_kind: str) -> ContainerSettings:
 
 
 # ---- a receiver that speaks the log contract -------------------------------------------------------
-class LogStore:
-    """The control plane's side: output per (job, worker), stored by offset, idempotent."""
+K = TypeVar("K", bound=Hashable)
+
+
+class KeyedLogStore(Generic[K]):
+    """The control plane's side: output per key (a job's worker, a device's generation), stored by offset,
+    idempotent."""
 
     def __init__(self) -> None:
-        self.data: dict[tuple[str, int], bytearray] = {}
-        self.eof: set[tuple[str, int]] = set()
+        self.data: dict[K, bytearray] = {}
+        self.eof: set[K] = set()
         self.chunks = 0
         self.lock = threading.Lock()
 
-    def take(self, key: tuple[str, int], chunk: LogChunk) -> LogAck:
+    def take(self, key: K, chunk: LogChunk) -> LogAck:
         with self.lock:
             held = self.data.setdefault(key, bytearray())
             data = chunk.data.encode()
@@ -132,28 +136,38 @@ class LogStore:
             self.chunks += 1
             return LogAck(acked=len(held), eof=key in self.eof)
 
-    def text(self, job: str, worker: int = 0) -> str:
+    def output(self, key: K) -> str:
         with self.lock:
-            return bytes(self.data.get((job, worker), b"")).decode()
+            return bytes(self.data.get(key, b"")).decode()
+
+
+class LogStore(KeyedLogStore[tuple[str, int]]):
+    """Output per (job, worker)."""
+
+    def text(self, job: str, worker: int = 0) -> str:
+        return self.output((job, worker))
+
+    def posted(self, match: re.Match[str], chunk: LogChunk) -> LogAck:
+        return self.take((match[1], int(match[2])), chunk)
 
 
 ROUTE = re.compile(r"^/v1/nodes/node-1/jobs/([^/]+)/workers/(\d+)/logs$")
+Take = Callable[[re.Match[str], LogChunk], LogAck]  # stores a chunk posted to the route (it names whose)
 
 
 class LogServer:
-    def __init__(self, store: LogStore, port: int = 0) -> None:
-        store_ = store
+    """A real HTTP server on loopback that answers the node's log route (node-1, credential cred-1)."""
 
+    def __init__(self, take: Take, port: int = 0, route: re.Pattern[str] = ROUTE) -> None:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 - http.server's name
-                match = ROUTE.match(self.path)
+                match = route.match(self.path)
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 if not match or self.headers.get("Authorization") != "Bearer cred-1":
                     self.send_response(404)
                     self.end_headers()
                     return
-                ack = store_.take((match[1], int(match[2])), LogChunk.model_validate_json(body))
-                payload = ack.model_dump_json().encode()
+                payload = take(match, LogChunk.model_validate_json(body)).model_dump_json().encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(payload)))
@@ -181,7 +195,7 @@ def store() -> LogStore:
 
 @pytest.fixture
 def server(store: LogStore) -> Iterator[LogServer]:
-    running = LogServer(store)
+    running = LogServer(store.posted)
     yield running
     running.close()
 
@@ -338,7 +352,7 @@ def test_logs_arrive_in_order_and_resume_after_the_receiver_restarts(
     with store.lock:  # … and comes back having lost the tail it had acked (a restore, say)
         held = store.data[("job-logs", 0)]
         del held[len(held) // 2 :]
-    again = LogServer(store, server.port)
+    again = LogServer(store.posted, server.port)
     try:
         actual = until(agent, [job], ended_and_shipped, timeout=30)
     finally:

@@ -126,6 +126,14 @@ def test_balance_and_ledger_of_posted_entries(cp: ControlPlane) -> None:
         "job_id,gpu_type,rule,quantity,paid,earned",
         "job_cli,,usage_fee,3.000000,0.750000,0.000000",
     ]
+    # per day: the entries whose period ends that UTC day (here all three, at 10:00-12:00 on the 17th)
+    day = _json(cp, "billing", "usage", "--day", "2026-11-17")
+    assert isinstance(day, list) and [(r["quantity"], r["paid"]) for r in day] == [("3.000000", "0.750000")]
+    assert _json(cp, "billing", "usage", "--day", "2026-11-18") == []
+    both = cp.provision("billing", "usage", "--month", "2026-11", "--day", "2026-11-17")
+    assert both.returncode != 0 and "--month YYYY-MM or --day YYYY-MM-DD" in both.stderr
+    bad_day = cp.provision("billing", "usage", "--day", "17/11/2026")
+    assert bad_day.returncode != 0 and "is not YYYY-MM-DD" in bad_day.stderr
     bad_month = cp.provision("billing", "usage", "--month", "November")
     assert bad_month.returncode != 0 and "is not YYYY-MM" in bad_month.stderr
     missing = cp.provision("billing", "balance", "--account", "nobody")

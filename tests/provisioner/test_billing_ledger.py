@@ -65,6 +65,21 @@ def _principal(session: Session, name: str) -> Principal:
     return Principal(actor=f"operator:{name}", account_id=account.id, role=Role.ADMIN, root=account.root)
 
 
+def active_a100_node(s: Session, region: str, n: int) -> None:
+    """Node `a100-1` in `region`, active, reporting 2 x A100 40GB (minion_id from `n`)."""
+    node = nodes.add(s, "a100-1", region=region, minion_id=f"{n:032x}", actor=ACTOR)
+    for state in (NodeState.ENROLLING, NodeState.PROVISIONING, NodeState.ACTIVE):
+        nodes.transition(s, node, state, actor=ACTOR)
+    inventory = {
+        "hostname": "a100-1",
+        "cpu": {"physical_cores": 16, "threads": 32},
+        "memory_total_bytes": 256 * 2**30,
+        "tpm": {"present": True},
+        "gpus": [A100, {**A100, "pci_address": "0000:02:00.0"}],
+    }
+    nodes.record_report(s, node, inventory=inventory, requirements={"ok": True, "rules": []})
+
+
 def _world(sessions: sessionmaker[Session]) -> World:
     with sessions.begin() as s:
         root = _principal(s, "default")
@@ -73,17 +88,7 @@ def _world(sessions: sessionmaker[Session]) -> World:
         owner = _principal(s, "owner")
         providers.enable(s, "physical", {}, actor=ACTOR)
         region_service.create(s, "pub", provider="physical", actor=ACTOR, account_id=owner.account_id)
-        node = nodes.add(s, "a100-1", region="pub", minion_id=f"{7:032x}", actor=ACTOR)
-        for state in (NodeState.ENROLLING, NodeState.PROVISIONING, NodeState.ACTIVE):
-            nodes.transition(s, node, state, actor=ACTOR)
-        inventory = {
-            "hostname": "a100-1",
-            "cpu": {"physical_cores": 16, "threads": 32},
-            "memory_total_bytes": 256 * 2**30,
-            "tpm": {"present": True},
-            "gpus": [A100, {**A100, "pci_address": "0000:02:00.0"}],
-        }
-        nodes.record_report(s, node, inventory=inventory, requirements={"ok": True, "rules": []})
+        active_a100_node(s, "pub", 7)
         customer = _principal(s, "customer")
         # a public job starts only for an account with credits: the operator tops the customer up
         ledger.adjust(s, customer.account_id, TOP_UP, "top-up", actor=ACTOR)
@@ -363,3 +368,54 @@ def test_a_public_job_waits_for_credits_and_starts_once_topped_up(store: Store, 
         ledger.adjust(s, broke.account_id, Decimal("5"), "top-up", actor=ACTOR)
         jobs.place_waiting(s, job, actor=ACTOR)
         assert job.state == "starting", job.reason
+
+
+def test_a_pass_over_its_memory_limit_reads_again_until_everything_is_posted(
+    store: Store, world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After an outage the jobs owe more entries than one read holds (metering.PASS_LIMIT): the reconciler
+    posts whole jobs, reads again and goes on until nothing is due; small limits stand in for big ones."""
+    from provisioner.domain import clock
+    from provisioner.reconcilers import metering as reconciler
+
+    sessions: sessionmaker[Session] = store.sessions  # type: ignore[assignment]
+    first = _run_job(sessions, world, "behind-1", hours_ago=0)
+    second = _run_job(sessions, world, "behind-2", hours_ago=0)
+    with sessions() as s:
+        latest = s.scalar(select(func.max(Job.started_at)).where(Job.id.in_([first, second])))
+        assert latest is not None
+    monkeypatch.setattr(metering, "PASS_LIMIT", 1)  # one job per read
+    monkeypatch.setattr(clock, "CLOCK", clock.ManualClock(latest + timedelta(hours=5, minutes=1)))
+    assert reconciler.run_once(sessions) == 2 * 5 * 2  # two jobs x five hours x (price, earnings)
+    assert reconciler.run_once(sessions) == 0
+    with sessions() as s:
+        for job_id in (first, second):
+            assert ledger.job_credits(s, job_id) == Decimal("2.78") * 5
+
+
+def test_own_capacity_needs_no_credits_and_its_usage_fee_takes_the_balance_below_zero(
+    store: Store, world: World
+) -> None:
+    """docs/billing.md "Balances": the region's owner, with no credits, runs a job on its own A100; two
+    hours of the 0.25 usage fee take its balance to -0.5, and its next own job still starts."""
+    sessions: sessionmaker[Session] = store.sessions  # type: ignore[assignment]
+    owner = world.owner.account_id
+    with sessions.begin() as s:
+        assert ledger.balance(s, owner) == 0
+        job = jobs.create(s, world.owner, _a100_job("own-1")).job
+        assert job is not None and job.state == "starting", job
+        job_id = job.id
+    _report(sessions, job_id, "running")
+    with sessions.begin() as s:
+        job = s.get(Job, job_id)
+        assert job is not None and job.started_at is not None
+        job.started_at -= timedelta(hours=2)
+        now = job.started_at + timedelta(hours=2, minutes=1)
+    with sessions.begin() as s:
+        assert metering.meter(s, now).entries == 2  # two hours of the usage fee, no price, no earnings
+    with sessions.begin() as s:
+        assert ledger.balance(s, owner) == Decimal("-0.5")
+        assert not ledger.can_cover(s, owner)  # no public capacity for it now; its own still
+        again = jobs.create(s, world.owner, _a100_job("own-2")).job
+        assert again is not None
+        assert again.state == "starting", again.reason

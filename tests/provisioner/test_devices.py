@@ -16,6 +16,7 @@ from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 from sqlalchemy import update
@@ -82,14 +83,36 @@ def cp(tmp_path_factory: pytest.TempPathFactory, tpm_vendor_ca: VendorCA) -> Ite
         yield server
 
 
-def join(cp: ControlPlane, m: Minion, region: str, inventory: dict[str, Any]) -> dict[str, Any]:
-    """The minion's attested join with this inventory: the proof's answer (credential, node id)."""
+def proof(cp: ControlPlane, m: Minion, region: str, inventory: dict[str, Any]) -> httpx.Response:
+    """The minion's attested join with this inventory up to the proof: its answer, whatever it is."""
     jt = api(cp, "POST", f"/v1/regions/{region}/join-tokens", {"ttl": "1h"})["token"]
     first = m.begin(jt, PASSING, inventory=inventory)
     assert first.status_code == 201, first.text
-    answer = m.prove(first.json(), jt)
+    return m.prove(first.json(), jt)
+
+
+def join(cp: ControlPlane, m: Minion, region: str, inventory: dict[str, Any]) -> dict[str, Any]:
+    """The minion's attested join with this inventory: the proof's answer (credential, node id)."""
+    answer = proof(cp, m, region, inventory)
     assert answer.status_code == 200 and answer.json()["state"] == "provisioning", answer.text
     return dict(answer.json())
+
+
+def add_node(cp: ControlPlane, m: Minion, name: str, service: str, region: str = "edge") -> None:
+    """Add node `name` of `service` (storage, device …) for this minion to `region`."""
+    api(
+        cp,
+        "POST",
+        "/v1/nodes",
+        {"name": name, "region": region, "minion_id": m.minion_id, "service": service},
+    )
+
+
+def join_storage(cp: ControlPlane, storage: Minion, region: str = "edge", name: str = "store-e") -> None:
+    """Add, join and finalize the region's storage node (a device is added only where one is)."""
+    add_node(cp, storage, name, "storage", region)
+    snode = join(cp, storage, region, {"gpus": []})
+    finish_finalize(cp.url, snode["node_id"], snode["node_credential"])
 
 
 def devices(cp: ControlPlane, region: str) -> list[dict[str, Any]]:
@@ -119,14 +142,7 @@ def test_a_device_joins_finalizes_and_enters_active_without_maintenance(
     cp: ControlPlane, minion: Callable[[], Minion]
 ) -> None:
     storage, device = minion(), minion()
-    api(
-        cp,
-        "POST",
-        "/v1/nodes",
-        {"name": "store-e", "region": "edge", "minion_id": storage.minion_id, "service": "storage"},
-    )
-    snode = join(cp, storage, "edge", {"gpus": []})
-    finish_finalize(cp.url, snode["node_id"], snode["node_credential"])
+    join_storage(cp, storage)
     assert api(cp, "GET", "/v1/nodes/store-e")["state"] == "active"
     # `device add --wait` prints the id at once and returns when the device is active
     waiting = subprocess.Popen(

@@ -575,7 +575,7 @@ def test_error_lines_cannot_be_forged_or_huge() -> None:
     )
     assert errors == [
         "line 1: x\\nline 9: y: unknown field; allowed here: name, type, resources, workers, environment, "
-        "data, reservation, region"
+        "data, reservation, region, preemptible"
     ]
     (long,) = _errors(BASE.replace("RTX 3090", "R" * 100_000))
     assert len(long) < 1100 and long.endswith("chars)")

@@ -1,6 +1,7 @@
 """The operator's console: server-rendered pages at `/`, beside the API at /v1 (docs/console.md).
 
-Jinja2 templates and one stylesheet, no JavaScript and no build step. Sign-in takes an operator token
+Jinja2 templates, one stylesheet and one small script (live logs and grids; every page works without
+it), no build step. Sign-in takes an operator token
 (the one `provision token create` prints); the session cookie is signed, HttpOnly, SameSite=Strict and
 Secure over TLS (session.py). Every form carries a CSRF token (forms.py). Pages read, and buttons act,
 through the services the API routes call, as the signed-in token's principal, narrowed to its account
@@ -16,11 +17,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from starlette.convertors import Convertor, register_url_convertor
 
-from provisioner.api.console import actions, pages
+from provisioner.api.console import actions, billing_pages, job_pages, pages
 from provisioner.api.console.render import HERE, not_found
 from provisioner.api.console.session import Signer, signing_key
 
 STYLESHEET: Final = (HERE / "static" / "console.css").read_bytes()
+SCRIPT: Final = (HERE / "static" / "console.js").read_bytes()
 
 
 class ConsolePage(Convertor[str]):
@@ -43,12 +45,19 @@ def _stylesheet() -> Response:
     return Response(STYLESHEET, media_type="text/css", headers={"Cache-Control": "max-age=3600"})
 
 
+def _script() -> Response:
+    return Response(SCRIPT, media_type="text/javascript", headers={"Cache-Control": "max-age=3600"})
+
+
 def mount(app: FastAPI) -> None:
     """The console's routes, after the API's: unknown console paths get the console's 404 page."""
     app.state.console_signer = Signer(signing_key(app.state.runtime.sealer))
     app.include_router(pages.router)
+    app.include_router(job_pages.router)
+    app.include_router(billing_pages.router)
     app.include_router(actions.router)
     app.add_api_route("/static/console.css", _stylesheet, methods=["GET"], include_in_schema=False)
+    app.add_api_route("/static/console.js", _script, methods=["GET"], include_in_schema=False)
 
     def page_not_found(request: Request, path: str) -> Response:
         return not_found(request)

@@ -18,6 +18,7 @@ from provisioner.api.console.forms import (
     Posted,
     RawForm,
     SignInRequired,
+    Who,
     principal_of_row,
     signer_of,
 )
@@ -27,6 +28,7 @@ from provisioner.api.console.render import (
     clear_cookie,
     local_path,
     perform,
+    reading,
     redirect,
     set_cookie,
 )
@@ -34,6 +36,7 @@ from provisioner.api.console.session import SESSION_COOKIE, SESSION_MAX_AGE_S, S
 from provisioner.domain.states import Service
 from provisioner.services import (
     datastores,
+    device_deployments,
     join_operator,
     join_tokens,
     nodes,
@@ -247,6 +250,58 @@ def retry_node(request: Request, ref: str, posted: Posted) -> Response:
         return Done(f"node {node.name} is {node.state}: its minion joins again at its next attempt")
 
     return perform(request, f"/nodes/{ref}", work)
+
+
+# ------------------------------------------------------------------------------ devices
+
+
+def _device_region_page(request: Request, who: Who, ref: str) -> str:
+    """The region page of a device the user may see, where its forms are and its refusals show. Looked up
+    before the action, so another account's device is the console's 404 page, as on a GET, not a flash."""
+    with reading(request) as session:
+        return f"/regions/{visibility.node(session, who.principal, ref).region_id}"
+
+
+@router.post("/nodes/{ref}/device-config")
+def set_device_config(request: Request, ref: str, posted: Posted) -> Response:
+    """The device's configuration, at its latest revision (`provision device set-config`): the configs
+    of the device's own region only, so of the user's account; Deploy runs it."""
+    who, form = posted
+    back = _device_region_page(request, who, ref)
+
+    def work(session: Session) -> Done:
+        node = visibility.node(session, who.principal, ref)
+        dep = device_deployments.set_config(
+            session, node.id, form.required("config", "device configuration"), actor=who.principal.actor
+        )
+        assert dep.config is not None  # set_config sets it or refuses
+        return Done(
+            f"device {node.name} set to configuration {dep.config.name} revision {dep.revision}: Deploy "
+            "runs it"
+        )
+
+    return perform(request, back, work)
+
+
+@router.post("/nodes/{ref}/deploy")
+def deploy_device(request: Request, ref: str, posted: Posted) -> Response:
+    """Send the device its configuration's revision (`provision device deploy [--latest]`); the device
+    learns it at its next heartbeat and the grid shows what it reports."""
+    who, form = posted
+    back = _device_region_page(request, who, ref)
+
+    def work(session: Session) -> Done:
+        node = visibility.node(session, who.principal, ref)
+        dep = device_deployments.deploy(
+            session, node.id, latest=form.flag("latest"), actor=who.principal.actor
+        )
+        assert dep.config is not None  # deploy refuses a device without one
+        return Done(
+            f"device {node.name} is deploying configuration {dep.config.name} revision "
+            f"{dep.deployed_revision}: it starts at the device's next heartbeat"
+        )
+
+    return perform(request, back, work)
 
 
 # ------------------------------------------------------------------------------ datastores

@@ -1,5 +1,6 @@
-"""The console's pages (GET): sign-in, providers and regions, a region's dashboard, pending minions, a
-node, join refusals, jobs, and the confirmation pages of removals. Each reads through the same services
+"""The console's pages (GET): sign-in, providers and regions, a region's dashboard (its devices with
+their configuration and inference status), pending minions, a node, join refusals, and the confirmation
+pages of removals (jobs: job_pages.py; billing: billing_pages.py). Each reads through the same services
 as the API routes of the same data (provisioner/api/routes/), narrowed to the user's account
 (provisioner/api/console/visibility.py)."""
 
@@ -9,6 +10,7 @@ from typing import Any, Protocol
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
+from sqlalchemy.orm import Session
 
 from contracts.errors import RigbaseError
 from contracts.regional import StorageMode
@@ -18,7 +20,9 @@ from provisioner.api.console.render import ConsoleRoute, page, reading, set_cook
 from provisioner.api.console.session import SIGNIN_COOKIE, SIGNIN_MAX_AGE_S
 from provisioner.api.schemas import NodeOut
 from provisioner.domain.states import NODE_AWAITING_MINION, NodeState, Service
-from provisioner.services import datastores, inventory_text, jobs, providers, reservations
+from provisioner.services import datastores, inventory_text, providers, reservations
+from provisioner.services import device_configs as config_service
+from provisioner.services import device_deployments as deployment_service
 from provisioner.services import gcp as gcp_service
 from provisioner.services import nodes as node_service
 from provisioner.services import regions as region_service
@@ -27,12 +31,20 @@ from provisioner.store.models import Node
 router = APIRouter(include_in_schema=False, route_class=ConsoleRoute)
 
 # A node's maintenance can be toggled from these states only (services/nodes.maintenance refuses the
-# others); the grids offer the button where it can work.
+# others); the grids offer the button where it can work. A device has no maintenance step.
 TOGGLEABLE = frozenset({NodeState.ACTIVE.value, NodeState.MAINTENANCE.value})
+
+
+def device_section(inventory: dict[str, Any] | None) -> dict[str, Any]:
+    """The inventory's `device` section ({} until the device's minion reported one), as
+    `provision device show` reads it (provisioner/cli/devices.py)."""
+    section = (inventory or {}).get("device")
+    return section if isinstance(section, dict) else {}
 
 
 def node_row(node: Node) -> dict[str, Any]:
     shown = NodeOut.of(node).readable()
+    device = device_section(shown.inventory)
     return {
         "id": node.id,
         "name": node.name,
@@ -43,8 +55,27 @@ def node_row(node: Node) -> dict[str, Any]:
         "minion_id": node.minion_id,
         "hardware": inventory_text.one_line(shown.inventory or {}),
         "last_heartbeat_at": node.last_heartbeat_at,
-        "toggleable": node.state in TOGGLEABLE,
+        "toggleable": node.state in TOGGLEABLE and node.service != Service.DEVICE,
+        "model": str(device.get("model_name") or device.get("model") or "-"),
+        "jetpack": str(device.get("jetpack") or "-"),
         "toggle_label": "Activate" if node.state == NodeState.MAINTENANCE else "Enter maintenance",
+    }
+
+
+def device_row(session: Session, node: Node) -> dict[str, Any]:
+    """A device's grid row: its node row and what it runs, as `provision device status` reads it
+    (services/device_deployments.status): the configuration and revision, and the inference status."""
+    status = deployment_service.status(session, node)
+    latest, chosen = status["latest_revision"], status["config_revision"]
+    return {
+        **node_row(node),
+        "config": status["config"],
+        "config_revision": chosen,
+        "deployed_revision": status["deployed_revision"],
+        "newer": latest if latest is not None and chosen is not None and latest > chosen else None,
+        # set but not deployed yet: the minion runs nothing of it until Deploy
+        "inference": status["inference_status"] or ("not deployed" if status["config"] else None),
+        "inference_message": status["inference_message"],
     }
 
 
@@ -87,7 +118,8 @@ def resources(request: Request, who: SignedIn) -> Response:
 def region_dashboard(request: Request, ref: str, who: SignedIn) -> Response:
     with reading(request) as session:
         region = visibility.region(session, who.principal, ref)
-        rows = [node_row(n) for n in region_service.live_nodes(session, region)]
+        live = region_service.live_nodes(session, region)
+        rows = [node_row(n) for n in live if n.service != Service.DEVICE]
         return page(
             request,
             "region.html",
@@ -95,6 +127,8 @@ def region_dashboard(request: Request, ref: str, who: SignedIn) -> Response:
             region=region,
             compute=[r for r in rows if r["service"] == Service.COMPUTE],
             storage=[r for r in rows if r["service"] == Service.STORAGE],
+            devices=[device_row(session, n) for n in live if n.service == Service.DEVICE],
+            device_configs=config_service.list_all(session, region.id),
             assignable=[r for r in rows if r["service"] == Service.COMPUTE],
             datastores=datastores.list_all(session, region.id),
             reservations=reservations.list_all(session, region.id),
@@ -232,17 +266,3 @@ def confirm_reservation_removal(request: Request, ref: str, who: SignedIn) -> Re
 def refusals(request: Request, who: SignedIn) -> Response:
     with reading(request) as session:
         return page(request, "refusals.html", who, refusals=visibility.refusals(session, who.principal))
-
-
-@router.get("/jobs", response_class=HTMLResponse)
-def job_list(request: Request, who: SignedIn) -> Response:
-    """The account's jobs (services/jobs.list_all is account-scoped for every role)."""
-    with reading(request) as session:
-        return page(request, "jobs.html", who, jobs=jobs.list_all(session, who.principal))
-
-
-@router.get("/jobs/{ref}", response_class=HTMLResponse)
-def job_page(request: Request, ref: str, who: SignedIn) -> Response:
-    with reading(request) as session:
-        job = jobs.get(session, who.principal, ref)
-        return page(request, "job.html", who, job=job, history=jobs.history(session, who.principal, ref))

@@ -11,6 +11,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 
+from contracts.errors import InvalidInput
 from provisioner.api.deps import Db, Principal
 from provisioner.api.errors import documented
 from provisioner.api.schemas import Page
@@ -191,11 +192,17 @@ class UsageOut(BaseModel):
 def usage(
     session: Db,
     principal: Principal,
-    month: str = Query(max_length=32, description="YYYY-MM (UTC)"),
+    month: str | None = Query(None, max_length=32, description="YYYY-MM (UTC)"),
+    day: str | None = Query(None, max_length=32, description="YYYY-MM-DD (UTC); instead of month"),
     account: str | None = Query(None, max_length=63),
 ) -> Page[UsageOut]:
+    """What an account paid and earned in a month or on one UTC day, per job, GPU type and rule."""
+    if (month is None) == (day is None):
+        raise InvalidInput("give a month (YYYY-MM) or a day (YYYY-MM-DD), not both", code="invalid_period")
     _, account_id = _ledger_accounts(session, principal, account)
-    return Page(items=[UsageOut(**r.__dict__) for r in ledger.usage(session, account_id, month)])
+    period = day if day is not None else month
+    assert period is not None
+    return Page(items=[UsageOut(**r.__dict__) for r in ledger.usage(session, account_id, period)])
 
 
 class CreditIn(BaseModel):

@@ -5,6 +5,7 @@ minion's log route, POST /v1/nodes/{node_id}/jobs/{job_id}/workers/{worker}/logs
 from __future__ import annotations
 
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 from fastapi import APIRouter, Query
@@ -19,6 +20,7 @@ from provisioner.domain.placement_rows import match_rows
 from provisioner.services import (
     job_assignments,  # noqa: F401  (registers the heartbeat's `jobs` key)
     job_logs,
+    ledger,
 )
 from provisioner.services import jobs as service
 from provisioner.store.job_models import Job, JobWorker
@@ -68,6 +70,11 @@ class JobOut(BaseModel):
     type: str
     project: str
     project_id: str
+    account_id: str = Field(description="the creator's account (it may differ from the project's owner)")
+    federated: bool = Field(
+        False,
+        description="created by an account the project is shared with: the creator pays the federated fee",
+    )
     state: str
     reason: str | None
     price_per_gpu_hour: float | None = Field(
@@ -84,6 +91,9 @@ class JobOut(BaseModel):
     updated_at: datetime
     started_at: datetime | None
     ended_at: datetime | None
+    credits: Decimal | None = Field(
+        None, description="credits the job's side paid so far (price, usage and federated fees); show only"
+    )
 
     @classmethod
     def of(cls, j: Job) -> JobOut:
@@ -93,6 +103,8 @@ class JobOut(BaseModel):
             type=j.type,
             project=j.project.name,
             project_id=j.project_id,
+            account_id=j.account_id,
+            federated=j.account_id != j.project.account_id,
             state=j.state,
             reason=j.reason,
             price_per_gpu_hour=j.price_per_gpu_hour,
@@ -214,7 +226,8 @@ def list_jobs(
 
 @router.get("/{ref}")
 def show(ref: str, session: Db, principal: Principal) -> JobOut:
-    return JobOut.of(service.get(session, principal, ref))
+    job = service.get(session, principal, ref)
+    return JobOut.of(job).model_copy(update={"credits": ledger.job_credits(session, job.id)})
 
 
 @router.get("/{ref}/history")

@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from contracts.messages import HeartbeatRequest, JoinChallenge
-from provisioner.api.deps import NODE_CREDENTIAL, Credentials, Db, JoinToken, Timing
+from provisioner.api.deps import NODE_CREDENTIAL, Credentials, Db, JoinToken, Timing, admitted
 from provisioner.api.errors import JOIN_ERRORS, NODE_ERRORS, PROOF_ERRORS
 from provisioner.domain.states import JoinOutcome
 from provisioner.services import heartbeat as heartbeat_service
@@ -66,15 +66,16 @@ async def heartbeat(
     bearer: Annotated[Credentials, Depends(NODE_CREDENTIAL)],
 ) -> dict[str, Any]:
     """Actual state in, desired state (and, every K beats, a quote nonce) out."""
-    return await run_in_threadpool(
-        _beat,
-        request.app.state.sessions,
-        node_id,
-        bearer.credentials if bearer else None,
-        body,
-        request.client.host if request.client else None,
-        request.app.state.runtime.heartbeat,
-    )
+    async with admitted(request):  # one of the units of work the pool and the threads can carry
+        return await run_in_threadpool(
+            _beat,
+            request.app.state.sessions,
+            node_id,
+            bearer.credentials if bearer else None,
+            body,
+            request.client.host if request.client else None,
+            request.app.state.runtime.heartbeat,
+        )
 
 
 def _beat(

@@ -7,7 +7,7 @@ from fastapi import APIRouter
 
 from provisioner.api.deps import Db, Operator, Principal
 from provisioner.api.schemas import Page, RegionIn, RegionOut
-from provisioner.services import region_removal
+from provisioner.services import ledger, region_removal
 from provisioner.services import regions as service
 
 router = APIRouter(prefix="/v1/regions", tags=["regions"])
@@ -35,7 +35,10 @@ def list_regions(session: Db, provider: str | None = None) -> Page[RegionOut]:
 
 @router.get("/{ref}")
 def show(ref: str, session: Db, provider: str | None = None) -> RegionOut:
-    return RegionOut.of(service.get(session, ref, provider))
+    region = service.get(session, ref, provider)
+    return RegionOut.of(region).model_copy(
+        update={"credits_earned": ledger.region_earnings(session, region.id)}
+    )
 
 
 @router.delete("/{ref}")

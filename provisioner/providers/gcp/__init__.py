@@ -3,7 +3,8 @@
 One module per concern: credentials (key validation), catalogue (regions/ data), capacity (the quota
 rule), quota (`region quota`), clients (every Google client, endpoint-overridable), permissions
 (testIamPermissions → missing roles), bootstrap (project resources), storage_node (the region's VM),
-operations (explicit waits), events (Pub/Sub consumer → node state), naming (prefix, labels, requestIds).
+compute_node (a job's burst VM), operations (explicit waits), events (Pub/Sub consumer → node state),
+naming (prefix, labels, requestIds).
 Importing this package imports no Google library; each call point imports what it needs."""
 
 from __future__ import annotations

@@ -28,6 +28,15 @@ class GpuType:
     cpu_metric: str | None
     cpus_per_gpu: int
     price_per_gpu_hour: float
+    spot_price_per_gpu_hour: float | None = None  # an estimate (see the yaml); None = no Spot offer
+    job_gpu_type: str | None = None  # the job spec's name (contracts/gpu_types.py); None = not for jobs
+    machine_memory_gb: float = 0.0  # the machine type's memory (the match table shows it)
+
+    @property
+    def attaches_accelerator(self) -> bool:
+        """N1 machines take the GPU as a guest accelerator; A2/G2/A3 machine types bundle theirs (the
+        insert still names it: Compute checks it against the machine type)."""
+        return self.machine_family == "N1"
 
 
 @dataclass(frozen=True)
@@ -84,6 +93,11 @@ def load(directory: Path | None = None) -> Catalogue:
             cpu_metric=g.get("cpu_metric"),
             cpus_per_gpu=int(g["cpus_per_gpu"]),
             price_per_gpu_hour=float(g["price_per_gpu_hour"]),
+            spot_price_per_gpu_hour=(
+                float(g["spot_price_per_gpu_hour"]) if g.get("spot_price_per_gpu_hour") is not None else None
+            ),
+            job_gpu_type=g.get("job_gpu_type"),
+            machine_memory_gb=float(g.get("machine_memory_gb") or 0.0),
         )
         for name, g in gpus_doc["gpus"].items()
     }

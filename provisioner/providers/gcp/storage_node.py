@@ -1,25 +1,18 @@
 """The storage node of a GCP region: one Shielded VM with local SSDs that caches jobs, models,
 checkpoints and datasets for the region (docs/product-rules.md "GCP regions": every GCP region has one).
 
-Crash safety comes from three rules, so the reconciler can be killed at any step and simply run again:
-1. before inserting, look for our instance in every zone of the region and adopt it if it is there;
-2. every insert carries a requestId derived from (project, region id, zone): a retry gets the same
-   operation back from Compute, never a second instance;
-3. a 409 "already exists" is adoption, not failure.
-Operations are waited on explicitly with ZoneOperationsClient.wait (ExtendedOperation.result() polls
-through a client built without our endpoint) and at most 2 calls per second."""
+Its lifecycle (adopt-before-insert, requestIds, zone fallback, 409 as adoption) is instances.py's; this
+module says what the node is: its storage class, name, labels, requestId and instance shape."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from contracts.errors import Conflict, InvalidInput, Unavailable
-from provisioner.providers import base
-from provisioner.providers.gcp import naming, operations
+from contracts.errors import InvalidInput
+from provisioner.providers.gcp import instances, naming
 from provisioner.providers.gcp.capacity import LOCAL_SSD_PARTITION_GB
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -53,25 +46,10 @@ STORAGE_CLASSES: dict[str, StorageClass] = {
     )
 }
 
-BOOT_IMAGE = "projects/debian-cloud/global/images/family/debian-12"
-BOOT_DISK_GB = 50
-BUNDLE_METADATA_KEY = "rigbase-bundle"
 # the zone-level errors after which another zone of the same region may succeed
 NEXT_ZONE_ERRORS = frozenset(
     {"QUOTA_EXCEEDED", "ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS"}
 )
-
-# The startup script only fetches the bundle from the metadata server and hands it to the minion; the
-# storage node then joins with attestation (vTPM) like any node.
-STARTUP_SCRIPT = """#!/bin/sh
-set -eu
-install -d -m 0700 /etc/rigbase
-curl -fsS -H 'Metadata-Flavor: Google' \\
-  'http://metadata.google.internal/computeMetadata/v1/instance/attributes/rigbase-bundle' \\
-  > /etc/rigbase/bundle.json
-chmod 0600 /etc/rigbase/bundle.json
-if command -v minion >/dev/null; then minion join --bundle /etc/rigbase/bundle.json; fi
-"""
 
 
 def storage_class(name: str) -> StorageClass:
@@ -113,12 +91,8 @@ class StorageNodeSpec:
         return naming.request_id(project, self.region_id, "storage-node", zone)
 
 
-@dataclass(frozen=True)
-class StorageNode:
-    name: str
-    zone: str
-    adopted: bool  # True when it already existed (a resumed reconcile)
-    status: str
+StorageNode = instances.Instance
+ek_public = instances.ek_public
 
 
 def build_instance(spec: StorageNodeSpec, project: str, zone: str) -> Any:
@@ -126,74 +100,38 @@ def build_instance(spec: StorageNodeSpec, project: str, zone: str) -> Any:
     from google.cloud import compute_v1
 
     sc = spec.storage_class
-    disks = [
-        compute_v1.AttachedDisk(
-            boot=True,
-            auto_delete=True,
-            type_="PERSISTENT",
-            initialize_params=compute_v1.AttachedDiskInitializeParams(
-                source_image=BOOT_IMAGE, disk_size_gb=BOOT_DISK_GB, labels=spec.labels()
-            ),
-        )
-    ]
-    disks += [
-        compute_v1.AttachedDisk(
-            type_="SCRATCH",
-            interface="NVME",
-            auto_delete=True,
-            initialize_params=compute_v1.AttachedDiskInitializeParams(
-                disk_type=f"zones/{zone}/diskTypes/local-ssd", disk_size_gb=LOCAL_SSD_PARTITION_GB
-            ),
-        )
-        for _ in range(sc.local_ssds)
-    ]
     return compute_v1.Instance(
         name=spec.instance_name,
         description=f"rigbase storage node of region {spec.region} ({spec.region_id}); managed by rigbase",
         machine_type=f"zones/{zone}/machineTypes/{sc.machine_type}",
         labels=spec.labels(),
         tags=compute_v1.Tags(items=[naming.network_tag(spec.prefix)]),
-        disks=disks,
-        network_interfaces=[
-            compute_v1.NetworkInterface(
-                network="global/networks/default",
-                # outbound only (the minion dials the control plane); the external IP is for egress
-                access_configs=[compute_v1.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")],
-            )
-        ],
+        disks=instances.disks(spec.labels(), zone, sc.local_ssds),
+        network_interfaces=instances.egress_network(),
         shielded_instance_config=compute_v1.ShieldedInstanceConfig(
             enable_secure_boot=True, enable_vtpm=True, enable_integrity_monitoring=True
         ),
         scheduling=compute_v1.Scheduling(
             on_host_maintenance="MIGRATE", automatic_restart=True, preemptible=False
         ),
-        metadata=compute_v1.Metadata(
-            items=[
-                compute_v1.Items(
-                    key=BUNDLE_METADATA_KEY, value=json.dumps(dict(spec.bundle), sort_keys=True)
-                ),
-                compute_v1.Items(key="startup-script", value=STARTUP_SCRIPT),
-            ]
-        ),
+        metadata=instances.bundle_metadata(spec.bundle),
+    )
+
+
+def owned(spec: StorageNodeSpec) -> instances.Owned:
+    """The node as instances.py looks for it: ours when its region-id label is this region's id."""
+    return instances.Owned(
+        name=spec.instance_name,
+        zones=spec.zones,
+        owner_label=naming.REGION_ID_LABEL,
+        owner_id=spec.region_id,
+        made_for=f"region {spec.region}",
     )
 
 
 def find(ctx: GcpContext, spec: StorageNodeSpec) -> StorageNode | None:
     """Our instance in any zone of the region, or None. Refuses a same-named instance that is not ours."""
-    from google.api_core import exceptions as gexc
-
-    for zone in spec.zones:
-        try:
-            inst = ctx.instances.get(project=ctx.project, zone=zone, instance=spec.instance_name)
-        except gexc.NotFound:
-            continue
-        if inst.labels.get(naming.REGION_ID_LABEL) != naming.label_value(spec.region_id):
-            raise Conflict(
-                f"instance {spec.instance_name} in {zone} exists but was not made for region {spec.region}: "
-                "delete or rename it, or use another name prefix"
-            )
-        return StorageNode(name=inst.name, zone=zone, adopted=True, status=inst.status)
-    return None
+    return instances.find(ctx, owned(spec))
 
 
 def create(
@@ -204,89 +142,16 @@ def create(
     wait_timeout_s: float = 900.0,
 ) -> StorageNode:
     """Create (or adopt) the storage node, trying the region's zones in order."""
-    from google.api_core import exceptions as gexc
-    from google.cloud import compute_v1
-
-    say = on_progress or (lambda _msg: None)
-    existing = find(ctx, spec)
-    if existing:
-        say(f"adopting {existing.name} in {existing.zone} ({existing.status})")
-        return existing
-    reasons: list[str] = []
-    for zone in spec.zones:
-        rid = spec.request_id(ctx.project, zone)
-        say(f"inserting {spec.instance_name} in {zone} (requestId {rid})")
-        try:
-            op = ctx.instances.insert_unary(
-                request=compute_v1.InsertInstanceRequest(
-                    project=ctx.project,
-                    zone=zone,
-                    instance_resource=build_instance(spec, ctx.project, zone),
-                    request_id=rid,
-                )
-            )
-        except gexc.Conflict:
-            node = find(ctx, spec)
-            if node:
-                say(f"{spec.instance_name} already exists in {node.zone}: adopted")
-                return node
-            raise
-        except gexc.GoogleAPICallError as exc:
-            reason = _call_error_reason(exc)
-            if reason in NEXT_ZONE_ERRORS:
-                reasons.append(f"{zone}: {reason}")
-                continue
-            raise Unavailable(f"inserting {spec.instance_name} in {zone} failed: {exc.message}") from None
-        op = operations.wait(
-            ctx,
-            op.name,
-            zone=zone,
-            timeout_s=wait_timeout_s,
-            on_progress=partial(_say_progress, say, zone),
-        )
-        err = operations.error_of(op)
-        if err is None:
-            inst = ctx.instances.get(project=ctx.project, zone=zone, instance=spec.instance_name)
-            return StorageNode(name=inst.name, zone=zone, adopted=False, status=inst.status)
-        code, message = err
-        if code in NEXT_ZONE_ERRORS:
-            reasons.append(f"{zone}: {code}")
-            say(f"{zone}: {code}, trying the next zone")
-            continue
-        if code == "alreadyExists" or code == "409":
-            node = find(ctx, spec)
-            if node:
-                return node
-        raise Unavailable(f"creating {spec.instance_name} in {zone} failed: {code} {message}")
-    raise base.ProvisionFailed(  # every zone refused: the message names each zone's reason
-        f"no zone of {spec.gcp_region} could take the storage node ({'; '.join(reasons)}): "
-        "request more quota or pick another storage class or region"
+    recipe = instances.Recipe(
+        build=partial(build_instance, spec, ctx.project),
+        request_id=partial(spec.request_id, ctx.project),
+        next_zone_errors=NEXT_ZONE_ERRORS,
+        none_left=lambda reasons: (
+            f"no zone of {spec.gcp_region} could take the storage node ({reasons}): "
+            "request more quota or pick another storage class or region"
+        ),
     )
-
-
-def _say_progress(say: Callable[[str], None], zone: str, op: Any) -> None:
-    """One line per polled insert operation, naming the zone being tried (bound per zone with partial)."""
-    say(f"{zone}: {op.status.name} {op.progress}%")
-
-
-def _call_error_reason(exc: Any) -> str:
-    """The reason of an HTTP error (e.g. QUOTA_EXCEEDED) from the error's details."""
-    for detail in getattr(exc, "errors", None) or []:
-        if isinstance(detail, Mapping) and detail.get("reason"):
-            return str(detail["reason"])
-    return getattr(exc, "reason", None) or ""
-
-
-def ek_public(ctx: GcpContext, node: StorageNode) -> str:
-    """The vTPM's EK public key (PEM) from instances.getShieldedInstanceIdentity: the control plane
-    pins it before the node's attested join, since a vTPM has no vendor EK certificate chain."""
-    ident = ctx.instances.get_shielded_instance_identity(
-        project=ctx.project, zone=node.zone, instance=node.name
-    )
-    pem = ident.encryption_key.ek_pub
-    if not pem:
-        raise Unavailable(f"{node.name} has no vTPM endorsement key yet: wait for it to boot and try again")
-    return pem
+    return instances.create(ctx, owned(spec), recipe, on_progress=on_progress, wait_timeout_s=wait_timeout_s)
 
 
 def delete(ctx: GcpContext, spec: StorageNodeSpec, *, wait_timeout_s: float = 900.0) -> bool:
@@ -294,16 +159,4 @@ def delete(ctx: GcpContext, spec: StorageNodeSpec, *, wait_timeout_s: float = 90
     node = find(ctx, spec)
     if node is None:
         return False
-    from google.api_core import exceptions as gexc
-
-    try:
-        # no requestId: delete is idempotent by itself (a retry finds nothing), and a derived id would
-        # replay a stale operation if the region were re-created and removed again within the hour
-        op = ctx.instances.delete_unary(project=ctx.project, zone=node.zone, instance=node.name)
-    except gexc.NotFound:
-        return False
-    op = operations.wait(ctx, op.name, zone=node.zone, timeout_s=wait_timeout_s)
-    err = operations.error_of(op)
-    if err:
-        raise Unavailable(f"deleting {node.name} failed: {err[0]} {err[1]}")
-    return True
+    return instances.delete(ctx, node.name, (node.zone,), wait_timeout_s=wait_timeout_s)

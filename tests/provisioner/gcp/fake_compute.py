@@ -3,12 +3,14 @@
 It speaks the real JSON wire format to the real google-cloud-compute clients (pointed here with
 client_options + AnonymousCredentials): regions.get with quotas; instances insert/get/delete/
 getShieldedInstanceIdentity; zoneOperations get/wait; firewalls insert/get/delete with globalOperations;
-and Resource Manager's projects.testIamPermissions. It behaves like the real API where our code depends
-on it:
+instances aggregatedList (label filter), and Resource Manager's projects.testIamPermissions. Instances
+keep what was inserted (guestAccelerators, scheduling, local SSD disks, labels). It behaves like the real
+API where our code depends on it:
 - an insert with a requestId already seen returns the SAME operation and makes nothing new;
 - an insert of an existing name answers HTTP 409 (reason alreadyExists);
 - a zone set to fail ends its operation DONE with an error (QUOTA_EXCEEDED + httpErrorStatusCode 403,
-  ZONE_RESOURCE_POOL_EXHAUSTED + 503), as Compute reports capacity problems on the operation;
+  ZONE_RESOURCE_POOL_EXHAUSTED or STOCKOUT + 503), as Compute reports capacity problems on the operation;
+  `insert_errors` refuses the insert call itself with that reason instead;
 - operations run for `op_duration_s`; `wait` long-polls up to `wait_max_s` (Compute: ~2 minutes).
 Every request is counted in `calls` so tests and the benchmark can check how the client behaves."""
 
@@ -43,6 +45,11 @@ ZONE_ERRORS = {
         "SERVICE UNAVAILABLE",
         "The zone '{zone}' does not have enough resources available to fulfill the request.",
     ),
+    "STOCKOUT": (
+        503,
+        "SERVICE UNAVAILABLE",
+        "The zone '{zone}' is out of the requested resource (stockout); try another zone.",
+    ),
 }
 
 
@@ -67,7 +74,10 @@ class FakeCompute:
     region_quotas: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     zone_errors: dict[str, str] = field(
         default_factory=dict
-    )  # zone -> QUOTA_EXCEEDED | ZONE_RESOURCE_POOL_EXHAUSTED
+    )  # zone -> QUOTA_EXCEEDED | ZONE_RESOURCE_POOL_EXHAUSTED | STOCKOUT (on the operation)
+    # zone -> reason refused on the insert call itself (HTTP 403/503 with that reason), as Compute answers
+    # some quota checks before any operation exists
+    insert_errors: dict[str, str] = field(default_factory=dict)
     op_duration_s: float = 0.05
     wait_max_s: float = 2.0
     granted_permissions: set[str] | None = None  # None = testIamPermissions not offered (404)
@@ -188,6 +198,10 @@ def instance_insert(fake: FakeCompute, q: dict, body: dict, p: str, zone: str) -
         return _error(
             409, "alreadyExists", f"The resource 'projects/{p}/zones/{zone}/instances/{name}' already exists"
         )
+    refused = fake.insert_errors.get(zone)
+    if refused:
+        status, _text, message = ZONE_ERRORS[refused]
+        return _error(status, refused, message.format(zone=zone, region=zone.rsplit("-", 1)[0]))
     error = fake.zone_errors.get(zone)
 
     def materialise() -> None:
@@ -227,6 +241,32 @@ def instance_delete(fake: FakeCompute, q: dict, body: dict, p: str, zone: str, n
     target = f"https://compute.googleapis.com/compute/v1/projects/{p}/zones/{zone}/instances/{name}"
     op = fake._new_op(zone, "delete", target, lambda: fake.instances.pop((zone, name), None))
     return 200, fake._op_json(op)
+
+
+def _label_filter(text: str) -> dict[str, str]:
+    """`labels.K=V AND labels.K2=V2` (the only filter form our code sends) → {K: V, K2: V2}."""
+    out: dict[str, str] = {}
+    for term in text.split(" AND ") if text else []:
+        key, _, value = term.strip().partition("=")
+        if key.startswith("labels."):
+            out[key.removeprefix("labels.")] = value
+    return out
+
+
+def instance_aggregated_list(fake: FakeCompute, q: dict, body: dict, p: str) -> Any:
+    for op in list(fake._ops.values()):
+        fake._settle(op)
+    wanted = _label_filter(q.get("filter", ""))
+    items: dict[str, dict[str, Any]] = {}
+    for (zone, _name), inst in sorted(fake.instances.items()):
+        labels = inst.get("labels") or {}
+        if all(labels.get(k) == v for k, v in wanted.items()):
+            items.setdefault(f"zones/{zone}", {"instances": []})["instances"].append(inst)
+    return 200, {
+        "kind": "compute#instanceAggregatedList",
+        "id": f"projects/{p}/aggregated/instances",
+        "items": items,
+    }
 
 
 def shielded_identity(fake: FakeCompute, q: dict, body: dict, p: str, zone: str, name: str) -> Any:
@@ -311,6 +351,7 @@ ROUTES: list[tuple[str, re.Pattern[str], Any]] = [
     (method, re.compile(pattern), fn)
     for method, pattern, fn in [
         ("GET", _P + r"/regions/(?P<region>[^/]+)$", region_get),
+        ("GET", _P + r"/aggregated/instances$", instance_aggregated_list),
         ("POST", _Z + r"/instances$", instance_insert),
         ("GET", _Z + r"/instances/(?P<name>[^/]+)$", instance_get),
         ("DELETE", _Z + r"/instances/(?P<name>[^/]+)$", instance_delete),
@@ -404,6 +445,7 @@ class FakeComputeServer:
     @property
     def url(self) -> str:
         host, port = self._server.server_address[:2]
+        assert isinstance(host, str)  # an AF_INET server's address
         return f"http://{host}:{port}"
 
     def __enter__(self) -> FakeComputeServer:

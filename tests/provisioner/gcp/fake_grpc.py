@@ -142,6 +142,7 @@ class LoggingConfigServer:
             sink = self.sinks.get(request.sink_name)
             if sink is None:
                 context.abort(grpc.StatusCode.NOT_FOUND, f"Sink {request.sink_name} does not exist")
+            assert sink is not None  # abort raises
             return sink
 
     def delete(self, request: logging_config.DeleteSinkRequest, context: grpc.ServicerContext) -> Any:

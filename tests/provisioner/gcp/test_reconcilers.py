@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from contracts.errors import RuleViolation
@@ -31,9 +32,10 @@ from tests.provisioner.gcp.fake_compute import quota
 ZONES = catalogue.load().region("us-central1").zones
 
 
-@pytest.fixture()
-def store(tmp_path: Path, fake_compute: Any) -> Iterator[sessionmaker[Session]]:
-    """A migrated store with an enabled gcp provider (bootstrap is test_bootstrap's business)."""
+def enabled_gcp(url: str, tmp_path: Path, fake_compute: Any) -> tuple[Engine, sessionmaker[Session]]:
+    """A migrated store at `url` with an enabled gcp provider against the Compute fake, whose us-central1
+    has quota for 64 CPUs, 3000 GB of local SSD and 2 T4s (bootstrap is test_bootstrap's business).
+    Shared with test_burst.py; the caller disposes of the engine."""
     endpoints = Endpoints(compute=fake_compute.url, resource_manager=fake_compute.url)
     runtime = Runtime.from_settings(
         Settings(home=tmp_path / "home"), providers={"gcp": GcpProvider(endpoints=endpoints, anonymous=True)}
@@ -43,13 +45,18 @@ def store(tmp_path: Path, fake_compute: Any) -> Iterator[sessionmaker[Session]]:
         quota("LOCAL_SSD_TOTAL_GB", 3000),
         quota("NVIDIA_T4_GPUS", 2),
     ]
-    url = f"sqlite:///{tmp_path / 'rigbase.db'}"
     engine = make_engine(url)
     upgrade(url, engine)
     sessions = attach(make_sessionmaker(engine), runtime)
     with session_scope(sessions) as s:
         prov = provider_service.enable(s, "gcp", {"credentials": json.dumps(make_sa_key())}, actor="test")
         provider_service.transition(s, prov, ProviderState.ENABLED, actor="test")
+    return engine, sessions
+
+
+@pytest.fixture()
+def store(tmp_path: Path, fake_compute: Any) -> Iterator[sessionmaker[Session]]:
+    engine, sessions = enabled_gcp(f"sqlite:///{tmp_path / 'rigbase.db'}", tmp_path, fake_compute)
     yield sessions
     engine.dispose()
 

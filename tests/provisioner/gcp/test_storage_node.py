@@ -11,7 +11,7 @@ import pytest
 
 from contracts.errors import Conflict, InvalidInput
 from provisioner.providers.base import ProvisionFailed
-from provisioner.providers.gcp import naming, operations, storage_node
+from provisioner.providers.gcp import instances, naming, operations, storage_node
 from provisioner.providers.gcp.storage_node import StorageNodeSpec
 
 ZONES = ("us-central1-a", "us-central1-b", "us-central1-c")
@@ -28,7 +28,7 @@ BUNDLE = {
 
 
 def spec(**kw: Any) -> StorageNodeSpec:
-    base = dict(
+    base: dict[str, Any] = dict(
         region_id="0b9d5c1e",
         region="lab-gcp",
         gcp_region="us-central1",
@@ -146,13 +146,13 @@ def test_409_already_exists_is_adopted(
 ) -> None:
     storage_node.create(compute_ctx, spec())
     calls = {"n": 0}
-    real_find = storage_node.find
+    real_find = instances.find
 
-    def blind_once(ctx: Any, s: Any) -> Any:  # the pre-check misses it (as if it appeared a moment later)
+    def blind_once(ctx: Any, owned: Any) -> Any:  # the pre-check misses it (as if it appeared a moment later)
         calls["n"] += 1
-        return None if calls["n"] == 1 else real_find(ctx, s)
+        return None if calls["n"] == 1 else real_find(ctx, owned)
 
-    monkeypatch.setattr(storage_node, "find", blind_once)
+    monkeypatch.setattr(instances, "find", blind_once)
     fake_compute.fake._by_request_id.clear()  # beyond Compute's requestId memory: the insert answers 409
     node = storage_node.create(compute_ctx, spec())
     assert node.adopted and fake_compute.fake.instance_count() == 1

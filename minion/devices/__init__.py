@@ -1,0 +1,1 @@
+"""Edge devices: the inference container of a device configuration (docs/devices.md)."""

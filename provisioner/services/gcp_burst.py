@@ -1,0 +1,176 @@
+"""Burst VMs: a job worker placed on GCP capacity gets its own ephemeral VM (docs/gcp.md "Burst compute
+for jobs"). This module is the store side; reconcilers/gcp_burst.py calls Google.
+
+- `materialise` (called by services.jobs when placement chose a Source.GCP candidate): books the region's
+  capacity (services.gcp_capacity.book), then writes, in the placing transaction, a `nodes` row named
+  like the VM (state new, the placeholder minion_id of a VM whose EK is not known yet) and a
+  `gcp_burst_vms` row (pending) per worker; the worker is assigned to that node like to any node, so the
+  VM's minion takes the job from its desired state once it joins. The rows exist BEFORE any insert call,
+  and the insert's requestId derives from the row's id: exactly one VM per row, whenever we crash.
+- `wanted`: a VM is kept while a worker of its job is on its node; otherwise (the job ended, stopped,
+  was re-queued) the reconciler deletes it.
+Preemption (Google took a Spot VM back) is services/gcp_preemption.py."""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import replace
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from provisioner.domain.placement import Candidate, Source
+from provisioner.domain.states import (
+    BURST_VM_TRANSITIONS,
+    JOB_DONE,
+    NODE_TRANSITIONS,
+    WORKER_ON_NODE,
+    BurstVmState,
+    JobState,
+    NodeState,
+    Service,
+    WorkerState,
+)
+from provisioner.providers.gcp import catalogue, naming
+from provisioner.providers.gcp.compute_node import local_ssds_for
+from provisioner.services import gcp_capacity, join_tokens, lifecycle
+from provisioner.services import nodes as node_service
+from provisioner.services.runtime import runtime_of
+from provisioner.services.wakeups import Wake, wake_after_commit
+from provisioner.store.gcp_models import GcpBurstVm
+from provisioner.store.job_models import Job
+from provisioner.store.models import Node, Region, new_id
+
+KIND = "burst_vm"  # audit kind of a burst VM's state changes
+
+
+def move(session: Session, vm: GcpBurstVm, to: BurstVmState, *, actor: str, reason: str | None) -> None:
+    """The only way a burst VM's state changes: checked against BURST_VM_TRANSITIONS, audited; `reason`
+    stays on the row as its last progress line."""
+    if vm.state != to.value:
+        lifecycle.apply(
+            session,
+            vm,
+            to,
+            kind=KIND,
+            name=vm.instance_name,
+            table=BURST_VM_TRANSITIONS,
+            actor=actor,
+            reason=reason,
+            resource_id=vm.id,
+        )
+    vm.reason = reason
+
+
+def pending_minion_id(vm_id: str) -> str:
+    """A placeholder until the vTPM's EK is pinned (see services.gcp.pending_minion_id)."""
+    return hashlib.sha256(f"rigbase-gcp-burst-pending:{vm_id}".encode()).hexdigest()[:32]
+
+
+def instance_name(prefix: str, vm_id: str) -> str:
+    return naming.gcp_name(prefix, "burst", vm_id.split("_", 1)[-1])
+
+
+def materialise(
+    session: Session, job: Job, chosen: Sequence[Candidate], *, actor: str
+) -> tuple[list[Candidate], str | None]:
+    """`chosen` with every GCP candidate replaced by the node of a new burst VM (module docstring), or
+    (chosen, why) when the region's capacity is gone since the snapshot: then nothing is written."""
+    on_gcp = [(i, c) for i, c in enumerate(chosen) if c.source == Source.GCP]
+    if not on_gcp:
+        return list(chosen), None
+    for cid, workers in Counter(c.id for _, c in on_gcp).items():
+        region_id, gpu, _spot = gcp_capacity.parse_candidate_id(cid)
+        why = gcp_capacity.book(session, region_id, gpu, workers)
+        if why is not None:
+            return list(chosen), why
+    out = list(chosen)
+    attempt = job.placements + 1
+    disk_gb = int((job.spec.get("resources") or {}).get("disk_size") or 0)
+    for index, cand in on_gcp:
+        node = _make(session, job, index, cand, attempt=attempt, disk_gb=disk_gb, actor=actor)
+        out[index] = replace(cand, source=Source.NODE.value, id=node.id, name=node.name)
+    session.flush()
+    wake_after_commit(session, Wake.GCP_BURST)
+    return out, None
+
+
+def _make(
+    session: Session, job: Job, index: int, cand: Candidate, *, attempt: int, disk_gb: int, actor: str
+) -> Node:
+    region_id, gpu_name, spot = gcp_capacity.parse_candidate_id(cand.id)
+    region = session.get_one(Region, region_id)
+    gpu = catalogue.load().gpus[gpu_name]
+    prefix = str((region.settings or {}).get("prefix") or naming.DEFAULT_PREFIX)
+    vm_id = new_id("bvm")
+    name = instance_name(prefix, vm_id)
+    node = Node(
+        id=new_id("node"),
+        name=name,
+        region=region,
+        minion_id=pending_minion_id(vm_id),
+        service=Service.COMPUTE.value,
+        upnp=False,
+        mining=False,
+    )
+    session.add(node)
+    model = "Spot" if spot else "on-demand"
+    node_service.transition(
+        session,
+        node,
+        NodeState.NEW,
+        actor=actor,
+        reason=f"{model} {gpu.machine_type} VM for job {job.name} worker {index}: the gcp-burst reconciler "
+        "creates it; its minion_id comes from the vTPM's endorsement key",
+    )
+    _row, token = join_tokens.issue(session, region.id, actor=actor)
+    vm = GcpBurstVm(
+        id=vm_id,
+        job_id=job.id,
+        worker_index=index,
+        attempt=attempt,
+        node_id=node.id,
+        region_id=region.id,
+        instance_name=name,
+        gpu_type=gpu.name,
+        gpu_count=1,
+        cpus=gpu.cpus_per_gpu,
+        local_ssds=local_ssds_for(disk_gb),
+        preemptible=spot,
+        price_per_gpu_hour=cand.price_per_gpu_hour,
+        sealed_join_token=runtime_of(session).sealer.seal(token.encode()),
+    )
+    session.add(vm)
+    move(session, vm, BurstVmState.PENDING, actor=actor, reason=f"{model} {gpu.name} VM for job {job.name}")
+    return node
+
+
+def wanted(session: Session, vm: GcpBurstVm) -> str | None:
+    """None while a worker of the VM's job is on its node; otherwise why the VM should go."""
+    job = session.get(Job, vm.job_id)
+    if job is None or JobState(job.state) in JOB_DONE:
+        return f"job {job.name if job else vm.job_id} ended ({job.state if job else 'gone'})"
+    node = session.get(Node, vm.node_id)
+    if node is None or node.state == NodeState.REMOVED:
+        return f"its node {vm.instance_name} was removed"
+    if not any(w.node_id == vm.node_id and WorkerState(w.state) in WORKER_ON_NODE for w in job.workers):
+        return f"job {job.name} no longer runs on it ({job.state})"
+    return None
+
+
+def retire_node(session: Session, vm: GcpBurstVm, *, actor: str, reason: str) -> None:
+    """The VM is gone: its node is removed (a burst node is never reused)."""
+    node = session.get(Node, vm.node_id)
+    if node is not None and NodeState.REMOVED in NODE_TRANSITIONS[NodeState(node.state)]:
+        node_service.transition(session, node, NodeState.REMOVED, actor=actor, reason=reason)
+
+
+def live_by_instance(session: Session, name: str) -> GcpBurstVm | None:
+    return session.scalar(
+        select(GcpBurstVm).where(
+            GcpBurstVm.instance_name == name,
+            GcpBurstVm.state.in_([BurstVmState.PENDING, BurstVmState.CREATING, BurstVmState.CREATED]),
+        )
+    )

@@ -1,0 +1,337 @@
+"""The console's jobs, billing and devices pages over real HTTP (`provision serve`, TLS), against the fleet
+of the jobs API tests (regions with active nodes, a second account): submit a job from the form (dry run
+first: nothing stored), its page and the JSON log the page's script follows by offset (the node ships the
+log over its real credential route), a bad spec shown line by line with the text kept, stop with CSRF,
+the billing page (balance, ledger, usage), the devices grid with its Set Device Config and Deploy forms
+(configurations made through the API, CSRF, the inference status the device reports), the script under
+the CSP, and account isolation of every new page and action (another account's job, ledger or device
+answers 404)."""
+
+from __future__ import annotations
+
+import html
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from provisioner.domain.states import NodeState
+from provisioner.services import device_deployments as deployments
+from provisioner.services import nodes
+from tests.provisioner.test_console import browser, csrf_of, flash, sign_in
+from tests.provisioner.test_devices import ORIN_NX
+from tests.provisioner.test_jobs_api import Fleet, mine, report, running_fleet
+
+SPEC = """name: {name}
+type: training
+resources:
+  gpu_count: 1
+  gpu_types: [RTX 3090]
+workers:
+  - echo hello
+environment:
+  image: localhost/rigbase-job:test
+"""
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    with running_fleet(tmp_path_factory.mktemp("console-jobs") / "home") as f:
+        yield f
+
+
+def api(fleet: Fleet, method: str, path: str, body: dict[str, Any] | None = None, token: str = "") -> Any:
+    with fleet.http(token or None) as http:
+        answer = http.request(method, path, json=body)
+    assert answer.is_success, answer.text
+    return answer.json()
+
+
+def submit(client: httpx.Client, spec: str, do: str = "submit") -> httpx.Response:
+    token = csrf_of(client.get("/jobs/new"))
+    return client.post("/jobs", data={"csrf": token, "spec": spec, "project": "default", "do": do})
+
+
+def log_page(client: httpx.Client, job_id: str, offset: int) -> dict[str, Any]:
+    answer = client.get(f"/jobs/{job_id}/log", params={"worker": 0, "offset": offset})
+    assert answer.status_code == 200 and answer.headers["content-type"] == "application/json", answer.text
+    page: dict[str, Any] = answer.json()
+    return page
+
+
+def test_submit_dry_run_then_job_page_follows_the_log(fleet: Fleet) -> None:
+    with browser(fleet.cp) as client:
+        sign_in(client, fleet.cp.token)
+        form = client.get("/jobs/new")
+        assert form.status_code == 200 and 'name="spec"' in form.text
+        dry = submit(client, SPEC.format(name="console-1"), do="dry-run")
+        assert dry.status_code == 200 and "Where it would run now" in dry.text
+        assert "gpu-1" in dry.text and "√" in dry.text and "console-1" in dry.text  # the text is kept
+        with fleet.http() as http:
+            assert http.get("/v1/jobs/console-1").status_code == 404  # a dry run stores nothing
+        made = submit(client, SPEC.format(name="console-1"))
+        assert made.status_code == 303, made.text
+        job_id = made.headers["location"].rsplit("/", 1)[1]
+        shown = client.get(made.headers["location"])
+        assert flash(shown) == "job console-1 created: starting on node gpu-1"
+        assert 'data-complete="no"' in shown.text and ">Stop job</button>" in shown.text
+        assert api(fleet, "GET", f"/v1/jobs/{job_id}")["created_by"] == "operator:admin"
+
+        [worker] = mine(fleet.heartbeat("gpu-1"), job_id)
+        fleet.heartbeat("gpu-1", [report(worker, "running", gpu_indices=[0])])
+        first = log_page(client, job_id, 0)
+        assert (first["data"], first["next_offset"], first["complete"]) == ("", 0, False)
+        assert fleet.log("gpu-1", job_id, 0, 0, "line 1\n").status_code == 200
+        first = log_page(client, job_id, 0)
+        assert (first["data"], first["next_offset"], first["job_state"]) == ("line 1\n", 7, "running")
+        assert fleet.log("gpu-1", job_id, 0, 7, "line <2>\n", eof=True).status_code == 200
+        fleet.heartbeat("gpu-1", [report(worker, "exited", exit_code=0)])
+        rest = log_page(client, job_id, 7)
+        assert rest["data"] == "line <2>\n" and rest["complete"] and rest["job_state"] == "succeeded"
+        done = client.get(f"/jobs/{job_id}")
+        assert 'data-complete="yes"' in done.text and "line 1\nline &lt;2&gt;\n</pre>" in done.text
+        assert ">Stop job</button>" not in done.text
+        # the script the page loads, under a CSP that allows this origin's scripts and nothing inline
+        assert re.findall(r"<script[^>]*>", done.text) == ['<script src="/static/console.js" defer>']
+        csp = done.headers["content-security-policy"]
+        assert "script-src 'self'" in csp and "connect-src 'self'" in csp and "unsafe-inline" not in csp
+        script = client.get("/static/console.js")
+        assert script.headers["content-type"].startswith("text/javascript") and "data-log-url" in script.text
+        listed = client.get("/jobs")
+        assert f'href="/jobs/{job_id}"' in listed.text and 'href="/jobs/new"' in listed.text
+        missing_worker = client.get(f"/jobs/{job_id}/log", params={"worker": 3})
+        assert missing_worker.status_code == 422 and "is not a worker of job" in missing_worker.text
+
+
+def test_a_bad_spec_is_shown_line_by_line_with_the_text_kept(fleet: Fleet) -> None:
+    bad = SPEC.format(name="console-bad").replace("  image: localhost/rigbase-job:test\n", "  gpu: x\n")
+    with browser(fleet.cp) as client:
+        sign_in(client, fleet.cp.token)
+        refused = submit(client, bad)
+        assert refused.status_code == 422, refused.text
+        lines = re.findall(r'<p class="line">(.*?)</p>', refused.text, re.S)
+        assert [html.unescape(line) for line in lines] == [
+            "error: line 9: environment.gpu: unknown field; allowed here: image, env, packages"
+        ]
+        assert html.escape("gpu: x", quote=False) in refused.text  # the text as typed
+        empty = submit(client, "  ")
+        assert "error: the job spec is empty" in html.unescape(empty.text)
+        taken = submit(client, SPEC.format(name="console-dup"))
+        assert taken.status_code == 303
+        again = submit(client, SPEC.format(name="console-dup"))
+        assert again.status_code == 409 and "already" in html.unescape(again.text)
+    with fleet.http() as http:
+        assert http.get("/v1/jobs/console-bad").status_code == 404
+
+
+def test_stop_needs_csrf_and_calls_the_service(fleet: Fleet) -> None:
+    with browser(fleet.cp) as client:
+        sign_in(client, fleet.cp.token)
+        job_id = submit(client, SPEC.format(name="console-stop")).headers["location"].rsplit("/", 1)[1]
+        bare = client.post(f"/jobs/{job_id}/stop", data={})
+        assert bare.status_code == 403 and api(fleet, "GET", f"/v1/jobs/{job_id}")["state"] != "stopped"
+        token = csrf_of(client.get(f"/jobs/{job_id}"))
+        stopped = client.post(f"/jobs/{job_id}/stop", data={"csrf": token}, follow_redirects=True)
+        assert flash(stopped).startswith("job console-stop is stopped")
+        assert api(fleet, "GET", f"/v1/jobs/{job_id}")["state"] == "stopped"
+        twice = client.post(f"/jobs/{job_id}/stop", data={"csrf": token}, follow_redirects=True)
+        assert flash(twice) == "error: job 'console-stop' already ended (stopped): nothing to stop"
+
+
+def test_another_accounts_jobs_and_billing_look_missing(fleet: Fleet) -> None:
+    job_id = api(fleet, "POST", "/v1/jobs", {"spec": {**_spec("console-private")}})["id"]
+    with browser(fleet.cp) as client:
+        sign_in(client, fleet.other_token)
+        for path in (f"/jobs/{job_id}", f"/jobs/{job_id}/log?worker=0&offset=0", "/billing?account=default"):
+            hidden = client.get(path)
+            assert hidden.status_code == 404, (path, hidden.text)
+        assert "job_" not in client.get("/jobs").text
+        token = csrf_of(client.get("/jobs"))
+        stop = client.post(f"/jobs/{job_id}/stop", data={"csrf": token}, follow_redirects=True)
+        assert flash(stop) == f"error: job '{job_id}' does not exist: see `provision job list`"
+    assert api(fleet, "GET", f"/v1/jobs/{job_id}")["state"] != "stopped"
+
+
+def _spec(name: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "type": "training",
+        "resources": {"gpu_count": 1, "gpu_types": ["RTX 3090"]},
+        "workers": ["echo hi"],
+        "environment": {"image": "localhost/rigbase-job:test"},
+    }
+
+
+def test_billing_shows_balance_ledger_and_usage(fleet: Fleet) -> None:
+    api(
+        fleet, "POST", "/v1/billing/credits", {"account": "other", "amount": "12.5", "memo": "console top-up"}
+    )
+    with browser(fleet.cp) as client:
+        sign_in(client, fleet.other_token)
+        page = client.get("/billing")
+        assert page.status_code == 200, page.text
+        assert '<strong id="balance-value">12.500000</strong>' in page.text
+        assert "console top-up" in page.text and "+12.500000" in page.text
+        assert "Usage in " in page.text
+        bad = client.get("/billing", params={"month": "soon"})
+        assert bad.status_code == 422 and "month &#39;soon&#39; is not YYYY-MM" in bad.text
+    with browser(fleet.cp) as admin:  # the root account's admins may name any account
+        sign_in(admin, fleet.cp.token)
+        theirs = admin.get("/billing", params={"account": "other"})
+        assert theirs.status_code == 200 and "Billing: account other" in theirs.text
+
+
+def new_region(client: httpx.Client, token: str, name: str) -> str:
+    """A physical region with central storage (where devices join), made from the console: its page."""
+    made = client.post(
+        "/regions", data={"csrf": token, "name": name, "provider": "physical", "storage_mode": "central"}
+    )
+    assert made.status_code == 303, made.text
+    return str(made.headers["location"])
+
+
+def add_active(
+    client: httpx.Client, fleet: Fleet, token: str, region: str, service: str, name: str, minion: str
+) -> str:
+    """A node added from the region page's form and brought up as its minion's join would (the jobs tests'
+    way), a device reporting an Orin NX; its id."""
+    added = client.post(
+        "/nodes",
+        data={
+            "csrf": token,
+            "region": region.rsplit("/", 1)[1],
+            "name": name,
+            "minion_id": minion,
+            "service": service,
+            "back": region,
+        },
+        follow_redirects=True,
+    )
+    assert flash(added).startswith(f"node {name} added"), flash(added)
+    with fleet.sessions.begin() as s:
+        node = nodes.get(s, name)
+        for state in (NodeState.ENROLLING, NodeState.PROVISIONING, NodeState.ACTIVE):
+            nodes.transition(s, node, state, actor="minion:test")
+        if service == "device":
+            nodes.record_report(s, node, inventory={"device": ORIN_NX})
+        return node.id
+
+
+def devices_grid(client: httpx.Client, region: str) -> str:
+    shown = client.get(region)
+    assert shown.status_code == 200, shown.text
+    return shown.text.split('id="devices-h"', 1)[1].split("</section>", 1)[0]
+
+
+def device_row(client: httpx.Client, region: str, name: str) -> str:
+    return devices_grid(client, region).split(f'data-node="{name}"', 1)[1].split("</tr>", 1)[0]
+
+
+def test_the_devices_grid_lists_device_nodes(fleet: Fleet) -> None:
+    with browser(fleet.cp) as client:
+        sign_in(client, fleet.cp.token)
+        token = csrf_of(client.get("/"))
+        region = new_region(client, token, "edge")
+        empty = client.get(region)
+        assert "No device in this region." in empty.text and ">Add Device</summary>" in empty.text
+        assert 'data-live="devices"' in empty.text and 'data-live="compute"' in empty.text
+        add_active(client, fleet, token, region, "storage", "store", "e" * 32)
+        add_active(client, fleet, token, region, "device", "jetson-1", "f" * 32)
+        added = client.get(region)
+        grid = devices_grid(client, region)
+        assert 'data-node="jetson-1"' in grid and "Toggle Maintenance" not in grid
+        assert "<td>NVIDIA Jetson Orin NX</td>" in grid and ">5.1.2</td>" in grid and ">active</span>" in grid
+        assert 'data-node="jetson-1"' not in added.text.split('id="devices-h"', 1)[0]
+        assert "No device configuration in this region" in grid and "Set Device Config" not in grid
+
+
+def test_set_device_config_and_deploy_from_the_devices_grid(fleet: Fleet) -> None:
+    with browser(fleet.cp) as client:
+        sign_in(client, fleet.cp.token)
+        token = csrf_of(client.get("/"))
+        region = new_region(client, token, "edge-cfg")
+        add_active(client, fleet, token, region, "storage", "store-cfg", "d" * 32)  # a device needs one
+        device_id = add_active(client, fleet, token, region, "device", "cam-1", "c" * 32)
+        config = {"region": "edge-cfg", "image": "reg.lan/detect:1", "model": "yolo", "command": "serve"}
+        made = api(fleet, "POST", "/v1/device-configs", {"name": "detect", **config})
+        row = device_row(client, region, "cam-1")
+        assert f'<option value="{made["id"]}">detect (r1)</option>' in row and ">Set Device Config" in row
+        assert ">Deploy" not in row  # nothing to deploy before a configuration is set
+
+        def status() -> dict[str, Any]:
+            shown: dict[str, Any] = api(fleet, "GET", f"/v1/nodes/{device_id}/device-status")
+            return shown
+
+        # a post without its CSRF token is refused and changes nothing
+        bare = client.post(f"/nodes/{device_id}/device-config", data={"config": made["id"]})
+        assert bare.status_code == 403 and "CSRF" in bare.text and status()["config"] is None
+        assert client.post(f"/nodes/{device_id}/deploy", data={}).status_code == 403
+
+        token = csrf_of(client.get(region))
+        unknown = client.post(
+            f"/nodes/{device_id}/device-config", data={"csrf": token, "config": "nope"}, follow_redirects=True
+        )
+        assert flash(unknown).startswith("error: device-config 'nope' does not exist"), flash(unknown)
+        assert str(unknown.url).endswith(region) and status()["config"] is None
+        empty = client.post(f"/nodes/{device_id}/device-config", data={"csrf": token}, follow_redirects=True)
+        assert flash(empty) == "error: device configuration is empty: fill it in and submit again"
+
+        chosen = client.post(
+            f"/nodes/{device_id}/device-config",
+            data={"csrf": token, "config": made["id"]},
+            follow_redirects=True,
+        )
+        assert flash(chosen) == "device cam-1 set to configuration detect revision 1: Deploy runs it"
+        assert (status()["config"], status()["config_revision"], status()["deployed_revision"]) == (
+            "detect",
+            1,
+            None,
+        )
+        row = device_row(client, region, "cam-1")
+        assert "detect r1" in row and ">not deployed</span>" in row and ">Deploy" in row
+        assert f'<option value="{made["id"]}" selected>' in row
+
+        deployed = client.post(f"/nodes/{device_id}/deploy", data={"csrf": token}, follow_redirects=True)
+        assert flash(deployed) == (
+            "device cam-1 is deploying configuration detect revision 1: "
+            "it starts at the device's next heartbeat"
+        )
+        shown = status()
+        assert (shown["deployed_revision"], shown["inference_status"]) == (1, "deploying")
+        assert 'class="state s-deploying">deploying</span>' in device_row(client, region, "cam-1")
+
+        # what the device's minion reports shows in the row (its heartbeat's report, through the service)
+        with fleet.sessions.begin() as s:
+            node = nodes.get(s, device_id)
+            report = {
+                "inference": {"generation": shown["generation"], "state": "failed", "message": "no GPU"}
+            }
+            deployments.record_actual(s, node, report)
+        row = device_row(client, region, "cam-1")
+        assert 'class="state s-failed">failed</span>' in row and ">no GPU</span>" in row
+
+        # a new revision: the row says so, and Deploy with "latest" sends it
+        api(fleet, "PATCH", f"/v1/device-configs/{made['id']}", {"command": "serve --v2"})
+        row = device_row(client, region, "cam-1")
+        assert "r2 is the latest" in row and 'name="latest"' in row
+        latest = client.post(
+            f"/nodes/{device_id}/deploy", data={"csrf": token, "latest": "on"}, follow_redirects=True
+        )
+        assert "revision 2" in flash(latest) and status()["deployed_revision"] == 2
+        generation = status()["generation"]
+
+    # another account's device looks missing: 404, nothing changed
+    with browser(fleet.cp) as other:
+        sign_in(other, fleet.other_token)
+        assert other.get(region).status_code == 404
+        theirs = csrf_of(other.get("/"))
+        for path, data in (
+            (f"/nodes/{device_id}/deploy", {"csrf": theirs}),
+            (f"/nodes/{device_id}/device-config", {"csrf": theirs, "config": made["id"]}),
+        ):
+            hidden = other.post(path, data=data)
+            assert hidden.status_code == 404, (path, hidden.text)
+            assert f"node &#39;{device_id}&#39; does not exist" in hidden.text
+    assert status()["generation"] == generation
