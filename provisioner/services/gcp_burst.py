@@ -161,10 +161,13 @@ def wanted(session: Session, vm: GcpBurstVm) -> str | None:
 
 
 def retire_node(session: Session, vm: GcpBurstVm, *, actor: str, reason: str) -> None:
-    """The VM is gone: its node is removed (a burst node is never reused)."""
+    """The VM is gone: its node is removed (a burst node is never reused) and the join token it was made
+    with is revoked, so the token (readable from the VM's metadata while it ran) enrols nothing else."""
     node = session.get(Node, vm.node_id)
     if node is not None and NodeState.REMOVED in NODE_TRANSITIONS[NodeState(node.state)]:
         node_service.transition(session, node, NodeState.REMOVED, actor=actor, reason=reason)
+    token = runtime_of(session).sealer.unseal(vm.sealed_join_token).decode()
+    join_tokens.revoke_issued(session, token, actor=actor, reason=f"burst VM {vm.instance_name} is gone")
 
 
 def live_by_instance(session: Session, name: str) -> GcpBurstVm | None:

@@ -127,8 +127,21 @@ def revoke_one(session: Session, region: str, token_id: str, *, actor: str) -> t
             f"see provision region join-token {reg.name} --list",
             code="join_token_not_found",
         )
+    return row, _revoke_row(session, row, reg.name, actor=actor, reason="revoked by operator")
+
+
+def revoke_issued(session: Session, token: str, *, actor: str, reason: str) -> bool:
+    """Revoke the token this control plane issued as `token` (the secret itself, e.g. the one a burst VM
+    was created with, which nobody needs once the VM is gone); whether this call revoked it."""
+    row = session.scalar(select(JoinToken).where(JoinToken.token_sha256 == digest(token)))
+    if row is None:
+        return False
+    return _revoke_row(session, row, session.get_one(Region, row.region_id).name, actor=actor, reason=reason)
+
+
+def _revoke_row(session: Session, row: JoinToken, region_name: str, *, actor: str, reason: str) -> bool:
     if row.revoked_at is not None:
-        return row, False
+        return False
     now = datetime.now(UTC)
     frm = join_token_state(None, row.expires_at, now)
     row.revoked_at = now
@@ -136,15 +149,15 @@ def revoke_one(session: Session, region: str, token_id: str, *, actor: str) -> t
         session,
         kind=KIND,
         resource_id=row.id,
-        name=reg.name,
+        name=region_name,
         actor=actor,
         table=JOIN_TOKEN_TRANSITIONS,
         frm=frm,
         to=JoinTokenState.REVOKED,
-        reason="revoked by operator",
+        reason=reason,
     )
     session.flush()
-    return row, True
+    return True
 
 
 def list_for(session: Session, region: str) -> list[JoinToken]:

@@ -18,6 +18,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from contracts.jobspec import JobSpec
+from provisioner.attestation.refusals import Refusal, RefusalCode
 from provisioner.domain.placement import Source
 from provisioner.domain.placement_rows import match_rows
 from provisioner.domain.roles import Principal, Role
@@ -26,10 +27,20 @@ from provisioner.providers.base import NodeEvent, NodeEventKind
 from provisioner.providers.gcp import catalogue, compute_node
 from provisioner.reconcilers import gcp_burst as burst_reconciler
 from provisioner.reconcilers.loop import ReconcilerLoop
-from provisioner.services import audit, gcp, gcp_burst, gcp_capacity, gcp_events, job_placement, jobs
+from provisioner.services import (
+    audit,
+    gcp,
+    gcp_burst,
+    gcp_capacity,
+    gcp_events,
+    job_placement,
+    jobs,
+    join_tokens,
+)
 from provisioner.services import nodes as node_service
 from provisioner.services import providers as provider_service
 from provisioner.services import regions as region_service
+from provisioner.services.runtime import runtime_of
 from provisioner.services.wakeups import Wake
 from provisioner.store.account_models import Account
 from provisioner.store.engine import session_scope
@@ -205,6 +216,10 @@ def test_a_job_on_gcp_gets_one_vm_of_the_right_shape_and_it_goes_when_the_job_en
     assert vm_state == BurstVmState.DELETED and (zone, name) not in fake_compute.fake.instances
     with session_scope(store) as s:
         assert s.get_one(Node, s.get_one(Job, job_id).node_id).state == NodeState.REMOVED
+        # the join token the VM was made with (in its metadata) enrols nothing after the VM is gone
+        vm = s.scalars(select(GcpBurstVm).where(GcpBurstVm.job_id == job_id)).one()
+        refused = join_tokens.resolve(s, runtime_of(s).sealer.unseal(vm.sealed_join_token).decode())
+        assert isinstance(refused, Refusal) and refused.code == RefusalCode.join_token_revoked, refused
 
 
 def test_an_on_demand_a100_vm_attaches_no_accelerator_and_migrates_never() -> None:
