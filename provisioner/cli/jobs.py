@@ -132,6 +132,9 @@ def print_match_table(placement: dict[str, Any]) -> None:
                 "GPU price plus rigbase's usage fee.",
                 soft_wrap=True,
             )
+        for region, age in (placement.get("gcp_quota_age_s") or {}).items():
+            when = "never read yet" if age is None else f"read {render.human_duration(age)} ago"
+            con.print(f"GCP capacity in {region} is from its quota {when} (refreshed every 60 s).")
     else:
         con.print("No resource fits the job now.")
     if placement["rejected"]:

@@ -18,6 +18,7 @@ from provisioner.api.errors import NODE_ERRORS, documented
 from provisioner.api.schemas import EventOut, Page
 from provisioner.domain.placement_rows import match_rows
 from provisioner.services import (
+    gcp_capacity,
     job_assignments,  # noqa: F401  (registers the heartbeat's `jobs` key)
     job_logs,
     ledger,
@@ -153,6 +154,9 @@ class PlacementOut(BaseModel):
     matches: list[MatchRowOut]
     rejected: list[RejectedOut]
     rejected_total: int
+    # GCP region of a match → seconds since its quota was read (None: never): placement works from the
+    # cached read (refreshed every 60 s), so the operator sees how old the capacity it offers is
+    gcp_quota_age_s: dict[str, float | None] = {}
 
     @classmethod
     def of(cls, sub: service.Submission) -> PlacementOut:
@@ -209,9 +213,12 @@ def create(body: JobIn, session: Db, principal: Principal) -> JobCreatedOut:
 @router.post("/dry-run", responses=documented(403, 404))
 def dry_run(body: JobIn, session: Db, principal: Principal) -> PlacementOut:
     """Where the job would run now and why every other candidate does not fit; stores nothing."""
-    return PlacementOut.of(
-        service.create(session, principal, _spec(body), project=body.project, dry_run=True)
-    )
+    out = PlacementOut.of(service.create(session, principal, _spec(body), project=body.project, dry_run=True))
+    shown = {m.region for m in out.matches if m.provider == "gcp"}
+    if shown:
+        ages = gcp_capacity.cache_age_s(session)
+        out.gcp_quota_age_s = {name: ages.get(name) for name in sorted(shown)}
+    return out
 
 
 @router.get("", responses=documented(404))

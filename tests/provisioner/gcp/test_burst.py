@@ -459,6 +459,7 @@ def test_dry_run_output_says_a_vm_would_be_rented_and_what_it_costs(
     burst_pass(store)
     with session_scope(store) as s:
         decision = jobs.create(s, root(s), spec("look", preemptible=True), dry_run=True).decision
+        ages = gcp_capacity.cache_age_s(s)
     placement = {
         "pinned_region": None,
         "pinned_by": None,
@@ -466,11 +467,18 @@ def test_dry_run_output_says_a_vm_would_be_rented_and_what_it_costs(
         "rejected": [],
         "rejected_total": 0,
         "waiting_reason": None,
+        "gcp_quota_age_s": {"us-central1": ages["us-central1"]},
     }
     print_match_table(placement)
     out = " ".join(capsys.readouterr().out.split())
     assert "n1-standard-8 spot" in out and "0.39" in out and "gcp" in out
     assert "would get a new GCP VM (n1-standard-8 spot) in us-central1" in out
+    # the burst pass above read the quota moments ago: the age placement worked from is shown
+    age = ages["us-central1"]
+    assert age is not None and 0 <= age < 60, ages
+    assert (
+        "GCP capacity in us-central1 is from its quota read " in out and "s ago (refreshed every 60 s)" in out
+    )
     assert fake_compute.fake.calls["instance_insert"] == 0
 
 
