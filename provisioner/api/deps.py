@@ -28,13 +28,14 @@ from provisioner.services import accounts
 from provisioner.services.heartbeat_timing import HeartbeatTiming
 
 
-async def _unit_of_work_slot(request: Request) -> AsyncIterator[None]:
+async def unit_of_work_slot(request: Request) -> AsyncIterator[None]:
+    """Hold a unit-of-work slot for the request; for routes that open their own sessions (the console)."""
     async with admitted(request):
         yield
 
 
 def _db(
-    request: Request, _slot: Annotated[None, Depends(_unit_of_work_slot, scope="function")]
+    request: Request, _slot: Annotated[None, Depends(unit_of_work_slot, scope="function")]
 ) -> Iterator[Session]:
     # the slot is taken before the session exists and given back after it is closed (LIFO exit)
     session: Session = request.app.state.sessions()

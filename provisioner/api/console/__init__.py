@@ -13,13 +13,14 @@ from __future__ import annotations
 
 from typing import Final
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import Response
 from starlette.convertors import Convertor, register_url_convertor
 
 from provisioner.api.console import actions, billing_pages, job_pages, pages
 from provisioner.api.console.render import HERE, not_found
 from provisioner.api.console.session import Signer, signing_key
+from provisioner.api.deps import unit_of_work_slot
 
 STYLESHEET: Final = (HERE / "static" / "console.css").read_bytes()
 SCRIPT: Final = (HERE / "static" / "console.js").read_bytes()
@@ -52,10 +53,11 @@ def _script() -> Response:
 def mount(app: FastAPI) -> None:
     """The console's routes, after the API's: unknown console paths get the console's 404 page."""
     app.state.console_signer = Signer(signing_key(app.state.runtime.sealer))
-    app.include_router(pages.router)
-    app.include_router(job_pages.router)
-    app.include_router(billing_pages.router)
-    app.include_router(actions.router)
+    # Console handlers open their own sessions: the same admission as the API's units of work
+    # (provisioner/api/admission.py), so a page or a form cannot stall behind a join burst holding a thread
+    admitted = [Depends(unit_of_work_slot)]
+    for router in (pages.router, job_pages.router, billing_pages.router, actions.router):
+        app.include_router(router, dependencies=admitted)
     app.add_api_route("/static/console.css", _stylesheet, methods=["GET"], include_in_schema=False)
     app.add_api_route("/static/console.js", _script, methods=["GET"], include_in_schema=False)
 
