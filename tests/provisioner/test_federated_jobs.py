@@ -25,14 +25,14 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from contracts.jobspec import JobSpec
 from provisioner.domain import billing_rules as rules
-from provisioner.domain.roles import Principal, Role
+from provisioner.domain.roles import Principal
 from provisioner.services import accounts, job_assignments, jobs, ledger, nodes, projects, providers
 from provisioner.services import regions as region_service
-from provisioner.store.account_models import Account, ProjectShare
+from provisioner.store.account_models import ProjectShare
 from provisioner.store.job_models import Job
 from tests.fixtures.control_plane import PROVISION
 from tests.fixtures.postgres import Store
-from tests.provisioner.test_billing_ledger import active_a100_node
+from tests.provisioner.test_billing_ledger import ACTOR, active_a100_node, principal_named
 from tests.provisioner.test_jobs_api import Fleet, create, mine, report, running_fleet, spec
 
 SHARED = "default/shared-lab"  # the root account `default` owns project `shared-lab`
@@ -180,32 +180,15 @@ def test_a_sharee_job_runs_on_the_owners_private_region_and_each_side_sees_what_
 
 # ----------------------------------------------------------------------------- metering
 
-ACTOR = "operator:test"
-A100 = {
-    "pci_address": "0000:01:00.0",
-    "vendor_id": "10de",
-    "device_id": "20b0",
-    "vendor": "NVIDIA",
-    "name": "A100 40GB",
-    "model": "A100 40GB",
-    "gpu_class": "datacenter",
-}
-
-
-def _principal(session: Session, name: str) -> Principal:
-    account = session.scalar(select(Account).where(Account.name == name))
-    assert account is not None
-    return Principal(actor=f"operator:{name}", account_id=account.id, role=Role.ADMIN, root=account.root)
-
 
 def _world(sessions: sessionmaker[Session]) -> tuple[Principal, Principal]:
     """`owner` (a private region with one node of 2 x A100 40GB) shares its default project with `guest`,
     which has no credits."""
     with sessions.begin() as s:
-        root = _principal(s, "default")
+        root = principal_named(s, "default")
         accounts.create(s, root, "owner")
         accounts.create(s, root, "guest")
-        owner, guest = _principal(s, "owner"), _principal(s, "guest")
+        owner, guest = principal_named(s, "owner"), principal_named(s, "guest")
         providers.enable(s, "physical", {}, actor=ACTOR)
         region_service.create(s, "own", provider="physical", actor=ACTOR, account_id=owner.account_id)
         active_a100_node(s, "own", 9)
