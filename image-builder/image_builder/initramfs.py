@@ -71,8 +71,15 @@ while ! part __USB_ROOT__ >/dev/null && ! part __OS_ROOT__ >/dev/null; do
 done
 sleep 0.5  # let the other drives finish probing before choosing
 SOURCE=""
-if part __OS_ROOT__ >/dev/null && part __OS_VERITY__ >/dev/null; then
-  veritysetup open $(part __OS_ROOT__) root $(part __OS_VERITY__) "$ROOTHASH" 2>/dev/null && SOURCE=nvme
+if part __OS_ROOT__ >/dev/null && part __OS_VERITY__ >/dev/null &&
+  veritysetup open $(part __OS_ROOT__) root $(part __OS_VERITY__) "$ROOTHASH" 2>/dev/null; then
+  # open only maps the drive; dm-verity checks blocks as they are read. An installed copy of another image
+  # (this boot drive is newer) fails its first block: boot this drive's own root instead.
+  if dd if=/dev/mapper/root of=/dev/null bs=4096 count=1 2>/dev/null; then
+    SOURCE=nvme
+  else
+    veritysetup close root
+  fi
 fi
 if [ -z "$SOURCE" ]; then
   part __USB_ROOT__ >/dev/null ||

@@ -87,6 +87,9 @@ StandardOutput=journal+console
 StandardError=journal+console
 Restart=on-failure
 RestartSec=30s
+# The minion pings the watchdog on every join attempt and heartbeat (minion/watchdog.py). A loop stuck in
+# one call is aborted — faulthandler prints every thread's stack on the console — and restarted above.
+WatchdogSec=5min
 
 [Install]
 WantedBy=multi-user.target
@@ -257,8 +260,15 @@ def enable_links() -> dict[str, str]:
 #: Links the Debian packages' postinsts enabled that a node must not start on its own: the NFS server and
 #: rpcbind listen on the network (finalize enables and starts them on a storage node, again at every boot
 #: through rigbase-node-config.service), pNFS block layout is never used, and apt's timers would fetch from
-#: the network for a root that is read-only and has no package lists.
+#: the network for a root that is read-only and has no package lists. podman's own units (its API service
+#: and socket, restart-at-boot, auto-update) would run podman on the default storage in the root's tmpfs
+#: overlay beside the minion's podman (storage on /scratch): only the minion runs containers on a node.
 DISABLED_LINKS: tuple[str, ...] = (
+    "/etc/systemd/system/default.target.wants/podman.service",
+    "/etc/systemd/system/default.target.wants/podman-restart.service",
+    "/etc/systemd/system/default.target.wants/podman-auto-update.service",
+    "/etc/systemd/system/sockets.target.wants/podman.socket",
+    "/etc/systemd/system/timers.target.wants/podman-auto-update.timer",
     "/etc/systemd/system/multi-user.target.wants/nfs-server.service",
     "/etc/systemd/system/multi-user.target.wants/rpcbind.service",
     "/etc/systemd/system/sockets.target.wants/rpcbind.socket",

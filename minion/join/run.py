@@ -30,6 +30,7 @@ from minion import desired
 from minion.join.client import ConnectionProblem, ControlPlane, Enrollment, attempt_join
 from minion.join.state import StateDir
 from minion.settings import ContainerSettings
+from minion.watchdog import Watchdog
 
 # Modules whose `setup(context: RunContext)` is called once before the first heartbeat (e.g. to start
 # the reservations agent and register its desired-state handler and shutdown hook). One line each.
@@ -38,6 +39,10 @@ RUN_HOOKS: list[str] = [
     "minion.jobs.agent",  # desired["jobs"]: job containers with podman (docs/minion-jobs.md)
     "minion.devices.agent",  # desired["device_config"]: a device's inference container (docs/devices.md)
 ]
+
+
+# the longest wait between two watchdog pings while the loop sleeps (well inside the unit's WatchdogSec)
+WATCHDOG_SLICE_S = 30.0
 
 
 @dataclass
@@ -111,6 +116,8 @@ class Runner:
     max_backoff_s: float = 15.0
     stop: threading.Event = field(default_factory=threading.Event)
     printer: Printer | None = None  # default: one line per state change into the state directory
+    # pinged once per join attempt and per heartbeat: systemd restarts a minion whose loop stalls
+    watchdog: Watchdog = field(default_factory=Watchdog.from_environment)
 
     def __post_init__(self) -> None:
         self.say: Printer = self.printer or Printer(self.ctx.state)
@@ -148,7 +155,7 @@ class Runner:
                     self.say(node.get("state", "joined"), outcome.message, node_id=node.get("node_id"))
                     return node
                 self.say(outcome.state, outcome.message, code=outcome.code)
-            self.stop.wait(backoff)
+            self.pause(backoff)
             backoff = min(backoff * 2, self.max_backoff_s)
         return None
 
@@ -174,7 +181,7 @@ class Runner:
                 )
             except ConnectionProblem as exc:
                 self.say("unreachable", str(exc))
-                self.stop.wait(min(interval, self.max_backoff_s))
+                self.pause(min(interval, self.max_backoff_s))
                 continue
             if response.status_code in (401, 404):
                 self.ctx.state.forget_node()
@@ -182,13 +189,13 @@ class Runner:
                 return
             if response.status_code != 200:
                 self.say("heartbeat-refused", response.text[:200])
-                self.stop.wait(interval)
+                self.pause(interval)
                 continue
             try:
                 answer = HeartbeatResponse.model_validate_json(response.content)
             except ValidationError as exc:
                 self.say("heartbeat-refused", f"unreadable heartbeat answer: {exc.error_count()} problem(s)")
-                self.stop.wait(interval)
+                self.pause(interval)
                 continue
             self.say(answer.state, answer.reason, node_id=node["node_id"])
             if answer.state == "new":  # retried by the operator: attest again
@@ -196,7 +203,19 @@ class Runner:
                 return
             actual = desired.apply(answer.desired)
             nonce = answer.quote_nonce
-            self.stop.wait(0 if nonce else interval)
+            self.pause(0 if nonce else interval)
+
+    def pause(self, seconds: float) -> None:
+        """Wait (until stopped) between attempts; the loop came round, so tell the watchdog, and keep
+        telling it through a long wait (an operator's heartbeat interval may exceed WatchdogSec)."""
+        self.watchdog.alive()
+        remaining = seconds
+        while remaining > 0 and not self.stop.is_set():
+            step = min(remaining, WATCHDOG_SLICE_S)
+            if self.stop.wait(step):
+                return
+            remaining -= step
+            self.watchdog.alive()
 
     def run(self) -> None:
         from minion.reservations import heartbeat as reservations  # light: zeroconf loads on first use
@@ -206,6 +225,7 @@ class Runner:
         )
         for module in RUN_HOOKS:
             importlib.import_module(module).setup(self.ctx)
+        self.watchdog.start()
         try:
             while not self.stop.is_set():
                 node = self.ctx.state.node() or self.join()
@@ -214,6 +234,7 @@ class Runner:
                 self.ctx.node = node
                 self.heartbeats(node)
         finally:
+            self.watchdog.stop()
             errors = desired.shutdown()
             for error in errors:
                 print(f"warning: shutdown hook failed: {error}", file=sys.stderr)

@@ -223,6 +223,9 @@ def test_storage_node_life_from_usb_to_active_and_through_a_reset(
         assert len(joins) == 1, joins
         # The console shows the node serving again: the minion's state line after the reset.
         m.wait_for(r"minion\[\d+\]: active", 300, mark)
+        # and nothing failed on the way up (podman's own units stay off: only the minion runs containers)
+        failed = [line for line in m.text(mark).splitlines() if "Failed to start" in line]
+        assert not failed, failed
 
 
 def test_modified_uki_is_refused_at_join(

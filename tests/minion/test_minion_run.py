@@ -4,10 +4,14 @@ the banner showing the join state, and a clean exit on SIGTERM."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import signal
+import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -62,6 +66,10 @@ def test_minion_run_joins_heartbeats_and_stops_on_sigterm(
     with region_lab(tmp_path, tpm_vendor_ca) as cp:
         state = tmp_path / "state"
         log = open(tmp_path / "minion.log", "w+")
+        # systemd's side of the watchdog: the notify socket the image's unit (WatchdogSec=) hands the minion
+        watchdog_dir = Path(tempfile.mkdtemp(prefix="rb-notify-"))  # short: a unix socket path has 108 bytes
+        systemd = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        systemd.bind(str(watchdog_dir / "notify"))
         proc = subprocess.Popen(
             [
                 str(minion_executable()),
@@ -81,7 +89,12 @@ def test_minion_run_joins_heartbeats_and_stops_on_sigterm(
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, "TSS2_LOG": "all+none"},
+            env={
+                **os.environ,
+                "TSS2_LOG": "all+none",
+                "NOTIFY_SOCKET": str(watchdog_dir / "notify"),
+                "WATCHDOG_USEC": "300000000",
+            },
         )
         try:
             client = cp.client()
@@ -129,11 +142,21 @@ def test_minion_run_joins_heartbeats_and_stops_on_sigterm(
             assert "join       maintenance" in text
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(15) == 0
+            systemd.setblocking(False)
+            told = []
+            with contextlib.suppress(BlockingIOError):
+                while True:
+                    told.append(systemd.recv(4096).decode())
+            # ready, pinged on every join attempt and heartbeat, stopping on purpose at SIGTERM
+            assert told[0] == "READY=1" and told[-1] == "STOPPING=1", told
+            assert told.count("WATCHDOG=1") >= 5, told
         finally:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
             client.close()
+            systemd.close()
+            shutil.rmtree(watchdog_dir, ignore_errors=True)
         log.seek(0)
         lines = log.read().splitlines()
     states = [line.split(":")[0] for line in lines]
