@@ -52,10 +52,12 @@ def notify(message: str) -> bool:
         return False
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
+            # never wait on the reader: a full queue must not stall the loop this guard watches
+            s.setblocking(False)
             s.connect(address)
-            s.sendall(message.encode())
+            s.send(message.encode())
     except OSError:
-        return False  # systemd went away (shutdown): nothing to tell
+        return False  # systemd went away (shutdown) or is not reading: nothing to tell
     return True
 
 

@@ -234,11 +234,12 @@ class Runner:
                 self.ctx.node = node
                 self.heartbeats(node)
         finally:
-            self.watchdog.stop()
+            # the watchdog stays armed through the hooks: a hook that hangs is aborted and shown like a loop
             errors = desired.shutdown()
             for error in errors:
                 print(f"warning: shutdown hook failed: {error}", file=sys.stderr)
             self.cp.close()
+            self.watchdog.stop()
             self.say("stopped")
 
 

@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -70,6 +71,15 @@ def test_minion_run_joins_heartbeats_and_stops_on_sigterm(
         watchdog_dir = Path(tempfile.mkdtemp(prefix="rb-notify-"))  # short: a unix socket path has 108 bytes
         systemd = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         systemd.bind(str(watchdog_dir / "notify"))
+        told: list[str] = []
+
+        def read_notifications() -> None:  # as systemd does: read all along, or the queue fills
+            with contextlib.suppress(OSError):
+                while message := systemd.recv(4096):
+                    told.append(message.decode())
+
+        reader = threading.Thread(target=read_notifications, daemon=True)
+        reader.start()
         proc = subprocess.Popen(
             [
                 str(minion_executable()),
@@ -142,11 +152,9 @@ def test_minion_run_joins_heartbeats_and_stops_on_sigterm(
             assert "join       maintenance" in text
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(15) == 0
-            systemd.setblocking(False)
-            told = []
-            with contextlib.suppress(BlockingIOError):
-                while True:
-                    told.append(systemd.recv(4096).decode())
+            deadline = time.monotonic() + 5
+            while (not told or told[-1] != "STOPPING=1") and time.monotonic() < deadline:
+                time.sleep(0.05)
             # ready, pinged on every join attempt and heartbeat, stopping on purpose at SIGTERM
             assert told[0] == "READY=1" and told[-1] == "STOPPING=1", told
             assert told.count("WATCHDOG=1") >= 5, told
@@ -155,7 +163,9 @@ def test_minion_run_joins_heartbeats_and_stops_on_sigterm(
                 proc.kill()
                 proc.wait()
             client.close()
+            systemd.shutdown(socket.SHUT_RDWR)
             systemd.close()
+            reader.join(5)
             shutil.rmtree(watchdog_dir, ignore_errors=True)
         log.seek(0)
         lines = log.read().splitlines()

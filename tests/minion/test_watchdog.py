@@ -112,3 +112,9 @@ def test_a_loop_that_comes_round_prints_nothing() -> None:
         [sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, timeout=30
     )
     assert done.returncode == 0 and done.stderr == "", done.stderr
+
+
+def test_a_reader_that_stopped_reading_never_blocks_the_loop(notify_socket: socket.socket) -> None:
+    # a unix datagram queue holds a few hundred messages; a blocking send would stall here for good
+    sent = [notify("WATCHDOG=1") for _ in range(5000)]
+    assert sent[0] is True and sent[-1] is False  # the first queued, the overflow dropped, none waited
