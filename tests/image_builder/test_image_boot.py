@@ -130,6 +130,43 @@ def test_flipped_root_byte_is_refused_by_verity(built_image, lab_tpm, tmp_path: 
         assert "RIGBASE-PCR11=" not in m.text()
 
 
+def test_an_installed_copy_of_another_build_boots_the_usb_root_and_asks(
+    built_image, lab_tpm, tmp_path: Path
+) -> None:
+    """A node whose NVMe holds another build's OS (this USB drive is newer): `veritysetup open` of that
+    copy succeeds (open only maps it), but its blocks fail this drive's root hash. The initramfs must boot
+    the drive's own root, and the installer offers to replace the old build, instead of stopping at a
+    verity refusal."""
+    parts = built_image.manifest["image"]["partitions"]
+    root, verity = parts["rigbase-usb-root"], parts["rigbase-usb-verity"]
+    nvme = vm.blank_disk(tmp_path / "nvme0.img", 2 * GiB)
+    layout = (
+        "label: gpt\n"
+        f"start=2048, size={root['size'] // 512}, name=rigbase-os-root\n"
+        f"size={verity['size'] // 512}, name=rigbase-os-verity\n"
+    )
+    subprocess.run(["sfdisk", "-q", str(nvme)], input=layout, text=True, check=True)
+    with (built_image.out / "rigbase-usb.img").open("rb") as usb, nvme.open("r+b") as disk:
+        for part, start in ((root, 2048 * 512), (verity, 2048 * 512 + root["size"])):
+            usb.seek(part["offset"])
+            disk.seek(start)
+            left = part["size"]
+            while left:
+                chunk = usb.read(min(left, 2**24))
+                disk.write(chunk)
+                left -= len(chunk)
+        # another build: the same layout, other bytes (inside the first block, the ext4 superblock)
+        disk.seek(2048 * 512 + 1024 + 0x78)
+        byte = disk.read(1)
+        disk.seek(-1, os.SEEK_CUR)
+        disk.write(bytes([byte[0] ^ 0x01]))
+    with vm.Machine(tmp_path / "vm", built_image.out / "rigbase-usb.img", [nvme], lab_tpm.state_dir) as m:
+        m.wait_for(r"hold a different rigbase build", 420)
+        m.send("no\n")
+        m.wait_for(r"aborted; nothing was written", 60)
+        assert "verity refused" not in m.text()
+
+
 def test_modified_uki_changes_pcr11_and_no_writes_nothing(built_image, lab_tpm, tmp_path: Path) -> None:
     doc = built_image.manifest
     image = _copy_sparse(built_image.out / "rigbase-usb.img", tmp_path / "modified.img")
