@@ -6,7 +6,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any, Generic, TypeVar
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from contracts.messages import bounded_report
 from provisioner.domain.states import is_online
@@ -61,6 +61,14 @@ class RegionIn(BaseModel):
     storage_mode: str = "local"
     public_jobs: bool = True
     options: dict[str, Any] = Field(default_factory=dict)
+
+
+class RegionSettingsIn(BaseModel):
+    """PATCH /v1/regions/{ref}: the settings an operator changes after create; None leaves one as is."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    public_jobs: bool | None = None
 
 
 class RegionOut(BaseModel):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -159,19 +159,36 @@ def _enrols_until(region: str, expires_at: str | None) -> str:
 def update(
     region: str,
     allow_ek_without_cert: Annotated[
-        bool,
+        bool | None,
         typer.Option(
             "--allow-ek-without-cert/--require-ek-cert",
             help="Accept TPMs whose EK has no vendor certificate "
             "(opt-in; trust the hardware's origin first).",
         ),
-    ],
+    ] = None,
+    public_jobs: Annotated[
+        bool | None,
+        typer.Option(
+            "--public-jobs/--no-public-jobs",
+            help="Sell the region's spare capacity to other accounts' jobs for credits (docs/billing.md).",
+        ),
+    ] = None,
     json_out: Json = False,
 ) -> None:
-    """Change a region's attestation settings."""
-    out = connect().post(
-        f"/v1/regions/{region}/attestation", {"allow_ek_without_cert": allow_ek_without_cert}
-    )
+    """Change a region's settings: attestation, public jobs. Settings not named stay as they are."""
+    if allow_ek_without_cert is None and public_jobs is None:
+        raise typer.BadParameter(
+            "name a setting to change: --allow-ek-without-cert/--require-ek-cert or "
+            "--public-jobs/--no-public-jobs"
+        )
+    client = connect()
+    out: dict[str, Any] = {}
+    if allow_ek_without_cert is not None:
+        out = client.post(
+            f"/v1/regions/{region}/attestation", {"allow_ek_without_cert": allow_ek_without_cert}
+        )
+    if public_jobs is not None:
+        out = client.patch(f"/v1/regions/{region}", {"public_jobs": public_jobs})
     render.detail(out, as_json=json_out)
 
 

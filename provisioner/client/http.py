@@ -118,6 +118,9 @@ class Client:
             "POST", path, json=body, params={k: v for k, v in params.items() if v is not None}
         )
 
+    def patch(self, path: str, body: dict[str, Any]) -> Any:
+        return self.request("PATCH", path, json=body)
+
     def delete(self, path: str, **params: Any) -> Any:
         return self.request("DELETE", path, params={k: v for k, v in params.items() if v is not None})
 

@@ -23,6 +23,7 @@ class Action(StrEnum):
     MANAGE_PROJECTS = "create and remove projects"
     SHARE_PROJECTS = "share projects with other accounts"
     RUN_JOBS = "create and stop jobs"
+    SELL_CAPACITY = "sell a region's spare capacity to public jobs"
 
 
 # The roles that may take each action within their own account ...
@@ -33,6 +34,8 @@ ALLOWED: dict[Action, frozenset[Role]] = {
     # lets another account's jobs use this account's regions, datastores and reservations: admins decide
     Action.SHARE_PROJECTS: frozenset({Role.ADMIN}),
     Action.RUN_JOBS: frozenset({Role.ADMIN, Role.MEMBER}),
+    # other accounts' jobs then run on the account's machines, paid for in credits: admins decide
+    Action.SELL_CAPACITY: frozenset({Role.ADMIN}),
 }
 # ... and the actions that reach beyond it, so only the root account's admins take them
 ROOT_ONLY: frozenset[Action] = frozenset({Action.MANAGE_ACCOUNTS})

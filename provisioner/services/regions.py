@@ -10,10 +10,11 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from contracts.errors import Conflict, InvalidInput
+from contracts.errors import Conflict, InvalidInput, NotFound
 from contracts.regional import StorageMode
+from provisioner.domain.roles import Action, Principal
 from provisioner.domain.states import REGION_TRANSITIONS, NodeState, ProviderState, RegionState
-from provisioner.services import lifecycle, names
+from provisioner.services import audit, lifecycle, names
 from provisioner.services import providers as provider_service
 from provisioner.services.account_lookup import root_account
 from provisioner.services.runtime import runtime_of
@@ -114,3 +115,30 @@ def live_nodes(session: Session, region: Region) -> list[Node]:
             .order_by(Node.name)
         )
     )
+
+
+def set_public_jobs(session: Session, ref: str, public_jobs: bool, *, principal: Principal) -> Region:
+    """Sell the region's spare capacity to other accounts' jobs, or stop (docs/billing.md "Public jobs").
+    Its account's admins decide (a root admin for any region); another account's region looks missing.
+    Jobs already placed keep running where they are: the setting is read when a job is placed."""
+    principal.require(Action.SELL_CAPACITY)
+    region = get(session, ref)
+    scope = principal.account_scope()
+    if scope is not None and region.account_id != scope:
+        raise NotFound(
+            f"{KIND} '{ref}' does not exist: see `provision {KIND} list`", code=f"{KIND}_not_found"
+        )
+    if region.public_jobs != public_jobs:
+        region.public_jobs = public_jobs
+        audit.note(
+            session,
+            kind=KIND,
+            resource_id=region.id,
+            name=region.name,
+            actor=principal.actor,
+            state=region.state,
+            reason="public jobs "
+            + ("allowed: spare capacity is sold" if public_jobs else "no longer allowed"),
+        )
+        session.flush()
+    return region

@@ -5,18 +5,22 @@ refusals), balances and the ledger (--account, --job, --since, --json) of entrie
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from decimal import Decimal
 
 import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from provisioner.domain import billing_rules as rules
 from provisioner.domain.billing_rules import Rule, Subject
 from provisioner.services import ledger
 from provisioner.services.ledger import NewEntry
 from provisioner.store.engine import make_engine, make_sessionmaker
-from tests.fixtures.control_plane import ControlPlane, start_control_plane
+from provisioner.store.models import AuditEvent
+from tests.fixtures.control_plane import PROVISION, ControlPlane, start_control_plane
 
 
 @pytest.fixture(scope="module")
@@ -167,3 +171,43 @@ def test_credit_tops_up_an_account_and_only_the_root_admin_may(cp: ControlPlane)
     assert answer.status_code == 403 and answer.json()["code"] == "forbidden_role", answer.text
     after = _json(cp, "billing", "balance", "--account", "acme-credit")
     assert isinstance(after, dict) and after["balance"] == "20.000000"
+
+
+def _token(cp: ControlPlane, name: str, *args: str) -> str:
+    answer = cp.provision("token", "create", name, *args)
+    assert answer.returncode == 0, answer.stderr
+    return answer.stdout.splitlines()[1]
+
+
+def _as(cp: ControlPlane, token: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**cp.env, "RIGBASE_TOKEN": token}
+    return subprocess.run([str(PROVISION), *args], env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_region_update_sells_spare_capacity_only_by_its_accounts_admins(cp: ControlPlane) -> None:
+    assert cp.provision("provider", "enable", "physical").returncode == 0
+    made = cp.provision("region", "create", "sell-1", "--provider", "physical", "--no-public-jobs")
+    assert made.returncode == 0, made.stderr
+    assert cp.provision("account", "create", "neighbour").returncode == 0
+    neighbour = _token(cp, "neighbour-admin", "--account", "neighbour")
+    member = _token(cp, "root-member", "--role", "member")
+    for token, words in [
+        (neighbour, "region 'sell-1' does not exist"),  # another account's region looks missing
+        (member, "may not sell a region's spare capacity to public jobs: ask for an admin token"),
+    ]:
+        refused = _as(cp, token, "region", "update", "sell-1", "--public-jobs")
+        assert refused.returncode != 0 and not refused.stdout, refused
+        assert words in refused.stderr and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    nothing = cp.provision("region", "update", "sell-1")
+    assert nothing.returncode != 0 and "name a setting to change" in nothing.stderr
+    shown = _json(cp, "region", "show", "sell-1")
+    assert isinstance(shown, dict) and shown["public_jobs"] is False  # no refusal changed anything
+    updated = _json(cp, "region", "update", "sell-1", "--public-jobs")
+    assert isinstance(updated, dict) and updated["public_jobs"] is True
+    with Session(make_engine(cp.database_url)) as s:  # the audit trail says who sold it
+        (note,) = s.scalars(
+            select(AuditEvent).where(AuditEvent.resource_name == "sell-1", AuditEvent.reason.like("public%"))
+        )
+        assert (note.reason or "").startswith("public jobs allowed") and note.actor.startswith("operator:")
+    back = _json(cp, "region", "update", "sell-1", "--no-public-jobs")
+    assert isinstance(back, dict) and back["public_jobs"] is False

@@ -4,6 +4,10 @@ written, and is started again on the same database. The ledger ends exactly as t
 (rule, job, worker, hour) once, none lost, the totals those of domain.billing_rules. Then `provision job
 show` has the job's credits so far and `provision region show` the region owner's earnings.
 
+And two metering processes at once on one PostgreSQL database (two control planes whose leader leases
+overlapped, or an operator's pass beside the server's): two OS processes each read every due entry, wait
+until the other has read too, then post theirs in batches. Each entry is posted once, by one of them.
+
 The jobs are written as rows (the bench's way: thousands of jobs through the lifecycle would take minutes
 on this machine); what is under test is the metering process dying, not how jobs start. Their start is
 set `HOURS` and a half back on the wall clock (the server's clock), so every job has HOURS hours over."""
@@ -11,15 +15,17 @@ set `HOURS` and a half back on the wall clock (the server's clock), so every job
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import random
 import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine, func, insert, select
@@ -28,11 +34,11 @@ from sqlalchemy.orm import Session
 from bench.bench_billing import job_sides, public_regions, running_job, running_worker
 from provisioner.domain import billing_rules as rules
 from provisioner.domain.billing_rules import JobFacts, Piece, Subject
-from provisioner.services import prices
+from provisioner.services import ledger, metering, prices
 from provisioner.services.account_lookup import root_account
 from provisioner.store.account_models import Account, Project
 from provisioner.store.billing_models import LedgerEntry
-from provisioner.store.engine import make_engine, make_sessionmaker
+from provisioner.store.engine import make_engine, make_sessionmaker, session_scope
 from provisioner.store.job_models import Job, JobWorker
 from provisioner.store.models import new_id, utcnow
 from tests.fixtures.control_plane import ControlPlane, start_control_plane
@@ -195,3 +201,56 @@ def _shows_credits(cp: ControlPlane, job_id: str, paid: Decimal) -> None:
     region = cp.provision("region", "show", "r0", "--json")
     assert region.returncode == 0, region.stderr
     assert Decimal(json.loads(region.stdout)["credits_earned"]) > 0
+
+
+# ------------------------------------------------------------------------------- two processes at once
+
+
+def _meter_in_a_process(url: str, now: datetime, barrier: Any, posted: Any, index: int) -> None:
+    """One metering pass in its own process and connection pool, the reconciler's steps
+    (reconcilers/metering.py run_once), held at `barrier` between reading what is due and posting it:
+    both processes have read every entry before either writes one."""
+    engine = make_engine(url)
+    sessions = make_sessionmaker(engine)
+    with session_scope(sessions) as session:
+        due = metering.due_entries(session, now)
+    assert not due.more, "the seed fits in one read (metering.PASS_LIMIT)"
+    barrier.wait(timeout=120)
+    total = 0
+    for batch in metering.batches(due.jobs):
+        with session_scope(sessions) as session:
+            total += ledger.post(session, batch)
+    posted[index] = total
+    engine.dispose()
+
+
+@pytest.mark.slow
+def test_two_metering_processes_at_once_post_every_entry_once(database: str, tmp_path: Path) -> None:
+    with start_control_plane(tmp_path / "home", database, port=free_port()):
+        pass  # the root account and its default project; the server is gone before the race
+    engine = make_engine(database)
+    expected = _seed(engine)
+    spawn = multiprocessing.get_context("spawn")  # fresh interpreters: no connection inherited by fork
+    barrier, posted = spawn.Barrier(2), spawn.Array("q", 2)
+    now = utcnow()
+    racers = [
+        spawn.Process(target=_meter_in_a_process, args=(database, now, barrier, posted, i)) for i in range(2)
+    ]
+    for racer in racers:
+        racer.start()
+    for racer in racers:
+        racer.join(timeout=300)
+    assert [r.exitcode for r in racers] == [0, 0]
+    count, keys = _ledger(engine)
+    assert count == keys == expected.entries  # every key once: none twice, none lost
+    assert sum(posted[:]) == expected.entries  # what each process says it posted is what it inserted
+    with Session(engine) as s:
+        per_job = s.execute(
+            select(LedgerEntry.job_id, func.sum(LedgerEntry.amount_micros))
+            .where(METERED, LedgerEntry.payee == rules.PLATFORM)
+            .group_by(LedgerEntry.job_id)
+        ).all()
+        balances = ledger.balances(s)
+    assert {job: rules.from_micros(int(m)) for job, m in per_job} == expected.paid
+    assert sum(balances.values(), Decimal(0)) == 0  # double entry: the accounts balance to zero
+    engine.dispose()

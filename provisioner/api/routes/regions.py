@@ -1,12 +1,13 @@
-"""/v1/regions: create, list, show, remove (?force=true removes its nodes, reservations and datastores
-too)."""
+"""/v1/regions: create, list, show, update (public jobs), remove (?force=true removes its nodes,
+reservations and datastores too)."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter
 
+from contracts.errors import InvalidInput
 from provisioner.api.deps import Db, Operator, Principal
-from provisioner.api.schemas import Page, RegionIn, RegionOut
+from provisioner.api.schemas import Page, RegionIn, RegionOut, RegionSettingsIn
 from provisioner.services import ledger, region_removal
 from provisioner.services import regions as service
 
@@ -39,6 +40,16 @@ def show(ref: str, session: Db, provider: str | None = None) -> RegionOut:
     return RegionOut.of(region).model_copy(
         update={"credits_earned": ledger.region_earnings(session, region.id)}
     )
+
+
+@router.patch("/{ref}")
+def update(ref: str, body: RegionSettingsIn, session: Db, principal: Principal) -> RegionOut:
+    """Change what the body names; a field left out stays as it is."""
+    if body.public_jobs is None:
+        raise InvalidInput(
+            "nothing to change: name a setting, e.g. `provision region update R --public-jobs`"
+        )
+    return RegionOut.of(service.set_public_jobs(session, ref, body.public_jobs, principal=principal))
 
 
 @router.delete("/{ref}")
