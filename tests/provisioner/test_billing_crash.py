@@ -128,6 +128,17 @@ def _seed(engine: Engine) -> Expected:
     return expected
 
 
+def _paid_per_job(engine: Engine) -> dict[str, Decimal]:
+    """What each job's side paid the platform, as metered."""
+    with Session(engine) as s:
+        per_job = s.execute(
+            select(LedgerEntry.job_id, func.sum(LedgerEntry.amount_micros))
+            .where(METERED, LedgerEntry.payee == rules.PLATFORM)
+            .group_by(LedgerEntry.job_id)
+        ).all()
+    return {str(job): rules.from_micros(int(m)) for job, m in per_job}
+
+
 def _ledger(engine: Engine) -> tuple[int, int]:
     """(entries metering posted, distinct keys among them)."""
     with Session(engine) as s:
@@ -172,11 +183,6 @@ def test_a_metering_process_killed_mid_pass_posts_nothing_twice_and_loses_nothin
             assert time.monotonic() < deadline, (due, (home / "server.log").read_text())
         count, keys = _ledger(engine)
         with Session(engine) as s:
-            per_job = s.execute(
-                select(LedgerEntry.job_id, func.sum(LedgerEntry.amount_micros))
-                .where(METERED, LedgerEntry.payee == rules.PLATFORM)
-                .group_by(LedgerEntry.job_id)
-            ).all()
             earned = s.scalar(
                 select(func.sum(LedgerEntry.amount_micros)).where(
                     METERED, LedgerEntry.payer == rules.PLATFORM
@@ -185,7 +191,7 @@ def test_a_metering_process_killed_mid_pass_posts_nothing_twice_and_loses_nothin
             hours = s.scalar(select(func.max(LedgerEntry.hour)))
         assert count == keys == expected.entries  # none twice (one row per key), none lost
         assert hours == HOURS - 1
-        assert {job: rules.from_micros(int(m)) for job, m in per_job} == expected.paid
+        assert _paid_per_job(engine) == expected.paid
         assert rules.from_micros(int(earned or 0)) == expected.earned
         _shows_credits(cp, expected.root_job, expected.paid[expected.root_job])
     engine.dispose()
@@ -244,13 +250,8 @@ def test_two_metering_processes_at_once_post_every_entry_once(database: str, tmp
     count, keys = _ledger(engine)
     assert count == keys == expected.entries  # every key once: none twice, none lost
     assert sum(posted[:]) == expected.entries  # what each process says it posted is what it inserted
+    assert _paid_per_job(engine) == expected.paid
     with Session(engine) as s:
-        per_job = s.execute(
-            select(LedgerEntry.job_id, func.sum(LedgerEntry.amount_micros))
-            .where(METERED, LedgerEntry.payee == rules.PLATFORM)
-            .group_by(LedgerEntry.job_id)
-        ).all()
         balances = ledger.balances(s)
-    assert {job: rules.from_micros(int(m)) for job, m in per_job} == expected.paid
     assert sum(balances.values(), Decimal(0)) == 0  # double entry: the accounts balance to zero
     engine.dispose()
