@@ -150,9 +150,14 @@ def quota(
     else:
         result = connect().get(f"/v1/gcp/quota/{region}")
     if json_out:
-        render.print_json({"region": result["region"], "gpus": result["gpus"]})
+        render.print_json(
+            {"region": result["region"], "gpus": result["gpus"], "spot": result.get("spot", [])}
+        )
         return
     quota_table(result["gpus"])
+    if result.get("spot"):
+        print("\nSpot VMs (the preemptible quotas where the project has them, else the standard ones):")
+        quota_table(result["spot"])
 
 
 def _n(x: float) -> str:
@@ -161,7 +166,7 @@ def _n(x: float) -> str:
 
 QUOTA_COLUMNS = [
     ("gpu", "GPU"),
-    ("gpus", "GPUS LIMIT/USED/FREE"),
+    ("gpus", "GPUS LIMIT/USED/FREE (METRIC)"),
     ("cpus", "FREE CPUS (METRIC) ÷ PER GPU"),
     ("ssd", "FREE LOCAL SSD GB ÷ 375"),
     ("runnable_jobs", "RUNNABLE JOBS"),
@@ -174,7 +179,7 @@ def quota_table(gpus: list[dict[str, Any]], err: bool = False) -> None:
     rows = [
         {
             "gpu": g["gpu"],
-            "gpus": f"{_n(g['gpu_limit'])}/{_n(g['gpu_usage'])}/{_n(g['gpu_free'])}",
+            "gpus": f"{_n(g['gpu_limit'])}/{_n(g['gpu_usage'])}/{_n(g['gpu_free'])} ({g['metric']})",
             "cpus": (
                 f"{_n(g['cpus_free'])} ({g['cpu_metric']}) ÷ {g['cpus_per_gpu']} = {g['jobs_by_cpus']:.4g}"
             ),

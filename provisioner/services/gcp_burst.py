@@ -82,8 +82,8 @@ def materialise(
     if not on_gcp:
         return list(chosen), None
     for cid, workers in Counter(c.id for _, c in on_gcp).items():
-        region_id, gpu, _spot = gcp_capacity.parse_candidate_id(cid)
-        why = gcp_capacity.book(session, region_id, gpu, workers)
+        region_id, gpu, spot = gcp_capacity.parse_candidate_id(cid)
+        why = gcp_capacity.book(session, region_id, gpu, workers, spot)
         if why is not None:
             return list(chosen), why
     out = list(chosen)

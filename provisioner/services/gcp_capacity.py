@@ -6,7 +6,8 @@ offers to jobs, one on-demand candidate and, where the catalogue has a Spot pric
   free local SSD ÷ 375 GB) over the region's CACHED quota (gcp_quota_cache, refreshed in the background
   by the gcp-burst reconciler: placement never calls Google), after adding to the quota's usage what our
   burst VMs hold that the cached read does not count yet (`in_flight`): every live VM Compute had not
-  confirmed when the quota was read;
+  confirmed when the quota was read. A Spot candidate's count is of the preemptible quotas where the
+  project has them (capacity.metrics_for), and Spot VMs in flight hold those;
 - price per GPU-hour = Google's list price (on-demand or the Spot estimate, regions/gcp-gpus.yaml) plus
   the usage fee of the GPU's class (rigbase's fee on any hardware), so an owned node of the same class is
   always cheaper and takes the job first ("own the base, rent the burst");
@@ -37,7 +38,7 @@ from provisioner.domain.states import (
     ProviderState,
 )
 from provisioner.providers.gcp import catalogue
-from provisioner.providers.gcp.capacity import LOCAL_SSD_METRIC, LOCAL_SSD_PARTITION_GB, Quota, cpu_metric_for
+from provisioner.providers.gcp.capacity import LOCAL_SSD_PARTITION_GB, Quota, metrics_for
 from provisioner.providers.gcp.capacity import gpu_capacity as capacity_rule
 from provisioner.services import prices
 from provisioner.store.gcp_models import GcpBurstVm, GcpQuotaCache
@@ -138,10 +139,11 @@ def in_flight(
         gpu = cat.gpus.get(vm.gpu_type)
         if gpu is None:
             continue
+        metrics = metrics_for(gpu, quotas, bool(vm.preemptible))  # a Spot VM holds preemptible quota
         for metric, amount in (
-            (gpu.metric, vm.gpu_count),
-            (cpu_metric_for(gpu, quotas), vm.cpus),
-            (LOCAL_SSD_METRIC, vm.local_ssds * LOCAL_SSD_PARTITION_GB),
+            (metrics.gpus, vm.gpu_count),
+            (metrics.cpus, vm.cpus),
+            (metrics.local_ssd, vm.local_ssds * LOCAL_SSD_PARTITION_GB),
         ):
             held[metric] = held.get(metric, 0.0) + amount
     return held
@@ -175,6 +177,8 @@ class HoldsQuota(Protocol):
     def local_ssds(self) -> int: ...
     @property
     def inserted_at(self) -> datetime | None: ...
+    @property
+    def preemptible(self) -> bool: ...
 
 
 class _VmRow(NamedTuple):
@@ -222,8 +226,10 @@ def _burst_vms(
     return live, stocked_out
 
 
-def runnable(view: GcpRegionView, gpu: catalogue.GpuType, held: Mapping[str, float]) -> int:
-    return capacity_rule(gpu, effective_quotas(view.quotas, held)).runnable_jobs
+def runnable(
+    view: GcpRegionView, gpu: catalogue.GpuType, held: Mapping[str, float], preemptible: bool = False
+) -> int:
+    return capacity_rule(gpu, effective_quotas(view.quotas, held), preemptible).runnable_jobs
 
 
 @lru_cache(maxsize=64)
@@ -288,8 +294,8 @@ def _build(
         held = in_flight(live.get(view.region_id, []), view.fetched_at, cat, view.quotas)
         quotas = effective_quotas(view.quotas, held)
         for gpu, models in _offers(view.gcp_region):
-            free = capacity_rule(gpu, quotas).runnable_jobs
             for model, spot, price in models:
+                free = capacity_rule(gpu, quotas, spot).runnable_jobs
                 gone = (view.region_id, gpu.name, spot) in stocked_out
                 out.append(
                     Candidate(
@@ -334,8 +340,11 @@ def store_quotas(session: Session, region_id: str, quotas: Mapping[str, Quota], 
     session.add(row)
 
 
-def book(session: Session, region_id: str, gpu_name: str, workers: int) -> str | None:
-    """Take `workers` 1-GPU VMs of `gpu_name` in the region, or say why not (None: booked). Locks the
+def book(
+    session: Session, region_id: str, gpu_name: str, workers: int, preemptible: bool = False
+) -> str | None:
+    """Take `workers` 1-GPU VMs of `gpu_name` (Spot VMs when `preemptible`, which spend the region's
+    preemptible quotas where the project has them) in the region, or say why not (None: booked). Locks the
     region's cache row (FOR UPDATE on PostgreSQL; SQLite transactions are serial already) and counts the
     live VMs again after the lock, so a concurrent booking committed meanwhile is seen."""
     cat = catalogue.load()
@@ -362,9 +371,12 @@ def book(session: Session, region_id: str, gpu_name: str, workers: int) -> str |
             .execution_options(populate_existing=True)
         )
     )
-    free = runnable(view, gpu, in_flight(vms, view.fetched_at, cat, view.quotas))
+    free = runnable(view, gpu, in_flight(vms, view.fetched_at, cat, view.quotas), preemptible)
     if free < workers:
-        return f"GCP {view.gcp_region} has quota for {free} more {gpu.name} VM(s), the job needs {workers}"
+        kind = "Spot " if preemptible else ""
+        return (
+            f"GCP {view.gcp_region} has quota for {free} more {gpu.name} {kind}VM(s), the job needs {workers}"
+        )
     row.bookings += 1  # a write under the lock: the next booking waits for this one to commit
     return None
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +25,8 @@ if TYPE_CHECKING:  # pragma: no cover
 class RegionQuota:
     region: str
     quotas: dict[str, Quota]
-    gpus: list[GpuCapacity]
+    gpus: list[GpuCapacity]  # on-demand VMs
+    spot: list[GpuCapacity] = field(default_factory=list)  # Spot VMs (preemptible quotas where there are)
 
     @property
     def runnable(self) -> bool:
@@ -40,7 +41,11 @@ class RegionQuota:
         )
 
     def to_json(self) -> dict[str, Any]:
-        return {"region": self.region, "gpus": [g.to_json() for g in self.gpus]}
+        return {
+            "region": self.region,
+            "gpus": [g.to_json() for g in self.gpus],
+            "spot": [g.to_json() for g in self.spot],
+        }
 
 
 def quotas_from_region_json(doc: Mapping[str, Any]) -> dict[str, Quota]:
@@ -64,7 +69,13 @@ def quotas_from_region(region: Any) -> dict[str, Quota]:
 
 def evaluate(region: str, quotas: Mapping[str, Quota], cat: catalogue.Catalogue | None = None) -> RegionQuota:
     cat = cat or catalogue.load()
-    return RegionQuota(region=region, quotas=dict(quotas), gpus=region_capacity(cat.gpus_in(region), quotas))
+    gpus = cat.gpus_in(region)
+    return RegionQuota(
+        region=region,
+        quotas=dict(quotas),
+        gpus=region_capacity(gpus, quotas),
+        spot=region_capacity(gpus, quotas, preemptible=True),
+    )
 
 
 def from_json_file(path: Path, region: str | None = None) -> RegionQuota:

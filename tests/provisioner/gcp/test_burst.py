@@ -505,6 +505,38 @@ def test_in_flight_counts_only_what_the_quota_read_does_not_count_yet() -> None:
     assert gcp_capacity.runnable(view, cat.gpus["T4"], {"NVIDIA_T4_GPUS": 1}) == 0
 
 
+def test_spot_vms_in_flight_hold_the_preemptible_quota_and_spot_candidates_count_it() -> None:
+    """Where the project has preemptible quota, a Spot VM not yet in the read's usage holds preemptible
+    GPUs, CPUs and local SSD, and leaves the standard quota (the on-demand candidates') as it was."""
+    from datetime import UTC, datetime, timedelta
+
+    from provisioner.providers.gcp.capacity import Quota
+
+    cat = catalogue.load()
+    read = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
+    quotas = {
+        "CPUS": Quota(64, 0),
+        "NVIDIA_T4_GPUS": Quota(1, 0),
+        "LOCAL_SSD_TOTAL_GB": Quota(3000, 0),
+        "PREEMPTIBLE_NVIDIA_T4_GPUS": Quota(3, 0),
+        "PREEMPTIBLE_CPUS": Quota(64, 0),
+        "PREEMPTIBLE_LOCAL_SSD_GB": Quota(3000, 0),
+    }
+    spot = GcpBurstVm(
+        gpu_type="T4",
+        gpu_count=1,
+        cpus=8,
+        local_ssds=1,
+        inserted_at=read + timedelta(seconds=1),
+        preemptible=True,
+    )
+    held = gcp_capacity.in_flight([spot], read, cat, quotas)
+    assert held == {"PREEMPTIBLE_NVIDIA_T4_GPUS": 1, "PREEMPTIBLE_CPUS": 8, "PREEMPTIBLE_LOCAL_SSD_GB": 375}
+    view = gcp_capacity.GcpRegionView("r", "us-central1", None, False, "us-central1", quotas, read)
+    assert gcp_capacity.runnable(view, cat.gpus["T4"], held, preemptible=True) == 2
+    assert gcp_capacity.runnable(view, cat.gpus["T4"], held) == 1  # on-demand: untouched
+
+
 def test_burst_vms_take_one_gpu_workers_and_spot_only_when_preemptible() -> None:
     from provisioner.domain.placement import Candidate, PlacementRequest
 

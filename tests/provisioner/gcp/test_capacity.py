@@ -177,3 +177,46 @@ def test_catalogue_has_ten_regions_with_zones_and_gpus() -> None:
         assert gpu.metric.startswith("NVIDIA_") and gpu.metric.endswith("_GPUS")
         assert gpu.price_per_gpu_hour > 0
     assert CAT.price_date and CAT.price_source.startswith("https://")
+
+
+SPOT_CASES = [
+    # id, quotas, (on-demand runnable, its GPU metric), (Spot runnable, its GPU, CPU and SSD metrics)
+    (
+        "preemptible quotas: Spot VMs spend them, on-demand VMs the standard ones",
+        q(
+            NVIDIA_T4_GPUS=(1, 0),
+            CPUS=BIG,
+            LOCAL_SSD_TOTAL_GB=BIG,
+            PREEMPTIBLE_NVIDIA_T4_GPUS=(6, 2),
+            PREEMPTIBLE_CPUS=(64, 0),
+            PREEMPTIBLE_LOCAL_SSD_GB=(3000, 0),
+        ),
+        (1, "NVIDIA_T4_GPUS"),
+        (4, ("PREEMPTIBLE_NVIDIA_T4_GPUS", "PREEMPTIBLE_CPUS", "PREEMPTIBLE_LOCAL_SSD_GB")),
+    ),
+    (
+        "no preemptible quota (limit 0): Spot VMs spend the standard quotas",
+        q(NVIDIA_T4_GPUS=(2, 0), CPUS=BIG, LOCAL_SSD_TOTAL_GB=BIG, PREEMPTIBLE_NVIDIA_T4_GPUS=(0, 0)),
+        (2, "NVIDIA_T4_GPUS"),
+        (2, ("NVIDIA_T4_GPUS", "CPUS", "LOCAL_SSD_TOTAL_GB")),
+    ),
+    (
+        "preemptible GPUs but no preemptible CPUs: each resource on its own",
+        q(NVIDIA_T4_GPUS=(0, 0), CPUS=(16, 0), LOCAL_SSD_TOTAL_GB=BIG, PREEMPTIBLE_NVIDIA_T4_GPUS=(8, 0)),
+        (0, "NVIDIA_T4_GPUS"),
+        (2, ("PREEMPTIBLE_NVIDIA_T4_GPUS", "CPUS", "LOCAL_SSD_TOTAL_GB")),  # 16 CPUs / 8 per T4
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("quotas", "on_demand", "spot"), [c[1:] for c in SPOT_CASES], ids=[c[0] for c in SPOT_CASES]
+)
+def test_spot_capacity_is_the_preemptible_quota_where_the_project_has_one(
+    quotas: dict[str, Quota], on_demand: tuple[int, str], spot: tuple[int, tuple[str, str, str]]
+) -> None:
+    standard = gpu_capacity(CAT.gpus["T4"], quotas)
+    assert (standard.runnable_jobs, standard.metric, standard.preemptible) == (*on_demand, False)
+    cap = gpu_capacity(CAT.gpus["T4"], quotas, preemptible=True)
+    metrics = (cap.metric, cap.cpu_metric, cap.local_ssd_metric)
+    assert (cap.runnable_jobs, metrics, cap.preemptible) == (spot[0], spot[1], True)
