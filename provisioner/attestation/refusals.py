@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from contracts.errors import Forbidden, InvalidInput, RigbaseError
+from contracts.errors import Conflict, Forbidden, InvalidInput, RigbaseError
 from provisioner.domain.text import printable
 
 
@@ -160,8 +160,14 @@ MESSAGES: dict[RefusalCode, str] = {
     ),
 }
 
-# Malformed input is the client's bug (422); everything else is a trust decision (403).
-_ERROR_CLASS: dict[RefusalCode, type[RigbaseError]] = {RefusalCode.malformed_request: InvalidInput}
+# Malformed input is the client's bug (422); a challenge that went stale before its proof came is a race
+# with the clock, not a failed authentication (409: a slow link or a busy TPM, and fifty of them from one
+# NATed site must not spend that address's failed-authentication budget, api/limits.py); everything else
+# is a trust decision (403).
+_ERROR_CLASS: dict[RefusalCode, type[RigbaseError]] = {
+    RefusalCode.malformed_request: InvalidInput,
+    RefusalCode.nonce_expired: Conflict,
+}
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 from pydantic import ValidationError
 
-from contracts.errors import Forbidden, InvalidInput
+from contracts.errors import Conflict, Forbidden, InvalidInput
 from contracts.messages import JoinRequest
 from provisioner.attestation.ek_certs import ChainError, TrustStore, verify_chain
 from provisioner.attestation.nonces import MemoryNonceStore, NonceIssuer
@@ -135,7 +135,8 @@ def test_every_refusal_has_an_actionable_message() -> None:
         assert refusal.message.endswith(".") and "{" not in refusal.message
         error = refusal.as_error()
         assert error.code == code.value
-        assert isinstance(error, InvalidInput if code == RefusalCode.malformed_request else Forbidden)
+        expected = {RefusalCode.malformed_request: InvalidInput, RefusalCode.nonce_expired: Conflict}
+        assert isinstance(error, expected.get(code, Forbidden))
 
 
 def test_wire_rejects_bad_fields() -> None:
