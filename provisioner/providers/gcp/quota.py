@@ -30,7 +30,8 @@ class RegionQuota:
 
     @property
     def runnable(self) -> bool:
-        return any(g.runnable_jobs > 0 for g in self.gpus)
+        """Some GPU type has room for a job, on demand or on Spot VMs (preemptible quota alone will do)."""
+        return any(g.runnable_jobs > 0 for g in (*self.gpus, *self.spot))
 
     def why_not_runnable(self) -> str:
         """One sentence for `region create` when every GPU type has zero capacity."""

@@ -78,6 +78,22 @@ def test_zero_capacity_everywhere_says_why(tmp_path: Path) -> None:
     assert "V100: cpus" in msg and "quota increase" in msg
 
 
+def test_preemptible_quota_alone_is_capacity_for_spot_vms(tmp_path: Path) -> None:
+    """No standard T4 quota but preemptible T4s: none on demand, Spot VMs can run (region create goes on)."""
+    path = tmp_path / "r.json"
+    quotas = [
+        {"metric": "PREEMPTIBLE_NVIDIA_T4_GPUS", "limit": 4, "usage": 0},
+        {"metric": "CPUS", "limit": 64, "usage": 0},
+        {"metric": "LOCAL_SSD_TOTAL_GB", "limit": 3000, "usage": 0},
+    ]
+    path.write_text(json.dumps({"name": "us-central1", "quotas": quotas}))
+    result = quota.from_json_file(path)
+    on_demand = {g.gpu: g.runnable_jobs for g in result.gpus}
+    spot = {g.gpu: (g.runnable_jobs, g.metric) for g in result.spot}
+    assert on_demand["T4"] == 0 and spot["T4"] == (4, "PREEMPTIBLE_NVIDIA_T4_GPUS")
+    assert result.runnable
+
+
 @pytest.mark.parametrize(
     "content", ["{", json.dumps({"quotas": []}), json.dumps({"name": "x", "quotas": [{"limit": 1}]})]
 )
