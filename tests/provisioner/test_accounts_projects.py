@@ -246,3 +246,20 @@ def test_new_tables_hold_names_unique_per_account(tmp_path: Path) -> None:
                 f"VALUES ('prj_x', '{account_id}', '{name}', {is_default}, CURRENT_TIMESTAMP)",
             )
     engine.dispose()
+
+
+def test_a_project_ref_with_a_newline_is_not_found_not_405(
+    two_accounts: tuple[ControlPlane, dict[str, str]],
+) -> None:
+    """A decoded ref may hold a newline (found by fuzzing): GET and share still reach their routes and
+    answer the missing project's 404, not the undocumented 405 of `DELETE /{ref}`."""
+    cp, _ = two_accounts
+    with cp.client() as c:
+        for method, path, body in [
+            ("GET", "/v1/projects/a%0Ab", None),
+            ("GET", "/v1/projects/default/a%0Ab", None),
+            ("POST", "/v1/projects/a%0Ab/shares", {"account": "default"}),
+        ]:
+            answer = c.request(method, path, json=body)
+            assert answer.status_code == 404, (method, path, answer.status_code, answer.text)
+            assert answer.json()["code"] == "project_not_found", answer.text

@@ -10,6 +10,7 @@ from datetime import datetime
 from fastapi import APIRouter
 from pydantic import BaseModel, Field
 from sqlalchemy.orm import Session
+from starlette.convertors import Convertor, register_url_convertor
 
 from provisioner.api.deps import Db, Principal
 from provisioner.api.errors import documented
@@ -18,6 +19,24 @@ from provisioner.domain.roles import Principal as PrincipalValue
 from provisioner.services import accounts
 from provisioner.services import projects as service
 from provisioner.store.account_models import Project
+
+
+class _AnyPath(Convertor[str]):
+    """Starlette's `path` (`.*`) stops at a newline, so `GET /v1/projects/a%0Ab` matched only
+    `DELETE /{ref}` (`[^/]+` takes a newline) and answered an undocumented 405 (found by fuzzing). A ref
+    may hold a `/` (`OWNER/PROJECT`) and, decoded, any character; the service answers 404 for a ref that
+    names nothing."""
+
+    regex = "(?s:.*)"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+register_url_convertor("anypath", _AnyPath())
 
 router = APIRouter(prefix="/v1/projects", tags=["projects"], responses=documented(403))
 
@@ -84,13 +103,13 @@ def list_projects(session: Db, principal: Principal) -> Page[ProjectOut]:
     return Page(items=own + shared)
 
 
-@router.post("/{ref:path}/shares", status_code=201)
+@router.post("/{ref:anypath}/shares", status_code=201)
 def share(ref: str, body: ShareIn, session: Db, principal: Principal) -> ProjectOut:
     """Share one of the caller's projects with another account (admins only)."""
     return _out(session, principal, service.share(session, principal, ref, body.account))
 
 
-@router.delete("/{ref:path}/shares/{account}")
+@router.delete("/{ref:anypath}/shares/{account}")
 def unshare(ref: str, account: str, session: Db, principal: Principal) -> ProjectOut:
     """Stop sharing: the account creates no more jobs here; the jobs it created stay visible to both."""
     return _out(session, principal, service.unshare(session, principal, ref, account))
@@ -101,7 +120,7 @@ def remove(ref: str, session: Db, principal: Principal) -> ProjectOut:
     return ProjectOut.of(service.remove(session, principal, ref))
 
 
-@router.get("/{ref:path}")
+@router.get("/{ref:anypath}")
 def show(ref: str, session: Db, principal: Principal) -> ProjectOut:
     """A project by name or id, or `OWNER/PROJECT` for one shared with the caller's account."""
     return _out(session, principal, accounts.project_for(session, principal, ref))
