@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis.errors import FlakyStrategyDefinition
 from schemathesis.checks import (
     content_type_conformance,
     not_a_server_error,
@@ -28,6 +29,7 @@ from tests.provisioner.test_join_http import Minion, api
 
 EXAMPLES = 20  # per operation; ~60 operations, about 30 s in all
 STATEFUL_EXAMPLES = 25  # scenarios of up to 6 linked calls
+FLAKY_ATTEMPTS = 3  # runs of the state machine when hypothesis' replay model breaks (see below)
 HEALTH = list(HealthCheck)
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 
@@ -186,18 +188,28 @@ def test_stateful_runs_chain_create_read_act_delete(fuzz_schema: Any, world: Wor
         ) -> None:
             case.validate_response(response, checks=CHECKS, transport_kwargs=kwargs)
 
-    Machine.run(
-        settings=settings(
-            max_examples=STATEFUL_EXAMPLES,
-            stateful_step_count=6,
-            deadline=None,
-            # The server keeps what earlier examples created, so a rule's bundle can be empty on a later
-            # pass over the same choices and hypothesis reports FlakyStrategyDefinition instead of a
-            # failure. Generate only (no replay, no shrinking) and derandomized: every run explores the
-            # same sequence, so the outcome does not depend on the run's seed.
-            phases=[Phase.generate],
-            derandomize=True,
-            suppress_health_check=HEALTH,
-            database=None,
-        )
+    run = settings(
+        max_examples=STATEFUL_EXAMPLES,
+        stateful_step_count=6,
+        deadline=None,
+        # The server keeps what earlier examples created, so a rule's bundle can be empty on a later
+        # pass over the same choices and hypothesis reports FlakyStrategyDefinition instead of a
+        # failure. Generate only (no replay, no shrinking) and derandomized: every run explores the
+        # same sequence, so the outcome does not depend on the run's seed.
+        phases=[Phase.generate],
+        derandomize=True,
+        suppress_health_check=HEALTH,
+        database=None,
     )
+    # Even so, hypothesis can meet a choice prefix it saw before and find a rule's precondition changed,
+    # because the server's state moved on (seen once in CI: "a bundle that was unexpectedly empty"). That
+    # is hypothesis' model of a stateless system breaking, not a check failing: a check failure raises
+    # schemathesis' own error, which is never caught here. Such a run is started again, at most twice
+    # more; a third one in a row fails the test.
+    for attempt in range(1, FLAKY_ATTEMPTS + 1):
+        try:
+            Machine.run(settings=run)
+            return
+        except FlakyStrategyDefinition:
+            if attempt == FLAKY_ATTEMPTS:
+                raise
