@@ -202,13 +202,45 @@ class JoinResult(_Answer):
     heartbeat_interval_s: float
 
 
+class KeyJoinRequest(_Sent):
+    """POST /v1/join body of a device without a TPM (contracts/device_key.py): its device key instead of
+    an EK and AK. Accepted only in regions that allow devices without a TPM."""
+
+    version: Literal[1] = PROTOCOL_VERSION
+    minion_id: MinionId
+    device_key: B64Bytes  # DER SubjectPublicKeyInfo, ECDSA P-256
+    join_token: str = Field(min_length=1)
+    inventory: Report = Field(default_factory=dict)
+    requirements: Report = Field(default_factory=dict)
+
+
+class KeyJoinChallenge(_Answer):
+    """POST /v1/join response (201) to a KeyJoinRequest: the nonce to sign."""
+
+    version: Literal[1] = PROTOCOL_VERSION
+    join_id: str
+    nonce: B64Bytes
+    expires_at: datetime
+
+
+class KeyProofRequest(_Sent):
+    """POST /v1/join/{join_id}/proof body of a device-key join: the ECDSA-SHA256 signature (DER) over
+    contracts.device_key.join_message(join_id, minion_id, nonce, report_digest)."""
+
+    version: Literal[1] = PROTOCOL_VERSION
+    signature: B64Bytes
+
+
 class HeartbeatRequest(_Sent):
     """POST /v1/nodes/{node_id}/heartbeat body (node credential auth). Fields left out are not sent
-    (`to_wire`): `quote` only answers a `quote_nonce`, inventory and requirements only when re-reported."""
+    (`to_wire`): `quote` only answers a `quote_nonce`, inventory and requirements only when re-reported.
+    A device that joined with a device key answers the nonce with `key_signature` (DER ECDSA over
+    contracts.device_key.heartbeat_message) instead of a quote."""
 
     version: int = PROTOCOL_VERSION
     actual: Report = Field(default_factory=dict)
     quote: QuoteMessage | None = None
+    key_signature: B64Bytes | None = None
     inventory: Report | None = None
     requirements: Report | None = None
 

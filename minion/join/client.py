@@ -15,9 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from pydantic import ValidationError
 
 from contracts.bundle import BundleError, read_bundle
-from contracts.messages import JoinResult
+from contracts.messages import JoinResult, KeyJoinChallenge
+from minion.device_key import DeviceKey
 from minion.join.attest import join_request, parse_challenge, proof_payload
 
 
@@ -134,6 +136,37 @@ def attempt_join(
     response = cp.post(
         f"/v1/join/{challenge.join_id}/proof", proof_payload(session, ak, challenge, event_log), token=token
     )
+    return _proof_outcome(response)
+
+
+def attempt_key_join(
+    cp: ControlPlane,
+    key: DeviceKey,
+    *,
+    inventory: Mapping[str, Any],
+    requirements: Mapping[str, Any],
+) -> JoinStatus:
+    """One join attempt of a device without a TPM (docs/join-protocol.md "Devices without a TPM"): the
+    device key's request, then a signature over the challenge and the report it sent."""
+    token = cp.enrollment.join_token
+    if not token:
+        raise EnrollmentError("no join token: pass --bundle FILE or --join-token")
+    response = cp.post(
+        "/v1/join", key.join_request(join_token=token, inventory=inventory, requirements=requirements)
+    )
+    if response.status_code != 201:
+        return _refusal(response)
+    try:
+        challenge = KeyJoinChallenge.model_validate_json(response.content)
+    except ValidationError as exc:
+        raise ValueError(f"the control plane's join challenge is malformed: {exc}") from None
+    response = cp.post(
+        f"/v1/join/{challenge.join_id}/proof", key.proof(challenge, inventory, requirements), token=token
+    )
+    return _proof_outcome(response)
+
+
+def _proof_outcome(response: httpx.Response) -> JoinStatus:
     if response.status_code == 202:
         return JoinStatus("pending", JoinResult.model_validate_json(response.content).message)
     if response.status_code == 200:

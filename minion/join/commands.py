@@ -13,6 +13,7 @@ import typer
 
 from minion.hardware.commands import HostRoot, InventoryFile
 from minion.settings import BUNDLE_ENV, JOIN_TOKEN_ENV, TCTI_ENV, MinionSettings
+from minion.tpm.commands import DeviceKeyFlag
 
 Bundle = Annotated[
     Path | None,
@@ -84,16 +85,18 @@ def join_command(
     state_dir: StateOpt = None,
     inventory_file: InventoryFile = None,
     host_root: HostRoot = None,
+    device_key: DeviceKeyFlag = False,
     json_output: Annotated[bool, typer.Option("--json", help="Print the outcome as JSON.")] = False,
 ) -> None:
-    """Join the region once: attest with the TPM; prints joined, pending or the refusal."""
+    """Join the region once: attest with the TPM (or prove the device key); prints joined, pending or
+    the refusal."""
     os.environ.setdefault("TSS2_LOG", "all+none")
+    from minion.device_key import DeviceKey, DeviceKeyUnusable
     from minion.join.attest import read_event_log
-    from minion.join.client import ConnectionProblem, ControlPlane, attempt_join
+    from minion.join.client import ConnectionProblem, ControlPlane, attempt_join, attempt_key_join
     from minion.join.run import collect_report, load_ak
     from minion.join.state import StateDir
-    from minion.tpm.errors import TpmError
-    from minion.tpm.session import TpmSession
+    from minion.tpm.errors import TpmError  # plain exceptions: loads no TPM library
 
     settings = MinionSettings.of(ctx)
     enrollment = _enrollment(bundle, control_plane, join_token)
@@ -105,16 +108,22 @@ def join_command(
     )
     cp = ControlPlane(enrollment)
     try:
-        with TpmSession(tcti) as session:
-            outcome = attempt_join(
-                cp,
-                session,
-                load_ak(session, state),
-                inventory=inventory,
-                requirements=report,
-                event_log=read_event_log(settings.event_log),
-            )
-    except (ConnectionProblem, TpmError) as exc:
+        if device_key:
+            key = DeviceKey.load_or_create(state.path)
+            outcome = attempt_key_join(cp, key, inventory=inventory, requirements=report)
+        else:
+            from minion.tpm.session import TpmSession
+
+            with TpmSession(tcti) as session:
+                outcome = attempt_join(
+                    cp,
+                    session,
+                    load_ak(session, state),
+                    inventory=inventory,
+                    requirements=report,
+                    event_log=read_event_log(settings.event_log),
+                )
+    except (ConnectionProblem, DeviceKeyUnusable, TpmError) as exc:
         raise _fail(str(exc)) from None
     finally:
         cp.close()
@@ -160,6 +169,7 @@ def run_command(
     max_backoff: Annotated[
         float, typer.Option("--max-backoff", min=0.1, help="Longest wait between join attempts (s).")
     ] = 15.0,
+    device_key: DeviceKeyFlag = False,
 ) -> None:
     """Run the agent: check requirements, join (retrying while pending), then heartbeat until SIGTERM."""
     os.environ.setdefault("TSS2_LOG", "all+none")
@@ -196,6 +206,7 @@ def run_command(
             lan_address=settings.lan_address,
             event_log=settings.event_log,
             jobs=settings.jobs,
+            device_key=device_key,
         ),
         report,
         heartbeat_interval,

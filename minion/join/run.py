@@ -27,7 +27,8 @@ from pydantic import ValidationError
 
 from contracts.messages import HeartbeatRequest, HeartbeatResponse, QuoteMessage
 from minion import desired
-from minion.join.client import ConnectionProblem, ControlPlane, Enrollment, attempt_join
+from minion.device_key import DeviceKey
+from minion.join.client import ConnectionProblem, ControlPlane, Enrollment, attempt_join, attempt_key_join
 from minion.join.state import StateDir
 from minion.settings import ContainerSettings
 from minion.watchdog import Watchdog
@@ -62,6 +63,8 @@ class RunContext:
     event_log: Path | None = None
     # MinionSettings.jobs: how job containers run (runtime, cgroups, ulimits, network, CDI); None: defaults
     jobs: ContainerSettings | None = None
+    # `--device-key`: a device without a TPM proves itself with the key in the state dir, not a TPM
+    device_key: bool = False
 
 
 @desired.handles("maintenance")
@@ -126,22 +129,31 @@ class Runner:
     # -- join ----------------------------------------------------------------------------------------
     def join(self) -> dict[str, Any] | None:
         from minion.join.attest import read_event_log
-        from minion.tpm.session import TpmSession
 
         backoff = 0.5
         self.say("joining", f"{self.ctx.enrollment.control_plane_url} region {self.ctx.enrollment.region}")
         while not self.stop.is_set():
             try:
-                with TpmSession(self.ctx.tcti) as session:
-                    ak = load_ak(session, self.ctx.state)
-                    outcome = attempt_join(
+                if self.ctx.device_key:
+                    outcome = attempt_key_join(
                         self.cp,
-                        session,
-                        ak,
+                        DeviceKey.load_or_create(self.ctx.state.path),
                         inventory=self.ctx.inventory,
                         requirements=self.requirements,
-                        event_log=read_event_log(self.ctx.event_log),
                     )
+                else:
+                    from minion.tpm.session import TpmSession  # not loaded on a device without a TPM
+
+                    with TpmSession(self.ctx.tcti) as session:
+                        ak = load_ak(session, self.ctx.state)
+                        outcome = attempt_join(
+                            self.cp,
+                            session,
+                            ak,
+                            inventory=self.ctx.inventory,
+                            requirements=self.requirements,
+                            event_log=read_event_log(self.ctx.event_log),
+                        )
             except ConnectionProblem as exc:
                 self.say("unreachable", str(exc))
             else:
@@ -168,13 +180,16 @@ class Runner:
         actual: dict[str, Any] = {}
         nonce: str | None = None
         while not self.stop.is_set():
-            quote = None
-            if nonce:
+            quote, signature = None, None
+            if nonce and self.ctx.device_key:
+                key = DeviceKey.load_or_create(self.ctx.state.path)
+                signature = key.heartbeat_signature(node["node_id"], nonce)
+            elif nonce:
                 ak = read_json(self.ctx.state.ak_file)
                 from minion.tpm.session import AttestationKey
 
                 quote = _quote(self.ctx.tcti, AttestationKey.from_dict(ak or {}), nonce, self.ctx.event_log)
-            body = HeartbeatRequest(actual=actual, quote=quote).to_wire()
+            body = HeartbeatRequest(actual=actual, quote=quote, key_signature=signature).to_wire()
             try:
                 response = self.cp.post(
                     f"/v1/nodes/{node['node_id']}/heartbeat", body, token=node["node_credential"]

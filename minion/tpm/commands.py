@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from minion.settings import TCTI_ENV
+from minion.settings import DEVICE_KEY_ENV, TCTI_ENV
 from minion.sticker import qr_text
 
 Tcti = Annotated[
@@ -27,16 +28,48 @@ QrFlag = Annotated[
 ]
 
 
-def id_command(tcti: Tcti = None, json_output: JsonFlag = False, qr: QrFlag = False) -> None:
-    """Print the minion_id derived from this TPM's endorsement key."""
-    from minion.tpm.errors import TpmUnavailable
-    from minion.tpm.identity import minion_id
-    from minion.tpm.tcti import resolve_tcti
+DeviceKeyFlag = Annotated[
+    bool,
+    typer.Option(
+        "--device-key",
+        envvar=DEVICE_KEY_ENV,
+        help="A device without a TPM (Jetson Xavier): prove this device with the key kept in the state "
+        "dir (created on first use) instead of a TPM. Only regions that allow it accept it.",
+    ),
+]
+StateOpt = Annotated[
+    Path | None,
+    typer.Option("--state-dir", file_okay=False, help="With --device-key: where the key lives."),
+]
 
-    chosen = resolve_tcti(tcti)
+
+def id_command(
+    ctx: typer.Context,
+    tcti: Tcti = None,
+    json_output: JsonFlag = False,
+    qr: QrFlag = False,
+    device_key: DeviceKeyFlag = False,
+    state_dir: StateOpt = None,
+) -> None:
+    """Print the minion_id derived from this TPM's endorsement key (or, with --device-key, from the
+    device key of a device without a TPM)."""
+    from minion.tpm.errors import TpmUnavailable
+
+    chosen: str | None
     try:
-        value = minion_id(chosen)
-    except TpmUnavailable as exc:
+        if device_key:
+            from minion.device_key import DeviceKey
+            from minion.settings import MinionSettings
+
+            key = DeviceKey.load_or_create(state_dir or MinionSettings.of(ctx).state_dir)
+            value, chosen, source = key.minion_id, None, str(key.path)
+        else:
+            from minion.tpm.identity import minion_id
+            from minion.tpm.tcti import resolve_tcti
+
+            chosen = resolve_tcti(tcti)
+            value, source = minion_id(chosen), "tpm"
+    except (TpmUnavailable, RuntimeError, OSError) as exc:
         print(f"minion: {exc}", file=sys.stderr)
         raise typer.Exit(1) from None
     try:
@@ -45,7 +78,7 @@ def id_command(tcti: Tcti = None, json_output: JsonFlag = False, qr: QrFlag = Fa
         print("minion: --qr needs the segno package: pip install segno, or leave out --qr", file=sys.stderr)
         raise typer.Exit(1) from None
     if json_output:
-        answer = {"minion_id": value, "tcti": chosen} | ({"qr": sticker} if sticker else {})
+        answer = {"minion_id": value, "tcti": chosen, "source": source} | ({"qr": sticker} if sticker else {})
         print(json.dumps(answer))
         return
     print(value)

@@ -148,6 +148,11 @@ class NodeOut(BaseModel):
     last_quote_at: datetime | None = Field(
         None, description="the last verified continuous-attestation quote (null: none since the join)"
     )
+    identity: str | None = Field(
+        None,
+        description="what the minion proved itself with at its last join: `tpm` (EK, AK, quotes) or "
+        "`device-key` (a device without a TPM; null: not joined yet). Shown by node and device show",
+    )
     inventory: dict[str, Any] | None
     requirements: dict[str, Any] | None
     finalize_applied: str | None = Field(
@@ -165,8 +170,9 @@ class NodeOut(BaseModel):
 
     @classmethod
     def of(cls, n: Node | Any) -> NodeOut:
-        """From a Node. `last_quote_at` lives in the node's attestation record: a Node does not carry it
-        (`show` adds it, services.nodes). The node list writes its pages itself (api/node_page.py)."""
+        """From a Node. `last_quote_at` and `identity` live in the node's attestation record: a Node does
+        not carry them (`show` adds them, services.nodes). The node list writes its pages itself
+        (api/node_page.py)."""
         # model_construct: the store's typed columns need no re-validation (pages of 500 stay cheap)
         return cls.model_construct(
             id=n.id,
@@ -183,6 +189,7 @@ class NodeOut(BaseModel):
             online=is_online(n.last_heartbeat_at),
             last_heartbeat_at=n.last_heartbeat_at,
             last_quote_at=getattr(n, "last_quote_at", None),
+            identity=getattr(n, "identity", None),
             inventory=n.inventory,
             requirements=n.requirements,
             finalize_applied=n.finalize_applied,

@@ -49,6 +49,12 @@ class RefusalCode(StrEnum):
     pinned_ek_mismatch = "attestation_pinned_ek_mismatch"
     requirements_failed = "join_requirements_failed"
     minion_rejected = "join_minion_rejected"  # `provision node reject MINION_ID`
+    # devices without a TPM (provisioner/attestation/device_key.py, docs/join-protocol.md)
+    device_key_invalid = "attestation_device_key_invalid"
+    device_key_signature_invalid = "attestation_device_key_signature_invalid"
+    device_key_not_allowed = "join_device_key_not_allowed"
+    device_key_not_a_device = "join_device_key_not_a_device"
+    identity_downgrade = "attestation_identity_downgrade"
 
 
 # The operator-facing sentence per code: what happened and what to do next. `{detail}` is filled from
@@ -157,6 +163,24 @@ MESSAGES: dict[RefusalCode, str] = {
     RefusalCode.minion_rejected: (
         "An operator rejected this minion ({detail}); it cannot join until `provision node unreject` "
         "lifts that."
+    ),
+    RefusalCode.device_key_invalid: (
+        "The device key is not an ECDSA P-256 public key ({detail}); update the minion."
+    ),
+    RefusalCode.device_key_signature_invalid: (
+        "The proof's signature does not verify with the device key, so it was not made by the device "
+        "holding that key; restart the join, and investigate if it happens again."
+    ),
+    RefusalCode.device_key_not_allowed: (
+        "This region does not accept devices without a TPM ({detail}); allow them with `provision region "
+        "update REGION --allow-devices-without-tpm` if you trust where the devices come from."
+    ),
+    RefusalCode.device_key_not_a_device: (
+        "Only devices may join with a device key ({detail}); compute and storage nodes join with their TPM."
+    ),
+    RefusalCode.identity_downgrade: (
+        "This minion has a TPM, so a device key cannot stand in for it ({detail}); run the minion without "
+        "--device-key so it attests with its TPM."
     ),
 }
 

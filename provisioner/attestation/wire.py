@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, TypeAdapter
 
 from contracts.messages import B64Bytes, HexBytes, MinionId, QuoteMessage
 from provisioner.attestation.quote import QuoteEvidence
@@ -31,3 +31,25 @@ class PendingJoin(BaseModel):
     secret_sha256: HexBytes
     nonce: B64Bytes
     expires_at: datetime
+
+
+class PendingKeyJoin(BaseModel):
+    """Between the two calls of a device-key join (contracts/device_key.py): the key, the nonce to sign
+    and the digest of the report step 1 carried, which the signature must cover."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    join_id: str
+    minion_id: MinionId
+    device_key: B64Bytes
+    report_sha256: HexBytes
+    nonce: B64Bytes
+    expires_at: datetime
+
+
+_PENDING: TypeAdapter[PendingJoin | PendingKeyJoin] = TypeAdapter(PendingJoin | PendingKeyJoin)
+
+
+def pending_from_json(text: str) -> PendingJoin | PendingKeyJoin:
+    """A stored pending join of either kind (each model forbids the other's fields, so one matches)."""
+    return _PENDING.validate_json(text)

@@ -50,11 +50,18 @@ SHOW_FIELDS = (
     "reason",
     "online",
     "minion_id",
+    "identity",
     "hostname",
     "last_heartbeat_at",
+    "last_quote_at",
     "created_at",
     *DEVICE_FIELDS,
 )
+# `identity` as `show` prints it: what the device proved itself with at its last join
+IDENTITY_TEXT = {
+    "tpm": "tpm (EK, AK and PCRs attested)",
+    "device-key": "device key (no TPM: a key file on the device, no boot measurements)",
+}
 # Configuration Status and Inference Status (GET /v1/nodes/{ref}/device-status), in this order
 STATUS_FIELDS = (
     "config",
@@ -190,7 +197,8 @@ def list_(
 @output_options
 def show(name: str, region: RegionOpt = None, json_out: Json = False) -> None:
     """Show one device (by name or id) with what its minion reports of the hardware: model, memory,
-    L4T/JetPack, GPU cores, DLA, video and media devices, TPM kind (firmware or none)."""
+    L4T/JetPack, GPU cores, DLA, video and media devices, TPM kind (firmware or none), and what it
+    proved itself with at join (its TPM, or a device key where the region allows devices without one)."""
     client = connect()
     node = _device(client, name, region)
     section = _section(node)
@@ -202,6 +210,7 @@ def show(name: str, region: RegionOpt = None, json_out: Json = False) -> None:
     for field in ("video_devices", "media_devices"):  # lists of device paths: one cell each
         if isinstance(shown[field], list):
             shown[field] = ", ".join(map(str, shown[field])) or "none"
+    shown["identity"] = IDENTITY_TEXT.get(shown.get("identity") or "", "not joined yet")
     if isinstance(shown["chip_id"], int):  # as NVIDIA writes it: 0x23 is Orin (tegra234)
         shown["chip_id"] = f"0x{shown['chip_id']:02x}"
     render.detail(shown, fields=(*SHOW_FIELDS, *STATUS_FIELDS))

@@ -44,7 +44,7 @@ PENDING_COLUMNS: render.Columns = [
     ("first_seen", "AGE", render.ago("first_seen")),
     ("inventory", "INVENTORY"),
 ]
-PENDING_WIDE: render.Columns = [("refusal", "LAST REFUSAL")]
+PENDING_WIDE: render.Columns = [("identity", "IDENTITY"), ("refusal", "LAST REFUSAL")]
 Ttl = Annotated[str, typer.Option("--ttl", help="Token lifetime: 30m, 24h, 7d, 2w or 'never'.")]
 
 
@@ -166,6 +166,14 @@ def update(
             "(opt-in; trust the hardware's origin first).",
         ),
     ] = None,
+    allow_devices_without_tpm: Annotated[
+        bool | None,
+        typer.Option(
+            "--allow-devices-without-tpm/--refuse-devices-without-tpm",
+            help="Let devices without a TPM (Jetson Xavier) join with a device key: weaker than a TPM, "
+            "no boot measurements (docs/devices.md).",
+        ),
+    ] = None,
     public_jobs: Annotated[
         bool | None,
         typer.Option(
@@ -175,18 +183,21 @@ def update(
     ] = None,
     json_out: Json = False,
 ) -> None:
-    """Change a region's settings: attestation, public jobs. Settings not named stay as they are."""
-    if allow_ek_without_cert is None and public_jobs is None:
+    """Change a region's settings: attestation opt-ins, public jobs. Settings not named stay as they are."""
+    attestation = {
+        "allow_ek_without_cert": allow_ek_without_cert,
+        "allow_devices_without_tpm": allow_devices_without_tpm,
+    }
+    attestation = {k: v for k, v in attestation.items() if v is not None}
+    if not attestation and public_jobs is None:
         raise typer.BadParameter(
-            "name a setting to change: --allow-ek-without-cert/--require-ek-cert or "
-            "--public-jobs/--no-public-jobs"
+            "name a setting to change: --allow-ek-without-cert/--require-ek-cert, "
+            "--allow-devices-without-tpm/--refuse-devices-without-tpm or --public-jobs/--no-public-jobs"
         )
     client = connect()
     out: dict[str, Any] = {}
-    if allow_ek_without_cert is not None:
-        out = client.post(
-            f"/v1/regions/{region}/attestation", {"allow_ek_without_cert": allow_ek_without_cert}
-        )
+    if attestation:
+        out = client.post(f"/v1/regions/{region}/attestation", attestation)
     if public_jobs is not None:
         out = client.patch(f"/v1/regions/{region}", {"public_jobs": public_jobs})
     render.detail(out, as_json=json_out)

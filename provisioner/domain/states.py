@@ -360,6 +360,13 @@ class JoinOutcome(StrEnum):
     REFUSED = "refused"  # a refusal, audited with its code (join or heartbeat)
 
 
+class MinionIdentity(StrEnum):
+    """What a minion proved itself with at join (node_attestations.identity, pending_minions.identity)."""
+
+    TPM = "tpm"  # its TPM's EK and AK: the attested join, then quotes
+    DEVICE_KEY = "device-key"  # a device without a TPM: a key file on the device, then signatures
+
+
 TRUST_TRANSITIONS: dict[TrustState, frozenset[TrustState]] = {
     TrustState.TRUSTED: frozenset({TrustState.REMOVED}),
     TrustState.REMOVED: frozenset(),

@@ -4,8 +4,11 @@ carry a fresh quote over it (continuous attestation). A quote that fails — a c
 made by the AK recorded at join, an event log that does not replay to its PCR 4 or names an EFI
 application no registered manifest has — moves the node to errored with the refusal's message, and so
 does a request left unanswered for `HeartbeatTiming.quote_grace_beats` beats: ignoring the nonce must
-not keep a node in service. A quote is also asked for whenever the last verified one (or the join) is
-older than `HeartbeatTiming.quote_max_age_s`, so a node is never trusted on an old quote alone."""
+not keep a node in service. A device that joined with a device key (no TPM) answers the nonce with a
+signature by that key instead (contracts/device_key.py): the same schedule, grace and refusal, proving
+only that the key is still on the device. A quote is also asked for whenever the last verified one (or
+the join) is older than `HeartbeatTiming.quote_max_age_s`, so a node is never trusted on an old quote
+alone."""
 
 from __future__ import annotations
 
@@ -15,11 +18,13 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from contracts import device_key
 from contracts.messages import HeartbeatRequest, HeartbeatResponse
 from provisioner.attestation.continuous import issue_quote_nonce, quote_due, verify_fresh_quote
-from provisioner.attestation.refusals import Refusal
+from provisioner.attestation.quote import VerifiedQuote
+from provisioner.attestation.refusals import Refusal, RefusalCode, refuse
 from provisioner.attestation.wire import quote_evidence
-from provisioner.domain.states import NODE_STOPPED, JoinOutcome, NodeState, RegionState
+from provisioner.domain.states import NODE_STOPPED, JoinOutcome, MinionIdentity, NodeState, RegionState
 from provisioner.services import audit, desired_state, images, node_address, node_credentials, nonce_store
 from provisioner.services import join as join_service
 from provisioner.services import nodes as node_service
@@ -101,17 +106,12 @@ def _quote_passes(
     """Check the quote this beat carries against the outstanding nonce (False: refused, and the node is
     errored). A beat without a quote, or with one nobody asked for, passes: it proves nothing, and the
     grace count (_enforce_quote_grace) catches a node that never answers."""
-    if body.quote is None or not att.quote_nonce:
+    keyed = att.identity == MinionIdentity.DEVICE_KEY
+    if (body.key_signature if keyed else body.quote) is None or not att.quote_nonce:
         return True
     actor = f"minion:{node.minion_id}"
-    result = verify_fresh_quote(
-        nonce_store.issuer(session),
-        node.id,
-        att.ak_public,
-        bytes.fromhex(att.quote_nonce),
-        quote_evidence(body.quote),
-        join_service.pcr_policy_for(session, node.region, att.pcr_record),
-        boot=images.boot_path_policy_for(session, node.region),
+    result = (
+        _verify_key_signature(session, node, att, body) if keyed else _verify_quote(session, node, att, body)
     )
     att.quote_nonce = None
     att.quote_asked_beat = None
@@ -130,6 +130,36 @@ def _quote_passes(
     )
     _error(session, node, f"continuous attestation: {result.message}", actor=actor)
     return False
+
+
+def _verify_quote(
+    session: Session, node: Node, att: NodeAttestation, body: HeartbeatRequest
+) -> VerifiedQuote | Refusal:
+    assert body.quote is not None and att.quote_nonce is not None  # _quote_passes checked both
+    return verify_fresh_quote(
+        nonce_store.issuer(session),
+        node.id,
+        att.ak_public,
+        bytes.fromhex(att.quote_nonce),
+        quote_evidence(body.quote),
+        join_service.pcr_policy_for(session, node.region, att.pcr_record),
+        boot=images.boot_path_policy_for(session, node.region),
+    )
+
+
+def _verify_key_signature(
+    session: Session, node: Node, att: NodeAttestation, body: HeartbeatRequest
+) -> Refusal | None:
+    """A device-key node's answer: the nonce spent, then its signature checked with the recorded key."""
+    assert body.key_signature is not None and att.quote_nonce is not None  # _quote_passes checked both
+    nonce = bytes.fromhex(att.quote_nonce)
+    refusal = nonce_store.issuer(session).redeem(nonce, f"node:{node.id}")
+    if refusal:
+        return refusal
+    message = device_key.heartbeat_message(node.id, nonce)
+    if not device_key.verifies(att.ak_public, body.key_signature, message):
+        return refuse(RefusalCode.device_key_signature_invalid)
+    return None
 
 
 def _enforce_quote_grace(

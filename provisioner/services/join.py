@@ -21,14 +21,30 @@ from sqlalchemy import delete
 from sqlalchemy.orm import Session
 
 from contracts.errors import Conflict, Unauthorized, plain_validation_message
-from contracts.messages import JoinChallenge, JoinRequest, JoinResult, ProofRequest
+from contracts.messages import (
+    JoinChallenge,
+    JoinRequest,
+    JoinResult,
+    KeyJoinChallenge,
+    KeyJoinRequest,
+    KeyProofRequest,
+    ProofRequest,
+)
+from provisioner.attestation.device_key import KeyAttested, KeyJoinVerifier
 from provisioner.attestation.keys import public_key, spki_der
 from provisioner.attestation.pcr_policy import PcrPolicy, RecordPolicy
 from provisioner.attestation.refusals import Refusal, RefusalCode, refuse
 from provisioner.attestation.tpm_structures import MalformedStructure, parse_public
 from provisioner.attestation.verifier import Attested, JoinVerifier, RegionTrust
-from provisioner.attestation.wire import PendingJoin
-from provisioner.domain.states import NODE_AWAITING_MINION, NODE_STOPPED, JoinOutcome, NodeState
+from provisioner.attestation.wire import PendingJoin, PendingKeyJoin, pending_from_json
+from provisioner.domain.states import (
+    NODE_AWAITING_MINION,
+    NODE_STOPPED,
+    JoinOutcome,
+    MinionIdentity,
+    NodeState,
+    Service,
+)
 from provisioner.services import (
     audit,
     device_join,
@@ -51,6 +67,9 @@ _Body = TypeVar("_Body", bound=BaseModel)
 
 # Region setting (Region.settings) that lets EKs without a vendor certificate join (operator opt-in).
 ALLOW_EK_WITHOUT_CERT = "allow_ek_without_certificate"
+# Region setting that lets devices without a TPM join with a device key (operator opt-in,
+# docs/join-protocol.md "Devices without a TPM").
+ALLOW_DEVICES_WITHOUT_TPM = "allow_devices_without_tpm"
 # Proof refusals that anyone can cause — a slow network, replayed traffic, or someone who knows the
 # node's (public) EK but not its TPM and so cannot activate the credential — never error the node:
 # they are audited and the minion starts over. Every other proof refusal comes from the node's own TPM
@@ -61,6 +80,7 @@ TRANSIENT = {
     RefusalCode.nonce_expired,
     RefusalCode.nonce_mismatch,
     RefusalCode.wrong_secret,
+    RefusalCode.device_key_signature_invalid,
 }
 JOIN_ATTEMPT_TTL = timedelta(minutes=10)
 
@@ -193,7 +213,9 @@ def _pinned_spki(pinned: bytes) -> bytes:
         return _ek_spki(pinned) or pinned
 
 
-def begin(session: Session, body: Any) -> JoinChallenge:
+def begin(session: Session, body: Any) -> JoinChallenge | KeyJoinChallenge:
+    """Step 1 for either identity: a TPM's JoinRequest, or a device's KeyJoinRequest (its body names a
+    `device_key`)."""
     ctx = _Context(
         minion_id=body.get("minion_id")
         if isinstance(body, dict) and isinstance(body.get("minion_id"), str)
@@ -201,7 +223,11 @@ def begin(session: Session, body: Any) -> JoinChallenge:
     )
     if ctx.minion_id and len(ctx.minion_id) > 32:
         ctx.minion_id = None
-    request = _parse(session, JoinRequest, body, ctx, step="join")
+    request: JoinRequest | KeyJoinRequest
+    if isinstance(body, dict) and "device_key" in body:
+        request = _parse(session, KeyJoinRequest, body, ctx, step="join")
+    else:
+        request = _parse(session, JoinRequest, body, ctx, step="join")
     from provisioner.services.rejections import refusal_for  # `provision node reject`: refused first
 
     if (rejected := refusal_for(session, request.minion_id)) is not None:
@@ -214,21 +240,14 @@ def begin(session: Session, body: Any) -> JoinChallenge:
     node = node_service.by_minion_id(session, request.minion_id)
     if node is not None and node.region_id == region.id:
         ctx.node = node
-    # A node pinned to an EK (GCP storage nodes) may join without a vendor certificate, but only with that EK.
-    pinned = node.pinned_ek_public if node is not None and node.region_id == region.id else None
-    spki = _ek_spki(request.ek_public)
-    if pinned is not None and spki is not None and _pinned_spki(pinned) != spki:
-        _refused(session, refuse(RefusalCode.pinned_ek_mismatch, f"node '{node.name}'"), ctx, step="join")  # type: ignore[union-attr]
-    trust = RegionTrust(
-        tpm_cas.trust_store(session),
-        allow_ek_without_certificate=bool((region.settings or {}).get(ALLOW_EK_WITHOUT_CERT))
-        or pinned is not None,
-    )
-    outcome = JoinVerifier(nonce_store.issuer(session)).begin(request, trust)
-    if isinstance(outcome, Refusal):
-        _refused(session, outcome, ctx, step="join")
+    outcome: tuple[JoinChallenge | KeyJoinChallenge, PendingJoin | PendingKeyJoin]
+    if isinstance(request, KeyJoinRequest):
+        outcome = _begin_with_key(session, request, region, node, ctx)
+        ek_sha = _sha(request.device_key)
+    else:
+        outcome = _begin_with_tpm(session, request, region, node, ctx)
+        ek_sha = _sha(_ek_spki(request.ek_public) or request.ek_public)
     challenge, pending = outcome
-    ek_sha = _sha(spki or request.ek_public)
     # Identity checks that need the store.
     if node is not None and node.region_id != region.id:
         _refused(
@@ -289,6 +308,67 @@ def begin(session: Session, body: Any) -> JoinChallenge:
     return challenge
 
 
+def _begin_with_tpm(
+    session: Session, request: JoinRequest, region: Region, node: Node | None, ctx: _Context
+) -> tuple[JoinChallenge, PendingJoin]:
+    # A node pinned to an EK (GCP storage nodes) may join without a vendor certificate, but only with that EK.
+    pinned = node.pinned_ek_public if node is not None and node.region_id == region.id else None
+    spki = _ek_spki(request.ek_public)
+    if pinned is not None and spki is not None and _pinned_spki(pinned) != spki:
+        _refused(session, refuse(RefusalCode.pinned_ek_mismatch, f"node '{node.name}'"), ctx, step="join")  # type: ignore[union-attr]
+    trust = RegionTrust(
+        tpm_cas.trust_store(session),
+        allow_ek_without_certificate=bool((region.settings or {}).get(ALLOW_EK_WITHOUT_CERT))
+        or pinned is not None,
+    )
+    outcome = JoinVerifier(nonce_store.issuer(session)).begin(request, trust)
+    if isinstance(outcome, Refusal):
+        _refused(session, outcome, ctx, step="join")
+    return outcome
+
+
+def _begin_with_key(
+    session: Session, request: KeyJoinRequest, region: Region, node: Node | None, ctx: _Context
+) -> tuple[KeyJoinChallenge, PendingKeyJoin]:
+    """A device without a TPM: only where the region allows it, only for a device, and never for a
+    minion that has (or attested with) a TPM — the weaker identity must not replace a stronger one."""
+    if not (region.settings or {}).get(ALLOW_DEVICES_WITHOUT_TPM):
+        _refused(
+            session, refuse(RefusalCode.device_key_not_allowed, f"region {region.name}"), ctx, step="join"
+        )
+    if node is not None and node.region_id == region.id and node.service != Service.DEVICE:
+        _refused(
+            session,
+            refuse(RefusalCode.device_key_not_a_device, f"'{node.name}' is a {node.service} node"),
+            ctx,
+            step="join",
+        )
+    downgrade = _tpm_evidence(session, request, node)
+    if downgrade is not None:
+        _refused(session, refuse(RefusalCode.identity_downgrade, downgrade), ctx, step="join")
+    outcome = KeyJoinVerifier(nonce_store.issuer(session)).begin(request)
+    if isinstance(outcome, Refusal):
+        _refused(session, outcome, ctx, step="join")
+    return outcome
+
+
+def _tpm_evidence(session: Session, request: KeyJoinRequest, node: Node | None) -> str | None:
+    """Why this minion is known to have a TPM, or None: it attested with one before, or its own report
+    names one (a TPM in the kernel, or a Jetson model whose firmware has one)."""
+    att = session.get(NodeAttestation, node.id) if node is not None else None
+    pending = session.get(PendingMinion, request.minion_id)
+    for row in (att, pending if pending is not None and pending.attested else None):
+        if row is not None and row.identity == MinionIdentity.TPM:
+            return "it attested with its TPM before"
+    tpm = request.inventory.get("tpm")
+    if isinstance(tpm, Mapping) and tpm.get("present"):
+        return f"its inventory reports a TPM ({tpm.get('device') or 'present'})"
+    device = request.inventory.get("device")
+    if isinstance(device, Mapping) and device.get("tpm") not in (None, "none"):
+        return f"its model {device.get('model')} has a {device.get('tpm')} TPM"
+    return None
+
+
 def _known_ek(session: Session, minion_id: str, node: Node | None) -> str | None:
     if node is not None:
         att = session.get(NodeAttestation, node.id)
@@ -298,7 +378,9 @@ def _known_ek(session: Session, minion_id: str, node: Node | None) -> str | None
     return pending.ek_sha256 if pending is not None else None
 
 
-def _note_unattested_pending(session: Session, request: JoinRequest, region: Region, ek_sha: str) -> None:
+def _note_unattested_pending(
+    session: Session, request: JoinRequest | KeyJoinRequest, region: Region, ek_sha: str
+) -> None:
     """List a minion that has never attested (`attested: false`) with what it says. A minion that has
     attested is left alone: its listing changes only through a verified proof (_record_pending)."""
     row = session.get(PendingMinion, request.minion_id)
@@ -311,7 +393,13 @@ def _note_unattested_pending(session: Session, request: JoinRequest, region: Reg
         ek_sha,
         {"inventory": request.inventory or None, "requirements": request.requirements or None},
         attested=False,
+        identity=_identity_of(request),
     )
+
+
+def _identity_of(request: JoinRequest | KeyJoinRequest | PendingJoin | PendingKeyJoin) -> MinionIdentity:
+    keyed = isinstance(request, KeyJoinRequest | PendingKeyJoin)
+    return MinionIdentity.DEVICE_KEY if keyed else MinionIdentity.TPM
 
 
 def _record_pending(
@@ -322,6 +410,7 @@ def _record_pending(
     report: Mapping[str, Any],
     *,
     attested: bool,
+    identity: MinionIdentity,
 ) -> None:
     row = session.get(PendingMinion, minion_id)
     now = _now()
@@ -331,6 +420,7 @@ def _record_pending(
     row.region_id = region.id
     row.last_seen = now
     row.attested = attested
+    row.identity = identity
     row.inventory = report.get("inventory")
     row.requirements = report.get("requirements")
     if attested:
@@ -369,22 +459,27 @@ def finish(
     ctx.region = region
     # The attempt is kept (purged after JOIN_ATTEMPT_TTL): its nonce is single use, so a second proof
     # for it is refused as a replay by the nonce check, which is what the operator should read.
-    pending = PendingJoin.model_validate_json(attempt.pending)
-    proof = _parse(session, ProofRequest, body, ctx, step="proof")
+    pending = pending_from_json(attempt.pending)
     node = node_service.by_minion_id(session, pending.minion_id)
     if node is not None and node.region_id != region.id:
         node = None
     ctx.node = node
     att = session.get(NodeAttestation, node.id) if node is not None else None
-    policy = pcr_policy_for(session, region, att.pcr_record if att else None)
-    boot = images.boot_path_policy_for(session, region)
-    outcome = JoinVerifier(nonce_store.issuer(session)).finish(pending, proof, policy, boot)
-    if isinstance(outcome, Refusal):
-        _refused(session, outcome, ctx, step="proof", from_verifier=True)
+    if isinstance(pending, PendingKeyJoin):
+        proven = _finish_with_key(session, pending, body, ctx)
+    else:
+        proven = _finish_with_tpm(session, pending, body, region, att, ctx)
     report = attempt.report or {}  # proven now: what step 1 reported may be recorded
     if node is None:
-        ek_sha = _sha(_ek_spki(outcome.ek_public) or outcome.ek_public)
-        _record_pending(session, pending.minion_id, region, ek_sha, report, attested=True)
+        _record_pending(
+            session,
+            pending.minion_id,
+            region,
+            proven.ek_sha256,
+            report,
+            attested=True,
+            identity=proven.identity,
+        )
         return JoinResult(
             state=JoinOutcome.PENDING.value,
             message="attested; waiting for an operator to run `provision node add NAME "
@@ -406,7 +501,7 @@ def finish(
         )
         session.commit()
         raise Conflict(mismatch, code="device_section_mismatch")
-    credential = _record_attestation(session, node, outcome, att)
+    credential = _record_attestation(session, node, proven, att)
     node_service.record_report(
         session, node, inventory=report.get("inventory"), requirements=report.get("requirements")
     )
@@ -425,7 +520,7 @@ def finish(
             node,
             NodeState.ENROLLING,
             actor=f"minion:{node.minion_id}",
-            reason="join started: EK verified, credential activated",
+            reason=proven.started,
         )
     if node.state == NodeState.ENROLLING:
         node_service.transition(
@@ -433,7 +528,7 @@ def finish(
             node,
             NodeState.PROVISIONING,
             actor=f"minion:{node.minion_id}",
-            reason=f"attested: EK, AK and PCRs verified ({policy.mode.value} policy)",
+            reason=proven.attested,
         )
         wake_after_commit(session, Wake.FINALIZE)
     return JoinResult(
@@ -446,16 +541,77 @@ def finish(
     )
 
 
-def _record_attestation(session: Session, node: Node, attested: Attested, att: NodeAttestation | None) -> str:
+@dataclass(frozen=True)
+class _Proven:
+    """What a verified proof of either identity records for the node, and the history lines it gives."""
+
+    identity: MinionIdentity
+    ek_sha256: str  # the EK's (a device key's) SHA-256 over its SubjectPublicKeyInfo
+    ak_public: bytes  # the AK (a device key's SPKI): what every later quote (signature) verifies with
+    pcr_record: dict[int, bytes] | None
+    started: str
+    attested: str
+
+
+def _finish_with_tpm(
+    session: Session,
+    pending: PendingJoin,
+    body: Any,
+    region: Region,
+    att: NodeAttestation | None,
+    ctx: _Context,
+) -> _Proven:
+    proof = _parse(session, ProofRequest, body, ctx, step="proof")
+    policy = pcr_policy_for(session, region, att.pcr_record if att else None)
+    boot = images.boot_path_policy_for(session, region)
+    outcome = JoinVerifier(nonce_store.issuer(session)).finish(pending, proof, policy, boot)
+    if isinstance(outcome, Refusal):
+        _refused(session, outcome, ctx, step="proof", from_verifier=True)
+    return _tpm_proven(outcome, policy)
+
+
+def _tpm_proven(attested: Attested, policy: PcrPolicy) -> _Proven:
+    return _Proven(
+        identity=MinionIdentity.TPM,
+        ek_sha256=_sha(_ek_spki(attested.ek_public) or attested.ek_public),
+        ak_public=attested.ak_public,
+        pcr_record=attested.pcr_record,
+        started="join started: EK verified, credential activated",
+        attested=f"attested: EK, AK and PCRs verified ({policy.mode.value} policy)",
+    )
+
+
+def _finish_with_key(session: Session, pending: PendingKeyJoin, body: Any, ctx: _Context) -> _Proven:
+    proof = _parse(session, KeyProofRequest, body, ctx, step="proof")
+    outcome = KeyJoinVerifier(nonce_store.issuer(session)).finish(pending, proof)
+    if isinstance(outcome, Refusal):
+        _refused(session, outcome, ctx, step="proof", from_verifier=True)
+    return _key_proven(outcome)
+
+
+def _key_proven(attested: KeyAttested) -> _Proven:
+    return _Proven(
+        identity=MinionIdentity.DEVICE_KEY,
+        ek_sha256=_sha(attested.device_key),
+        ak_public=attested.device_key,
+        pcr_record=None,
+        started="join started: device key signature verified (no TPM)",
+        attested="device key proven: no TPM, no boot measurements (the region allows devices without a TPM)",
+    )
+
+
+def _record_attestation(session: Session, node: Node, proven: _Proven, att: NodeAttestation | None) -> str:
     credential = node_credentials.new_credential()
-    ek_sha = _sha(_ek_spki(attested.ek_public) or attested.ek_public)
     if att is None:
-        att = NodeAttestation(node_id=node.id, ek_sha256=ek_sha, ak_public=attested.ak_public, heartbeats=0)
+        att = NodeAttestation(
+            node_id=node.id, ek_sha256=proven.ek_sha256, ak_public=proven.ak_public, heartbeats=0
+        )
         session.add(att)
-    att.ek_sha256 = ek_sha
-    att.ak_public = attested.ak_public
-    if attested.pcr_record is not None:
-        att.pcr_record = {str(i): v.hex() for i, v in sorted(attested.pcr_record.items())}
+    att.ek_sha256 = proven.ek_sha256
+    att.ak_public = proven.ak_public
+    att.identity = proven.identity
+    if proven.pcr_record is not None:
+        att.pcr_record = {str(i): v.hex() for i, v in sorted(proven.pcr_record.items())}
     att.credential_sha256 = node_credentials.digest(credential)
     att.attested_at = _now()
     att.quote_nonce = None

@@ -10,7 +10,7 @@ from provisioner.domain.states import NodeState
 from provisioner.services import audit, finalize
 from provisioner.services import nodes as node_service
 from provisioner.services import regions as region_service
-from provisioner.services.join import ALLOW_EK_WITHOUT_CERT
+from provisioner.services.join import ALLOW_DEVICES_WITHOUT_TPM, ALLOW_EK_WITHOUT_CERT
 from provisioner.store.join_models import NodeAttestation
 from provisioner.store.models import Node, Region
 
@@ -36,17 +36,32 @@ def retry(
     return node_service.transition(session, node, NodeState.NEW, actor=actor, reason=why)
 
 
-def set_region_attestation(session: Session, ref: str, *, allow_ek_without_cert: bool, actor: str) -> Region:
+def set_region_attestation(
+    session: Session,
+    ref: str,
+    *,
+    allow_ek_without_cert: bool | None = None,
+    allow_devices_without_tpm: bool | None = None,
+    actor: str,
+) -> Region:
+    """Change the region's attestation opt-ins; None leaves one as it is. Each change is an audit line."""
     region = region_service.get(session, ref)
-    region.settings = {**(region.settings or {}), ALLOW_EK_WITHOUT_CERT: allow_ek_without_cert}
-    audit.note(
-        session,
-        kind=region_service.KIND,
-        resource_id=region.id,
-        name=region.name,
-        actor=actor,
-        state=region.state,
-        reason=f"EKs without a vendor certificate {'accepted' if allow_ek_without_cert else 'refused'}",
-    )
+    changes = {
+        ALLOW_EK_WITHOUT_CERT: (allow_ek_without_cert, "EKs without a vendor certificate"),
+        ALLOW_DEVICES_WITHOUT_TPM: (allow_devices_without_tpm, "devices without a TPM (device keys)"),
+    }
+    for key, (value, what) in changes.items():
+        if value is None:
+            continue
+        region.settings = {**(region.settings or {}), key: value}
+        audit.note(
+            session,
+            kind=region_service.KIND,
+            resource_id=region.id,
+            name=region.name,
+            actor=actor,
+            state=region.state,
+            reason=f"{what} {'accepted' if value else 'refused'}",
+        )
     session.flush()
     return region

@@ -87,6 +87,12 @@ def last_quote_at(session: Session, node: Node) -> datetime | None:
     return att.last_quote_at if att is not None else None
 
 
+def identity(session: Session, node: Node) -> str | None:
+    """What the node's minion proved itself with at its last join (MinionIdentity), None before one."""
+    att = session.get(NodeAttestation, node.id)
+    return att.identity if att is not None else None
+
+
 def by_minion_id(session: Session, minion_id: str) -> Node | None:
     """The live node an operator added for this minion_id (the join protocol's lookup), or None."""
     return session.scalar(select(Node).where(Node.minion_id == minion_id, Node.state != NodeState.REMOVED))
@@ -249,13 +255,18 @@ def list_page(
     service: str | None = None,
 ) -> tuple[list[Any], str | None]:
     """One page ordered by id (keyset pagination: page N costs the same as page 1) and the cursor
-    of the next page (None at the end). Items are read-only rows of LIST_COLUMNS plus `region_name` and
-    `last_quote_at` — no ORM objects, and the reports undecoded, so a page of 500 stays cheap; use get()
-    to change a node."""
+    of the next page (None at the end). Items are read-only rows of LIST_COLUMNS plus `region_name`,
+    `last_quote_at` and `identity` — no ORM objects, and the reports undecoded, so a page of 500 stays
+    cheap; use get() to change a node."""
     if not 1 <= limit <= MAX_PAGE:
         raise InvalidInput(f"limit {limit} is out of range: use 1 to {MAX_PAGE}")
     stmt = (
-        select(*LIST_COLUMNS, Region.name.label("region_name"), NodeAttestation.last_quote_at)
+        select(
+            *LIST_COLUMNS,
+            Region.name.label("region_name"),
+            NodeAttestation.last_quote_at,
+            NodeAttestation.identity,
+        )
         .join(Region, Region.id == Node.region_id)
         .outerjoin(NodeAttestation, NodeAttestation.node_id == Node.id)
         .order_by(Node.id)

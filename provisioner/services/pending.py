@@ -50,6 +50,7 @@ def pending(session: Session, region: str | None = None) -> list[dict[str, Any]]
                 "first_seen": row.first_seen,
                 "last_seen": row.last_seen,
                 "attested": row.attested,
+                "identity": row.identity,
                 "inventory": inventory_text.one_line(row.inventory or {}),
                 "requirements": verdict,
                 "refusal": row.refusal,

@@ -88,6 +88,7 @@ class PendingMinion(Base):
     inventory: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     requirements: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     refusal: Mapped[str | None] = mapped_column(Text)  # the last refusal's message, if any
+    identity: Mapped[str] = mapped_column(String(16), default="tpm", server_default="tpm")  # MinionIdentity
 
 
 class NodeAttestation(Base):
@@ -96,8 +97,9 @@ class NodeAttestation(Base):
     __tablename__ = "node_attestations"
 
     node_id: Mapped[str] = mapped_column(ForeignKey("nodes.id"), primary_key=True)
-    ek_sha256: Mapped[str] = mapped_column(String(64))
-    ak_public: Mapped[bytes] = mapped_column(LargeBinary)
+    ek_sha256: Mapped[str] = mapped_column(String(64))  # a device key's: SHA-256 of its SPKI
+    ak_public: Mapped[bytes] = mapped_column(LargeBinary)  # a device key's: its DER SPKI
+    identity: Mapped[str] = mapped_column(String(16), default="tpm", server_default="tpm")  # MinionIdentity
     pcr_record: Mapped[dict[str, str] | None] = mapped_column(JSON)  # record mode baseline, index → hex
     credential_sha256: Mapped[str | None] = mapped_column(String(64), unique=True)
     attested_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

@@ -25,6 +25,9 @@ from contracts.messages import (
     JoinChallenge,
     JoinRequest,
     JoinResult,
+    KeyJoinChallenge,
+    KeyJoinRequest,
+    KeyProofRequest,
     ProofRequest,
 )
 
@@ -50,6 +53,11 @@ def compact(value: Any) -> bytes:
         ("join_pending.json", JoinResult),
         ("heartbeat_response.json", HeartbeatResponse),
         ("heartbeat_response_nonce.json", HeartbeatResponse),
+        # a device without a TPM (docs/join-protocol.md "Devices without a TPM"), recorded from the
+        # minion's DeviceKey and the control plane's KeyJoinVerifier
+        ("key_join_request.json", KeyJoinRequest),
+        ("key_join_challenge.json", KeyJoinChallenge),
+        ("key_proof_request.json", KeyProofRequest),
     ],
 )
 def test_message_round_trips_byte_identical(name: str, model: type[BaseModel]) -> None:
@@ -70,7 +78,9 @@ REMOVED: dict[str, frozenset[str]] = {
 }
 
 
-@pytest.mark.parametrize("name", ["heartbeat_request.json", "heartbeat_request_quote.json"])
+@pytest.mark.parametrize(
+    "name", ["heartbeat_request.json", "heartbeat_request_quote.json", "heartbeat_request_key.json"]
+)
 def test_heartbeat_request_round_trips_byte_identical(name: str) -> None:
     """Absent fields stay absent (`to_wire`): a beat without a nonce to answer carries no `quote`."""
     assert compact(HeartbeatRequest.model_validate_json(raw(name)).to_wire()) == raw(name)

@@ -73,7 +73,11 @@ def test_tcti_resolution_order(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_env_tcti_is_the_option_default(swtpm: Swtpm) -> None:
     result = CliRunner().invoke(_cli(), ["id", "--json"], env={TCTI_ENV: swtpm.tcti})
     assert result.exit_code == 0, result.output
-    assert json.loads(result.output) == {"minion_id": minion_id(swtpm.tcti), "tcti": swtpm.tcti}
+    assert json.loads(result.output) == {
+        "minion_id": minion_id(swtpm.tcti),
+        "tcti": swtpm.tcti,
+        "source": "tpm",
+    }
 
 
 @pytest.mark.parametrize("tcti", ["swtpm:path={dir}/nothing.sock", "device:{dir}/tpmrm0", "nosuchtcti:x"])
@@ -107,7 +111,11 @@ def test_minion_id_command(swtpm: Swtpm) -> None:
     assert plain.exit_code == 0, plain.output
     assert plain.output.strip() == minion_id(swtpm.tcti)
     as_json = runner.invoke(_cli(), ["id", "--tcti", swtpm.tcti, "--json"])
-    assert json.loads(as_json.output) == {"minion_id": plain.output.strip(), "tcti": swtpm.tcti}
+    assert json.loads(as_json.output) == {
+        "minion_id": plain.output.strip(),
+        "tcti": swtpm.tcti,
+        "source": "tpm",
+    }
 
 
 def test_minion_id_command_without_tpm(tmp_path: Path) -> None:

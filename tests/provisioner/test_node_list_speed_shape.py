@@ -96,7 +96,11 @@ def _model_page(session: Session, rows: list[Any], cursor: str | None) -> Page[N
     for row in rows:
         node = nodes.get(session, row.id)
         out = NodeOut.of(node).readable()
-        items.append(out.model_copy(update={"last_quote_at": nodes.last_quote_at(session, node)}))
+        attested = {
+            "last_quote_at": nodes.last_quote_at(session, node),
+            "identity": nodes.identity(session, node),
+        }
+        items.append(out.model_copy(update=attested))
     return Page[NodeOut](items=items, next=cursor)
 
 

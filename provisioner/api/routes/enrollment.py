@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from contracts.bundle import check_control_plane_url
 from provisioner.adapters import tls
@@ -56,7 +56,12 @@ class BundleIn(BaseModel):
 
 
 class RegionAttestationIn(BaseModel):
-    allow_ek_without_cert: bool
+    """The region's attestation opt-ins; a field left out (or null) stays as it is."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    allow_ek_without_cert: bool | None = None
+    allow_devices_without_tpm: bool | None = None
 
 
 class CaIn(BaseModel):
@@ -151,7 +156,11 @@ def bundle(ref: str, body: BundleIn, session: Db, actor: Operator, request: Requ
 def region_attestation(ref: str, body: RegionAttestationIn, session: Db, actor: Operator) -> RegionOut:
     return RegionOut.of(
         join_operator.set_region_attestation(
-            session, ref, allow_ek_without_cert=body.allow_ek_without_cert, actor=actor
+            session,
+            ref,
+            allow_ek_without_cert=body.allow_ek_without_cert,
+            allow_devices_without_tpm=body.allow_devices_without_tpm,
+            actor=actor,
         )
     )
 

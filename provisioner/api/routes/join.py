@@ -9,7 +9,7 @@ from fastapi import APIRouter, Body, Depends, Request, Response
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
-from contracts.messages import HeartbeatRequest, JoinChallenge
+from contracts.messages import HeartbeatRequest, JoinChallenge, KeyJoinChallenge
 from provisioner.api.deps import NODE_CREDENTIAL, Credentials, Db, JoinToken, Timing, admitted
 from provisioner.api.errors import JOIN_ERRORS, NODE_ERRORS, PROOF_ERRORS
 from provisioner.domain.states import JoinOutcome
@@ -20,9 +20,15 @@ from provisioner.services.heartbeat_timing import HeartbeatTiming
 router = APIRouter(tags=["join"])
 
 
-@router.post("/v1/join", status_code=201, response_model=JoinChallenge, responses=JOIN_ERRORS)
+@router.post(
+    "/v1/join",
+    status_code=201,
+    response_model=JoinChallenge | KeyJoinChallenge,
+    responses=JOIN_ERRORS,
+)
 def join(session: Db, body: Any = Body(...)) -> Response:
-    """Step 1 (docs/join-protocol.md): JoinRequest → JoinChallenge, or 403 with the refusal.
+    """Step 1 (docs/join-protocol.md): JoinRequest → JoinChallenge, or 403 with the refusal; a device
+    without a TPM sends a KeyJoinRequest (its `device_key`) and gets a KeyJoinChallenge.
     No Authorization header: the join token travels in the body (`join_token`), checked here."""
     challenge = service.begin(session, body)
     return Response(challenge.model_dump_json(), status_code=201, media_type="application/json")
@@ -38,8 +44,8 @@ def proof(
     token: JoinToken,
     body: Any = Body(...),
 ) -> dict[str, Any]:
-    """Step 2: ProofRequest (with `Authorization: Bearer <join token>`) → the node credential (200),
-    or `pending` (202) while no operator has added this minion_id."""
+    """Step 2: ProofRequest (KeyProofRequest after a KeyJoinChallenge), with `Authorization: Bearer <join
+    token>` → the node credential (200), or `pending` (202) while no operator has added this minion_id."""
     result = service.finish(
         session,
         join_id,

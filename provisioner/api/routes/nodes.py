@@ -57,7 +57,12 @@ def list_nodes(
 def show(ref: str, session: Db, region: str | None = None) -> NodeOut:
     node = service.get(session, ref, region)
     shown = NodeOut.of(node).readable()
-    return shown.model_copy(update={"last_quote_at": service.last_quote_at(session, node)})
+    return shown.model_copy(
+        update={
+            "last_quote_at": service.last_quote_at(session, node),
+            "identity": service.identity(session, node),
+        }
+    )
 
 
 @router.delete("/{ref}")
