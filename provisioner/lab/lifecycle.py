@@ -379,27 +379,42 @@ def _record(plan: LabPlan, p: NodePlan | DevicePlan) -> LabNodeRecord:
     )
 
 
-def _prepare_node(plan: NodePlan | DevicePlan, node: LabNodeRecord, ca: VendorCA) -> Swtpm:
-    """Its own swtpm (EK certificate from the lab's vendor CA), started; its minion_id (asked of the
-    node's own `minion id`, as an operator reads it off the banner); its hardware."""
-    tpm = provision_swtpm(_node_dir(plan.name) / "swtpm", ca)
-    tpm.start()
+def _has_tpm(node: LabNodeRecord) -> bool:
+    """Whether the node's profile has a TPM (every node and Orin; not the Xavier, which uses a device key)."""
+    return "tpm" in hardware.load_profile(_profile_of(node))
+
+
+def _prepare_node(plan: NodePlan | DevicePlan, node: LabNodeRecord, ca: VendorCA) -> Swtpm | None:
+    """Its own swtpm (EK certificate from the lab's vendor CA), started, where its profile has a TPM; its
+    minion_id (asked of the node's own `minion id`, as an operator reads it off the banner: from the TPM,
+    or from the device key its minion creates in its state dir); its hardware."""
+    tpm = None
+    if _has_tpm(node):
+        tpm = provision_swtpm(_node_dir(plan.name) / "swtpm", ca)
+        tpm.start()
     if node.minion_id is None:
-        node.minion_id = _minion_id(tpm.tcti)
+        node.minion_id = _minion_id(
+            [*_identity_args(tpm), "--state-dir", str(_node_dir(node.name) / "minion")]
+        )
     hardware.write_testbed(hardware.load_profile(_profile_of(node)), _node_dir(plan.name) / "hardware")
     return tpm
 
 
-def _minion_id(tcti: str) -> str:
+def _identity_args(tpm: Swtpm | None) -> list[str]:
+    """How the node's minion proves itself: its swtpm, or (no TPM) the device key in its state dir."""
+    return ["--tcti", tpm.tcti] if tpm is not None else ["--device-key"]
+
+
+def _minion_id(identity: list[str]) -> str:
     proc = subprocess.run(
-        [str(BIN / "minion"), "id", "--tcti", tcti, "--json"], capture_output=True, text=True, timeout=60
+        [str(BIN / "minion"), "id", *identity, "--json"], capture_output=True, text=True, timeout=60
     )
     if proc.returncode != 0:
-        raise Unavailable(f"`minion id` failed on the lab TPM ({proc.stderr.strip()}): see the swtpm log")
+        raise Unavailable(f"`minion id` failed on the lab node ({proc.stderr.strip()}): see the swtpm log")
     return str(json.loads(proc.stdout)["minion_id"])
 
 
-def _start_minion(node: LabNodeRecord, tpm: Swtpm, bundle: Path) -> None:
+def _start_minion(node: LabNodeRecord, tpm: Swtpm | None, bundle: Path) -> None:
     d = _node_dir(node.name)
     if node.root is None:
         raise Unavailable(f"{node.name} has no lab root yet: `provision lab down`, then `lab up` again")
@@ -419,8 +434,7 @@ def _start_minion(node: LabNodeRecord, tpm: Swtpm, bundle: Path) -> None:
         "run",
         "--bundle",
         str(bundle),
-        "--tcti",
-        tpm.tcti,
+        *_identity_args(tpm),
         "--state-dir",
         str(d / "minion"),
         "--heartbeat-interval",
@@ -637,6 +651,10 @@ def up(
                     root = rootfs.node_root(node.name)
                     node.root = str(root if root.exists() else rootfs.clone(base_root, root))
             state.save()
+        if not all(_has_tpm(n) for n in state.nodes.values()):
+            # what `provision region update lab --allow-devices-without-tpm` does
+            _client(state).post(f"/v1/regions/{REGION}/attestation", {"allow_devices_without_tpm": True})
+            step(f"region {REGION} allows devices without a TPM (the Xavier's device key)")
         _ensure_nodes(plan, state, ca, bundle, step)
         new = [n for n in state.nodes.values() if n.added_at is None]
         if new:
@@ -698,7 +716,10 @@ def status(home: Path | None = None) -> dict[str, Any]:
     ]
     for node in state.nodes.values():
         tpm = Swtpm(_node_dir(node.name, home) / "swtpm")
-        procs.append({"kind": "swtpm", "pid": tpm.pid(), "alive": tpm.pid() is not None, "node": node.name})
+        if _has_tpm(node):
+            procs.append(
+                {"kind": "swtpm", "pid": tpm.pid(), "alive": tpm.pid() is not None, "node": node.name}
+            )
         if node.minion:
             procs.append(
                 {"kind": "minion", "pid": node.minion.pid, "alive": node.minion.alive(), "node": node.name}

@@ -29,12 +29,17 @@ NODE_HOST_BASE = 10  # node K is .(10+K)
 REGION = "lab"
 PROVIDER = "physical"
 HARDWARE_PROFILE = "lab-gpu-node"
-# Simulated Jetson devices (`lab up --devices N`): device K has the profile DEVICE_PROFILES[(K-1) % 3], its
-# own namespace and the LAN address .(DEVICE_HOST_BASE+K). Xavier (no TPM) is not simulated: the no-TPM
-# join does not exist yet.
+# Simulated Jetson devices (`lab up --devices N`): device K has the profile DEVICE_PROFILES[(K-1) % 4], its
+# own namespace and the LAN address .(DEVICE_HOST_BASE+K). The Xavier NX has no TPM: it joins with a device
+# key, so a lab of two devices or more shows both joins (its region allows devices without a TPM).
 MAX_DEVICES, DEFAULT_DEVICES = 16, 0
 DEVICE_HOST_BASE = 40
-DEVICE_PROFILES = ("lab-jetson-agx-orin", "lab-jetson-orin-nx", "lab-jetson-orin-nano")
+DEVICE_PROFILES = (
+    "lab-jetson-agx-orin",
+    "lab-jetson-xavier-nx",
+    "lab-jetson-orin-nx",
+    "lab-jetson-orin-nano",
+)
 # Devices need a central-storage region with an active storage node (docs/devices.md): a lab with devices
 # makes its region central and node-1 its storage node; a lab without keeps local storage, node-1 compute.
 STORAGE_NODE = "node-1"

@@ -28,10 +28,12 @@ from tests.provisioner.test_lab import (  # noqa: F401 - the fixtures are used b
     rootfs_cache,
 )
 
+# profile → (model, memory GiB, TPM, chip id)
 EXPECTED_MODELS = {
-    "lab-jetson-agx-orin": ("agx-orin", 32),
-    "lab-jetson-orin-nx": ("orin-nx", 16),
-    "lab-jetson-orin-nano": ("orin-nano", 8),
+    "lab-jetson-agx-orin": ("agx-orin", 32, "firmware", 0x23),
+    "lab-jetson-xavier-nx": ("xavier-nx", 8, "none", 0x19),
+    "lab-jetson-orin-nx": ("orin-nx", 16, "firmware", 0x23),
+    "lab-jetson-orin-nano": ("orin-nano", 8, "firmware", 0x23),
 }
 STATUS_TIMEOUT_S = 60
 
@@ -39,14 +41,15 @@ STATUS_TIMEOUT_S = 60
 # -- without a lab ---------------------------------------------------------------------------------------
 
 
-def test_devices_cycle_through_the_orin_profiles_with_fixed_names() -> None:
-    plan = LabPlan(nodes=1, devices=4)
+def test_devices_cycle_through_the_jetson_profiles_with_fixed_names() -> None:
+    plan = LabPlan(nodes=1, devices=5)
     devices = plan.device_plans()
     assert [(d.name, d.netns, d.address, d.profile) for d in devices] == [
         ("device-1", "rigbase-lab-device1", "10.77.0.41", "lab-jetson-agx-orin"),
-        ("device-2", "rigbase-lab-device2", "10.77.0.42", "lab-jetson-orin-nx"),
-        ("device-3", "rigbase-lab-device3", "10.77.0.43", "lab-jetson-orin-nano"),
-        ("device-4", "rigbase-lab-device4", "10.77.0.44", "lab-jetson-agx-orin"),
+        ("device-2", "rigbase-lab-device2", "10.77.0.42", "lab-jetson-xavier-nx"),
+        ("device-3", "rigbase-lab-device3", "10.77.0.43", "lab-jetson-orin-nx"),
+        ("device-4", "rigbase-lab-device4", "10.77.0.44", "lab-jetson-orin-nano"),
+        ("device-5", "rigbase-lab-device5", "10.77.0.45", "lab-jetson-agx-orin"),
     ]
     assert all(NAME_PATTERN.match(n) for n in plan.namespaces())
     assert (plan.storage_mode, LabPlan(nodes=1).storage_mode) == ("central", "local")
@@ -61,8 +64,9 @@ def test_each_profile_is_recognised_by_the_minion(tmp_path: Path, profile_name: 
     root = hardware.write_jetson_files(profile, hardware.write_host_root(profile, tmp_path / "root"))
     report = jetson.recognise(root)
     assert report is not None
-    assert (report.model, report.memory_gib, report.tpm) == (*EXPECTED_MODELS[profile_name], "firmware")
-    assert (report.l4t_release, report.jetpack, report.chip_id) == ("R35.4.1", "5.1.2", 0x23)
+    assert (report.model, report.memory_gib, report.tpm, report.chip_id) == EXPECTED_MODELS[profile_name]
+    assert (report.l4t_release, report.jetpack) == ("R35.4.1", "5.1.2")
+    assert ("tpm" in profile) == (report.tpm != "none")  # the lab starts a swtpm only where the model has one
     assert (report.video_devices, report.media_devices) == ([], [])  # no host camera handed to containers
 
 
@@ -121,13 +125,23 @@ def _inference(home: Path, wanted: set[str]) -> dict[str, Any]:
 @pytest.mark.slow
 def test_a_device_joins_becomes_active_and_runs_a_deployed_config(cached_lab_home: Path) -> None:  # noqa: F811
     home = cached_lab_home
-    up = provision(home, "lab", "up", "--nodes", "1", "--devices", "1", "--json", timeout=600)
+    up = provision(home, "lab", "up", "--nodes", "1", "--devices", "2", "--json", timeout=600)
     assert up.returncode == 0, up.stderr[-3000:]
     report = json.loads(up.stdout)
     rows = {n["name"]: n for n in report["nodes"]}
     assert (rows["node-1"]["service"], rows["node-1"]["state"]) == ("storage", "active")
     assert (rows["device-1"]["service"], rows["device-1"]["state"]) == ("device", "active")
     assert rows["device-1"]["inventory"]["device"]["model"] == "agx-orin"
+    # the Xavier NX has no TPM: its minion joined with its device key, which the lab's region allows
+    assert (rows["device-2"]["state"], rows["device-2"]["inventory"]["device"]["model"]) == (
+        "active",
+        "xavier-nx",
+    )
+    shown = json.loads(_ok(home, "device", "show", "device-2", "-o", "json"))
+    assert (shown["identity"], shown["device"]["tpm"]) == ("device-key", "none"), shown
+    assert json.loads(_ok(home, "device", "show", "device-1", "-o", "json"))["identity"] == "tpm"
+    assert (home / "lab" / "nodes" / "device-2" / "minion" / "device-key.pem").exists()
+    assert not (home / "lab" / "nodes" / "device-2" / "swtpm").exists()
     assert report["storage_mode"] == "central"
     history = _ok(home, "device", "history", "device-1")
     assert all(state in history for state in ("new", "enrolling", "provisioning", "active"))
