@@ -30,6 +30,9 @@ APT_PACKAGES=(
   # the Vagrant lab: `vagrant validate` of the top-level Vagrantfile (tests/test_vagrantfile.py)
   # (and its real `vagrant up` of one node VM: tests/image_builder/test_vagrant_up.py)
   vagrant vagrant-libvirt libvirt-daemon-system libvirt-daemon-driver-qemu
+  # the Jetson device bundle's aarch64 minion, run under user-mode emulation in an arm64 Debian tree
+  # (tests/minion/test_device_bundle.py)
+  qemu-user-static
 )
 
 missing=()

@@ -86,6 +86,20 @@ def _refusals() -> Iterator[None]:
         fail(f"{exc.filename or 'a file'}: {exc.strerror or exc}; check the path and try again")
 
 
+def _refuse_loopback(bundle: Path) -> None:
+    """One line and exit 1 when the bundle's control plane is on loopback (what it builds could never reach
+    it); a bundle that cannot be read is left to the build, which names its path."""
+    from contracts.bundle import BundleError, read_bundle, refuse_loopback
+    from contracts.errors import InvalidInput
+
+    try:
+        refuse_loopback(read_bundle(bundle).control_plane_url)
+    except BundleError:
+        pass
+    except InvalidInput as exc:
+        fail(exc.message)
+
+
 @app.command("build")
 def build(
     ctx: typer.Context,
@@ -112,20 +126,13 @@ def build(
     json_out: Json = False,
 ) -> None:
     """Build the USB image, its UKI and the signed manifest."""
-    from contracts.bundle import BundleError, read_bundle, refuse_loopback
-    from contracts.errors import InvalidInput
     from image_builder import build as builder
     from image_builder.plan import BuildConfig
 
     settings = _settings(ctx)
     repo = _repo()
     if not allow_loopback:  # media that can never reach its control plane, caught before minutes of build
-        try:
-            refuse_loopback(read_bundle(bundle).control_plane_url)
-        except BundleError:
-            pass  # the build itself says what is wrong with the bundle, with its path
-        except InvalidInput as exc:
-            fail(exc.message)
+        _refuse_loopback(bundle)
     with _refusals():
         cfg = BuildConfig(
             bundle=bundle,
@@ -156,6 +163,48 @@ def build(
         print_json(summary)
     else:
         detail(summary, fields=["image", "image_sha256", "manifest", "root_hash", "pcr11"])
+
+
+@app.command("device-bundle")
+def device_bundle(
+    ctx: typer.Context,
+    region_bundle: Annotated[
+        Path, typer.Option("--region-bundle", help="Region enrollment bundle (`provision region bundle`).")
+    ],
+    output: Annotated[
+        Path, typer.Option("--output", "-o", help="The archive to write, e.g. rigbase-device.tar.gz.")
+    ],
+    cache: Cache = None,
+    allow_loopback: Annotated[
+        bool,
+        typer.Option(
+            "--allow-loopback",
+            help="Accept a bundle whose control-plane URL is loopback (tests on this host).",
+        ),
+    ] = False,
+    json_out: Json = False,
+) -> None:
+    """Build the minion for a Jetson on JetPack (aarch64): one tar.gz with install.sh (docs/devices.md)."""
+    from image_builder import build as builder
+    from image_builder import device_bundle as devices
+
+    settings = _settings(ctx)
+    repo = _repo()
+    if not allow_loopback:  # a device could never reach its control plane
+        _refuse_loopback(region_bundle)
+    with _refusals(), progress("building the device bundle") as log:
+        doc = devices.build(
+            repo=repo,
+            region_bundle=region_bundle,
+            output=output,
+            cache=cache or settings.cache_dir(),
+            epoch=builder.default_epoch(repo, settings.source_date_epoch),
+            log=log,
+        )
+    if json_out:
+        print_json(doc)
+    else:
+        detail(doc, fields=["output", "sha256", "bytes", "region"])
 
 
 @app.command("keygen")

@@ -67,9 +67,11 @@ def files_digest(files: dict[str, Path]) -> str:
     return md.hexdigest()
 
 
-def console_scripts(site: Path) -> dict[str, str]:
+def console_scripts(
+    site: Path, *, python: str = "/usr/bin/python3", site_on_node: str = "/usr/lib/rigbase/python"
+) -> dict[str, str]:
     """Script name → launcher text for the console scripts of SCRIPT_DISTS, read from the unpacked
-    wheels' entry_points.txt in `site` (the node's /usr/lib/rigbase/python)."""
+    wheels' entry_points.txt in `site` (on the node: `site_on_node`, run by `python`)."""
     scripts: dict[str, str] = {}
     for info in sorted(site.glob("*.dist-info/entry_points.txt")):
         dist = info.parent.name.split("-", 1)[0].lower().replace("-", "_")
@@ -82,17 +84,19 @@ def console_scripts(site: Path) -> dict[str, str]:
             continue
         for name, target in sorted(parser.items("console_scripts")):
             module, _, func = target.partition(":")
-            scripts[name] = launcher(module.strip(), func.strip())
+            scripts[name] = launcher(module.strip(), func.strip(), python=python, site=site_on_node)
     return scripts
 
 
-def launcher(module: str, func: str) -> str:
+def launcher(
+    module: str, func: str, *, python: str = "/usr/bin/python3", site: str = "/usr/lib/rigbase/python"
+) -> str:
     """A console-script launcher for the image's python3 with the pinned wheels first on sys.path (what
     pip would write, plus the path: the wheels live outside Debian's dist-packages)."""
     return (
-        "#!/usr/bin/python3\n"
+        f"#!{python}\n"
         "import sys\n"
-        'sys.path.insert(0, "/usr/lib/rigbase/python")\n'
+        f'sys.path.insert(0, "{site}")\n'
         f"from {module} import {func.split('.')[0]}\n"
         f"sys.exit({func}())\n"
     )

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 from image_builder.errors import BuildError
@@ -114,47 +115,54 @@ def pinned_requirements() -> list[str]:
     return [f"{name}=={version(name)}" for name in NODE_REQUIREMENTS]
 
 
-def dependency_wheelhouse(cache: Path, log=print) -> Path:
-    """Wheels of the minion's dependencies (and theirs), cached by the pinned set: downloaded from PyPI
-    once, tpm2-pytss compiled once against this bookworm host's libtss2 (the node runs the same one)."""
-    reqs = pinned_requirements()
-    key = hashlib.sha256(("\n".join(reqs) + f"\n{sys.version_info[:2]}").encode()).hexdigest()[:24]
-    house = cache / "wheelhouse" / key
+def cached_wheelhouse(
+    cache: Path, kind: str, key_text: str, fill: Callable[[Path], None], *, what: str, hint: str
+) -> Path:
+    """cache/KIND/KEY, made once by `fill(work_dir)` (pip's arguments end with the directory): a work
+    directory renamed into place only when complete, so a failed or killed run never leaves half a
+    wheelhouse that a later build would take for done."""
+    key = hashlib.sha256(key_text.encode()).hexdigest()[:24]
+    house = cache / kind / key
     if (house / "done").exists():
         return house
     house.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f"{key}.", dir=house.parent))
     try:
-        log(f"pip wheel {len(reqs)} node dependencies ...")
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "wheel",
-                "-q",
-                "--only-binary=:all:",
-                "--no-binary=tpm2-pytss",
-                "-w",
-                str(work),
-                *reqs,
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if proc.returncode != 0:
-            raise BuildError(
-                f"pip wheel of the node's dependencies failed: {proc.stderr.strip()[-300:]}; "
-                "check that PyPI is reachable and libtss2-dev is installed."
-            )
-        (work / "done").write_text("\n".join(reqs) + "\n")
+        fill(work)
+        (work / "done").write_text(key_text + "\n")
         shutil.rmtree(house, ignore_errors=True)
         work.rename(house)
+    except subprocess.CalledProcessError as exc:
+        shutil.rmtree(work, ignore_errors=True)
+        raise BuildError(f"{what} failed: {str(exc.stderr).strip()[-300:]}; {hint}") from None
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
     return house
+
+
+def pip(*args: str) -> None:
+    """`python -m pip ARGS` quietly; CalledProcessError (with stderr) when it fails."""
+    subprocess.run([sys.executable, "-m", "pip", *args], capture_output=True, text=True, check=True)
+
+
+def dependency_wheelhouse(cache: Path, log: Callable[[str], None] = print) -> Path:
+    """Wheels of the minion's dependencies (and theirs), cached by the pinned set: downloaded from PyPI
+    once, tpm2-pytss compiled once against this bookworm host's libtss2 (the node runs the same one)."""
+    reqs = pinned_requirements()
+
+    def fill(work: Path) -> None:
+        log(f"pip wheel {len(reqs)} node dependencies ...")
+        pip("wheel", "-q", "--only-binary=:all:", "--no-binary=tpm2-pytss", "-w", str(work), *reqs)
+
+    return cached_wheelhouse(
+        cache,
+        "wheelhouse",
+        "\n".join(reqs) + f"\n{sys.version_info[:2]}",
+        fill,
+        what="pip wheel of the node's dependencies",
+        hint="check that PyPI is reachable and libtss2-dev is installed.",
+    )
 
 
 def unpack_dependencies(house: Path, site: Path) -> list[str]:

@@ -29,7 +29,7 @@ def _run(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
 def test_help_lists_every_command(tmp_path: Path) -> None:
     r = _run("--help", home=tmp_path)
     assert r.returncode == 0, r.stderr
-    for command in ("build", "keygen", "verify", "resolve-nvidia"):
+    for command in ("build", "device-bundle", "keygen", "verify", "resolve-nvidia"):
         assert command in r.stdout
     build_help = _run("build", "--help", home=tmp_path).stdout
     for flag in ("--bundle", "--output", "--cache", "--key", "--with-nvidia", "--mirror", "--plan", "--json"):
