@@ -21,6 +21,7 @@ from contracts.identity import is_minion_id
 from contracts.regional import StorageMode
 from minion.hardware.commands import HostRoot, InventoryFile, PublicJobsFlag, StorageModeOption
 from minion.settings import BUNDLE_ENV, TCTI_ENV, MinionSettings
+from minion.tpm.commands import DeviceKeyFlag
 
 if TYPE_CHECKING:
     from minion.hardware.model import Inventory
@@ -81,6 +82,17 @@ def read_minion_id(tcti: str | None) -> tuple[str | None, str | None]:
     if not isinstance(value, str) or not is_minion_id(value):
         return None, f"the TPM identity reader returned {value!r}, not 32 hex digits"
     return value, None
+
+
+def read_device_key_id(state_dir: Path) -> tuple[str | None, str | None]:
+    """A device without a TPM: (the minion_id of its device key, None), the key created on first use; or
+    (None, why not) when the key file cannot be used."""
+    from minion.device_key import DeviceKey, DeviceKeyUnusable
+
+    try:
+        return DeviceKey.load_or_create(state_dir).minion_id, None
+    except (DeviceKeyUnusable, OSError) as exc:
+        return None, str(exc)
 
 
 def _fit(text: str) -> str:
@@ -234,6 +246,7 @@ def banner_command(
     public_jobs: PublicJobsFlag = False,
     inventory_file: InventoryFile = None,
     host_root: HostRoot = None,
+    device_key: DeviceKeyFlag = False,
 ) -> None:
     """Print the console banner: minion_id, region, addresses, requirement verdicts, next step.
     The storage mode and public jobs default to the bundle's settings when it carries them."""
@@ -245,7 +258,7 @@ def banner_command(
     enrollment = read_bundle(bundle or DEFAULT_BUNDLE)
     inventory = load_or_collect(inventory_file, host_root, settings.gpu_catalogue)
     report = check(inventory, storage_mode or enrollment.storage_mode, public_jobs or enrollment.public_jobs)
-    minion_id, problem = read_minion_id(tcti)
+    minion_id, problem = read_device_key_id(settings.state_dir) if device_key else read_minion_id(tcti)
     from minion.join.state import StateDir
 
     join_status = StateDir(settings.state_dir).status() if settings.state_dir.is_dir() else None

@@ -192,3 +192,20 @@ def test_addresses_match_the_kernel() -> None:
         if a["family"] == "inet6" and a.get("scope") == "global"
     }
     assert {(n, a) for n, a in found if ":" in a} == expected_v6
+
+
+def test_banner_of_a_device_without_a_tpm_shows_its_device_key_id(
+    umockdev_testbed: Make, tmp_path: Path
+) -> None:
+    """`minion banner --device-key` (a Xavier): the minion_id of the key in the state dir, made once."""
+    from minion.device_key import DeviceKey
+
+    bundle = _bundle(tmp_path / "bundle.json")
+    state = tmp_path / "state"
+    env = {"RIGBASE_BUNDLE": str(bundle), "RIGBASE_STATE_DIR": str(state)}
+    result = umockdev_testbed("central-1gbe").run("banner", "--device-key", env=env)
+    assert result.returncode == 0, result.stderr
+    expected = DeviceKey.load_or_create(state).minion_id  # the key the banner created, read back
+    assert f"minion_id  {expected}" in _assert_fits(result.stdout)
+    again = umockdev_testbed("central-1gbe").run("banner", "--device-key", env=env)
+    assert f"minion_id  {expected}" in again.stdout  # the same identity at every boot
