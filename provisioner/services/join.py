@@ -583,6 +583,12 @@ def _tpm_proven(attested: Attested, policy: PcrPolicy) -> _Proven:
 
 def _finish_with_key(session: Session, pending: PendingKeyJoin, body: Any, ctx: _Context) -> _Proven:
     proof = _parse(session, KeyProofRequest, body, ctx, step="proof")
+    region = ctx.region
+    if region is not None and not (region.settings or {}).get(ALLOW_DEVICES_WITHOUT_TPM):
+        # withdrawn between the two calls: the opt-in is read when the join completes, not only when it starts
+        _refused(
+            session, refuse(RefusalCode.device_key_not_allowed, f"region {region.name}"), ctx, step="proof"
+        )
     outcome = KeyJoinVerifier(nonce_store.issuer(session)).finish(pending, proof)
     if isinstance(outcome, Refusal):
         _refused(session, outcome, ctx, step="proof", from_verifier=True)

@@ -292,12 +292,16 @@ def test_what_a_device_key_cannot_do_changes_nothing(
     add_node(cp, _Named(compute_key.minion_id), "gpu-9", "compute")
     body = compute_key.join_request(join_token=token, inventory=inventory, requirements={})
     _refused(_begin(cp, body), "join_device_key_not_a_device", "'gpu-9' is a compute node")
-    # the honest proof joins; withdrawing the opt-in refuses the next join
+    # the honest proof joins
     first = _begin(cp, good)
     challenge = KeyJoinChallenge.model_validate_json(first.content)
     joined = _prove(cp, challenge.join_id, token, key.proof(challenge, inventory, {}))
     assert joined.status_code == 200 and joined.json()["node_name"] == "xav-2", joined.text
+    # withdrawing the opt-in refuses a join already begun (at its proof) and every later one
+    begun = KeyJoinChallenge.model_validate_json(_begin(cp, good).content)
     api(cp, "POST", "/v1/regions/edge/attestation", {"allow_devices_without_tpm": False})
+    late = _prove(cp, begun.join_id, token, key.proof(begun, inventory, {}))
+    _refused(late, "join_device_key_not_allowed", NOT_ALLOWED)
     _refused(_begin(cp, good), "join_device_key_not_allowed", NOT_ALLOWED)
 
 
