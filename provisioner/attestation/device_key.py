@@ -69,3 +69,16 @@ class KeyJoinVerifier:
         if not device_key.verifies(pending.device_key, proof.signature, message):
             return refuse(RefusalCode.device_key_signature_invalid)
         return KeyAttested(minion_id=pending.minion_id, device_key=pending.device_key)
+
+
+def verify_fresh_signature(
+    nonces: NonceIssuer, node_id: str, device_key_spki: bytes, nonce: bytes, signature: bytes
+) -> Refusal | None:
+    """A heartbeat's answer to its nonce (continuous proof of possession, as continuous.py checks a
+    quote): spend the node's nonce, then check the signature with the key recorded at join."""
+    refusal = nonces.redeem(nonce, f"node:{node_id}")
+    if refusal:
+        return refusal
+    if not device_key.verifies(device_key_spki, signature, device_key.heartbeat_message(node_id, nonce)):
+        return refuse(RefusalCode.device_key_signature_invalid)
+    return None

@@ -18,11 +18,11 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from contracts import device_key
 from contracts.messages import HeartbeatRequest, HeartbeatResponse
 from provisioner.attestation.continuous import issue_quote_nonce, quote_due, verify_fresh_quote
+from provisioner.attestation.device_key import verify_fresh_signature
 from provisioner.attestation.quote import VerifiedQuote
-from provisioner.attestation.refusals import Refusal, RefusalCode, refuse
+from provisioner.attestation.refusals import Refusal
 from provisioner.attestation.wire import quote_evidence
 from provisioner.domain.states import NODE_STOPPED, JoinOutcome, MinionIdentity, NodeState, RegionState
 from provisioner.services import audit, desired_state, images, node_address, node_credentials, nonce_store
@@ -150,16 +150,14 @@ def _verify_quote(
 def _verify_key_signature(
     session: Session, node: Node, att: NodeAttestation, body: HeartbeatRequest
 ) -> Refusal | None:
-    """A device-key node's answer: the nonce spent, then its signature checked with the recorded key."""
     assert body.key_signature is not None and att.quote_nonce is not None  # _quote_passes checked both
-    nonce = bytes.fromhex(att.quote_nonce)
-    refusal = nonce_store.issuer(session).redeem(nonce, f"node:{node.id}")
-    if refusal:
-        return refusal
-    message = device_key.heartbeat_message(node.id, nonce)
-    if not device_key.verifies(att.ak_public, body.key_signature, message):
-        return refuse(RefusalCode.device_key_signature_invalid)
-    return None
+    return verify_fresh_signature(
+        nonce_store.issuer(session),
+        node.id,
+        att.ak_public,
+        bytes.fromhex(att.quote_nonce),
+        body.key_signature,
+    )
 
 
 def _enforce_quote_grace(
