@@ -332,10 +332,7 @@ def _begin_with_key(
 ) -> tuple[KeyJoinChallenge, PendingKeyJoin]:
     """A device without a TPM: only where the region allows it, only for a device, and never for a
     minion that has (or attested with) a TPM — the weaker identity must not replace a stronger one."""
-    if not (region.settings or {}).get(ALLOW_DEVICES_WITHOUT_TPM):
-        _refused(
-            session, refuse(RefusalCode.device_key_not_allowed, f"region {region.name}"), ctx, step="join"
-        )
+    _refuse_unless_allowed(session, region, ctx, step="join")
     if node is not None and node.region_id == region.id and node.service != Service.DEVICE:
         _refused(
             session,
@@ -343,7 +340,7 @@ def _begin_with_key(
             ctx,
             step="join",
         )
-    downgrade = _tpm_evidence(session, request, node)
+    downgrade = _tpm_evidence(request)
     if downgrade is not None:
         _refused(session, refuse(RefusalCode.identity_downgrade, downgrade), ctx, step="join")
     outcome = KeyJoinVerifier(nonce_store.issuer(session)).begin(request)
@@ -352,14 +349,15 @@ def _begin_with_key(
     return outcome
 
 
-def _tpm_evidence(session: Session, request: KeyJoinRequest, node: Node | None) -> str | None:
-    """Why this minion is known to have a TPM, or None: it attested with one before, or its own report
-    names one (a TPM in the kernel, or a Jetson model whose firmware has one)."""
-    att = session.get(NodeAttestation, node.id) if node is not None else None
-    pending = session.get(PendingMinion, request.minion_id)
-    for row in (att, pending if pending is not None and pending.attested else None):
-        if row is not None and row.identity == MinionIdentity.TPM:
-            return "it attested with its TPM before"
+def _refuse_unless_allowed(session: Session, region: Region, ctx: _Context, *, step: str) -> None:
+    if not (region.settings or {}).get(ALLOW_DEVICES_WITHOUT_TPM):
+        _refused(session, refuse(RefusalCode.device_key_not_allowed, f"region {region.name}"), ctx, step=step)
+
+
+def _tpm_evidence(request: KeyJoinRequest) -> str | None:
+    """Why this device is known to have a TPM by its own report, or None: a TPM in the kernel, or a Jetson
+    model whose firmware has one. (A minion that attested with a TPM before has another minion_id: the
+    verifier refuses a device key claiming it as a minion_id mismatch.)"""
     tpm = request.inventory.get("tpm")
     if isinstance(tpm, Mapping) and tpm.get("present"):
         return f"its inventory reports a TPM ({tpm.get('device') or 'present'})"
@@ -397,9 +395,8 @@ def _note_unattested_pending(
     )
 
 
-def _identity_of(request: JoinRequest | KeyJoinRequest | PendingJoin | PendingKeyJoin) -> MinionIdentity:
-    keyed = isinstance(request, KeyJoinRequest | PendingKeyJoin)
-    return MinionIdentity.DEVICE_KEY if keyed else MinionIdentity.TPM
+def _identity_of(request: JoinRequest | KeyJoinRequest) -> MinionIdentity:
+    return MinionIdentity.DEVICE_KEY if isinstance(request, KeyJoinRequest) else MinionIdentity.TPM
 
 
 def _record_pending(
@@ -583,12 +580,8 @@ def _tpm_proven(attested: Attested, policy: PcrPolicy) -> _Proven:
 
 def _finish_with_key(session: Session, pending: PendingKeyJoin, body: Any, ctx: _Context) -> _Proven:
     proof = _parse(session, KeyProofRequest, body, ctx, step="proof")
-    region = ctx.region
-    if region is not None and not (region.settings or {}).get(ALLOW_DEVICES_WITHOUT_TPM):
-        # withdrawn between the two calls: the opt-in is read when the join completes, not only when it starts
-        _refused(
-            session, refuse(RefusalCode.device_key_not_allowed, f"region {region.name}"), ctx, step="proof"
-        )
+    if ctx.region is not None:  # withdrawn between the two calls: read again when the join completes
+        _refuse_unless_allowed(session, ctx.region, ctx, step="proof")
     outcome = KeyJoinVerifier(nonce_store.issuer(session)).finish(pending, proof)
     if isinstance(outcome, Refusal):
         _refused(session, outcome, ctx, step="proof", from_verifier=True)
