@@ -100,8 +100,11 @@ def _posted(
     home: Path, job: dict[str, Any], accounts: list[str]
 ) -> set[tuple[str, str, str, Decimal, int, int]]:
     """The job's ledger entries as `billing ledger --job` lists them to each side, once the stopping
-    piece is in (metering posts a job's pieces together)."""
+    piece is in. Metering posts a job's pieces in one transaction, but each side is a separate read: a
+    pass that commits between two reads shows one side without the other (seen in CI), so the answer is
+    the first non-empty one read twice alike."""
     deadline = time.monotonic() + METERING_TIMEOUT_S
+    last: set[tuple[str, str, str, Decimal, int, int]] = set()
     while True:
         rows = {
             (
@@ -115,8 +118,9 @@ def _posted(
             for account in accounts
             for r in _json(home, None, "billing", "ledger", "--account", account, "--job", job["id"])
         }
-        if rows:
+        if rows and rows == last:
             return rows
+        last = rows
         assert time.monotonic() < deadline, f"nothing metered for {job['name']} in {METERING_TIMEOUT_S} s"
         time.sleep(2)
 
