@@ -39,6 +39,7 @@ class ImageManifest(BaseModel):
     schema_: Literal["rigbase.image-manifest/1"] = Field(alias="schema")
     builder: _Section | None = None
     image: _Section | None = None
+    targets: dict[str, _Section] | None = None  # "usb" (the image above), "gce" with --target gce
     uki: _Section | None = None
     kernel: _Section | None = None
     verity: _Section | None = None

@@ -26,6 +26,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "minion.banner",  # minion banner
     "minion.join.commands",  # minion join, minion run
     "minion.finalize.commands",  # minion finalize apply-saved, minion finalize apply
+    "minion.gce_commands",  # minion gce-bundle
 )
 
 EXIT_USAGE = 2

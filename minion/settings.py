@@ -27,6 +27,8 @@ GPU_CATALOGUE_ENV = "RIGBASE_GPU_CATALOGUE"
 LAN_ADDRESS_ENV = "RIGBASE_LAN_ADDRESS"
 ANSIBLE_COLLECTIONS_ENV = "RIGBASE_ANSIBLE_COLLECTIONS"
 EVENT_LOG_ENV = "RIGBASE_EVENT_LOG"
+# google-auth's name for it: where a GCE VM's metadata server is (tests point it at a local one)
+GCE_METADATA_HOST_ENV = "GCE_METADATA_HOST"
 # Job containers (minion/jobs/, docs/minion-jobs.md): unset means podman's own default
 JOBS_PODMAN_ENV = "RIGBASE_JOBS_PODMAN"
 JOBS_OCI_RUNTIME_ENV = "RIGBASE_JOBS_OCI_RUNTIME"
@@ -128,6 +130,8 @@ class MinionSettings:
     event_log: Path = DEFAULT_EVENT_LOG
     # the Ansible collections finalize runs with (minion/finalize/runner.py); None: ANSIBLE_COLLECTIONS_SEARCH
     ansible_collections: Path | None = None
+    # the GCE metadata server `minion gce-bundle` reads (minion/gce_metadata.py)
+    gce_metadata_host: str = "metadata.google.internal"
     # job containers (minion/jobs/): runtime, cgroup manager, ulimits, network, CDI, quota, data roots
     jobs: ContainerSettings = field(default_factory=ContainerSettings)
 
@@ -143,6 +147,7 @@ class MinionSettings:
             lan_address=environ.get(LAN_ADDRESS_ENV) or None,
             event_log=Path(event_log) if event_log else DEFAULT_EVENT_LOG,
             ansible_collections=Path(coll) if (coll := environ.get(ANSIBLE_COLLECTIONS_ENV)) else None,
+            gce_metadata_host=environ.get(GCE_METADATA_HOST_ENV) or cls.gce_metadata_host,
             jobs=ContainerSettings.from_env(environ),
         )
 

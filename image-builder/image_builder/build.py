@@ -19,6 +19,7 @@ from contracts.bundle import BundleError, read_bundle_bytes
 from image_builder import (
     disk,
     ext4,
+    gce,
     initramfs,
     manifest,
     measure,
@@ -214,6 +215,18 @@ def build(cfg: BuildConfig, log: Callable[[str], None] = print) -> dict[str, Any
             ),
         )
         image = t.run("disk", lambda: disk.write_image(layout, out / IMAGE_NAME), log)
+        gce_disk = None
+        if "gce" in cfg.targets:
+            # the same ESP files but the bundle: a VM reads its bundle from the metadata server
+            gce_files = {k: v for k, v in esp_files.items() if k != node_files.BUNDLE_ON_ESP}
+
+            def _gce() -> gce.GceDisk:
+                gce_esp = disk.make_esp(
+                    work / "gce-esp.img", esp_size, gce_files, IDS["gce_esp_volume_id"], epoch
+                )
+                return gce.build(work, out, gce_esp, esp_size, root_img, ver.hash_path, epoch, sha256_file)
+
+            gce_disk = t.run("gce", _gce, log)
         doc = t.run(
             "measure",
             lambda: _manifest(
@@ -233,6 +246,7 @@ def build(cfg: BuildConfig, log: Callable[[str], None] = print) -> dict[str, Any
                 kver,
                 cmdline,
                 epoch,
+                gce_disk,
             ),
             log,
         )
@@ -258,6 +272,13 @@ def build(cfg: BuildConfig, log: Callable[[str], None] = print) -> dict[str, Any
         shutil.rmtree(work, ignore_errors=True)
 
 
+def _partitions(layout: disk.Layout) -> dict[str, Any]:
+    return {
+        p.name: {"offset": off, "size": size, "partuuid": p.uuid}
+        for p, (off, size) in zip(layout.partitions, disk.partition_offsets(layout).values(), strict=True)
+    }
+
+
 def _manifest(
     cfg: BuildConfig,
     inputs: rootfs.RootfsInputs,
@@ -275,6 +296,7 @@ def _manifest(
     kver: str,
     cmdline: str,
     epoch: int,
+    gce_disk: gce.GceDisk | None = None,
 ) -> dict[str, Any]:
     sections = {
         ".linux": parts.kernel,
@@ -300,20 +322,31 @@ def _manifest(
         .public_key()
         .public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     )
+    image_section = {
+        "file": IMAGE_NAME,
+        "sha256": sha256_file(image),
+        "size": image.stat().st_size,
+        "partitions": _partitions(layout),
+    }
+    targets: dict[str, Any] = {
+        "usb": {**image_section, "pcr4": measure.pcr4_for_path([pe_hashes[n] for n in USB_BOOT_PATH])}
+    }
+    if gce_disk is not None:
+        targets["gce"] = {
+            "file": gce_disk.archive.name,
+            "sha256": sha256_file(gce_disk.archive),
+            "size": gce_disk.archive.stat().st_size,
+            "disk_raw": {"sha256": gce_disk.raw_sha256, "size": gce_disk.raw_size},
+            "disk_size_gb": gce_disk.raw_size // gce.GiB,
+            "partitions": _partitions(gce_disk.layout),
+            "boot_path": list(gce.GCE_BOOT_PATH),
+            "pcr4": measure.pcr4_for_path([pe_hashes[n] for n in gce.GCE_BOOT_PATH]),
+        }
     return {
         "schema": manifest.SCHEMA,
         "builder": {"version": BUILDER_VERSION, "key_sha256": hashlib.sha256(pub).hexdigest()},
-        "image": {
-            "file": IMAGE_NAME,
-            "sha256": sha256_file(image),
-            "size": image.stat().st_size,
-            "partitions": {
-                p.name: {"offset": off, "size": size, "partuuid": p.uuid}
-                for p, (off, size) in zip(
-                    layout.partitions, disk.partition_offsets(layout).values(), strict=True
-                )
-            },
-        },
+        "image": image_section,
+        "targets": targets,
         "uki": {"file": UKI_NAME, "sha256": sha256_file(uki_path), "size": uki_path.stat().st_size},
         "kernel": {"version": kver, "cmdline": cmdline},
         "verity": {"root_hash": ver.root_hash, "salt": verity.SALT, "data_blocks": ver.data_blocks},

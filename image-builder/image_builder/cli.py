@@ -115,6 +115,14 @@ def build(
     mirror: Annotated[
         str | None, typer.Option("--mirror", help="Debian mirror (default: the one apt uses here).")
     ] = None,
+    target: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--target",
+            help="What to build from the same UKI and root, repeatable: usb (always) and gce (a Compute "
+            "Engine boot disk, rigbase-gce.tar.gz, for `provision image publish --provider gcp`).",
+        ),
+    ] = None,
     plan: Annotated[bool, typer.Option("--plan", help="Print the build plan as JSON and stop.")] = False,
     allow_loopback: Annotated[
         bool,
@@ -125,9 +133,13 @@ def build(
     ] = False,
     json_out: Json = False,
 ) -> None:
-    """Build the USB image, its UKI and the signed manifest."""
+    """Build the USB image (and with --target gce the GCE boot disk), its UKI and the signed manifest."""
     from image_builder import build as builder
-    from image_builder.plan import BuildConfig
+    from image_builder.plan import TARGETS, BuildConfig
+
+    unknown = sorted(set(target or ()) - set(TARGETS))
+    if unknown:
+        fail(f"unknown --target {', '.join(unknown)}: choose from {', '.join(TARGETS)}", exit_code=2)
 
     settings = _settings(ctx)
     repo = _repo()
@@ -143,6 +155,7 @@ def build(
             source_date_epoch=builder.default_epoch(repo, settings.source_date_epoch),
             repo=repo,
             mirror=mirror,
+            targets=tuple(t for t in TARGETS if t == "usb" or t in (target or ())),
         )
         if plan:
             print_json(cfg.as_plan())
@@ -159,10 +172,17 @@ def build(
         "manifest": str(output / "manifest.json"),
         "timings_s": doc["_timings"],
     }
+    if "gce" in doc["targets"]:
+        summary["gce_image"] = str(output / doc["targets"]["gce"]["file"])
+        summary["gce_image_sha256"] = doc["targets"]["gce"]["sha256"]
     if json_out:
         print_json(summary)
     else:
-        detail(summary, fields=["image", "image_sha256", "manifest", "root_hash", "pcr11"])
+        detail(
+            summary,
+            fields=["image", "image_sha256", *(["gce_image"] if "gce_image" in summary else []), "manifest"]
+            + ["root_hash", "pcr11"],
+        )
 
 
 @app.command("device-bundle")

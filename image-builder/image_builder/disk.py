@@ -17,6 +17,7 @@ SECTOR = 512
 ESP_TYPE = "C12A7328-F81F-11D2-BA4B-00A0C93EC93B"
 ROOT_TYPE = "4F68BCE3-E8CD-4DB1-96E7-FBCAF984B709"  # Linux root (x86-64), Discoverable Partitions Spec
 VERITY_TYPE = "2C7357ED-EBD2-46D9-AEC1-23D437EC2BF5"  # Linux root verity (x86-64)
+LINUX_TYPE = "0FC63DAF-8483-4772-8E79-3D69D8477DE4"  # Linux filesystem data (the state partition)
 
 
 @dataclass(frozen=True)
@@ -60,10 +61,11 @@ def make_esp(out: Path, size: int, files: dict[str, Path], volume_id: str, epoch
     return out
 
 
-def write_image(layout: Layout, out: Path) -> Path:
-    """Create the disk file, partition it with sfdisk and copy each partition image into place."""
+def write_image(layout: Layout, out: Path, size: int | None = None) -> Path:
+    """Create the disk file (`size` bytes, default just large enough), partition it with sfdisk and copy
+    each partition image into place."""
     first = MiB
-    total = first + sum(p.size for p in layout.partitions) + MiB  # room for the backup GPT
+    total = size or first + sum(p.size for p in layout.partitions) + MiB  # room for the backup GPT
     out.unlink(missing_ok=True)
     with out.open("wb") as fh:
         fh.truncate(total)

@@ -18,7 +18,8 @@ from image_builder import cpio, rootfs
 from image_builder.errors import BuildError
 
 #: Modules the initramfs loads (with their dependencies from modules.dep): the storage paths a node boots
-#: from (USB, NVMe, SATA), device-mapper verity, and the filesystems it mounts. ext4 needs crc32c by softdep.
+#: from (USB, NVMe, SATA, a VM's virtio disk), device-mapper verity, and the filesystems it mounts. ext4
+#: needs crc32c by softdep.
 MODULES: tuple[str, ...] = (
     "xhci_pci",
     "ehci_pci",
@@ -30,6 +31,7 @@ MODULES: tuple[str, ...] = (
     "ahci",
     "virtio_pci",
     "virtio_blk",
+    "virtio_scsi",  # a Compute Engine boot disk (the GCE target) is virtio-scsi on most machine types
     "crc32c_generic",
     "crc32c_intel",
     "ext4",

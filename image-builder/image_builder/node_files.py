@@ -69,19 +69,28 @@ ANSIBLE_ENV = f"Environment=RIGBASE_ANSIBLE_COLLECTIONS={NODE_COLLECTIONS} LANG=
 STATE_DIR = "/var/lib/rigbase"
 MINION_STATE_DIR = f"{STATE_DIR}/minion"
 
-MINION_UNIT = f"""[Unit]
+#: Where a GCE VM keeps the bundle it read from the metadata server (minion gce-bundle): the state partition.
+GCE_BUNDLE = f"{STATE_DIR}/bundle.json"
+#: The DMI product name of every Compute Engine VM: the GCE units run there and nowhere else.
+ON_GCE = "/bin/grep -qx 'Google Compute Engine' /sys/class/dmi/id/product_name"
+
+
+def minion_unit(bundle: str, *, mounts: str, after: str = "", requires: str = "") -> str:
+    """The minion's unit, reading its bundle from `bundle` (the USB drive's ESP, or on GCE the state
+    partition's copy of the metadata server's)."""
+    return f"""[Unit]
 Description=rigbase minion: attested join, heartbeats and desired state
-After=network-online.target rigbase-banner.service rigbase-node-config.service
+After=network-online.target rigbase-banner.service rigbase-node-config.service{after}
 Wants=network-online.target
-# The node credential lives on the NVMe state partition: no join from a USB boot that has not installed.
-RequiresMountsFor={STATE_DIR} {ESP_MOUNT}
-ConditionPathExists={ESP_MOUNT}/{BUNDLE_ON_ESP}
+{requires}# The node credential lives on the state partition: no join from a USB boot that has not installed.
+RequiresMountsFor={mounts}
+ConditionPathExists={bundle}
 
 [Service]
 {ANSIBLE_ENV}
 # Containers' images and layers on the scratch volume finalize mounts, not on the root's tmpfs overlay (RAM)
 Environment=RIGBASE_JOBS_PODMAN_ROOT=/scratch/containers
-ExecStart=/usr/local/bin/minion run --bundle {ESP_MOUNT}/{BUNDLE_ON_ESP}
+ExecStart=/usr/local/bin/minion run --bundle {bundle}
 # one line per change of state (joining, pending, refused: why, active) on the console the operator reads
 StandardOutput=journal+console
 StandardError=journal+console
@@ -93,6 +102,80 @@ WatchdogSec=5min
 
 [Install]
 WantedBy=multi-user.target
+"""
+
+
+MINION_UNIT = minion_unit(f"{ESP_MOUNT}/{BUNDLE_ON_ESP}", mounts=f"{STATE_DIR} {ESP_MOUNT}")
+# On GCE (docs/gcp.md "The rigbase image on GCE"): the same minion, its bundle from the metadata server.
+GCE_MINION_UNIT = minion_unit(
+    GCE_BUNDLE,
+    mounts=STATE_DIR,
+    after=" rigbase-gce-bundle.service",
+    requires="Requires=rigbase-gce-bundle.service\n",
+)
+
+# Only on Compute Engine (ExecCondition: elsewhere the unit is skipped, not failed). Retries while the
+# network comes up; a VM not made by rigbase (no rigbase-bundle attribute) fails here with one line.
+GCE_BUNDLE_UNIT = f"""[Unit]
+Description=rigbase on GCE: the region's enrollment bundle from the instance metadata server
+After=network-online.target
+Wants=network-online.target
+RequiresMountsFor={STATE_DIR}
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecCondition={ON_GCE}
+ExecStart=/usr/local/bin/minion gce-bundle --output {GCE_BUNDLE}
+StandardOutput=journal+console
+StandardError=journal+console
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+#: GCE: the image's state partition is small and last; the VM's disk is as large as the operator chose.
+#: Grow the partition to the end of the disk (sfdisk first moves the backup GPT to the end), then its
+#: filesystem, before it is mounted. Idempotent: a partition already at the end is left as it is. Anywhere
+#: but Compute Engine it exits at once (no device dependency in the unit: on a USB boot before the
+#: install there is no state partition, and waiting for one would hold local-fs back). With DISK PARTNUM
+#: arguments it works on a disk image file (the builder's tests) and skips the filesystem steps.
+GROW_STATE_SCRIPT = f"""#!/bin/sh
+set -eu
+if [ $# -eq 2 ]; then
+  DISK=$1; NUM=$2; PART=""
+else
+  {ON_GCE} || exit 0
+  LINK=/dev/disk/by-partlabel/{OS_STATE}
+  for i in $(seq 900); do [ -e "$LINK" ] && break; sleep 0.1; done
+  PART=$(readlink -f "$LINK")
+  NAME=$(basename "$PART")
+  DISK=/dev/$(basename "$(readlink -f /sys/class/block/$NAME/..)")
+  NUM=$(cat /sys/class/block/$NAME/partition)
+fi
+sfdisk --quiet --relocate gpt-bak-std "$DISK"
+echo ", +" | sfdisk --quiet --no-reread --no-tell-kernel -N "$NUM" "$DISK"
+if [ -b "$PART" ]; then
+  partx -u -n "$NUM" "$DISK"
+  e2fsck -fp "$PART" || [ $? -le 1 ]
+  resize2fs "$PART"
+fi
+"""
+
+GROW_STATE_UNIT = """[Unit]
+Description=rigbase on GCE: grow the state partition to the boot disk's size
+DefaultDependencies=no
+After=systemd-udevd.service
+Before=var-lib-rigbase.mount local-fs-pre.target
+Wants=local-fs-pre.target
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/usr/local/bin/rigbase-grow-state
+
+[Install]
+WantedBy=local-fs.target
 """
 
 # What finalize wrote under /etc (fstab, mdadm.conf, exports, hostname) lives in the tmpfs overlay and is
@@ -199,7 +282,11 @@ UNITS = {
     "rigbase-measurements.service": MEASUREMENTS_UNIT,
     "rigbase-node-config.service": NODE_CONFIG_UNIT,
     "rigbase-minion.service": MINION_UNIT,
+    "rigbase-gce-bundle.service": GCE_BUNDLE_UNIT,
+    "rigbase-minion-gce.service": GCE_MINION_UNIT,
 }
+#: Units enabled under another target than multi-user's.
+EARLY_UNITS = {"rigbase-grow-state.service": (GROW_STATE_UNIT, "local-fs.target")}
 
 
 def os_release(version: str) -> str:
@@ -216,6 +303,7 @@ def files(version: str) -> dict[str, tuple[str, int]]:
         "/usr/local/bin/rigbase-banner": (BANNER_SCRIPT, 0o755),
         "/usr/local/bin/rigbase-measurements": (MEASUREMENTS_SCRIPT, 0o755),
         "/usr/local/bin/minion": (MINION_LAUNCHER, 0o755),
+        "/usr/local/bin/rigbase-grow-state": (GROW_STATE_SCRIPT, 0o755),
         "/etc/fstab": (FSTAB, 0o644),
         "/etc/hostname": ("rigbase\n", 0o644),
         "/etc/hosts": (
@@ -232,12 +320,16 @@ def files(version: str) -> dict[str, tuple[str, int]]:
     }
     for name, text in UNITS.items():
         out[f"/etc/systemd/system/{name}"] = (text, 0o644)
+    for name, (text, _) in EARLY_UNITS.items():
+        out[f"/etc/systemd/system/{name}"] = (text, 0o644)
     return out
 
 
 def enable_links() -> dict[str, str]:
     """The symlinks `systemctl enable` would make (made directly: no chroot, no systemctl)."""
     links = {f"/etc/systemd/system/multi-user.target.wants/{n}": f"/etc/systemd/system/{n}" for n in UNITS}
+    for n, (_, target) in EARLY_UNITS.items():
+        links[f"/etc/systemd/system/{target}.wants/{n}"] = f"/etc/systemd/system/{n}"
     links["/etc/systemd/system/multi-user.target.wants/systemd-networkd.service"] = (
         "/usr/lib/systemd/system/systemd-networkd.service"
     )

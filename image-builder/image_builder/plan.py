@@ -25,12 +25,24 @@ IDS: dict[str, str] = {
     "root_fs_uuid": fixed_uuid("root-filesystem"),
     "esp_volume_id": "52494742",  # "RIGB"
     "nvme_esp_volume_id": "52494745",
+    "gce_disk_guid": fixed_uuid("gce-disk"),
+    "gce_esp_partuuid": fixed_uuid("gce-esp-partition"),
+    "gce_root_partuuid": fixed_uuid("gce-root-partition"),
+    "gce_verity_partuuid": fixed_uuid("gce-verity-partition"),
+    "gce_state_partuuid": fixed_uuid("gce-state-partition"),
+    "gce_state_fs_uuid": fixed_uuid("gce-state-filesystem"),
+    "gce_esp_volume_id": "52494747",
 }
 
 ESP_NAME = "rigbase-esp"
 IMAGE_NAME = "rigbase-usb.img"
 UKI_NAME = "rigbase.efi"
 MANIFEST_NAME = "manifest.json"
+GCE_ARCHIVE = "rigbase-gce.tar.gz"  # --target gce: what `provision image publish --provider gcp` uploads
+GCE_DISK = "disk.raw"  # the one file in it, as images.insert requires
+
+#: What `--target` may name. usb is always built: its image is the manifest's `image` section.
+TARGETS = ("usb", "gce")
 
 #: The kernel command line (the root hash is appended). Both consoles, so the installer and the banner
 #: reach a VGA screen and a serial-over-LAN session; gpt-auto off because the initramfs chose the root.
@@ -94,6 +106,13 @@ STEPS: tuple[PlanStep, ...] = (
     ),
     PlanStep("disk", "GPT with fixed GUIDs: ESP, root, verity", ("esp", "rootfs", "verity"), (IMAGE_NAME,)),
     PlanStep(
+        "gce",
+        "--target gce: ESP without the bundle, root, verity, a growable state partition → disk.raw (whole "
+        "GiB) in a gzip'd tar",
+        ("uki", "rootfs", "verity"),
+        (GCE_ARCHIVE,),
+    ),
+    PlanStep(
         "measure", "PCR 11 per phase (systemd-measure), PCR 12, Authenticode digests for PCR 4", ("uki",), ()
     ),
     PlanStep(
@@ -115,6 +134,7 @@ class BuildConfig:
     source_date_epoch: int = 0
     repo: Path = Path(".")
     mirror: str | None = None
+    targets: tuple[str, ...] = ("usb",)
 
     def as_plan(self) -> dict[str, Any]:
         return {

@@ -241,7 +241,13 @@ def create_region(
         quota_table(result["quota"]["gpus"], err=True)
         _say(f"storage node {result['node']['name']}: its VM is created by the control plane")
     region = result["region"]
-    if wait:
+    progress = (result.get("vm") or {}).get("progress") or ""
+    if wait and result.get("waiting_for_image"):
+        # nothing to wait for yet: the image is built from this region's bundle, then published
+        _say(
+            f"storage node {result['node']['name']}: {progress}; then follow it with `provision region show`"
+        )
+    elif wait:
         status = wait_ready(client, region["id"], timeout)
         region = status["region"]
     render.created(region, as_json=json_out)

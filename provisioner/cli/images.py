@@ -7,12 +7,12 @@ from __future__ import annotations
 import base64
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from provisioner.cli import render
-from provisioner.cli.common import EXIT_USAGE, Json, Yes, confirm, fail, group, output_options
+from provisioner.cli.common import EXIT_USAGE, Json, Timeout, Wait, Yes, confirm, fail, group, output_options
 from provisioner.cli.settings import connect
 
 app = group(
@@ -31,6 +31,7 @@ IMAGE_COLUMNS = [
     ("manifest_sha256", "MANIFEST SHA-256"),
     ("signed_by", "SIGNED BY"),
     ("checked_pcrs", "CHECKED PCRS"),
+    ("published", "PUBLISHED"),
     ("created_at", "REGISTERED"),
 ]
 SHOW_FIELDS = [
@@ -47,6 +48,8 @@ SHOW_FIELDS = [
     "pcr4",
     "checked_pcrs",
     "packages",
+    "targets",
+    "published",
     "created_at",
 ]
 SIGNATURE_SUFFIX = ".sig"  # contracts.manifest.SIGNATURE_SUFFIX: the builder writes manifest.json.sig
@@ -190,3 +193,142 @@ def remove(
     confirm(f"unregister image '{ref}'?", yes)
     out = connect().delete(f"/v1/images/{ref}")
     render.detail(out, as_json=json_out, fields=None if json_out else SHOW_FIELDS[:4])
+
+
+def _gce_archive(manifest: Path, data: bytes, archive: Path | None) -> tuple[Path, dict]:
+    """The GCE archive next to the manifest (or --archive) and the manifest's description of it."""
+    import json
+
+    try:
+        target = (json.loads(data).get("targets") or {}).get("gce")
+    except ValueError:
+        target = None
+    if not isinstance(target, dict):
+        fail(
+            f"{manifest} describes no GCE target: build with `image-builder build --target gce` and publish "
+            "that build's manifest.json"
+        )
+    path = archive or manifest.with_name(str(target["file"]))
+    if not path.is_file():
+        fail(f"the GCE archive {path} is missing: pass --archive FILE (the build's {target['file']})")
+    return path, target
+
+
+def _send(pub: dict, path: Path, size: int, say: Any) -> int:
+    from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+
+    from provisioner.client.resumable_upload import upload
+
+    with Progress(
+        "uploading", BarColumn(), DownloadColumn(), TransferSpeedColumn(), console=say, transient=True
+    ) as bar:
+        task = bar.add_task("upload", total=size)
+        return upload(
+            pub["upload_url"], path, on_progress=lambda done, _total: bar.update(task, completed=done)
+        )
+
+
+@app.command("publish")
+def publish(
+    manifest: Annotated[
+        Path, typer.Argument(dir_okay=False, help="DIR/manifest.json of a build made with --target gce.")
+    ],
+    provider: Annotated[str, typer.Option("--provider", help="Where to publish it: gcp.")],
+    archive: Annotated[
+        Path | None,
+        typer.Option(
+            "--archive", dir_okay=False, help="The GCE archive (default: the manifest's, beside it)."
+        ),
+    ] = None,
+    dry_run: Annotated[
+        bool,
+        typer.Option("--dry-run", help="Check the files and say what would be uploaded; change nothing."),
+    ] = False,
+    wait: Wait = False,
+    timeout: Timeout = 1800.0,
+    json_out: Json = False,
+) -> None:
+    """Publish an image's GCE target to the provider's project: register the manifest if needed, upload the
+    archive (resumable: run it again after an interruption), import it into the region's image family.
+    The region's storage node and burst VMs boot it once it is published."""
+    import hashlib
+
+    from rich.console import Console
+
+    from provisioner.cli import wait as waiting
+    from provisioner.client import ControlPlaneError
+    from provisioner.client.resumable_upload import crc32c_and_sha256
+    from provisioner.domain.states import PublicationState
+
+    data = _read(manifest, "manifest", "pass the manifest.json `image-builder build --target gce` wrote")
+    path, target = _gce_archive(manifest, data, archive)
+    say = Console(stderr=True)
+    say.print(f"checking {path} ({target['size'] / 2**20:.0f} MiB) against the manifest")
+    crc32c, sha = crc32c_and_sha256(path)
+    if sha != target.get("sha256") or path.stat().st_size != target.get("size"):
+        fail(
+            f"{path} is not the archive the signed manifest describes (sha256 differs): "
+            "rebuild, or pass --archive"
+        )
+    manifest_sha = hashlib.sha256(data).hexdigest()
+    client = connect()
+    if dry_run:
+        plan = {
+            "dry_run": True,
+            "manifest_sha256": manifest_sha,
+            "archive": str(path),
+            "archive_bytes": target["size"],
+            "disk_size_gb": target.get("disk_size_gb"),
+            "crc32c": crc32c,
+            "provider": provider,
+            "would": "register the manifest if needed, upload the archive to the provider's image bucket, "
+            "import it with images.insert (Cloud Storage and image storage are billed by the GB-month)",
+        }
+        render.detail(plan, as_json=json_out)
+        return
+    try:
+        image = client.get(f"/v1/images/{manifest_sha}")
+    except ControlPlaneError as exc:
+        if exc.status != 404:
+            raise
+        sig = _read(
+            manifest.with_name(manifest.name + SIGNATURE_SUFFIX),
+            "signature",
+            "an unsigned manifest is never registered",
+            exit_code=1,
+        )
+        image = client.post(
+            "/v1/images",
+            {"manifest": base64.b64encode(data).decode(), "signature": sig.decode(errors="replace")},
+        )
+        say.print(f"registered {image['id']} for region {image['region']}")
+    path_of = f"/v1/images/{image['id']}/publications"
+    pub = client.post(path_of, {"provider": provider, "crc32c": crc32c})
+    for attempt in (1, 2):
+        if not pub.get("upload_url"):
+            break
+        try:
+            sent = _send(pub, path, target["size"], say)
+        except ControlPlaneError as exc:
+            # the session is gone (a week old) or refused the bytes (their CRC32C): one fresh session
+            if attempt == 2 or exc.status not in (400, 404, 410):
+                raise
+            say.print(f"{exc.message.split(';')[0]}: starting a new upload session")
+            pub = client.post(path_of, {"provider": provider, "crc32c": crc32c, "restart": True})
+            continue
+        say.print(f"uploaded {sent} bytes to gs://{pub['bucket']}/{pub['object_name']}")
+        break
+    pub = client.post(f"/v1/images/{image['id']}/publications/{pub['id']}/complete", {})
+    if wait and pub["state"] != PublicationState.PUBLISHED:
+        pub = waiting.wait_for_state(
+            client,
+            f"/v1/images/{image['id']}/publications/{pub['id']}",
+            done={PublicationState.PUBLISHED.value},
+            failed={PublicationState.FAILED.value},
+            timeout=timeout,
+        )
+    if pub["state"] == PublicationState.FAILED:
+        fail(f"publishing {pub['image_name']} failed: {pub['reason']}")
+    pub.pop("upload_url", None)
+    say.print(f"{pub['image_name']}: {pub['state']} in family {pub['family']}")
+    render.created(pub, as_json=json_out)

@@ -330,6 +330,16 @@ class ImageState(StrEnum):
     REMOVED = "removed"  # unregistered (or its key untrusted); nodes running it no longer attest
 
 
+class PublicationState(StrEnum):
+    """A registered image on a cloud provider (`provision image publish`, services/image_publish.py): the
+    GCE target uploaded to the project's image bucket, then imported with images.insert."""
+
+    UPLOADING = "uploading"  # a resumable upload session was handed to the CLI; the object is not complete
+    IMPORTING = "importing"  # the object matched what was declared; images.insert sent (requestId)
+    PUBLISHED = "published"  # the image is READY in its family: the region's new VMs boot it
+    FAILED = "failed"  # the upload did not match, or Compute could not import it; `reason` says why
+
+
 class JoinTokenState(StrEnum):
     ISSUED = "issued"  # usable until `expires_at`
     EXPIRED = "expired"  # derived: `expires_at` passed; joins presenting it are refused
@@ -375,6 +385,14 @@ TRUST_TRANSITIONS: dict[TrustState, frozenset[TrustState]] = {
 IMAGE_TRANSITIONS: dict[ImageState, frozenset[ImageState]] = {
     ImageState.REGISTERED: frozenset({ImageState.REMOVED}),
     ImageState.REMOVED: frozenset(),
+}
+
+# failed → uploading: `publish` again starts over (a new upload session, the same image name and requestId)
+PUBLICATION_TRANSITIONS: dict[PublicationState, frozenset[PublicationState]] = {
+    PublicationState.UPLOADING: frozenset({PublicationState.IMPORTING, PublicationState.FAILED}),
+    PublicationState.IMPORTING: frozenset({PublicationState.PUBLISHED, PublicationState.FAILED}),
+    PublicationState.PUBLISHED: frozenset(),
+    PublicationState.FAILED: frozenset({PublicationState.UPLOADING}),
 }
 
 JOIN_TOKEN_TRANSITIONS: dict[JoinTokenState, frozenset[JoinTokenState]] = {
@@ -426,6 +444,7 @@ TABLES: dict[type[StrEnum], Mapping[Any, frozenset[Any]]] = {
     BurstVmState: BURST_VM_TRANSITIONS,
     TrustState: TRUST_TRANSITIONS,
     ImageState: IMAGE_TRANSITIONS,
+    PublicationState: PUBLICATION_TRANSITIONS,
     JoinTokenState: JOIN_TOKEN_TRANSITIONS,
     MinionRejection: MINION_REJECTION_TRANSITIONS,
     OperatorTokenState: OPERATOR_TOKEN_TRANSITIONS,
@@ -443,6 +462,7 @@ KEEPS_REASON: frozenset[StrEnum] = frozenset(
         RegionState.ERRORED,
         RegionState.OFFLINE,
         NodeState.ERRORED,
+        PublicationState.FAILED,
         JobState.WAITING,
         JobState.FAILED,
         JobState.STOPPED,

@@ -52,6 +52,7 @@ class RegionNodeSpec:
     region: str
     settings: Mapping[str, Any]  # what validate_region returned, plus the provider's prefix
     bundle: Mapping[str, Any]  # the enrollment bundle the node joins with (docs/enrollment-bundle.md)
+    image: str | None = None  # the boot image (GCP: the region's published family); None: not published
 
 
 @dataclass(frozen=True)

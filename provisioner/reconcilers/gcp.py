@@ -40,9 +40,10 @@ from provisioner.providers.base import (
     RegionNode,
     RegionNodeSpec,
 )
+from provisioner.providers.gcp import images as gcp_images
 from provisioner.reconcilers import region_health
 from provisioner.reconcilers.loop import register
-from provisioner.services import gcp, gcp_events, lifecycle
+from provisioner.services import gcp, gcp_events, image_publish, lifecycle
 from provisioner.services import nodes as node_service
 from provisioner.services import providers as provider_service
 from provisioner.services import regions as region_service
@@ -166,12 +167,15 @@ def _spec(session: Session, region: Region, rec: GcpStorageNode) -> RegionNodeSp
         region=region.name,
         settings=dict(region.settings or {}),
         bundle=gcp.enrollment_bundle(session, region, token),
+        image=image_publish.source_image(session, region),
     )
 
 
 @register(Wake.GCP_REGIONS, period_s=3.0)
 def storage_nodes_step(sessions: sessionmaker[Session]) -> None:
-    """Drive every GCP storage node towards what its region wants."""
+    """Drive every GCP storage node towards what its region wants (after the images being imported: a
+    region waiting for its first image gets its VM in the pass that sees it published)."""
+    _images_step(sessions)
     with session_scope(sessions) as s:
         ids = list(
             s.scalars(select(GcpStorageNode.region_id).where(GcpStorageNode.status != VmStatus.DELETED.value))
@@ -196,6 +200,9 @@ def _reconcile_one(sessions: sessionmaker[Session], region_id: str) -> None:
                 _set_status(rec, VmStatus.DELETING, f"deleting {rec.instance_name}")
                 status = VmStatus.DELETING
             elif status == VmStatus.PENDING:
+                if image_publish.source_image(s, region) is None:
+                    rec.progress = gcp_images.waiting_reason(region.name)
+                    return  # `provision image publish` wakes this reconciler
                 _set_status(rec, VmStatus.CREATING, f"creating {rec.instance_name}")
                 status = VmStatus.CREATING
             config, spec = provider_service.config_of(s, region.provider), _spec(s, region, rec)
@@ -210,6 +217,18 @@ def _reconcile_one(sessions: sessionmaker[Session], region_id: str) -> None:
         _pin_ek(sessions, region_id, config)
     elif status == VmStatus.CREATED:
         _pin_ek(sessions, region_id, config)
+
+
+def _images_step(sessions: sessionmaker[Session]) -> None:
+    """Images being imported (`provision image publish`): READY → published, FAILED → failed."""
+    with session_scope(sessions) as s:
+        ids = image_publish.importing(s)
+    for pub_id in ids:
+        try:
+            with session_scope(sessions) as s:
+                image_publish.refresh(s, pub_id, actor=ACTOR)
+        except Exception:  # noqa: BLE001 - one image's failure must not stop the others
+            log.exception("image publication %s: pass failed, retrying next pass", pub_id)
 
 
 def _save_progress(sessions: sessionmaker[Session], region_id: str) -> Progress:

@@ -33,7 +33,7 @@ from provisioner.domain.states import BURST_VM_LIVE, BurstVmState, ProviderState
 from provisioner.providers.base import ProvisionFailed
 from provisioner.providers.gcp import GcpContext, compute_node, naming, quota
 from provisioner.reconcilers.loop import register
-from provisioner.services import audit, gcp, gcp_burst, gcp_capacity, jobs
+from provisioner.services import audit, gcp, gcp_burst, gcp_capacity, image_publish, jobs
 from provisioner.services import nodes as node_service
 from provisioner.services.runtime import runtime_of
 from provisioner.services.wakeups import Wake
@@ -168,6 +168,7 @@ def _spec(session: Session, vm: GcpBurstVm) -> compute_node.ComputeNodeSpec:
         preemptible=vm.preemptible,
         bundle=gcp.enrollment_bundle(session, region, token),
         prefix=str((region.settings or {}).get("prefix") or naming.DEFAULT_PREFIX),
+        image=image_publish.source_image(session, region) or "",
     )
 
 

@@ -18,6 +18,7 @@ from contracts.regional import StorageMode
 from provisioner.adapters import tls
 from provisioner.domain.states import VM_TRANSITIONS, NodeState, ProviderState, Service, VmStatus
 from provisioner.providers.gcp import GcpContext, GcpProvider, naming, permissions, quota
+from provisioner.providers.gcp import images as gcp_images
 from provisioner.services import join_tokens, lifecycle, names
 from provisioner.services import nodes as node_service
 from provisioner.services import providers as provider_service
@@ -183,7 +184,8 @@ def create_region(
         node_id=node.id,
         node=node,
         running=False,
-        progress="waiting for the storage-node reconciler",
+        # a new region has no image yet: it is built with the region's bundle, then published
+        progress=gcp_images.waiting_reason(region.name),
         sealed_join_token=runtime_of(session).sealer.seal(token.encode()),
     )
     session.add(rec)
@@ -201,6 +203,8 @@ def create_region(
     )
     wake_after_commit(session, Wake.GCP_REGIONS)
     out["region"], out["node"] = region, node
+    out["vm"] = {"instance": rec.instance_name, "status": rec.status, "progress": rec.progress}
+    out["waiting_for_image"] = True
     return out
 
 

@@ -31,7 +31,7 @@ from provisioner.attestation.pcr_policy import ManifestPolicy, PcrPolicy, PcrPol
 from provisioner.domain.states import IMAGE_TRANSITIONS, TRUST_TRANSITIONS, ImageState, TrustState
 from provisioner.services import lifecycle
 from provisioner.services import regions as region_service
-from provisioner.store.image_models import ImageKey, RegisteredManifest
+from provisioner.store.image_models import ImageKey, ImagePublication, RegisteredManifest
 from provisioner.store.models import Region
 
 KEY_KIND = "image_key"
@@ -379,6 +379,12 @@ def remove(session: Session, ref: str, *, actor: str) -> RegisteredManifest:
 
 def _delete_manifest(session: Session, row: RegisteredManifest, *, actor: str, reason: str) -> None:
     name = f"{row.region.name}:{row.manifest_sha256[:12]}"
+    published = list(session.scalars(select(ImagePublication).where(ImagePublication.manifest_id == row.id)))
+    if published:
+        # the provider's images stay (a running VM's disk was made from one); the operator deletes them
+        reason += "; left in the provider's project: " + ", ".join(f"image {p.image_name}" for p in published)
+        for pub in published:
+            session.delete(pub)
     lifecycle.record(
         session,
         kind=KIND,

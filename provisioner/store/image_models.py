@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import JSON, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, ForeignKey, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from provisioner.store.models import Base, Region, UTCDateTime, new_id, utcnow
@@ -60,3 +60,42 @@ class RegisteredManifest(Base):
 
     region: Mapped[Region] = relationship(lazy="joined")
     key: Mapped[ImageKey] = relationship(lazy="joined")
+
+
+class ImagePublication(Base):
+    """A registered manifest's cloud target published to a provider (`provision image publish`): for GCP,
+    the GCE disk uploaded to the project's image bucket, then imported as an image in the region's
+    family (services/image_publish.py). One row per manifest, provider and target: publishing again
+    resumes it."""
+
+    __tablename__ = "image_publications"
+    __table_args__ = (
+        UniqueConstraint(
+            "manifest_id", "provider_id", "target", name="uq_image_publications_manifest_provider_target"
+        ),
+    )
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=lambda: new_id("pub"))
+    manifest_id: Mapped[str] = mapped_column(ForeignKey("image_manifests.id"), index=True)
+    provider_id: Mapped[str] = mapped_column(ForeignKey("providers.id"), index=True)
+    target: Mapped[str] = mapped_column(String(16))  # the manifest's targets.<name>, e.g. gce
+    state: Mapped[str] = mapped_column(String(16))  # domain.states.PublicationState
+    reason: Mapped[str | None] = mapped_column(Text)
+    bucket: Mapped[str] = mapped_column(String(222))
+    object_name: Mapped[str] = mapped_column(String(1024))
+    size: Mapped[int] = mapped_column(BigInteger)  # the archive's bytes, from the signed manifest
+    crc32c: Mapped[str] = mapped_column(
+        String(16)
+    )  # base64, as Cloud Storage reports it; declared by the CLI
+    # the resumable upload session the CLI sends the bytes to: a bearer capability, kept only while uploading
+    upload_url: Mapped[str | None] = mapped_column(Text)
+    image_name: Mapped[str] = mapped_column(String(63))
+    family: Mapped[str] = mapped_column(String(63))
+    # publishing again after a failed import: the failed image is deleted and the insert's requestId
+    # derives from this, so Compute does not answer with the failed import's operation
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    created_by: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+
+    manifest: Mapped[RegisteredManifest] = relationship()

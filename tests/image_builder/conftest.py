@@ -1,4 +1,5 @@
-"""Session fixtures for the image suite: one source snapshot, one cache, two builds, a manufactured swtpm.
+"""Session fixtures for the image suite: one source snapshot, one cache, two builds (USB and GCE targets), a
+manufactured swtpm.
 
 The cache defaults to $RIGBASE_HOME/cache/image-builder (shared with `make bench`, keyed by inputs); set
 RIGBASE_IMAGE_TEST_CACHE to use another. The source is snapshotted once so that engineers editing the tree
@@ -76,6 +77,7 @@ def built_image(tmp_path_factory: pytest.TempPathFactory, source_snapshot: Path)
             key=priv,
             source_date_epoch=EPOCH,
             repo=source_snapshot,
+            targets=("usb", "gce"),
         )
         docs.append(build.build(cfg, log=lambda m: None))
         outs.append(d / name)

@@ -8,6 +8,7 @@ One QEMU at a time (shared 2-core hosts)."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import re
@@ -34,7 +35,13 @@ def _copy_sparse(src: Path, dst: Path) -> Path:
 
 def test_two_builds_from_one_cache_are_byte_identical_and_signed(built_image) -> None:
     a, b = built_image.out, built_image.again
-    for name in ("rigbase-usb.img", "rigbase.efi", "manifest.json", "manifest.json.sig"):
+    for name in (
+        "rigbase-usb.img",
+        "rigbase-gce.tar.gz",
+        "rigbase.efi",
+        "manifest.json",
+        "manifest.json.sig",
+    ):
         assert (a / name).read_bytes() == (b / name).read_bytes(), f"{name} differs between two builds"
     doc = manifest.verify(
         (a / "manifest.json").read_bytes(),
@@ -53,6 +60,50 @@ def test_two_builds_from_one_cache_are_byte_identical_and_signed(built_image) ->
     assert doc["pe_hashes"]["uki"] == pe.authenticode_sha256(uki)
     # The second build reused the debootstrap stage: seconds, not minutes.
     assert built_image.timings["base"] < 5
+
+
+def test_gce_target_boots_the_same_uki_and_root_without_a_bundle_and_the_manifest_signs_it(
+    built_image, tmp_path: Path
+) -> None:
+    from tests.image_builder import gce_disk
+
+    doc = built_image.manifest
+    gce = doc["targets"]["gce"]
+    assert doc["targets"]["usb"]["sha256"] == doc["image"]["sha256"]
+    assert gce["pcr4"] == doc["targets"]["usb"]["pcr4"] == doc["pcr4"]["sha256"]  # same chain of PE images
+    archive = built_image.out / gce["file"]
+    assert gce["sha256"] == hashlib.sha256(archive.read_bytes()).hexdigest()
+    raw = gce_disk.unpack(archive, tmp_path / "gce")
+    assert raw.stat().st_size == gce["disk_size_gb"] * gce_disk.GiB == gce["disk_raw"]["size"]
+    parts = {p["name"]: p for p in gce_disk.partitions(raw)}
+    assert list(parts) == ["rigbase-esp", "rigbase-os-root", "rigbase-os-verity", "rigbase-state"]
+    usb = built_image.out / "rigbase-usb.img"
+    # the root and its verity tree are the USB image's, byte for byte: the same root hash, PCR 12
+    for usb_name, gce_name in (
+        ("rigbase-usb-root", "rigbase-os-root"),
+        ("rigbase-usb-verity", "rigbase-os-verity"),
+    ):
+        u, g = doc["image"]["partitions"][usb_name], gce["partitions"][gce_name]
+        with usb.open("rb") as fu, raw.open("rb") as fg:
+            fu.seek(u["offset"])
+            fg.seek(g["offset"])
+            assert hashlib.sha256(fu.read(u["size"])).digest() == hashlib.sha256(fg.read(u["size"])).digest()
+    esp = gce_disk.esp_files(raw, gce["partitions"]["rigbase-esp"]["offset"])
+    assert "rigbase.efi" in esp and "BOOTX64.EFI" in esp
+    assert "bundle.json" not in esp  # a VM reads its bundle from the metadata server
+    extracted = tmp_path / "uki.efi"
+    subprocess.run(
+        [
+            "mcopy",
+            "-i",
+            f"{raw}@@{gce['partitions']['rigbase-esp']['offset']}",
+            "::/EFI/Linux/rigbase.efi",
+            str(extracted),
+        ],
+        check=True,
+        env={**os.environ, "MTOOLS_SKIP_CHECK": "1"},
+    )
+    assert extracted.read_bytes() == (built_image.out / "rigbase.efi").read_bytes()  # PCR 11 is the same
 
 
 def test_nvidia_package_set_resolves(built_image) -> None:

@@ -469,3 +469,81 @@ def test_vm_monitor_resets_the_guest_and_keeps_its_drives(tmp_path: Path) -> Non
         assert before == after and {"nvme0", "sata0", "sata1"} <= set(after)
         with pytest.raises(vm.MonitorError):
             m.qmp("no-such-command")
+
+
+# --- the GCE target ---------------------------------------------------------------------------------
+
+
+def test_gce_disk_is_one_whole_gib_disk_raw_with_the_installed_layout_and_its_state_grows(
+    tmp_path: Path,
+) -> None:
+    from image_builder import gce
+    from tests.image_builder import gce_disk
+
+    payload = tmp_path / "BOOTX64.EFI"
+    payload.write_bytes(b"rigbase" * 1000)
+    esp = disk.make_esp(
+        tmp_path / "esp.img", 40 * disk.MiB, {"EFI/BOOT/BOOTX64.EFI": payload}, "52494747", EPOCH
+    )
+    root = tmp_path / "root.img"
+    root.write_bytes(os.urandom(3 * disk.MiB))
+    tree = tmp_path / "verity.img"
+    tree.write_bytes(os.urandom(disk.MiB // 2))
+    made = []
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / f"work-{name}").mkdir()
+        made.append(
+            gce.build(tmp_path / f"work-{name}", tmp_path / name, esp, 40 * disk.MiB, root, tree, EPOCH)
+        )
+    a, b = made
+    assert a.archive.read_bytes() == b.archive.read_bytes()  # reproducible: tar and gzip headers pinned
+    assert not (tmp_path / "work-a" / "disk.raw").exists()  # only the archive is kept
+    raw = gce_disk.unpack(a.archive, tmp_path / "unpacked")
+    assert raw.stat().st_size == gce_disk.GiB == a.raw_size
+    assert hashlib.sha256(raw.read_bytes()).hexdigest() == a.raw_sha256
+    parts = gce_disk.partitions(raw)
+    assert [p["name"] for p in parts] == [
+        "rigbase-esp",
+        "rigbase-os-root",
+        "rigbase-os-verity",
+        "rigbase-state",
+    ]
+    assert [p["uuid"].lower() for p in parts] == [
+        IDS[k] for k in ("gce_esp_partuuid", "gce_root_partuuid", "gce_verity_partuuid", "gce_state_partuuid")
+    ]
+    offsets = disk.partition_offsets(a.layout)
+    with raw.open("rb") as fh:
+        fh.seek(offsets["rigbase-os-root"][0])
+        assert fh.read(3 * disk.MiB) == root.read_bytes()
+    assert "BOOTX64.EFI" in gce_disk.esp_files(raw, offsets["rigbase-esp"][0])
+    state_off = offsets["rigbase-state"][0]
+    with raw.open("rb") as fh:
+        fh.seek(state_off)
+        (tmp_path / "state.ext4").write_bytes(fh.read(64 * disk.MiB))
+    label = subprocess.run(
+        ["e2label", str(tmp_path / "state.ext4")], capture_output=True, text=True, check=True
+    )
+    assert label.stdout.strip() == "rigbase-state"
+    # first boot on a 10 GB disk: the state partition ends at the disk's end, the others do not move
+    script = tmp_path / "rigbase-grow-state"
+    script.write_text(node_files.GROW_STATE_SCRIPT)
+    last = gce_disk.grow(raw, 10 * gce_disk.GiB, script)
+    assert last["name"] == "rigbase-state" and last["start"] * 512 == state_off
+    assert (last["start"] + last["size"]) * 512 > 10 * gce_disk.GiB - 2 * disk.MiB
+    assert [p["start"] for p in gce_disk.partitions(raw)[:3]] == [p["start"] for p in parts[:3]]
+
+
+def test_gce_units_run_only_on_compute_engine_and_the_usb_minion_keeps_its_bundle() -> None:
+    units = node_files.UNITS
+    assert "ConditionPathExists=/boot/efi/rigbase/bundle.json" in units["rigbase-minion.service"]
+    gce_minion = units["rigbase-minion-gce.service"]
+    assert "--bundle /var/lib/rigbase/bundle.json" in gce_minion
+    assert "Requires=rigbase-gce-bundle.service" in gce_minion and "After=" in gce_minion
+    assert "ExecCondition=/bin/grep -qx 'Google Compute Engine'" in units["rigbase-gce-bundle.service"]
+    assert "minion gce-bundle --output /var/lib/rigbase/bundle.json" in units["rigbase-gce-bundle.service"]
+    grow = node_files.EARLY_UNITS["rigbase-grow-state.service"][0]
+    assert "Before=var-lib-rigbase.mount" in grow and "DefaultDependencies=no" in grow
+    assert "product_name || exit 0" in node_files.GROW_STATE_SCRIPT  # elsewhere it does nothing
+    links = node_files.enable_links()
+    assert "/etc/systemd/system/local-fs.target.wants/rigbase-grow-state.service" in links

@@ -8,85 +8,20 @@ from __future__ import annotations
 import base64
 import hashlib
 from pathlib import Path
-from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives import serialization
 from sqlalchemy.orm import Session
 
 from contracts.errors import Conflict, InvalidInput, NotFound, RigbaseError, RuleViolation
-from image_builder.manifest import SCHEMA, canonical, keygen, load_private_key, public_key_fingerprint, sign
 from provisioner.attestation.boot_path import BootPathPolicy
 from provisioner.attestation.refusals import RefusalCode
 from provisioner.services import images, providers, regions
 from provisioner.services.join import pcr_policy_for
+from tests.fixtures.manifests import ZERO, Builder
 from tests.fixtures.postgres import Store
 
 ACTOR = "operator:test"
-ZERO = "00" * 32
-
-
-class Builder:
-    """An image builder's signing key, made by `image_builder.manifest.keygen`."""
-
-    def __init__(self, directory: Path) -> None:
-        self.private_path, self.public_path = keygen(directory / "signing-key.pem")
-        self.key = load_private_key(self.private_path)
-        self.public = self.public_path.read_bytes()
-        self.fingerprint = public_key_fingerprint(self.public)
-
-    def manifest(
-        self,
-        *,
-        region: str | None = "lab",
-        pcr11: str = ZERO,
-        pcr12: str = ZERO,
-        pcr4: str | None = None,
-        image: str = "1" * 64,
-        pe_hashes: dict[str, str] | None = None,
-    ) -> dict[str, Any]:
-        """A manifest of the documented schema (docs/image-builder.md) predicting the given PCR values."""
-        return {
-            "schema": SCHEMA,
-            "builder": {"version": "1", "key_sha256": self.fingerprint},
-            "image": {"file": "rigbase-usb.img", "sha256": image, "size": 1 << 30, "partitions": {}},
-            "uki": {"file": "rigbase.efi", "sha256": "2" * 64, "size": 50 << 20},
-            "kernel": {"version": "6.1.0-test", "cmdline": "rigbase.roothash=" + "3" * 64},
-            "verity": {"root_hash": "3" * 64, "salt": "4" * 64, "data_blocks": 1000},
-            "pe_hashes": pe_hashes or {"systemd-boot": "5" * 64, "uki": "6" * 64, "kernel": "7" * 64},
-            "pcr4": {"boot_path": ["systemd-boot", "uki", "kernel"], "sha256": pcr4 or "8" * 64},
-            "pcr11": [
-                {"phase": "", "sha256": "9" * 64},
-                {"phase": "sysinit", "sha256": "a" * 64},
-                {"phase": "sysinit:ready", "sha256": pcr11},
-            ],
-            "pcr12": {"sha256": pcr12},
-            "region": (
-                {
-                    "name": region,
-                    "region_id": None,
-                    "provider": "physical",
-                    "control_plane_url": "http://cp",
-                    "bundle_sha256": "b" * 64,
-                }
-                if region
-                else None
-            ),
-            "packages": [{"name": "systemd", "version": "252"}],
-            "inputs": {"suite": "bookworm"},
-        }
-
-    def signed(self, doc: dict[str, Any]) -> tuple[bytes, bytes]:
-        data = canonical(doc)
-        return data, sign(data, self.key)
-
-    def write(self, directory: Path, doc: dict[str, Any]) -> Path:
-        """DIR/manifest.json + DIR/manifest.json.sig, as `image-builder build` leaves them."""
-        directory.mkdir(parents=True, exist_ok=True)
-        data, sig = self.signed(doc)
-        (directory / "manifest.json").write_bytes(data)
-        (directory / "manifest.json.sig").write_bytes(sig)
-        return directory / "manifest.json"
 
 
 @pytest.fixture

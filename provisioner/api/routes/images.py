@@ -15,8 +15,8 @@ from contracts.errors import InvalidInput
 from provisioner.api.deps import Db, Operator
 from provisioner.api.schemas import Page
 from provisioner.domain.states import ImageState, TrustState
-from provisioner.services import images
-from provisioner.store.image_models import ImageKey, RegisteredManifest
+from provisioner.services import image_publish, images
+from provisioner.store.image_models import ImageKey, ImagePublication, RegisteredManifest
 
 router = APIRouter(tags=["images"])
 
@@ -44,6 +44,50 @@ class ManifestIn(BaseModel):
     region: str | None = None
 
 
+class PublishIn(BaseModel):
+    provider: str  # gcp
+    crc32c: str  # base64 of the archive's CRC32C, as Cloud Storage reports it
+    restart: bool = False  # a new upload session: Cloud Storage refused the one under way
+
+
+class PublicationOut(BaseModel):
+    id: str
+    image_id: str
+    provider: str
+    target: str
+    state: str
+    reason: str | None
+    image_name: str
+    family: str
+    bucket: str
+    object_name: str
+    size: int
+    updated_at: datetime
+    # the resumable upload session to send the archive to: only in the answer that opened it
+    upload_url: str | None = None
+
+    @classmethod
+    def of(cls, row: ImagePublication, upload_url: str | None = None) -> PublicationOut:
+        return cls(
+            id=row.id,
+            image_id=row.manifest_id,
+            provider=image_publish.PROVIDERS[0],
+            target=row.target,
+            state=row.state,
+            reason=row.reason,
+            image_name=row.image_name,
+            family=row.family,
+            bucket=row.bucket,
+            object_name=row.object_name,
+            size=row.size,
+            updated_at=row.updated_at,
+            upload_url=upload_url,
+        )
+
+    def summary(self) -> str:
+        return f"{self.provider}:{self.image_name} ({self.state})"
+
+
 class ManifestOut(BaseModel):
     id: str
     region: str
@@ -60,10 +104,16 @@ class ManifestOut(BaseModel):
     packages: int
     created_at: datetime
     state: str = ImageState.REGISTERED.value
+    targets: list[str] = []  # what the build made: usb, and gce with --target gce
+    published: str = ""  # where it is published, e.g. "gcp:rigbase-lab-0123abcd (published)"
+    publications: list[PublicationOut] = []
     manifest: dict[str, Any] | None = None  # only in `show`
 
     @classmethod
-    def of(cls, row: RegisteredManifest, full: bool = False) -> ManifestOut:
+    def of(
+        cls, row: RegisteredManifest, full: bool = False, publications: list[ImagePublication] | None = None
+    ) -> ManifestOut:
+        pubs = [PublicationOut.of(p) for p in publications or []]
         return cls(
             id=row.id,
             region=row.region.name,
@@ -79,6 +129,9 @@ class ManifestOut(BaseModel):
             checked_pcrs=sorted(images.expected_pcrs(row)),
             packages=row.packages,
             created_at=row.created_at,
+            targets=sorted(images.manifest_document(row).get("targets") or {"usb": {}}),
+            published=", ".join(p.summary() for p in pubs),
+            publications=pubs,
             manifest=images.manifest_document(row) if full else None,
         )
 
@@ -122,12 +175,37 @@ def register(body: ManifestIn, session: Db, actor: Operator) -> ManifestOut:
 
 @router.get("/v1/images")
 def list_images(session: Db, region: str | None = None) -> Page[ManifestOut]:
-    return Page(items=[ManifestOut.of(m) for m in images.list_manifests(session, region)])
+    rows = images.list_manifests(session, region)
+    pubs = image_publish.of_manifests(session, [m.id for m in rows])
+    return Page(items=[ManifestOut.of(m, publications=pubs[m.id]) for m in rows])
 
 
 @router.get("/v1/images/{ref}")
 def show(ref: str, session: Db) -> ManifestOut:
-    return ManifestOut.of(images.get_manifest(session, ref), full=True)
+    row = images.get_manifest(session, ref)
+    return ManifestOut.of(row, full=True, publications=image_publish.of_manifests(session, [row.id])[row.id])
+
+
+@router.post("/v1/images/{ref}/publications", status_code=201)
+def publish(ref: str, body: PublishIn, session: Db, actor: Operator) -> PublicationOut:
+    """Start (or resume) publishing the image's GCE target: the answer's upload_url, when set, is the
+    resumable upload session to send the archive to; then POST .../complete."""
+    pub, url = image_publish.start(
+        session, ref, provider=body.provider, crc32c=body.crc32c, actor=actor, restart=body.restart
+    )
+    return PublicationOut.of(pub, upload_url=url)
+
+
+@router.post("/v1/images/{ref}/publications/{pub_id}/complete")
+def complete_publication(ref: str, pub_id: str, session: Db, actor: Operator) -> PublicationOut:
+    """The upload is finished: check the object and import it (images.insert)."""
+    image_publish.check_belongs(session, ref, pub_id)
+    return PublicationOut.of(image_publish.complete(session, pub_id, actor=actor))
+
+
+@router.get("/v1/images/{ref}/publications/{pub_id}")
+def show_publication(ref: str, pub_id: str, session: Db) -> PublicationOut:
+    return PublicationOut.of(image_publish.check_belongs(session, ref, pub_id))
 
 
 @router.delete("/v1/images/{ref}")

@@ -159,6 +159,7 @@ class GcpProvider(ProviderDriver):
         settings: Mapping[str, Any],
         bundle: Mapping[str, Any],
         prefix: str = naming.DEFAULT_PREFIX,
+        image: str | None = None,
     ) -> storage_node.StorageNodeSpec:
         return storage_node.StorageNodeSpec(
             region_id=region_id,
@@ -168,6 +169,7 @@ class GcpProvider(ProviderDriver):
             storage_class=storage_node.storage_class(settings["storage_class"]),
             bundle=bundle,
             prefix=prefix,
+            image=image or "",
         )
 
     @staticmethod
@@ -178,6 +180,7 @@ class GcpProvider(ProviderDriver):
             spec.settings,
             spec.bundle,
             prefix=spec.settings.get("prefix", naming.DEFAULT_PREFIX),
+            image=spec.image,
         )
 
     # --- lifecycle (the reconcilers call these; each talks to Google) ------------------------------------

@@ -1,4 +1,4 @@
-"""Builds the real Google clients (google-cloud-compute, -pubsub, -logging, Resource Manager REST).
+"""Builds the real Google clients (google-cloud-compute, -pubsub, -logging, -storage, Resource Manager REST).
 
 Every client takes the same `Endpoints`: in production they are all None and the libraries use Google's
 endpoints with the service-account credentials; tests and the benchmark point each one at a local server
@@ -34,6 +34,7 @@ class Endpoints:
     pubsub: str | None = None
     pubsub_iam: str | None = None  # topic IAM; the Pub/Sub emulator lacks it (501), tests serve it apart
     logging: str | None = None
+    storage: str | None = None  # Cloud Storage JSON API base URL (a local emulator in tests)
     insecure: bool = False
 
 
@@ -89,6 +90,20 @@ class GcpContext:
     @cached_property
     def firewalls(self) -> Any:
         return self._compute("FirewallsClient")
+
+    @cached_property
+    def images(self) -> Any:
+        return self._compute("ImagesClient")
+
+    # --- Cloud Storage (JSON API) ------------------------------------------------------------------
+    @cached_property
+    def storage(self) -> Any:
+        # by its full path, as for pub/sub: mypy reads `from google.cloud import storage` as a missing
+        # attribute of a typed namespace package
+        from google.cloud.storage import Client
+
+        options = {"api_endpoint": self.endpoints.storage} if self.endpoints.storage else None
+        return Client(project=self.project, credentials=self.credentials, client_options=options)
 
     # --- Pub/Sub and Cloud Logging (gRPC) ----------------------------------------------------------
     def _channel(self, target: str) -> Any:

@@ -66,6 +66,7 @@ class ComputeNodeSpec:
     preemptible: bool
     bundle: Mapping[str, Any]  # docs/enrollment-bundle.md
     prefix: str = naming.DEFAULT_PREFIX
+    image: str = ""  # the region's published rigbase image (images.source_image)
 
     def labels(self) -> dict[str, str]:
         return naming.labels(
@@ -119,11 +120,12 @@ def build_instance(spec: ComputeNodeSpec, project: str, zone: str) -> Any:
         machine_type=f"zones/{zone}/machineTypes/{spec.gpu.machine_type}",
         labels=spec.labels(),
         tags=compute_v1.Tags(items=[naming.network_tag(spec.prefix)]),
-        disks=instances.disks(spec.labels(), zone, spec.local_ssds),
+        disks=instances.disks(spec.labels(), zone, spec.local_ssds, spec.image),
         # N1 attaches the GPU; A2/G2/A3 machine types come with theirs and refuse a second one
         guest_accelerators=accelerators if spec.gpu.attaches_accelerator else [],
         network_interfaces=instances.egress_network(),
-        # Secure Boot off: the GPU driver's kernel module is not signed by a key the firmware trusts
+        # Secure Boot off: neither the UKI nor the GPU driver's kernel module is signed by a key the firmware
+        # trusts; the vTPM's PCRs prove what booted (attested join)
         shielded_instance_config=compute_v1.ShieldedInstanceConfig(
             enable_secure_boot=False, enable_vtpm=True, enable_integrity_monitoring=True
         ),

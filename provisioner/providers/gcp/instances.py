@@ -27,21 +27,9 @@ from provisioner.providers.gcp.naming import label_value
 if TYPE_CHECKING:  # pragma: no cover
     from provisioner.providers.gcp.clients import GcpContext
 
-BOOT_IMAGE = "projects/debian-cloud/global/images/family/debian-12"
-BOOT_DISK_GB = 50
-BUNDLE_METADATA_KEY = "rigbase-bundle"
-
-# The startup script only fetches the bundle from the metadata server and hands it to the minion; the
-# node then joins with attestation (vTPM) like any node.
-STARTUP_SCRIPT = """#!/bin/sh
-set -eu
-install -d -m 0700 /etc/rigbase
-curl -fsS -H 'Metadata-Flavor: Google' \\
-  'http://metadata.google.internal/computeMetadata/v1/instance/attributes/rigbase-bundle' \\
-  > /etc/rigbase/bundle.json
-chmod 0600 /etc/rigbase/bundle.json
-if command -v minion >/dev/null; then minion join --bundle /etc/rigbase/bundle.json; fi
-"""
+BOOT_DISK_GB = 50  # the image's state partition grows to fill it at first boot (rigbase-grow-state)
+BUNDLE_METADATA_KEY = "rigbase-bundle"  # what the image's `minion gce-bundle` reads (minion/gce_metadata.py)
+NO_IMAGE = "no rigbase image is published for this region"
 
 
 @dataclass(frozen=True)
@@ -197,17 +185,21 @@ def delete(ctx: GcpContext, name: str, zones: tuple[str, ...], *, wait_timeout_s
     return False
 
 
-def disks(labels: Mapping[str, str], zone: str, local_ssds: int) -> list[Any]:
-    """The Debian boot disk (labelled like the instance) and `local_ssds` 375 GB NVMe scratch partitions;
-    all deleted with the instance."""
+def disks(labels: Mapping[str, str], zone: str, local_ssds: int, image: str) -> list[Any]:
+    """The boot disk made from the region's published rigbase image (labelled like the instance) and
+    `local_ssds` 375 GB NVMe scratch partitions; all deleted with the instance."""
     from google.cloud import compute_v1
 
+    if not image:
+        raise base.ProvisionFailed(
+            f"{NO_IMAGE}: publish one with `provision image publish DIR/manifest.json --provider gcp`"
+        )
     boot = compute_v1.AttachedDisk(
         boot=True,
         auto_delete=True,
         type_="PERSISTENT",
         initialize_params=compute_v1.AttachedDiskInitializeParams(
-            source_image=BOOT_IMAGE, disk_size_gb=BOOT_DISK_GB, labels=dict(labels)
+            source_image=image, disk_size_gb=BOOT_DISK_GB, labels=dict(labels)
         ),
     )
     scratch = [
@@ -237,12 +229,10 @@ def egress_network() -> list[Any]:
 
 
 def bundle_metadata(bundle: Mapping[str, Any]) -> Any:
-    """The enrollment bundle (docs/enrollment-bundle.md) and the startup script handing it to the minion."""
+    """The enrollment bundle (docs/enrollment-bundle.md), which the image's rigbase-gce-bundle.service
+    reads from the metadata server before the minion starts."""
     from google.cloud import compute_v1
 
     return compute_v1.Metadata(
-        items=[
-            compute_v1.Items(key=BUNDLE_METADATA_KEY, value=json.dumps(dict(bundle), sort_keys=True)),
-            compute_v1.Items(key="startup-script", value=STARTUP_SCRIPT),
-        ]
+        items=[compute_v1.Items(key=BUNDLE_METADATA_KEY, value=json.dumps(dict(bundle), sort_keys=True))]
     )

@@ -72,6 +72,7 @@ class StorageNodeSpec:
     storage_class: StorageClass
     bundle: Mapping[str, Any]  # docs/enrollment-bundle.md
     prefix: str = naming.DEFAULT_PREFIX
+    image: str = ""  # the region's published rigbase image (images.source_image); "" for a delete
 
     @property
     def instance_name(self) -> str:
@@ -106,10 +107,12 @@ def build_instance(spec: StorageNodeSpec, project: str, zone: str) -> Any:
         machine_type=f"zones/{zone}/machineTypes/{sc.machine_type}",
         labels=spec.labels(),
         tags=compute_v1.Tags(items=[naming.network_tag(spec.prefix)]),
-        disks=instances.disks(spec.labels(), zone, sc.local_ssds),
+        disks=instances.disks(spec.labels(), zone, sc.local_ssds, spec.image),
         network_interfaces=instances.egress_network(),
+        # Secure Boot off: systemd-boot and the UKI are not signed by a key the firmware trusts; what booted
+        # is proven by the vTPM's PCR 4, 11 and 12 at the attested join instead
         shielded_instance_config=compute_v1.ShieldedInstanceConfig(
-            enable_secure_boot=True, enable_vtpm=True, enable_integrity_monitoring=True
+            enable_secure_boot=False, enable_vtpm=True, enable_integrity_monitoring=True
         ),
         scheduling=compute_v1.Scheduling(
             on_host_maintenance="MIGRATE", automatic_restart=True, preemptible=False

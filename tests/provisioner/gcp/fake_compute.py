@@ -3,6 +3,7 @@
 It speaks the real JSON wire format to the real google-cloud-compute clients (pointed here with
 client_options + AnonymousCredentials): regions.get with quotas; instances insert/get/delete/
 getShieldedInstanceIdentity; zoneOperations get/wait; firewalls insert/get/delete with globalOperations;
+images insert/get/delete (the import reads rawDisk.source from the Cloud Storage emulator when one is given);
 instances aggregatedList (label filter), and Resource Manager's projects.testIamPermissions. Instances
 keep what was inserted (guestAccelerators, scheduling, local SSD disks, labels). It behaves like the real
 API where our code depends on it:
@@ -89,6 +90,9 @@ class FakeCompute:
     # kill the control plane here ("Compute did it, the caller never heard back")
     on_call: Any = None
     ek_pems: dict[tuple[str, str], str] = field(default_factory=dict)  # each VM's own vTPM EK
+    images: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # the Cloud Storage emulator images.insert reads rawDisk.source from (None: every import succeeds)
+    storage_url: str | None = None
     call_log: list[tuple[float, str]] = field(default_factory=list)
     _ops: dict[str, _Op] = field(default_factory=dict)
     _by_request_id: dict[str, str] = field(default_factory=dict)
@@ -337,6 +341,74 @@ def firewall_delete(fake: FakeCompute, q: dict, body: dict, p: str, name: str) -
     return 200, fake._op_json(op)
 
 
+def _import_check(fake: FakeCompute, source: str) -> str | None:
+    """What images.insert's import finds wrong with rawDisk.source, read from the storage emulator: the
+    object must exist and be a gzip'd tar whose only member is disk.raw, a whole number of GiB."""
+    import gzip
+    import tarfile
+    import urllib.error
+    import urllib.request
+    from urllib.parse import quote
+
+    if fake.storage_url is None:
+        return None
+    prefix = "https://storage.googleapis.com/"
+    if not source.startswith(prefix):
+        return f"rawDisk.source {source} is not a Cloud Storage URL"
+    bucket, _, obj = source[len(prefix) :].partition("/")
+    url = f"{fake.storage_url}/storage/v1/b/{bucket}/o/{quote(obj, safe='')}?alt=media"
+    try:
+        with urllib.request.urlopen(url, timeout=30) as resp:  # noqa: S310 - the local emulator
+            with tarfile.open(fileobj=gzip.GzipFile(fileobj=resp), mode="r|") as tar:
+                members = [(m.name, m.size) for m in tar]
+    except (urllib.error.URLError, OSError, tarfile.TarError) as exc:
+        return f"cannot read {source} as a gzip'd tar: {exc}"
+    if len(members) != 1 or members[0][0] != "disk.raw" or members[0][1] % 2**30:
+        return f"{source} must hold disk.raw alone, a whole number of GiB: it holds {members}"
+    return None
+
+
+def image_insert(fake: FakeCompute, q: dict, body: dict, p: str) -> Any:
+    rid = q.get("requestId")
+    if rid and rid in fake._by_request_id:
+        return 200, fake._op_json(fake._ops[fake._by_request_id[rid]])
+    name = body["name"]
+    if name in fake.images:
+        return _error(
+            409, "alreadyExists", f"The resource 'projects/{p}/global/images/{name}' already exists"
+        )
+    target = f"https://compute.googleapis.com/compute/v1/projects/{p}/global/images/{name}"
+    image = dict(body, id=str(next(fake._ids)), status="PENDING", selfLink=target, kind="compute#image")
+    fake.images[name] = image
+
+    def imported() -> None:
+        problem = _import_check(fake, body.get("rawDisk", {}).get("source", ""))
+        image["status"] = "FAILED" if problem else "READY"
+        if problem:
+            image["description"] = problem
+
+    op = fake._new_op(None, "insert", target, imported)
+    if rid:
+        fake._by_request_id[rid] = op.name
+    return 200, fake._op_json(op)
+
+
+def image_get(fake: FakeCompute, q: dict, body: dict, p: str, name: str) -> Any:
+    for op in list(fake._ops.values()):
+        fake._settle(op)
+    image = fake.images.get(name)
+    if image is None:
+        return _error(404, "notFound", f"The resource 'projects/{p}/global/images/{name}' was not found")
+    return 200, image
+
+
+def image_delete(fake: FakeCompute, q: dict, body: dict, p: str, name: str) -> Any:
+    if fake.images.pop(name, None) is None:
+        return _error(404, "notFound", f"The resource 'projects/{p}/global/images/{name}' was not found")
+    target = f"https://compute.googleapis.com/compute/v1/projects/{p}/global/images/{name}"
+    return 200, fake._op_json(fake._new_op(None, "delete", target, None))
+
+
 def test_permissions(fake: FakeCompute, q: dict, body: dict, p: str) -> Any:
     if fake.granted_permissions is None:
         return _error(404, "notFound", "Requested entity was not found.")
@@ -358,6 +430,9 @@ ROUTES: list[tuple[str, re.Pattern[str], Any]] = [
         ("GET", _Z + r"/instances/(?P<name>[^/]+)/getShieldedInstanceIdentity$", shielded_identity),
         ("GET", _Z + r"/operations/(?P<op>[^/]+)$", op_get),
         ("POST", _Z + r"/operations/(?P<op>[^/]+)/wait$", op_wait),
+        ("POST", _P + r"/global/images$", image_insert),
+        ("GET", _P + r"/global/images/(?P<name>[^/]+)$", image_get),
+        ("DELETE", _P + r"/global/images/(?P<name>[^/]+)$", image_delete),
         ("POST", _P + r"/global/firewalls$", firewall_insert),
         ("GET", _P + r"/global/firewalls/(?P<name>[^/]+)$", firewall_get),
         ("DELETE", _P + r"/global/firewalls/(?P<name>[^/]+)$", firewall_delete),

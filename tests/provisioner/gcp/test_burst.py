@@ -48,6 +48,7 @@ from provisioner.store.gcp_models import GcpBurstVm
 from provisioner.store.job_models import Job
 from provisioner.store.models import Node
 from tests.provisioner.gcp.fake_compute import quota
+from tests.provisioner.gcp.published import publish_image
 from tests.provisioner.gcp.test_reconcilers import enabled_gcp
 
 T4_ZONES = catalogue.load().region("us-central1").gpu_zones["T4"]
@@ -67,6 +68,7 @@ def world(url: str, tmp_path: Path, fake_compute: Any) -> Iterator[sessionmaker[
             dry_run=False,
             actor="test",
         )
+    publish_image(sessions, "us-central1", tmp_path / "image-builder")
     yield sessions
     engine.dispose()
 
@@ -237,6 +239,7 @@ def test_an_on_demand_a100_vm_attaches_no_accelerator_and_migrates_never() -> No
         local_ssds=1,
         preemptible=False,
         bundle={},
+        image="projects/p/global/images/family/rigbase-us-central1",
     )
     inst = compute_node.build_instance(spec_, "p", "us-central1-a")
     assert inst.machine_type.endswith("a2-highgpu-1g") and list(inst.guest_accelerators) == []

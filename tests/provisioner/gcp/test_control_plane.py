@@ -26,8 +26,10 @@ from provisioner.store.models import Node
 from provisioner.store.schema import metadata
 from tests.fixtures.control_plane import ControlPlane, Fakes, start_control_plane
 from tests.fixtures.gcp import PROJECT, make_sa_key
+from tests.fixtures.manifests import Builder, gce_build
 from tests.fixtures.postgres import snapshot_of
 from tests.provisioner.gcp.fake_compute import quota
+from tests.provisioner.gcp.published import publish_image
 from tests.provisioner.gcp.test_events import log_entry
 
 US_CENTRAL1 = [
@@ -53,11 +55,14 @@ def gcp_world(
     pubsub_emulator: str,
     iam_server: Any,
     logging_server: Any,
+    storage_emulator: str,
     request: pytest.FixtureRequest,
 ) -> dict[str, Any]:
-    """The fakes to inject into the server subprocesses, a unique name prefix (the emulator is shared)."""
+    """The fakes to inject into the server subprocesses, a unique name prefix (the emulators are shared)."""
     fake_compute.fake.region_quotas.update({"us-central1": US_CENTRAL1, "us-east1": US_EAST1})
+    fake_compute.fake.storage_url = storage_emulator  # images.insert reads the uploaded archive there
     endpoints = {
+        "storage": storage_emulator,
         "compute": fake_compute.url,
         "resource_manager": fake_compute.url,
         "pubsub": pubsub_emulator,
@@ -113,6 +118,11 @@ def show(cp: ControlPlane, what: str, name: str) -> dict[str, Any]:
         return client.get(f"/v1/{what}s/{name}").json()
 
 
+def show_gcp(cp: ControlPlane, region: str = "us-central1") -> dict[str, Any]:
+    with cp.client() as client:
+        return client.get(f"/v1/gcp/regions/{region}").json()
+
+
 def dump_store(database_url: str) -> dict[str, list[tuple[Any, ...]]]:
     """Every row of every table: to prove a refusal changed nothing."""
     engine = make_engine(database_url)
@@ -130,8 +140,17 @@ def enable(cp: ControlPlane, key_file: Path, prefix: str) -> str:
     return provider_id
 
 
+def publish(cp: ControlPlane, tmp_path: Path, gce_archive: Path, region: str = "us-central1") -> str:
+    """What the operator does after `region create`: trust the builder's key and publish the GCE build made
+    with the region's bundle (a stand-in build: tests/fixtures/manifests.py); returns the publication id."""
+    builder = Builder(tmp_path / "image-builder")
+    ok(cp, "image", "trust-key", str(builder.public_path))
+    manifest = gce_build(builder, tmp_path / "build", region, gce_archive)
+    return ok(cp, "image", "publish", str(manifest), "--provider", "gcp", "--wait").stdout.strip()
+
+
 def test_operator_walkthrough(
-    gcp_world: dict[str, Any], key_file: Path, tmp_path: Path, gcp_ctx: Any
+    gcp_world: dict[str, Any], key_file: Path, tmp_path: Path, gcp_ctx: Any, gce_archive: Path
 ) -> None:
     fake, prefix = gcp_world["compute"], gcp_world["prefix"]
     names = bootstrap.Names(project=PROJECT, prefix=prefix)
@@ -253,7 +272,8 @@ def test_operator_walkthrough(
         )
         assert dump_store(cp.database_url) == before and fake.instance_count() == 0
 
-        # create with --wait: quota table and progress on stderr, the id alone on stdout
+        # create with --wait: quota table on stderr, the id alone on stdout; nothing to wait for until the
+        # region's image is published (it is built with the region's bundle)
         fake.zone_errors["us-central1-a"] = "ZONE_RESOURCE_POOL_EXHAUSTED"
         fake.instances[("us-central1-b", "someone-elses-vm")] = {"name": "someone-elses-vm", "labels": {}}
         r = ok(
@@ -261,10 +281,27 @@ def test_operator_walkthrough(
         )
         region_id = r.stdout.strip()
         assert region_id.startswith("reg_") and "\n" not in region_id
-        assert "RUNNABLE JOBS" in r.stderr and "ready:" in r.stderr
+        assert "RUNNABLE JOBS" in r.stderr
+        assert "waiting for a published rigbase image for region us-central1" in r.stderr
+        assert "provision image publish DIR/manifest.json --provider gcp" in r.stderr
+        assert fake.instance_count() == 1  # someone else's only
+        # the operator publishes the image; the storage node's VM boots it
+        pub_id = publish(cp, tmp_path, gce_archive)
+        assert pub_id.startswith("pub_")
+        (image,) = fake.images.values()
+        assert image["status"] == "READY" and image["family"] == f"{prefix}-us-central1"
+        assert image["guestOsFeatures"] == [{"type": "UEFI_COMPATIBLE"}]
+        assert image["rawDisk"]["source"].startswith(
+            f"https://storage.googleapis.com/{prefix}-images-{PROJECT}/"
+        )
+        until("storage node VM ready", lambda: show_gcp(cp)["vm"]["status"] == "ready")
         inst_name = f"{prefix}-storage-us-central1"
         inst = fake.instances[("us-central1-b", inst_name)]
         assert inst["shieldedInstanceConfig"]["enableVtpm"] is True
+        boot = next(d for d in inst["disks"] if d.get("boot"))
+        assert boot["initializeParams"]["sourceImage"] == (
+            f"projects/{PROJECT}/global/images/family/{prefix}-us-central1"
+        )
         bundle = json.loads({i["key"]: i["value"] for i in inst["metadata"]["items"]}["rigbase-bundle"])
         assert (bundle["region"], bundle["region_id"], bundle["provider"]) == (
             "us-central1",
@@ -389,6 +426,11 @@ def test_killed_at_every_step_still_makes_exactly_one_instance(
         current = {"pid": cp.process.pid}
         fake.on_call = kill_at
         ok(cp, "region", "create", "us-central1", "--provider", "gcp", "--storage-class", "small")
+        # the image recorded published in the server's store (the publishing itself is the walkthrough's):
+        # the reconciler's next pass starts the VM
+        engine = make_engine(cp.database_url)
+        publish_image(make_sessionmaker(engine), "us-central1", tmp_path / "image-builder")
+        engine.dispose()
         until("first kill", lambda: cp.process.poll() is not None)
     restarts = 0
     while True:

@@ -4,6 +4,7 @@ fake, one reconciler pass at a time): the failure paths that the end-to-end walk
 from __future__ import annotations
 
 import json
+import tempfile
 from collections.abc import Iterator
 from datetime import UTC
 from pathlib import Path
@@ -28,15 +29,19 @@ from provisioner.store.migrate import upgrade
 from provisioner.store.models import Node, Provider, Region
 from tests.fixtures.gcp import make_sa_key
 from tests.provisioner.gcp.fake_compute import quota
+from tests.provisioner.gcp.published import publish_image
 
 ZONES = catalogue.load().region("us-central1").zones
 
 
-def enabled_gcp(url: str, tmp_path: Path, fake_compute: Any) -> tuple[Engine, sessionmaker[Session]]:
+def enabled_gcp(
+    url: str, tmp_path: Path, fake_compute: Any, storage: str | None = None
+) -> tuple[Engine, sessionmaker[Session]]:
     """A migrated store at `url` with an enabled gcp provider against the Compute fake, whose us-central1
     has quota for 64 CPUs, 3000 GB of local SSD and 2 T4s (bootstrap is test_bootstrap's business).
-    Shared with test_burst.py; the caller disposes of the engine."""
-    endpoints = Endpoints(compute=fake_compute.url, resource_manager=fake_compute.url)
+    `storage`: the Cloud Storage emulator's URL. Shared with test_burst.py and test_image_publish.py; the
+    caller disposes of the engine."""
+    endpoints = Endpoints(compute=fake_compute.url, resource_manager=fake_compute.url, storage=storage)
     runtime = Runtime.from_settings(
         Settings(home=tmp_path / "home"), providers={"gcp": GcpProvider(endpoints=endpoints, anonymous=True)}
     )
@@ -65,7 +70,8 @@ def regions_pass(sessions: sessionmaker[Session]) -> None:
     ReconcilerLoop(sessions, only=["gcp-regions"]).run_once()
 
 
-def create(sessions: sessionmaker[Session]) -> str:
+def create(sessions: sessionmaker[Session], *, published: bool = True) -> str:
+    """Region us-central1, and (unless told otherwise) a rigbase image published for it."""
     with session_scope(sessions) as s:
         out = gcp.create_region(
             s,
@@ -76,7 +82,38 @@ def create(sessions: sessionmaker[Session]) -> str:
             dry_run=False,
             actor="test",
         )
-        return out["region"].id
+        region_id = out["region"].id
+    if published:
+        publish_image(sessions, "us-central1", Path(tempfile.mkdtemp(prefix="image-builder-")))
+    return region_id
+
+
+def test_the_storage_node_waits_for_a_published_image_and_then_boots_its_family(
+    store: sessionmaker[Session], fake_compute: Any, tmp_path: Path
+) -> None:
+    region_id = create(store, published=False)
+    regions_pass(store)
+    with session_scope(store) as s:
+        rec = s.get_one(GcpStorageNode, region_id)
+        assert rec.status == "pending"
+        assert "waiting for a published rigbase image for region us-central1" in (rec.progress or "")
+        assert "provision image publish DIR/manifest.json --provider gcp" in (rec.progress or "")
+    assert fake_compute.fake.instance_count() == 0
+    source = publish_image(store, "us-central1", tmp_path / "image-builder")
+    regions_pass(store)
+    assert states(store, region_id)[2] == "ready"
+    (inst,) = fake_compute.fake.instances.values()
+    boot = next(d for d in inst["disks"] if d.get("boot"))
+    assert boot["initializeParams"]["sourceImage"] == source
+    assert source == "projects/rigbase-test/global/images/family/rigbase-us-central1"
+    assert inst["shieldedInstanceConfig"] == {
+        "enableSecureBoot": False,
+        "enableVtpm": True,
+        "enableIntegrityMonitoring": True,
+    }
+    items = {i["key"]: i["value"] for i in inst["metadata"]["items"]}
+    assert set(items) == {"rigbase-bundle"}  # the image's units read it; no startup script
+    assert json.loads(items["rigbase-bundle"])["region"] == "us-central1"
 
 
 def states(sessions: sessionmaker[Session], region_id: str) -> tuple[str, str, str, str | None]:

@@ -27,6 +27,9 @@ BUNDLE = {
 }
 
 
+IMAGE = "projects/rigbase-test/global/images/family/rigbase-lab-gcp"
+
+
 def spec(**kw: Any) -> StorageNodeSpec:
     base: dict[str, Any] = dict(
         region_id="0b9d5c1e",
@@ -35,6 +38,7 @@ def spec(**kw: Any) -> StorageNodeSpec:
         zones=ZONES,
         storage_class=storage_node.storage_class("small"),
         bundle=BUNDLE,
+        image=IMAGE,
     )
     base.update(kw)
     return StorageNodeSpec(**base)
@@ -45,7 +49,7 @@ def test_create_success(fake_compute: Any, compute_ctx: Any) -> None:
     assert (node.name, node.zone, node.adopted) == ("rigbase-storage-lab-gcp", "us-central1-a", False)
     inst = fake_compute.fake.instances[("us-central1-a", node.name)]
     assert inst["shieldedInstanceConfig"] == {
-        "enableSecureBoot": True,
+        "enableSecureBoot": False,  # the UKI is not signed for the firmware; the vTPM proves the boot
         "enableVtpm": True,
         "enableIntegrityMonitoring": True,
     }
@@ -60,10 +64,18 @@ def test_create_success(fake_compute: Any, compute_ctx: Any) -> None:
     assert len(scratch) == 4 and all(d["initializeParams"]["diskSizeGb"] == "375" for d in scratch)
     metadata = {i["key"]: i["value"] for i in inst["metadata"]["items"]}
     assert json.loads(metadata["rigbase-bundle"]) == BUNDLE
-    assert "startup-script" in metadata
+    assert set(metadata) == {"rigbase-bundle"}  # the image's rigbase-gce-bundle.service reads it
+    boot = next(d for d in inst["disks"] if d.get("boot"))
+    assert boot["initializeParams"]["sourceImage"] == IMAGE and boot["autoDelete"]
     assert inst["tags"]["items"] == ["rigbase-node"]
     # ExtendedOperation.result() was never used: every wait went through our ZoneOperationsClient
     assert fake_compute.fake.calls["op_wait"] >= 1
+
+
+def test_no_published_image_is_refused_before_any_insert(fake_compute: Any, compute_ctx: Any) -> None:
+    with pytest.raises(ProvisionFailed, match="no rigbase image is published for this region"):
+        storage_node.create(compute_ctx, spec(image=""))
+    assert fake_compute.fake.calls["instance_insert"] == 0
 
 
 def test_request_id_is_derived_from_our_ids() -> None:
