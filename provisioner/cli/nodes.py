@@ -15,6 +15,7 @@ from provisioner.cli.common import (
     Wait,
     Yes,
     confirm,
+    fail,
     group,
     output_options,
     remove_one,
@@ -92,8 +93,22 @@ def add(
     name: Annotated[str, typer.Argument(help="DNS label, unique in its region.")],
     region: Annotated[str, typer.Option("--region", "-r", help="Region to add the node to.")],
     minion_id: Annotated[
-        str, typer.Option("--minion-id", help="32 hex characters shown on the node's console.")
-    ],
+        str | None, typer.Option("--minion-id", help="32 hex characters shown on the node's console.")
+    ] = None,
+    gpu_type: Annotated[
+        str | None,
+        typer.Option(
+            "--gpu-type", help="GCP regions: a VM with this GPU (e.g. A100) instead of a machine of yours."
+        ),
+    ] = None,
+    gpu_count: Annotated[int, typer.Option("--gpu-count", help="With --gpu-type: 1, 2, 4 or 8.")] = 1,
+    reservation: Annotated[
+        str | None,
+        typer.Option("--reservation", help="With --gpu-type: the Compute reservation (committed) it uses."),
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="With --gpu-type: show the VM and its price; create nothing.")
+    ] = False,
     service: Annotated[
         Service, typer.Option("--service", help="compute or storage (one storage node per region).")
     ] = Service.COMPUTE,
@@ -108,8 +123,33 @@ def add(
     timeout: Timeout = 1800,
     json_out: Json = False,
 ) -> None:
-    """Add a node by minion_id; prints its id. With --wait, waits until it has joined."""
+    """Add a node by minion_id (or, in a GCP region, a VM with --gpu-type); prints its id. With --wait,
+    waits until it has joined."""
+    if gpu_type is not None and minion_id is not None:
+        fail("--gpu-type makes a VM whose minion_id comes from its vTPM: leave out --minion-id", exit_code=2)
+    if gpu_type is None and minion_id is None:
+        fail(
+            "--minion-id is required (or --gpu-type for a VM in a GCP region): see `provision node add -h`",
+            exit_code=2,
+        )
     client = connect()
+    if gpu_type is not None:
+        out = client.post(
+            "/v1/gcp/nodes",
+            {
+                "name": name,
+                "region": region,
+                "gpu_type": gpu_type,
+                "gpu_count": gpu_count,
+                "reservation": reservation,
+                "dry_run": dry_run,
+            },
+        )
+        if dry_run:
+            render.detail(out, as_json=json_out)
+            return
+        print_added(client, out["node"], wait=wait, timeout=timeout, as_json=json_out)
+        return
     node = client.post(
         "/v1/nodes",
         {

@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from contracts.errors import RigbaseError
 from contracts.identity import minion_id_from_spki
-from provisioner.domain.states import BURST_VM_LIVE, BurstVmState, ProviderState
+from provisioner.domain.states import BURST_VM_LIVE, BurstVmState, NodeState, ProviderState
 from provisioner.providers.base import ProvisionFailed
 from provisioner.providers.gcp import GcpContext, compute_node, naming, quota
 from provisioner.reconcilers.loop import register
@@ -157,7 +157,7 @@ def _spec(session: Session, vm: GcpBurstVm) -> compute_node.ComputeNodeSpec:
     return compute_node.ComputeNodeSpec(
         vm_id=vm.id,
         instance_name=vm.instance_name,
-        job_id=vm.job_id,
+        job_id=vm.job_id or "",
         region_id=region.id,
         region=region.name,
         gcp_region=gcp_region,
@@ -169,6 +169,8 @@ def _spec(session: Session, vm: GcpBurstVm) -> compute_node.ComputeNodeSpec:
         bundle=gcp.enrollment_bundle(session, region, token),
         prefix=str((region.settings or {}).get("prefix") or naming.DEFAULT_PREFIX),
         image=image_publish.source_image(session, region) or "",
+        reservation=vm.reservation,
+        node_name=session.get_one(Node, vm.node_id).name,
     )
 
 
@@ -205,6 +207,12 @@ def _fail(sessions: sessionmaker[Session], vm_id: str, reason: str) -> None:
             return
         gcp_burst.move(s, vm, BurstVmState.FAILED, actor=ACTOR, reason=reason)
         node = s.get_one(Node, vm.node_id)
+        if vm.job_id is None:
+            # a permanent node: the operator sees why on the node and removes it (then adds it again)
+            node_service.transition(
+                s, node, NodeState.ERRORED, actor=ACTOR, reason=f"{reason}; remove the node and add it again"
+            )
+            return
         job = s.get_one(Job, vm.job_id)
         jobs.requeue_or_fail(s, job, node, why=reason, actor=ACTOR)
         gcp_burst.retire_node(s, vm, actor=ACTOR, reason=reason)
@@ -240,7 +248,7 @@ def _delete(sessions: sessionmaker[Session], ctx: GcpContext, vm_id: str, zones:
     deleted = compute_node.delete(ctx, name, order)
     with session_scope(sessions) as s:
         vm = s.get_one(GcpBurstVm, vm_id)
-        why = vm.reason or "its job ended"
+        why = vm.reason or ("its node was removed" if vm.job_id is None else "its job ended")
         gcp_burst.move(
             s,
             vm,
@@ -248,7 +256,7 @@ def _delete(sessions: sessionmaker[Session], ctx: GcpContext, vm_id: str, zones:
             actor=ACTOR,
             reason=f"{'deleted' if deleted else 'no VM to delete:'} {name} ({why})",
         )
-        gcp_burst.retire_node(s, vm, actor=ACTOR, reason=f"burst VM {name} deleted: {why}")
+        gcp_burst.retire_node(s, vm, actor=ACTOR, reason=f"VM {name} deleted: {why}")
 
 
 # --- 3. the reaper --------------------------------------------------------------------------------------

@@ -9,18 +9,26 @@ for jobs"). This module is the store side; reconcilers/gcp_burst.py calls Google
   and the insert's requestId derives from the row's id: exactly one VM per row, whenever we crash.
 - `wanted`: a VM is kept while a worker of its job is on its node; otherwise (the job ended, stopped,
   was re-queued) the reconciler deletes it.
-Preemption (Google took a Spot VM back) is services/gcp_preemption.py."""
+Preemption (Google took a Spot VM back) is services/gcp_preemption.py.
+
+Permanent compute nodes (`provision node add NAME --region R --gpu-type T [--gpu-count N] [--reservation
+RES]`, `add_compute_node`) are the same rows without a job: an on-demand VM (in a Compute reservation
+when one is named: committed capacity) that the same reconciler creates, whose EK is pinned the same way,
+and that joins and goes to maintenance like a physical node. It is kept until its node is removed."""
 
 from __future__ import annotations
 
 import hashlib
+import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from contracts.errors import InvalidInput, RuleViolation
 from provisioner.domain.placement import Candidate, Source
 from provisioner.domain.states import (
     BURST_VM_TRANSITIONS,
@@ -35,8 +43,9 @@ from provisioner.domain.states import (
 )
 from provisioner.providers.gcp import catalogue, naming
 from provisioner.providers.gcp.compute_node import local_ssds_for
-from provisioner.services import gcp_capacity, join_tokens, lifecycle
+from provisioner.services import gcp_capacity, join_tokens, lifecycle, names
 from provisioner.services import nodes as node_service
+from provisioner.services import regions as region_service
 from provisioner.services.runtime import runtime_of
 from provisioner.services.wakeups import Wake, wake_after_commit
 from provisioner.store.gcp_models import GcpBurstVm
@@ -44,6 +53,8 @@ from provisioner.store.job_models import Job
 from provisioner.store.models import Node, Region, new_id
 
 KIND = "burst_vm"  # audit kind of a burst VM's state changes
+KIND_GCP = "gcp"  # the provider whose regions take VMs
+_RESERVATION = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")  # Compute's resource name rule
 
 
 def move(session: Session, vm: GcpBurstVm, to: BurstVmState, *, actor: str, reason: str | None) -> None:
@@ -147,8 +158,122 @@ def _make(
     return node
 
 
+def add_compute_node(
+    session: Session,
+    name: str,
+    *,
+    region: str,
+    gpu_type: str,
+    gpu_count: int = 1,
+    reservation: str | None = None,
+    dry_run: bool = False,
+    actor: str,
+) -> dict[str, Any]:
+    """A permanent compute node on a VM of the GCP region (module docstring): the node (new, the
+    placeholder minion_id until the EK is pinned) and its VM row (pending), or with dry_run what it would
+    make and cost. Every check runs before the first write."""
+    names.dns_label("node", name)
+    reg = region_service.get(session, region)
+    if reg.provider.kind != KIND_GCP:
+        raise RuleViolation(
+            f"region '{reg.name}' is a {reg.provider.kind} region: --gpu-type adds a VM to a GCP region; "
+            "add your own machines with --minion-id",
+            code="gpu_type_needs_gcp_region",
+        )
+    if reservation is not None and not _RESERVATION.fullmatch(reservation):
+        raise InvalidInput(
+            f"--reservation '{reservation}' is not a Compute reservation name (lowercase letters, digits "
+            "and '-', 1-63 characters, starting with a letter)"
+        )
+    cat = catalogue.load()
+    gpu = cat.gpus.get(gpu_type)
+    gcp_region = str((reg.settings or {}).get("gcp_region") or reg.name)
+    zones = cat.region(gcp_region).gpu_zones.get(gpu_type, ()) if gpu else ()
+    if gpu is None or not zones:
+        offered = sorted(g for g, z in cat.region(gcp_region).gpu_zones.items() if z)
+        raise InvalidInput(
+            f"--gpu-type {gpu_type}: {gcp_region} offers {', '.join(offered)} (regions/gcp-gpus.yaml)"
+        )
+    machine_type, cpus = gpu.machine_for(gpu_count)
+    node_service.refuse_node_name_taken(session, reg, name)
+    node_service.refuse_compute_without_active_storage(reg, node_service.storage_node(session, reg))
+    plan = {
+        "dry_run": dry_run,
+        "name": name,
+        "region": reg.name,
+        "machine_type": machine_type,
+        "gpu_type": gpu.name,
+        "gpu_count": gpu_count,
+        "zones": list(zones),
+        "reservation": reservation,
+        "price_per_hour": None if reservation else round(gpu.price_per_gpu_hour * gpu_count, 4),
+        "billing": "the reservation's committed price" if reservation else "on demand, by the second",
+    }
+    if not reservation:  # a reservation holds its own capacity; on demand spends the region's quota
+        why = gcp_capacity.book(session, reg.id, gpu.name, gpu_count)
+        if why is not None:
+            raise RuleViolation(
+                f"GCP {gcp_region} has no capacity for {gpu_count} {gpu.name}: {why}; request more quota or "
+                "name a reservation with --reservation",
+                code="gcp_no_capacity",
+            )
+    if dry_run:
+        session.rollback()  # the booking above only checked
+        return plan
+    prefix = str((reg.settings or {}).get("prefix") or naming.DEFAULT_PREFIX)
+    vm_id = new_id("bvm")
+    node = Node(
+        id=new_id("node"),
+        name=name,
+        region=reg,
+        minion_id=pending_minion_id(vm_id),
+        service=Service.COMPUTE.value,
+        upnp=False,
+        mining=False,
+    )
+    session.add(node)
+    node_service.transition(
+        session,
+        node,
+        NodeState.NEW,
+        actor=actor,
+        reason=f"{machine_type} VM with {gpu_count} × {gpu.name}"
+        + (f" in reservation {reservation}" if reservation else " on demand")
+        + ": the gcp-burst reconciler creates it; its minion_id comes from the vTPM's endorsement key",
+    )
+    _row, token = join_tokens.issue(session, reg.id, actor=actor)
+    vm = GcpBurstVm(
+        id=vm_id,
+        job_id=None,
+        worker_index=0,
+        attempt=0,
+        node_id=node.id,
+        region_id=reg.id,
+        instance_name=naming.gcp_name(prefix, reg.name, name),
+        gpu_type=gpu.name,
+        gpu_count=gpu_count,
+        cpus=cpus,
+        local_ssds=1,  # the scratch volume finalize makes
+        preemptible=False,
+        reservation=reservation,
+        price_per_gpu_hour=gpu.price_per_gpu_hour,
+        sealed_join_token=runtime_of(session).sealer.seal(token.encode()),
+    )
+    session.add(vm)
+    move(session, vm, BurstVmState.PENDING, actor=actor, reason=f"compute node {name}: {machine_type}")
+    session.flush()
+    wake_after_commit(session, Wake.GCP_BURST)
+    return {**plan, "node": node, "vm_id": vm.id, "instance": vm.instance_name}
+
+
 def wanted(session: Session, vm: GcpBurstVm) -> str | None:
-    """None while a worker of the VM's job is on its node; otherwise why the VM should go."""
+    """None while a worker of the VM's job is on its node (a permanent node's VM: while the node is not
+    removed); otherwise why the VM should go."""
+    if vm.job_id is None:
+        node = session.get(Node, vm.node_id)
+        if node is None or node.state == NodeState.REMOVED:
+            return f"its node {node.name if node else vm.node_id} was removed"
+        return None
     job = session.get(Job, vm.job_id)
     if job is None or JobState(job.state) in JOB_DONE:
         return f"job {job.name if job else vm.job_id} ended ({job.state if job else 'gone'})"

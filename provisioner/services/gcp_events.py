@@ -20,6 +20,7 @@ from provisioner.domain.states import (
     NODE_TRANSITIONS,
     REGION_LEAVING,
     REGION_TRANSITIONS,
+    BurstVmState,
     NodeState,
     RegionState,
     VmStatus,
@@ -39,6 +40,13 @@ def apply_event(sessions: sessionmaker[Session], event: NodeEvent) -> None:
     """One instance event → store. Raising makes the consumer nack, so Pub/Sub redelivers it."""
     with session_scope(sessions) as s:
         burst = gcp_burst.live_by_instance(s, event.instance)
+        if burst is not None and burst.job_id is None:
+            # a permanent compute node: stopped or started, its heartbeats tell; deleted behind our back,
+            # it is gone for good (the reconciler finds nothing to delete and removes its node)
+            if event.kind is NodeEventKind.DELETED:
+                why = f"VM {event.instance} {event.reason} ({event.method}): deleted outside rigbase"
+                gcp_burst.move(s, burst, BurstVmState.DELETING, actor=ACTOR, reason=why)
+            return
         if burst is not None:
             # a job's burst VM stopped, was preempted or deleted behind our back: its job lost its node
             if event.kind is not NodeEventKind.STARTED:

@@ -112,6 +112,19 @@ def storage_node(session: Session, region: Region) -> Node | None:
     return regional_lookup.holder(session, Node, region.id, service=Service.STORAGE)
 
 
+def refuse_node_name_taken(session: Session, reg: Region, name: str) -> None:
+    if regional_lookup.holder(session, Node, reg.id, name=name) is not None:
+        raise Conflict(
+            f"node '{name}' already exists in region '{reg.name}': choose another name", code="duplicate_name"
+        )
+
+
+def refuse_compute_without_active_storage(reg: Region, storage: Node | None) -> None:
+    """A compute node in a central-storage region needs the region's storage node active first."""
+    if reg.storage_mode == StorageMode.CENTRAL:
+        _refuse_without_active_storage(reg, storage)
+
+
 def _refuse_without_active_storage(
     region: Region, storage: Node | None, added: str = "compute nodes"
 ) -> None:
@@ -180,10 +193,7 @@ def add(
         raise RuleViolation(f"region '{reg.name}' is being removed: add the node to another region")
     if svc == Service.DEVICE:
         _refuse_device_region(reg)
-    if regional_lookup.holder(session, Node, reg.id, name=name) is not None:
-        raise Conflict(
-            f"node '{name}' already exists in region '{reg.name}': choose another name", code="duplicate_name"
-        )
+    refuse_node_name_taken(session, reg, name)
     _refuse_taken_minion_id(session, minion_id)
     existing_storage = storage_node(session, reg)
     if svc == Service.STORAGE and existing_storage is not None:
@@ -200,8 +210,8 @@ def add(
         )
     if svc == Service.DEVICE:
         _refuse_without_active_storage(reg, existing_storage, "devices")
-    if svc == Service.COMPUTE and reg.storage_mode == StorageMode.CENTRAL:
-        _refuse_without_active_storage(reg, existing_storage)
+    if svc == Service.COMPUTE:
+        refuse_compute_without_active_storage(reg, existing_storage)
     node = Node(
         id=new_id("node"),
         name=name,

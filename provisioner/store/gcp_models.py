@@ -71,7 +71,8 @@ class GcpBurstVm(Base):
     __tablename__ = "gcp_burst_vms"
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
-    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+    # None: a permanent compute node (`node add --gpu-type`), kept until its node is removed
+    job_id: Mapped[str | None] = mapped_column(ForeignKey("jobs.id"), index=True)
     worker_index: Mapped[int] = mapped_column(Integer)
     attempt: Mapped[int] = mapped_column(Integer)  # the job's placement number it was made for
     node_id: Mapped[str] = mapped_column(ForeignKey("nodes.id"), unique=True)
@@ -82,6 +83,7 @@ class GcpBurstVm(Base):
     cpus: Mapped[int] = mapped_column(Integer)  # vCPUs it holds of the family's CPU quota
     local_ssds: Mapped[int] = mapped_column(Integer)  # 375 GB partitions, for the job's disk
     preemptible: Mapped[bool] = mapped_column(Boolean, default=False)  # Spot provisioning model
+    reservation: Mapped[str | None] = mapped_column(String(63))  # a Compute reservation it consumes
     price_per_gpu_hour: Mapped[float] = mapped_column(Float)
     # the region's join token for the VM's enrollment bundle, sealed (a retried insert sends the same one)
     sealed_join_token: Mapped[str] = mapped_column(Text)

@@ -14,6 +14,7 @@ from provisioner.api.deps import Db, Operator
 from provisioner.api.errors import documented
 from provisioner.api.schemas import NodeOut, ProviderOut, RegionOut
 from provisioner.services import gcp as service
+from provisioner.services import gcp_burst
 
 router = APIRouter(prefix="/v1/gcp", tags=["gcp"])
 
@@ -22,6 +23,15 @@ class GcpEnableIn(BaseModel):
     credentials: str = Field(description="the service-account JSON key (sealed at rest, never returned)")
     prefix: str | None = None
     payment_mode: str | None = None
+    dry_run: bool = False
+
+
+class GcpNodeIn(BaseModel):
+    name: str
+    region: str
+    gpu_type: str = Field(description="a GPU type of regions/gcp-gpus.yaml offered in the region, e.g. A100")
+    gpu_count: int = Field(1, description="1, 2, 4 or 8")
+    reservation: str | None = Field(None, description="a Compute reservation the VM consumes (committed)")
     dry_run: bool = False
 
 
@@ -67,6 +77,23 @@ def create_region(body: GcpRegionIn, session: Db, actor: Operator) -> dict[str, 
         gcp_region=body.gcp_region,
         storage_class=body.storage_class,
         public_jobs=body.public_jobs,
+        dry_run=body.dry_run,
+        actor=actor,
+    )
+    return _out(result)
+
+
+@router.post("/nodes", status_code=201)
+def add_compute_node(body: GcpNodeIn, session: Db, actor: Operator) -> dict[str, Any]:
+    """A permanent compute node on a VM of a GCP region (on demand, or in a reservation): the node joins
+    like a physical one once the gcp-burst reconciler has made its VM."""
+    result = gcp_burst.add_compute_node(
+        session,
+        body.name,
+        region=body.region,
+        gpu_type=body.gpu_type,
+        gpu_count=body.gpu_count,
+        reservation=body.reservation,
         dry_run=body.dry_run,
         actor=actor,
     )

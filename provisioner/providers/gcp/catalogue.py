@@ -15,6 +15,14 @@ import yaml
 
 from contracts.errors import InvalidInput
 
+GPU_COUNTS = (1, 2, 4, 8)  # what every GPU machine family offers per VM
+G2_BY_GPUS = {
+    1: ("g2-standard-8", 8),
+    2: ("g2-standard-24", 24),
+    4: ("g2-standard-48", 48),
+    8: ("g2-standard-96", 96),
+}
+
 
 @dataclass(frozen=True)
 class GpuType:
@@ -31,6 +39,18 @@ class GpuType:
     spot_price_per_gpu_hour: float | None = None  # an estimate (see the yaml); None = no Spot offer
     job_gpu_type: str | None = None  # the job spec's name (contracts/gpu_types.py); None = not for jobs
     machine_memory_gb: float = 0.0  # the machine type's memory (the match table shows it)
+
+    def machine_for(self, count: int) -> tuple[str, int]:
+        """(machine type, vCPUs) of a VM with `count` of this GPU: N1 takes cpus_per_gpu × count vCPUs
+        and the GPUs as accelerators; A2/A3 machine types are named by their GPU count; G2's sizes are a
+        table (docs.cloud.google.com/compute/docs/gpus)."""
+        if count not in GPU_COUNTS:
+            raise InvalidInput(f"--gpu-count {count}: a {self.name} VM has 1, 2, 4 or 8 GPUs")
+        if self.machine_family == "N1":
+            return f"n1-standard-{self.cpus_per_gpu * count}", self.cpus_per_gpu * count
+        if self.machine_family == "G2":
+            return G2_BY_GPUS[count]
+        return self.machine_type.replace("-1g", f"-{count}g"), self.cpus_per_gpu * count
 
     @property
     def attaches_accelerator(self) -> bool:

@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 ROLE = "compute"
 JOB_LABEL = "rigbase-job"
+PERMANENT = "none"  # the job label of a permanent compute node
 BURST_VM_LABEL = "rigbase-burst-vm"
 # the zone-level refusals after which another zone of the same region may succeed (STOCKOUT is how
 # Compute words a zone out of Spot or GPU capacity in some answers)
@@ -67,6 +68,12 @@ class ComputeNodeSpec:
     bundle: Mapping[str, Any]  # docs/enrollment-bundle.md
     prefix: str = naming.DEFAULT_PREFIX
     image: str = ""  # the region's published rigbase image (images.source_image)
+    reservation: str | None = None  # a Compute reservation (committed capacity) the VM must consume
+    node_name: str | None = None  # a permanent compute node's name (no job)
+
+    @property
+    def permanent(self) -> bool:
+        return not self.job_id
 
     def labels(self) -> dict[str, str]:
         return naming.labels(
@@ -75,7 +82,7 @@ class ComputeNodeSpec:
                 naming.REGION_LABEL: self.region,
                 naming.REGION_ID_LABEL: self.region_id,
                 naming.ROLE_LABEL: ROLE,
-                JOB_LABEL: self.job_id,
+                JOB_LABEL: self.job_id or PERMANENT,
                 BURST_VM_LABEL: self.vm_id,
             },
         )
@@ -99,6 +106,7 @@ def build_instance(spec: ComputeNodeSpec, project: str, zone: str) -> Any:
             accelerator_count=spec.gpu_count,
         )
     ]
+    machine_type, _cpus = spec.gpu.machine_for(spec.gpu_count)
     if spec.preemptible:
         # Spot: Google may take it back at any time; DELETE (not STOP) so a preempted VM costs nothing
         scheduling = compute_v1.Scheduling(
@@ -112,12 +120,24 @@ def build_instance(spec: ComputeNodeSpec, project: str, zone: str) -> Any:
         scheduling = compute_v1.Scheduling(
             provisioning_model="STANDARD", on_host_maintenance="TERMINATE", automatic_restart=True
         )
+    if spec.permanent:
+        description = f"rigbase compute node {spec.node_name} of region {spec.region}; managed by rigbase"
+    else:
+        description = (
+            f"rigbase burst VM of job {spec.job_id} in region {spec.region}; deleted when the job ends"
+        )
+    affinity = None
+    if spec.reservation:
+        # only that reservation: a VM that silently fell back to on-demand would bill at the full price
+        affinity = compute_v1.ReservationAffinity(
+            consume_reservation_type="SPECIFIC_RESERVATION",
+            key="compute.googleapis.com/reservation-name",
+            values=[spec.reservation],
+        )
     return compute_v1.Instance(
         name=spec.instance_name,
-        description=(
-            f"rigbase burst VM of job {spec.job_id} in region {spec.region}; deleted when the job ends"
-        ),
-        machine_type=f"zones/{zone}/machineTypes/{spec.gpu.machine_type}",
+        description=description,
+        machine_type=f"zones/{zone}/machineTypes/{machine_type}",
         labels=spec.labels(),
         tags=compute_v1.Tags(items=[naming.network_tag(spec.prefix)]),
         disks=instances.disks(spec.labels(), zone, spec.local_ssds, spec.image),
@@ -130,6 +150,7 @@ def build_instance(spec: ComputeNodeSpec, project: str, zone: str) -> Any:
             enable_secure_boot=False, enable_vtpm=True, enable_integrity_monitoring=True
         ),
         scheduling=scheduling,
+        reservation_affinity=affinity,
         metadata=instances.bundle_metadata(spec.bundle),
     )
 
@@ -141,7 +162,7 @@ def owned(spec: ComputeNodeSpec) -> instances.Owned:
         zones=spec.zones,
         owner_label=BURST_VM_LABEL,
         owner_id=spec.vm_id,
-        made_for=f"job {spec.job_id}",
+        made_for=f"compute node {spec.node_name}" if spec.permanent else f"job {spec.job_id}",
     )
 
 
