@@ -311,7 +311,8 @@ def begin(session: Session, body: Any) -> JoinChallenge | KeyJoinChallenge:
 def _begin_with_tpm(
     session: Session, request: JoinRequest, region: Region, node: Node | None, ctx: _Context
 ) -> tuple[JoinChallenge, PendingJoin]:
-    # A node pinned to an EK (GCP storage nodes) may join without a vendor certificate, but only with that EK.
+    # A node pinned to an EK (GCP VMs) joins with that EK only, and the pin is its trust: a vTPM's
+    # certificate (Google's CA) need not chain to a vendor CA the operator added.
     pinned = node.pinned_ek_public if node is not None and node.region_id == region.id else None
     spki = _ek_spki(request.ek_public)
     if pinned is not None and spki is not None and _pinned_spki(pinned) != spki:
@@ -320,6 +321,7 @@ def _begin_with_tpm(
         tpm_cas.trust_store(session),
         allow_ek_without_certificate=bool((region.settings or {}).get(ALLOW_EK_WITHOUT_CERT))
         or pinned is not None,
+        pinned_ek=_pinned_spki(pinned) if pinned is not None else None,
     )
     outcome = JoinVerifier(nonce_store.issuer(session)).begin(request, trust)
     if isinstance(outcome, Refusal):

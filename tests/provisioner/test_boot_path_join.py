@@ -20,8 +20,8 @@ import pytest
 from provisioner.lab.swtpm import Swtpm, VendorCA
 from tests.fixtures.control_plane import ControlPlane, start_control_plane
 from tests.fixtures.eventlog import boot_path_events, extend_digests, write_event_log
+from tests.fixtures.manifests import Builder
 from tests.fixtures.swtpm import _started_copy
-from tests.provisioner.test_images import Builder
 from tests.provisioner.test_join_http import Minion, add_node, api, token
 
 PE_HASHES = {"systemd-boot": "5b" * 32, "uki": "6c" * 32, "kernel": "7d" * 32}

@@ -18,8 +18,8 @@ from provisioner.lab.swtpm import Swtpm, VendorCA
 from provisioner.store.engine import make_engine
 from tests.fixtures.control_plane import ControlPlane, start_control_plane
 from tests.fixtures.eventlog import boot_path_events, extend_digests, write_event_log
+from tests.fixtures.manifests import Builder
 from tests.fixtures.postgres import Store
-from tests.provisioner.test_images import Builder
 from tests.provisioner.test_join_http import Minion, api
 
 MISMATCH = "attestation_pcr_manifest_mismatch"

@@ -7,6 +7,8 @@ test in test_isolation.py proves a public address is unreachable there."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -15,6 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.fixtures.control_plane import Fakes
+from tests.fixtures.gcp import make_sa_key
+from tests.provisioner.gcp.fake_compute import quota
 
 ISOLATED_ENV = "RIGBASE_GCP_ISOLATED"
 HERE = Path(__file__).resolve().parent
@@ -73,3 +79,61 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     kept = [i for i in items if i not in ours]
     kept.insert(min(first, len(kept)), wrapper)
     items[:] = kept
+
+
+# --- the GCP world of the control-plane tests (test_control_plane.py, test_gce_join.py) -----------------
+# (a real `provision serve` pointed at the fakes and emulators through tests/fixtures/serve_app.py)
+
+US_CENTRAL1 = [
+    quota("CPUS", 72),
+    quota("A2_CPUS", 24),
+    quota("LOCAL_SSD_TOTAL_GB", 6000),
+    quota("NVIDIA_V100_GPUS", 8, 1),
+    quota("NVIDIA_A100_GPUS", 4),
+]
+# GPUs granted, but no CPU and no local SSD quota: the "0 jobs" case of docs/product-rules.md
+# "GCP capacity rule", for every type
+US_EAST1 = [
+    quota("CPUS", 0),
+    quota("LOCAL_SSD_TOTAL_GB", 0),
+    quota("NVIDIA_V100_GPUS", 8),
+    quota("NVIDIA_T4_GPUS", 4),
+]
+
+
+@pytest.fixture()
+def gcp_world(
+    fake_compute: Any,
+    pubsub_emulator: str,
+    iam_server: Any,
+    logging_server: Any,
+    storage_emulator: str,
+    request: pytest.FixtureRequest,
+) -> dict[str, Any]:
+    """The fakes to inject into the server subprocesses, a unique name prefix (the emulators are shared)."""
+    fake_compute.fake.region_quotas.update({"us-central1": US_CENTRAL1, "us-east1": US_EAST1})
+    fake_compute.fake.storage_url = storage_emulator  # images.insert reads the uploaded archive there
+    endpoints = {
+        "storage": storage_emulator,
+        "compute": fake_compute.url,
+        "resource_manager": fake_compute.url,
+        "pubsub": pubsub_emulator,
+        "pubsub_iam": iam_server.address,
+        "logging": logging_server.address,
+        "insecure": True,
+    }
+    prefix = f"t{hashlib.sha256(request.node.name.encode()).hexdigest()[:6]}"
+    return {
+        "prefix": prefix,
+        "compute": fake_compute.fake,
+        "iam": iam_server,
+        "logging": logging_server,
+        "fakes": Fakes(gcp_endpoints=endpoints),
+    }
+
+
+@pytest.fixture()
+def key_file(tmp_path: Path) -> Path:
+    path = tmp_path / "key.json"
+    path.write_text(json.dumps(make_sa_key()))
+    return path

@@ -90,6 +90,9 @@ class FakeCompute:
     # kill the control plane here ("Compute did it, the caller never heard back")
     on_call: Any = None
     ek_pems: dict[tuple[str, str], str] = field(default_factory=dict)  # each VM's own vTPM EK
+    # the vTPM EKs the next VMs get, in order (a test's swtpm, so a real minion can join as that VM);
+    # when empty, each VM gets a fresh key
+    next_ek_pems: list[str] = field(default_factory=list)
     images: dict[str, dict[str, Any]] = field(default_factory=dict)
     # the Cloud Storage emulator images.insert reads rawDisk.source from (None: every import succeeds)
     storage_url: str | None = None
@@ -218,7 +221,7 @@ def instance_insert(fake: FakeCompute, q: dict, body: dict, p: str, zone: str) -
             kind="compute#instance",
         )
         fake.instances[(zone, name)] = inst
-        fake.ek_pems[(zone, name)] = new_ek_pem()
+        fake.ek_pems[(zone, name)] = fake.next_ek_pems.pop(0) if fake.next_ek_pems else new_ek_pem()
 
     op = fake._new_op(zone, "insert", target, materialise, error)
     if rid:

@@ -24,67 +24,12 @@ from provisioner.store.engine import make_engine, make_sessionmaker, session_sco
 from provisioner.store.gcp_models import GcpStorageNode
 from provisioner.store.models import Node
 from provisioner.store.schema import metadata
-from tests.fixtures.control_plane import ControlPlane, Fakes, start_control_plane
+from tests.fixtures.control_plane import ControlPlane, start_control_plane
 from tests.fixtures.gcp import PROJECT, make_sa_key
 from tests.fixtures.manifests import Builder, gce_build
 from tests.fixtures.postgres import snapshot_of
-from tests.provisioner.gcp.fake_compute import quota
 from tests.provisioner.gcp.published import publish_image
 from tests.provisioner.gcp.test_events import log_entry
-
-US_CENTRAL1 = [
-    quota("CPUS", 72),
-    quota("A2_CPUS", 24),
-    quota("LOCAL_SSD_TOTAL_GB", 6000),
-    quota("NVIDIA_V100_GPUS", 8, 1),
-    quota("NVIDIA_A100_GPUS", 4),
-]
-# GPUs granted, but no CPU and no local SSD quota: the "0 jobs" case of docs/product-rules.md
-# "GCP capacity rule", for every type
-US_EAST1 = [
-    quota("CPUS", 0),
-    quota("LOCAL_SSD_TOTAL_GB", 0),
-    quota("NVIDIA_V100_GPUS", 8),
-    quota("NVIDIA_T4_GPUS", 4),
-]
-
-
-@pytest.fixture()
-def gcp_world(
-    fake_compute: Any,
-    pubsub_emulator: str,
-    iam_server: Any,
-    logging_server: Any,
-    storage_emulator: str,
-    request: pytest.FixtureRequest,
-) -> dict[str, Any]:
-    """The fakes to inject into the server subprocesses, a unique name prefix (the emulators are shared)."""
-    fake_compute.fake.region_quotas.update({"us-central1": US_CENTRAL1, "us-east1": US_EAST1})
-    fake_compute.fake.storage_url = storage_emulator  # images.insert reads the uploaded archive there
-    endpoints = {
-        "storage": storage_emulator,
-        "compute": fake_compute.url,
-        "resource_manager": fake_compute.url,
-        "pubsub": pubsub_emulator,
-        "pubsub_iam": iam_server.address,
-        "logging": logging_server.address,
-        "insecure": True,
-    }
-    prefix = f"t{hashlib.sha256(request.node.name.encode()).hexdigest()[:6]}"
-    return {
-        "prefix": prefix,
-        "compute": fake_compute.fake,
-        "iam": iam_server,
-        "logging": logging_server,
-        "fakes": Fakes(gcp_endpoints=endpoints),
-    }
-
-
-@pytest.fixture()
-def key_file(tmp_path: Path) -> Path:
-    path = tmp_path / "key.json"
-    path.write_text(json.dumps(make_sa_key()))
-    return path
 
 
 def ok(cp: ControlPlane, *args: str, input: str | None = None) -> Any:
@@ -140,12 +85,14 @@ def enable(cp: ControlPlane, key_file: Path, prefix: str) -> str:
     return provider_id
 
 
-def publish(cp: ControlPlane, tmp_path: Path, gce_archive: Path, region: str = "us-central1") -> str:
+def publish(
+    cp: ControlPlane, tmp_path: Path, gce_archive: Path, region: str = "us-central1", **manifest_fields: Any
+) -> str:
     """What the operator does after `region create`: trust the builder's key and publish the GCE build made
     with the region's bundle (a stand-in build: tests/fixtures/manifests.py); returns the publication id."""
     builder = Builder(tmp_path / "image-builder")
     ok(cp, "image", "trust-key", str(builder.public_path))
-    manifest = gce_build(builder, tmp_path / "build", region, gce_archive)
+    manifest = gce_build(builder, tmp_path / "build", region, gce_archive, **manifest_fields)
     return ok(cp, "image", "publish", str(manifest), "--provider", "gcp", "--wait").stdout.strip()
 
 
