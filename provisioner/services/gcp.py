@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 from contracts.errors import Conflict, RuleViolation
 from contracts.regional import StorageMode
 from provisioner.adapters import tls
-from provisioner.domain.states import VM_TRANSITIONS, NodeState, ProviderState, Service, VmStatus
+from provisioner.domain.states import VM_TRANSITIONS, ProviderState, Service, VmStatus
 from provisioner.providers.gcp import GcpContext, GcpProvider, naming, permissions, quota
 from provisioner.providers.gcp import images as gcp_images
 from provisioner.services import join_tokens, lifecycle, names
@@ -26,7 +26,7 @@ from provisioner.services import regions as region_service
 from provisioner.services.runtime import runtime_of
 from provisioner.services.wakeups import Wake, wake_after_commit
 from provisioner.store.gcp_models import GcpBootstrap, GcpStorageNode
-from provisioner.store.models import Node, Provider, Region, new_id
+from provisioner.store.models import Node, Provider, Region
 
 KIND = "gcp"
 VM_KIND = "storage_vm"  # audit kind of a storage node VM's status changes
@@ -160,20 +160,12 @@ def create_region(
         actor=actor,
     )
     region.settings = {**region.settings, "prefix": prefix}
-    node = Node(
-        id=new_id("node"),
-        name=storage_node_name(prefix, name),
-        region=region,
-        minion_id=pending_minion_id(region.id),
-        service=Service.STORAGE.value,
-        upnp=False,
-        mining=False,
-    )
-    session.add(node)
-    node_service.transition(
+    node = node_service.add_vm_node(
         session,
-        node,
-        NodeState.NEW,
+        region,
+        storage_node_name(prefix, name),
+        minion_id=pending_minion_id(region.id),
+        service=Service.STORAGE,
         actor=actor,
         reason="storage node of a GCP region: the reconciler creates its VM; "
         "its minion_id comes from the vTPM's endorsement key",

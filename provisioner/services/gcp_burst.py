@@ -117,21 +117,13 @@ def _make(
     prefix = str((region.settings or {}).get("prefix") or naming.DEFAULT_PREFIX)
     vm_id = new_id("bvm")
     name = instance_name(prefix, vm_id)
-    node = Node(
-        id=new_id("node"),
-        name=name,
-        region=region,
-        minion_id=pending_minion_id(vm_id),
-        service=Service.COMPUTE.value,
-        upnp=False,
-        mining=False,
-    )
-    session.add(node)
     model = "Spot" if spot else "on-demand"
-    node_service.transition(
+    node = node_service.add_vm_node(
         session,
-        node,
-        NodeState.NEW,
+        region,
+        name,
+        minion_id=pending_minion_id(vm_id),
+        service=Service.COMPUTE,
         actor=actor,
         reason=f"{model} {gpu.machine_type} VM for job {job.name} worker {index}: the gcp-burst reconciler "
         "creates it; its minion_id comes from the vTPM's endorsement key",
@@ -222,20 +214,12 @@ def add_compute_node(
         return plan
     prefix = str((reg.settings or {}).get("prefix") or naming.DEFAULT_PREFIX)
     vm_id = new_id("bvm")
-    node = Node(
-        id=new_id("node"),
-        name=name,
-        region=reg,
-        minion_id=pending_minion_id(vm_id),
-        service=Service.COMPUTE.value,
-        upnp=False,
-        mining=False,
-    )
-    session.add(node)
-    node_service.transition(
+    node = node_service.add_vm_node(
         session,
-        node,
-        NodeState.NEW,
+        reg,
+        name,
+        minion_id=pending_minion_id(vm_id),
+        service=Service.COMPUTE,
         actor=actor,
         reason=f"{machine_type} VM with {gpu_count} × {gpu.name}"
         + (f" in reservation {reservation}" if reservation else " on demand")

@@ -112,6 +112,25 @@ def storage_node(session: Session, region: Region) -> Node | None:
     return regional_lookup.holder(session, Node, region.id, service=Service.STORAGE)
 
 
+def add_vm_node(
+    session: Session, region: Region, name: str, *, minion_id: str, service: Service, actor: str, reason: str
+) -> Node:
+    """The node of a VM a provider makes (a GCP storage node, burst VM or permanent compute node): new,
+    no UPnP or mining (a cloud VM has neither), with the placeholder minion_id its vTPM's EK replaces."""
+    node = Node(
+        id=new_id("node"),
+        name=name,
+        region=region,
+        minion_id=minion_id,
+        service=service.value,
+        upnp=False,
+        mining=False,
+    )
+    session.add(node)
+    transition(session, node, NodeState.NEW, actor=actor, reason=reason)
+    return node
+
+
 def refuse_node_name_taken(session: Session, reg: Region, name: str) -> None:
     if regional_lookup.holder(session, Node, reg.id, name=name) is not None:
         raise Conflict(
