@@ -69,6 +69,13 @@ ANSIBLE_ENV = f"Environment=RIGBASE_ANSIBLE_COLLECTIONS={NODE_COLLECTIONS} LANG=
 STATE_DIR = "/var/lib/rigbase"
 MINION_STATE_DIR = f"{STATE_DIR}/minion"
 
+#: The metadata server's name as every GCE Linux image has it (the root is read-only: no guest agent adds
+#: it); a link-local address, so the line is inert on a physical node.
+HOSTS = (
+    "127.0.0.1 localhost\n127.0.1.1 rigbase\n::1 localhost ip6-localhost ip6-loopback\n"
+    "169.254.169.254 metadata.google.internal metadata\n"
+)
+
 #: Where a GCE VM keeps the bundle it read from the metadata server (minion gce-bundle): the state partition.
 GCE_BUNDLE = f"{STATE_DIR}/bundle.json"
 #: The DMI product name of every Compute Engine VM: the GCE units run there and nowhere else.
@@ -306,10 +313,7 @@ def files(version: str) -> dict[str, tuple[str, int]]:
         "/usr/local/bin/rigbase-grow-state": (GROW_STATE_SCRIPT, 0o755),
         "/etc/fstab": (FSTAB, 0o644),
         "/etc/hostname": ("rigbase\n", 0o644),
-        "/etc/hosts": (
-            "127.0.0.1 localhost\n127.0.1.1 rigbase\n::1 localhost ip6-localhost ip6-loopback\n",
-            0o644,
-        ),
+        "/etc/hosts": (HOSTS, 0o644),
         "/etc/rigbase/image-version": (version + "\n", 0o644),
         "/etc/systemd/network/80-rigbase-dhcp.network": (DHCP_NETWORK, 0o644),
         "/etc/systemd/system/systemd-networkd-wait-online.service.d/rigbase.conf": (

@@ -26,6 +26,13 @@ OVMF_VARS = Path("/usr/share/OVMF/OVMF_VARS_4M.fd")
 GUEST_CONTROL_PLANE = "10.0.2.100"
 GUEST_CONTROL_PLANE_PORT = 8470
 
+#: As a GCE VM (`gce_disk`): the user network is GCE's link-local one, so the metadata server is where the
+#: image's /etc/hosts says (169.254.169.254:80, as on Compute Engine) and the control plane is beside it.
+GCE_NET = "169.254.169.0/24"
+GCE_METADATA = "169.254.169.254"
+GCE_CONTROL_PLANE = "169.254.169.100"
+GCE_PRODUCT = "Google Compute Engine"  # the DMI product name the image's GCE units look for
+
 #: Ports of one AHCI controller (QEMU's `ahci` device has six).
 AHCI_PORTS = 6
 
@@ -104,6 +111,12 @@ class Machine:
     # virtio NIC reporting 10 GbE, whose only way out is GUEST_CONTROL_PLANE:GUEST_CONTROL_PLANE_PORT,
     # forwarded by socat to 127.0.0.1:control_plane_port on the host
     control_plane_port: int | None = None
+    # A GCE VM instead: this disk (disk.raw of the GCE target) is the boot drive, on virtio-scsi as Compute
+    # attaches one (NVMe drives beside it are its local SSDs); the DMI product name is GCE's; with
+    # `metadata_port` the guest's GCE_METADATA:80 is forwarded to that host port (a metadata server) and
+    # GCE_CONTROL_PLANE:8470 to `control_plane_port`
+    gce_disk: Path | None = None
+    metadata_port: int | None = None
     proc: subprocess.Popen | None = None
     tpm: TpmProcess | None = None
     output: bytearray = field(default_factory=bytearray)
@@ -121,6 +134,13 @@ class Machine:
             f"guestfwd=tcp:{GUEST_CONTROL_PLANE}:{GUEST_CONTROL_PLANE_PORT}"
             f"-cmd:socat - TCP:127.0.0.1:{self.control_plane_port}"
         )
+        if self.gce_disk is not None:
+            forward = (
+                f"net={GCE_NET},guestfwd=tcp:{GCE_CONTROL_PLANE}:{GUEST_CONTROL_PLANE_PORT}"
+                f"-cmd:socat - TCP:127.0.0.1:{self.control_plane_port}"
+            )
+            if self.metadata_port is not None:
+                forward += f",guestfwd=tcp:{GCE_METADATA}:80-cmd:socat - TCP:127.0.0.1:{self.metadata_port}"
         return [
             "-netdev",
             f"user,id=n0,restrict=on,{forward}",
@@ -182,6 +202,17 @@ class Machine:
             "-device",
             "qemu-xhci,id=xhci",
         ]
+        if self.gce_disk is not None:
+            argv += [
+                "-smbios",
+                f"type=1,manufacturer=Google,product={GCE_PRODUCT}",
+                "-device",
+                "virtio-scsi-pci,id=scsi",
+                "-drive",
+                f"if=none,id=boot,format=raw,file={self.gce_disk}",
+                "-device",
+                "scsi-hd,drive=boot,bus=scsi.0,bootindex=0",
+            ]
         if self.usb_image is not None:
             # snapshot=on: the flashed image stays byte-identical to the build output whatever the guest does.
             argv += [

@@ -12,8 +12,9 @@ the test's vendor CA), against a real `provision serve` on loopback over TLS:
 5. a reset the guest did not ask for (`system_reset`): the node boots the installed OS again, re-applies its
    saved configuration, heartbeats with the same credential, passes a fresh quote, and reports /scratch
    mounted from the same array and the export back;
-6. a second VM whose UKI was modified is refused at join, with its refusal kind in `provision node
-   refusals`.
+6. a GCE VM (the image's GCE target on virtio-scsi, GCE's DMI name, a metadata server behind a guestfwd)
+   whose UKI was modified grows its state partition, reads its bundle from the metadata server and is
+   refused at join, with its refusal kind in `provision node refusals`.
 
 One QEMU at a time (shared 2-core hosts); the whole test takes about the time docs/testing.md states."""
 
@@ -79,7 +80,7 @@ def cp(tmp_path_factory: pytest.TempPathFactory, vendor: VendorCA) -> Iterator[C
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("RIGBASE_HEARTBEAT_S", "5")
         mp.setenv("RIGBASE_QUOTE_EVERY", "3")
-        started = start_control_plane(home, advertise=("127.0.0.1", GUEST_CP))
+        started = start_control_plane(home, advertise=("127.0.0.1", GUEST_CP, vm.GCE_CONTROL_PLANE))
         server = started.__enter__()
     try:
         _run(server, "provider", "enable", "physical")
@@ -108,6 +109,7 @@ def image(cp: ControlPlane, tmp_path_factory: pytest.TempPathFactory, source_sna
             key=priv,
             source_date_epoch=EPOCH,
             repo=source_snapshot,
+            targets=("usb", "gce"),
         ),
         log=lambda _m: None,
     )
@@ -228,39 +230,80 @@ def test_storage_node_life_from_usb_to_active_and_through_a_reset(
         assert not failed, failed
 
 
-def test_modified_uki_is_refused_at_join(
-    cp: ControlPlane, image: Path, vendor: VendorCA, tmp_path: Path
-) -> None:
-    doc = json.loads((image / "manifest.json").read_text())
-    usb = tmp_path / "modified.img"
-    subprocess.run(["cp", "--sparse=always", str(image / "rigbase-usb.img"), str(usb)], check=True)
+def _modified_uki(image: Path, into: Path) -> Path:
+    """The build's UKI with one byte of its .osrel changed: another PCR 11, another Authenticode digest."""
     uki = bytearray((image / "rigbase.efi").read_bytes())
     osrel = pe.section(bytes(uki), ".osrel")
     at = bytes(uki).index(osrel) + osrel.index(b"rigbase node")
     uki[at : at + 12] = b"RIGBASE NODE"
-    (tmp_path / "rigbase.efi").write_bytes(bytes(uki))
-    esp = doc["image"]["partitions"]["rigbase-esp"]["offset"]
+    into.write_bytes(bytes(uki))
+    return into
+
+
+def test_a_gce_vm_of_a_modified_uki_reads_its_bundle_from_metadata_and_is_refused_at_join(
+    cp: ControlPlane, image: Path, vendor: VendorCA, tmp_path: Path
+) -> None:
+    """The GCE target booted as Compute Engine boots it: disk.raw on virtio-scsi (on a 4 GiB boot disk: the
+    state partition must grow) beside NVMe local SSDs, GCE's DMI product name, the metadata server at
+    169.254.169.254 (a loopback one behind a guestfwd) serving the region's bundle. Its UKI is modified,
+    so the join the minion makes with that bundle is refused; a refusal recorded for its minion_id proves
+    the GCE path ran: growth, metadata, minion, attested join."""
+    from tests.fixtures.gce_metadata import Instance, metadata_server
+    from tests.image_builder import gce_disk
+
+    doc = json.loads((image / "manifest.json").read_text())
+    gce = doc["targets"]["gce"]
+    raw = gce_disk.unpack(image / gce["file"], tmp_path / "gce")
+    with raw.open("r+b") as fh:
+        fh.truncate(4 * GiB)  # the VM's disk_size_gb is larger than the image
+    esp = gce["partitions"]["rigbase-esp"]["offset"]
     subprocess.run(
-        ["mcopy", "-o", "-i", f"{usb}@@{esp}", str(tmp_path / "rigbase.efi"), "::/EFI/Linux/rigbase.efi"],
+        [
+            "mcopy",
+            "-o",
+            "-i",
+            f"{raw}@@{esp}",
+            str(_modified_uki(image, tmp_path / "rigbase.efi")),
+            "::/EFI/Linux/rigbase.efi",
+        ],
         check=True,
         env={**os.environ, "MTOOLS_SKIP_CHECK": "1"},
     )
+    bundle = tmp_path / "bundle.json"
+    url = f"https://{vm.GCE_CONTROL_PLANE}:8470"
+    _run(cp, "region", "bundle", "vm", "-o", str(bundle), "--control-plane-url", url)
     tpm = provision_swtpm(tmp_path / "tpm", vendor)
     minion_id = vm.minion_id_from_ek_cert(tpm.ek_certificate.read_bytes())
-    with _machine(tmp_path / "vm", usb, tpm, cp, _disks(tmp_path / "disks")) as m:
-        _install(m)
+    metadata = Instance({"rigbase-bundle": bundle.read_text()})
 
-        def refused() -> list[dict[str, Any]]:
-            return [r for r in _json(cp, "node", "refusals") if r.get("minion_id") == minion_id]
+    def refused() -> list[dict[str, Any]]:
+        return [r for r in _json(cp, "node", "refusals") if r.get("minion_id") == minion_id]
 
-        rows = _until("a refusal of the modified image", 900, refused, m)
+    with metadata_server(metadata) as host:
+        machine = vm.Machine(
+            tmp_path / "vm",
+            None,
+            _disks(tmp_path / "disks")["nvme"],  # local SSDs are NVMe on Compute Engine too
+            tpm.state_dir,
+            control_plane_port=int(cp.url.rsplit(":", 1)[1].rstrip("/")),
+            gce_disk=raw,
+            metadata_port=int(host.rsplit(":", 1)[1]),
+        )
+        with machine as m:
+            rows = _until("a refusal of the modified image", 900, refused, m)
+            console = m.text()
     reasons = " ".join(r.get("reason") or "" for r in rows)
     # the boot-path check (PCR 4: the modified UKI's Authenticode digest is no registered image's) runs
     # before the manifest's PCR 11 comparison; either refusal names what the operator must do
     assert "attestation_unknown_boot_application" in reasons or (
         "manifest" in reasons and "PCR 11" in reasons
     ), reasons
+    assert "/computeMetadata/v1/instance/attributes/rigbase-bundle" in metadata.requests
+    assert "RIGBASE-BOOT-SOURCE=nvme" in console  # the installed layout: no installer on a GCE disk
     # `node pending` may list it (what step 1 said, so the operator sees why it got no further), but never
     # as attested, and with the refusal: `node accept --all-passing` adopts attested minions only
     listed = [p for p in _json(cp, "node", "pending") if p["minion_id"] == minion_id]
     assert all(not p["attested"] and p["refusal"] for p in listed), listed
+    # rigbase-grow-state took the state partition to the end of the 4 GiB disk at first boot
+    last = gce_disk.partitions(raw)[-1]
+    assert last["name"] == "rigbase-state" and (last["start"] + last["size"]) * 512 > 4 * GiB - 2 * 2**20

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from image_builder import (
+    build,
     cpio,
     disk,
     ext4,
@@ -450,6 +451,23 @@ def test_vm_command_line_defaults_to_no_network_and_adds_nic_and_sata_on_request
     assert "ide-hd,drive=sata2,bus=ahci.2,serial=rigbase-sata2" in line
     with pytest.raises(ValueError, match="at most 6 SATA drives"):
         vm.Machine(tmp_path / "c", None, [], tmp_path / "tpm", sata_images=sata * 3).argv()
+    (tmp_path / "d").mkdir()
+    gce = vm.Machine(
+        tmp_path / "d",
+        None,
+        [],
+        tmp_path / "tpm",
+        control_plane_port=18470,
+        gce_disk=tmp_path / "disk.raw",
+        metadata_port=18080,
+    ).argv()
+    assert (
+        "user,id=n0,restrict=on,net=169.254.169.0/24,"
+        "guestfwd=tcp:169.254.169.100:8470-cmd:socat - TCP:127.0.0.1:18470,"
+        "guestfwd=tcp:169.254.169.254:80-cmd:socat - TCP:127.0.0.1:18080"
+    ) in gce
+    assert "type=1,manufacturer=Google,product=Google Compute Engine" in gce
+    assert "scsi-hd,drive=boot,bus=scsi.0,bootindex=0" in gce and "usb-storage" not in " ".join(gce)
 
 
 def test_vm_monitor_resets_the_guest_and_keeps_its_drives(tmp_path: Path) -> None:
@@ -494,7 +512,16 @@ def test_gce_disk_is_one_whole_gib_disk_raw_with_the_installed_layout_and_its_st
         (tmp_path / name).mkdir()
         (tmp_path / f"work-{name}").mkdir()
         made.append(
-            gce.build(tmp_path / f"work-{name}", tmp_path / name, esp, 40 * disk.MiB, root, tree, EPOCH)
+            gce.build(
+                tmp_path / f"work-{name}",
+                tmp_path / name,
+                esp,
+                40 * disk.MiB,
+                root,
+                tree,
+                EPOCH,
+                build.sha256_file,
+            )
         )
     a, b = made
     assert a.archive.read_bytes() == b.archive.read_bytes()  # reproducible: tar and gzip headers pinned
