@@ -137,7 +137,7 @@ def test_a_minion_joins_as_the_storage_vm_with_the_bundle_from_its_metadata(
         assert node["state"] not in ("new", "errored") and node["identity"].startswith("tpm"), node
 
 
-def test_a_job_no_owned_node_fits_gets_a_vm_whose_minion_joins_and_is_given_the_worker(
+def test_a_job_no_owned_node_fits_gets_a_vm_whose_minion_joins_runs_it_and_the_vm_goes_after(
     gcp_world: dict[str, Any], key_file: Path, tmp_path: Path, gce_archive: Path, vm: Vm
 ) -> None:
     fake = gcp_world["compute"]
@@ -179,12 +179,24 @@ def test_a_job_no_owned_node_fits_gets_a_vm_whose_minion_joins_and_is_given_the_
         assert outcome["state"] == "joined" and outcome["node"]["node_id"] == node["id"], outcome
         # its first heartbeat's desired state carries the job's worker
         saved = vm.credential()
-        with cp.client() as client:
-            answer = client.post(
-                f"/v1/nodes/{saved['node_id']}/heartbeat",
-                json={"actual": {}},
-                headers={"Authorization": f"Bearer {saved['node_credential']}"},
-            )
-        assert answer.status_code == 200, answer.text
-        workers = answer.json()["desired"]["jobs"]["workers"]
+
+        def beat(actual: dict[str, Any]) -> dict[str, Any]:
+            with cp.client() as client:
+                answer = client.post(
+                    f"/v1/nodes/{saved['node_id']}/heartbeat",
+                    json={"actual": actual},
+                    headers={"Authorization": f"Bearer {saved['node_credential']}"},
+                )
+            assert answer.status_code == 200, answer.text
+            return dict(answer.json())
+
+        workers = beat({})["desired"]["jobs"]["workers"]
         assert [(w["job_id"], w["worker"], w["command"]) for w in workers] == [(job_id, 0, "python train.py")]
+        # the worker runs and exits 0 (what the minion reports of its podman container: the lab runs real
+        # containers, tests/provisioner/test_lab_jobs.py); the job ends and the VM goes with it
+        report = {"job_id": job_id, "worker": 0, "generation": workers[0]["generation"]}
+        beat({"jobs": {"workers": [{**report, "state": "running"}]}})
+        beat({"jobs": {"workers": [{**report, "state": "exited", "exit_code": 0, "log_eof": True}]}})
+        until("the job succeeded", lambda: show(cp, "job", job_id)["state"] == "succeeded", timeout=30)
+        until("the VM deleted", lambda: all(n != node["name"] for _z, n in fake.instances), timeout=60)
+        assert show(cp, "node", node["id"]).get("state") in (None, "removed")
