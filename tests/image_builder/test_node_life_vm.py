@@ -13,8 +13,9 @@ the test's vendor CA), against a real `provision serve` on loopback over TLS:
    saved configuration, heartbeats with the same credential, passes a fresh quote, and reports /scratch
    mounted from the same array and the export back;
 6. a GCE VM (the image's GCE target on virtio-scsi, GCE's DMI name, a metadata server behind a guestfwd)
-   whose UKI was modified grows its state partition, reads its bundle from the metadata server and is
-   refused at join, with its refusal kind in `provision node refusals`.
+   grows its state partition, reads its bundle from the metadata server and joins (pending, attested);
+   with its UKI modified on the boot disk it is refused at join, with its refusal kind in `provision node
+   refusals`.
 
 One QEMU at a time (shared 2-core hosts); the whole test takes about the time docs/testing.md states."""
 
@@ -240,14 +241,15 @@ def _modified_uki(image: Path, into: Path) -> Path:
     return into
 
 
-def test_a_gce_vm_of_a_modified_uki_reads_its_bundle_from_metadata_and_is_refused_at_join(
+def test_a_gce_vm_reads_its_bundle_from_metadata_joins_and_with_a_modified_uki_is_refused(
     cp: ControlPlane, image: Path, vendor: VendorCA, tmp_path: Path
 ) -> None:
     """The GCE target booted as Compute Engine boots it: disk.raw on virtio-scsi (on a 4 GiB boot disk: the
     state partition must grow) beside NVMe local SSDs, GCE's DMI product name, the metadata server at
-    169.254.169.254 (a loopback one behind a guestfwd) serving the region's bundle. Its UKI is modified,
-    so the join the minion makes with that bundle is refused; a refusal recorded for its minion_id proves
-    the GCE path ran: growth, metadata, minion, attested join."""
+    169.254.169.254 (a loopback one behind a guestfwd) serving the region's bundle. The VM grows its state
+    partition, reads the bundle and its minion joins: pending, attested against the registered manifest
+    (the same UKI as the USB drive's). Powered off, its UKI modified on the boot disk and powered on again,
+    the same minion is refused at join."""
     from tests.fixtures.gce_metadata import Instance, metadata_server
     from tests.image_builder import gce_disk
 
@@ -256,25 +258,16 @@ def test_a_gce_vm_of_a_modified_uki_reads_its_bundle_from_metadata_and_is_refuse
     raw = gce_disk.unpack(image / gce["file"], tmp_path / "gce")
     with raw.open("r+b") as fh:
         fh.truncate(4 * GiB)  # the VM's disk_size_gb is larger than the image
-    esp = gce["partitions"]["rigbase-esp"]["offset"]
-    subprocess.run(
-        [
-            "mcopy",
-            "-o",
-            "-i",
-            f"{raw}@@{esp}",
-            str(_modified_uki(image, tmp_path / "rigbase.efi")),
-            "::/EFI/Linux/rigbase.efi",
-        ],
-        check=True,
-        env={**os.environ, "MTOOLS_SKIP_CHECK": "1"},
-    )
     bundle = tmp_path / "bundle.json"
     url = f"https://{vm.GCE_CONTROL_PLANE}:8470"
     _run(cp, "region", "bundle", "vm", "-o", str(bundle), "--control-plane-url", url)
     tpm = provision_swtpm(tmp_path / "tpm", vendor)
     minion_id = vm.minion_id_from_ek_cert(tpm.ek_certificate.read_bytes())
     metadata = Instance({"rigbase-bundle": bundle.read_text()})
+
+    def pending() -> dict[str, Any] | None:
+        rows = [p for p in _json(cp, "node", "pending") if p["minion_id"] == minion_id]
+        return rows[0] if rows and rows[0]["attested"] else None
 
     def refused() -> list[dict[str, Any]]:
         return [r for r in _json(cp, "node", "refusals") if r.get("minion_id") == minion_id]
@@ -290,20 +283,34 @@ def test_a_gce_vm_of_a_modified_uki_reads_its_bundle_from_metadata_and_is_refuse
             metadata_port=int(host.rsplit(":", 1)[1]),
         )
         with machine as m:
-            rows = _until("a refusal of the modified image", 900, refused, m)
+            joined = _until("the GCE VM's minion pending and attested", 900, pending, m)
             console = m.text()
+            assert not refused(), refused()
+            # power off, change the UKI on the boot disk (as an attacker with the disk would), power on
+            m.close()
+            subprocess.run(
+                [
+                    "mcopy",
+                    "-o",
+                    "-i",
+                    f"{raw}@@{gce['partitions']['rigbase-esp']['offset']}",
+                    str(_modified_uki(image, tmp_path / "rigbase.efi")),
+                    "::/EFI/Linux/rigbase.efi",
+                ],
+                check=True,
+                env={**os.environ, "MTOOLS_SKIP_CHECK": "1"},
+            )
+            m.start()
+            rows = _until("a refusal of the modified image", 900, refused, m)
+    assert joined["requirements"] == "pass" and joined["identity"] == "tpm" and not joined["refusal"], joined
+    assert "/computeMetadata/v1/instance/attributes/rigbase-bundle" in metadata.requests
+    assert "RIGBASE-BOOT-SOURCE=nvme" in console  # the installed layout: no installer on a GCE disk
+    # rigbase-grow-state took the state partition to the end of the 4 GiB disk at first boot
+    last = gce_disk.partitions(raw)[-1]
+    assert last["name"] == "rigbase-state" and (last["start"] + last["size"]) * 512 > 4 * GiB - 2 * 2**20
     reasons = " ".join(r.get("reason") or "" for r in rows)
     # the boot-path check (PCR 4: the modified UKI's Authenticode digest is no registered image's) runs
     # before the manifest's PCR 11 comparison; either refusal names what the operator must do
     assert "attestation_unknown_boot_application" in reasons or (
         "manifest" in reasons and "PCR 11" in reasons
     ), reasons
-    assert "/computeMetadata/v1/instance/attributes/rigbase-bundle" in metadata.requests
-    assert "RIGBASE-BOOT-SOURCE=nvme" in console  # the installed layout: no installer on a GCE disk
-    # `node pending` may list it (what step 1 said, so the operator sees why it got no further), but never
-    # as attested, and with the refusal: `node accept --all-passing` adopts attested minions only
-    listed = [p for p in _json(cp, "node", "pending") if p["minion_id"] == minion_id]
-    assert all(not p["attested"] and p["refusal"] for p in listed), listed
-    # rigbase-grow-state took the state partition to the end of the 4 GiB disk at first boot
-    last = gce_disk.partitions(raw)[-1]
-    assert last["name"] == "rigbase-state" and (last["start"] + last["size"]) * 512 > 4 * GiB - 2 * 2**20
