@@ -21,14 +21,8 @@ from provisioner.cli.wait import poll
 from provisioner.client import Client
 from provisioner.domain.states import (
     PROVIDER_FAILED_OR_GONE,
-    VM_FAILED_OR_GONE,
     ProviderState,
-    RegionState,
-    VmStatus,
 )
-
-# storage VM statuses (domain.states.VmStatus) at which `region create --wait` stops
-VM_DONE, VM_FAILED = frozenset({VmStatus.READY}), VM_FAILED_OR_GONE
 
 
 def _say(line: str) -> None:
@@ -210,8 +204,6 @@ def create_region(
     storage_class: str | None,
     public_jobs: bool,
     dry_run: bool,
-    wait: bool,
-    timeout: float,
     json_out: bool,
 ) -> None:
     if not storage_class:
@@ -238,34 +230,9 @@ def create_region(
         _plan_table(result["plan"], as_json=False)
         return
     if not json_out:
+        # nothing to wait for at creation: the region's image is built from its bundle and published
+        # first (the storage node's progress says so); its VM is created once the image is published
         quota_table(result["quota"]["gpus"], err=True)
-        _say(f"storage node {result['node']['name']}: its VM is created by the control plane")
-    region = result["region"]
-    progress = (result.get("vm") or {}).get("progress") or ""
-    if wait and result.get("waiting_for_image"):
-        # nothing to wait for yet: the image is built from this region's bundle, then published
-        _say(
-            f"storage node {result['node']['name']}: {progress}; then follow it with `provision region show`"
-        )
-    elif wait:
-        status = wait_ready(client, region["id"], timeout)
-        region = status["region"]
-    render.created(region, as_json=json_out)
-
-
-def wait_ready(client: Client, region_id: str, timeout: float) -> dict[str, Any]:
-    """Poll the storage VM until it is ready to join (the region is healthy once the node is active)."""
-
-    def read(st: dict[str, Any]) -> tuple[str, str]:
-        vm = st["vm"] or {}
-        failed = st["region"]["state"] == RegionState.ERRORED and VmStatus.FAILED.value
-        return failed or vm.get("status", "?"), vm.get("error") or vm.get("progress") or ""
-
-    status = _poll(
-        client, f"/v1/gcp/regions/{region_id}", read, done=VM_DONE, failed=VM_FAILED, timeout=timeout
-    )
-    _say(
-        f"region {status['region']['name']} is {status['region']['state']}; it turns healthy when "
-        f"{status['node']['name']} has joined and is active"
-    )
-    return status
+        progress = (result.get("vm") or {}).get("progress") or ""
+        _say(f"storage node {result['node']['name']}: {progress}")
+    render.created(result["region"], as_json=json_out)

@@ -271,8 +271,7 @@ def publish(
             "rebuild, or pass --archive"
         )
     manifest_sha = hashlib.sha256(data).hexdigest()
-    client = connect()
-    if dry_run:
+    if dry_run:  # files only: no control plane needed
         plan = {
             "dry_run": True,
             "manifest_sha256": manifest_sha,
@@ -286,6 +285,7 @@ def publish(
         }
         render.detail(plan, as_json=json_out)
         return
+    client = connect()
     try:
         image = client.get(f"/v1/images/{manifest_sha}")
     except ControlPlaneError as exc:

@@ -8,7 +8,7 @@ import typer
 
 from contracts.regional import StorageMode
 from provisioner.cli import render
-from provisioner.cli.common import Json, Timeout, Wait, Yes, group, output_options, remove_one, show_one
+from provisioner.cli.common import Json, Yes, group, output_options, remove_one, show_one
 from provisioner.cli.settings import connect
 
 app = group("Regions: groups of nodes of one provider, named by a DNS label.")
@@ -49,17 +49,13 @@ def create(
         bool,
         typer.Option("--dry-run", help="gcp: check quota and show what would be created; create nothing."),
     ] = False,
-    wait: Wait = False,
-    timeout: Timeout = 1800,
     json_out: Json = False,
 ) -> None:
     """Create a region; prints its id."""
     if provider == "gcp":
         from provisioner.cli import gcp
 
-        return gcp.create_region(
-            name, gcp_region, storage_class, public_jobs, dry_run, wait, timeout, json_out
-        )
+        return gcp.create_region(name, gcp_region, storage_class, public_jobs, dry_run, json_out)
     body = {
         "name": name,
         "provider": provider,

@@ -490,8 +490,6 @@ NODE_STOPPED: frozenset[NodeState] = frozenset({NodeState.ERRORED, NodeState.REM
 PROVIDER_FAILED_OR_GONE: frozenset[ProviderState] = frozenset(
     {ProviderState.ERRORED, ProviderState.REMOVING, ProviderState.REMOVED}
 )
-# A storage VM that will not become ready without an operator (`region create --wait` gives up).
-VM_FAILED_OR_GONE: frozenset[VmStatus] = frozenset({VmStatus.FAILED, VmStatus.DELETING, VmStatus.DELETED})
 
 # The final state of each lifecycle: the row stays for the audit trail and frees its unique names.
 TERMINAL: frozenset[StrEnum] = frozenset(

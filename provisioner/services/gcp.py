@@ -196,7 +196,6 @@ def create_region(
     wake_after_commit(session, Wake.GCP_REGIONS)
     out["region"], out["node"] = region, node
     out["vm"] = {"instance": rec.instance_name, "status": rec.status, "progress": rec.progress}
-    out["waiting_for_image"] = True
     return out
 
 
@@ -214,7 +213,7 @@ def enrollment_bundle(session: Session, region: Region, join_token: str) -> dict
 
 
 def storage_status(session: Session, ref: str) -> dict[str, Any]:
-    """Region, its storage node and the VM's progress: what `region create --wait` shows."""
+    """Region, its storage node and the VM's progress: what `GET /v1/gcp/regions/REGION` shows."""
     region = region_service.get(session, ref, KIND)
     rec = session.get(GcpStorageNode, region.id)
     node = session.get(Node, rec.node_id) if rec else None

@@ -191,7 +191,6 @@ def test_named_sets_are_subsets_of_their_enums() -> None:
     assert not states.NODE_READY & states.NODE_STOPPED
     assert states.REGION_LEAVING <= set(states.RegionState)
     assert states.REGION_SETTLED_BAD <= set(states.RegionState)
-    assert states.VM_FAILED_OR_GONE <= set(states.VmStatus)
     assert states.PROVIDER_FAILED_OR_GONE <= set(states.ProviderState)
     every = {s for enum in states.TABLES for s in enum}
     assert states.KEEPS_REASON <= every

@@ -219,13 +219,11 @@ def test_operator_walkthrough(
         )
         assert dump_store(cp.database_url) == before and fake.instance_count() == 0
 
-        # create with --wait: quota table on stderr, the id alone on stdout; nothing to wait for until the
+        # create: quota table on stderr, the id alone on stdout; nothing to wait for until the
         # region's image is published (it is built with the region's bundle)
         fake.zone_errors["us-central1-a"] = "ZONE_RESOURCE_POOL_EXHAUSTED"
         fake.instances[("us-central1-b", "someone-elses-vm")] = {"name": "someone-elses-vm", "labels": {}}
-        r = ok(
-            cp, "region", "create", "us-central1", "--provider", "gcp", "--storage-class", "small", "--wait"
-        )
+        r = ok(cp, "region", "create", "us-central1", "--provider", "gcp", "--storage-class", "small")
         region_id = r.stdout.strip()
         assert region_id.startswith("reg_") and "\n" not in region_id
         assert "RUNNABLE JOBS" in r.stderr
