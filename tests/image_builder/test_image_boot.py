@@ -1,31 +1,27 @@
-"""The image end to end: two builds from one cache are byte-identical; the USB image boots in QEMU (TCG,
-OVMF, swtpm) beside a blank NVMe drive, installs after 'yes', reboots into the installed OS and shows the
-banner with the minion_id of that swtpm's EK; PCR 11, PCR 12 and the PCR 4 event-log replay equal the
-signed manifest. Negative: a flipped root byte is refused by verity; a modified UKI changes PCR 11.
+"""The image end to end: two builds from one cache are byte-identical; the GCE target carries the same UKI
+and root; an installed copy of another build is replaced. Negative: a flipped root byte is refused by
+verity; a modified UKI changes PCR 11. The USB boot that installs to NVMe, reboots into the installed OS and
+shows the banner and the manifest's PCRs is the first part of test_node_life_vm.py's node life (one install
+for both).
 
 One QEMU at a time (shared 2-core hosts)."""
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import os
-import re
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from image_builder import manifest, measure, pe, rootfs, vm
+from tests.image_builder import measured
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 GiB = 2**30
-
-
-def _pcrs(console: str) -> dict[int, str]:
-    return {int(p): v.lower() for p, v in re.findall(r"RIGBASE-PCR(\d+)=([0-9A-Fa-f]{64})", console)}
 
 
 def _copy_sparse(src: Path, dst: Path) -> Path:
@@ -127,47 +123,6 @@ def test_the_node_root_runs_the_container_stack_the_minion_calls(built_image) ->
         assert os.access(base / path, os.X_OK), path
 
 
-def test_usb_boot_installs_to_nvme_and_node_shows_banner_and_manifest_pcrs(
-    built_image, lab_tpm, tmp_path: Path
-) -> None:
-    doc = built_image.manifest
-    image = built_image.out / "rigbase-usb.img"
-    nvme = vm.blank_disk(tmp_path / "nvme0.img", 2 * GiB)
-    expected_id = vm.minion_id_from_ek_cert(lab_tpm.ek_certificate.read_bytes())
-    with vm.Machine(tmp_path / "vm", image, [nvme], lab_tpm.state_dir) as m:
-        m.wait_for(r"Type 'yes' to ERASE", 420)
-        m.send("yes\n")
-        mark = len(m.output)
-        m.wait_for(r"installed; rebooting", 300, mark)
-        m.wait_for(r"RIGBASE-EVENTLOG=\S+\r?\n", 420, mark)  # the whole line: a partial one fails base64
-        after = m.text(mark)
-    # The banner after the reboot: the installed OS, and the minion_id of this TPM's EK.
-    shown = re.search(r"(?:MINION_ID=|minion_id +)([0-9a-f]{32})", after)  # placeholder or `minion banner`
-    assert shown and shown.group(1) == expected_id
-    assert "RIGBASE-BOOT-SOURCE=nvme" in after
-    pcrs = _pcrs(after)
-    assert pcrs[11] == {p["phase"]: p["sha256"] for p in doc["pcr11"]}["sysinit:ready"]
-    assert pcrs[12] == doc["pcr12"]["sha256"]
-    events = measure.parse_event_log(base64.b64decode(re.search(r"RIGBASE-EVENTLOG=(\S+)", after).group(1)))
-    check = measure.check_pcr4(events, pcrs[4], doc["pe_hashes"])
-    assert check.ok, check.reason
-    assert check.loaded_images == doc["pcr4"]["boot_path"] and pcrs[4] == doc["pcr4"]["sha256"]
-    assert measure.replay(events, 11) == {p["phase"]: p["sha256"] for p in doc["pcr11"]}[""]
-    # The installed OS on NVMe is a verbatim copy of the USB drive's verity-protected root.
-    parts = json.loads(
-        subprocess.run(["sfdisk", "--json", str(nvme)], capture_output=True, text=True, check=True).stdout
-    )["partitiontable"]["partitions"]
-    by_name = {p["name"]: p for p in parts}
-    usb_root = doc["image"]["partitions"]["rigbase-usb-root"]
-    with image.open("rb") as u, nvme.open("rb") as n:
-        u.seek(usb_root["offset"])
-        n.seek(by_name["rigbase-os-root"]["start"] * 512)
-        assert u.read(8 * 2**20) == n.read(8 * 2**20)
-    # Without the USB drive the node stops at a clear message (the NVMe ESP's only entry).
-    with vm.Machine(tmp_path / "vm-nousb", None, [nvme], lab_tpm.state_dir) as m:
-        m.wait_for(r"USB boot drive is missing", 180)
-
-
 def test_flipped_root_byte_is_refused_by_verity(built_image, lab_tpm, tmp_path: Path) -> None:
     image = _copy_sparse(built_image.out / "rigbase-usb.img", tmp_path / "flipped.img")
     root = built_image.manifest["image"]["partitions"]["rigbase-usb-root"]
@@ -238,8 +193,8 @@ def test_modified_uki_changes_pcr11_and_no_writes_nothing(built_image, lab_tpm, 
         m.wait_for(r"Type 'yes' to ERASE", 420)
         m.send("no\n")
         m.wait_for(r"aborted; nothing was written", 60)
-        m.wait_for(r"RIGBASE-EVENTLOG=\S+\r?\n", 300)
-        pcrs = _pcrs(m.text())
+        m.wait_for(measured.EVENTLOG_LINE, 300)
+        pcrs = measured.pcrs(m.text())
     expected = {p["phase"]: p["sha256"] for p in doc["pcr11"]}["sysinit:ready"]
     assert pcrs[11] != expected
     assert pcrs[11] == measure.pcr11_python(sections, "sysinit:ready")

@@ -5,13 +5,15 @@ the test's vendor CA), against a real `provision serve` on loopback over TLS:
 2. the VM boots the USB image beside a 2 GiB NVMe for the OS, two sparse NVMe cache drives and three sparse
    SATA drives; its only network is QEMU user networking with `restrict=on` and one `guestfwd` to the
    control plane's port, on a virtio NIC that reports 10 GbE;
-3. 'yes', install, reboot: the banner shows the minion_id computed here from the swtpm's EK; the minion
-   shows up in `provision node pending`;
+3. 'yes', install, reboot: the installed OS boots from NVMe (its root a verbatim copy of the drive's), the
+   banner shows the minion_id computed here from the swtpm's EK, PCR 11, PCR 12 and the PCR 4 event-log
+   replay equal the signed manifest; the minion shows up in `provision node pending`;
 4. `provision node add store-1 --service storage --wait`: the node runs its own finalize playbook (md RAID0
    of the two cache drives, ext4, NFS export) and ends active — no connection from the control plane;
 5. a reset the guest did not ask for (`system_reset`): the node boots the installed OS again, re-applies its
    saved configuration, heartbeats with the same credential, passes a fresh quote, and reports /scratch
-   mounted from the same array and the export back;
+   mounted from the same array and the export back; powered off and started without its USB drive, it
+   stops at a clear message;
 6. a GCE VM (the image's GCE target on virtio-scsi, GCE's DMI name, a metadata server behind a guestfwd)
    grows its state partition, reads its bundle from the metadata server and joins (pending, attested);
    with its UKI modified on the boot disk it is refused at join, with its refusal kind in `provision node
@@ -36,6 +38,7 @@ from image_builder import build, manifest, pe, vm
 from image_builder.plan import BuildConfig
 from provisioner.lab.swtpm import Swtpm, VendorCA, create_vendor_ca, provision_swtpm
 from tests.fixtures.control_plane import PROVISION, ControlPlane, start_control_plane
+from tests.image_builder import measured
 from tests.image_builder.conftest import _cache_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
@@ -173,10 +176,18 @@ def test_storage_node_life_from_usb_to_active_and_through_a_reset(
 ) -> None:
     tpm = provision_swtpm(tmp_path / "tpm", vendor)
     expected_id = vm.minion_id_from_ek_cert(tpm.ek_certificate.read_bytes())
-    with _machine(tmp_path / "vm", image / "rigbase-usb.img", tpm, cp, _disks(tmp_path / "disks")) as m:
+    disks = _disks(tmp_path / "disks")
+    usb = image / "rigbase-usb.img"
+    doc = json.loads((image / "manifest.json").read_bytes())
+    with _machine(tmp_path / "vm", usb, tpm, cp, disks) as m:
         mark = _install(m)
         shown = m.wait_for(r"(?:MINION_ID=|minion_id +)([0-9a-f]{32})", 420, mark)
         assert shown.group(1) == expected_id
+        # The installed OS booted (from NVMe) and measured what the signed manifest says it would.
+        m.wait_for(measured.EVENTLOG_LINE, 420, mark)
+        assert "RIGBASE-BOOT-SOURCE=nvme" in m.text(mark)
+        measured.assert_measured_as_signed(m.text(mark), doc)
+        _assert_installed_root_is_the_usb_root(usb, disks["nvme"][0], doc)
 
         # The minion reaches the control plane through the guestfwd (TLS, pinned CA) and waits, attested.
         def pending() -> bool:
@@ -229,6 +240,20 @@ def test_storage_node_life_from_usb_to_active_and_through_a_reset(
         # and nothing failed on the way up (podman's own units stay off: only the minion runs containers)
         failed = [line for line in m.text(mark).splitlines() if "Failed to start" in line]
         assert not failed, failed
+    # Without the USB drive the node stops at a clear message (the NVMe ESP's only entry).
+    with vm.Machine(tmp_path / "vm-nousb", None, disks["nvme"][:1], tpm.state_dir) as m:
+        m.wait_for(r"USB boot drive is missing", 180)
+
+
+def _assert_installed_root_is_the_usb_root(usb: Path, nvme: Path, doc: dict[str, Any]) -> None:
+    """The installed OS on NVMe is a verbatim copy of the USB drive's verity-protected root."""
+    listing = subprocess.run(["sfdisk", "--json", str(nvme)], capture_output=True, text=True, check=True)
+    by_name = {p["name"]: p for p in json.loads(listing.stdout)["partitiontable"]["partitions"]}
+    usb_root = doc["image"]["partitions"]["rigbase-usb-root"]
+    with usb.open("rb") as u, nvme.open("rb") as n:
+        u.seek(usb_root["offset"])
+        n.seek(by_name["rigbase-os-root"]["start"] * 512)
+        assert u.read(8 * 2**20) == n.read(8 * 2**20)
 
 
 def _modified_uki(image: Path, into: Path) -> Path:
