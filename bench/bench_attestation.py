@@ -84,7 +84,7 @@ def main() -> None:
                     quotes.append((nonce, session.quote(ak, nonce)))
 
                 quote_times = _timed(quote, max(TPM_ROUNDS, DISTINCT_QUOTES))
-                print("   TPM side on swtpm (includes re-creating the EK per operation, as the minion does):")
+                print("   TPM side on swtpm (EK created once per session and kept loaded, as in the minion):")
                 print(_row("create EK (TPM2_CreatePrimary, RSA-2048 template)", ek_times))
                 print(_row("create AK (ECDSA P-256, restricted, under EK)", ak_times))
                 print(_row("activate credential (incl. software MakeCredential)", act_times))

@@ -82,12 +82,14 @@ class Quote:
 
 
 class TpmSession:
-    """Context manager around one ESAPI connection. Every method leaves no transient object loaded."""
+    """Context manager around one ESAPI connection. Every method leaves no transient object loaded but the
+    EK, which stays loaded until close() (see _loaded_ek)."""
 
     def __init__(self, tcti: str | None = None) -> None:
         self.tcti = resolve_tcti(tcti)
         self._ectx: ESAPI | None = None
         self._ek_cache: EndorsementKey | None = None
+        self._ek_loaded: tuple[Any, Any, bytes | None] | None = None
 
     # -- connection ---------------------------------------------------------------------------------
     def __enter__(self) -> TpmSession:
@@ -121,6 +123,7 @@ class TpmSession:
 
     def close(self) -> None:
         if self._ectx is not None:
+            self._flush_ek()
             self._ectx.close()
             self._ectx = None
 
@@ -133,16 +136,29 @@ class TpmSession:
     # -- endorsement key ----------------------------------------------------------------------------
     @contextmanager
     def _loaded_ek(self) -> Iterator[tuple[Any, Any, bytes | None]]:
-        """Create the EK from the standard template; yield (handle, TPM2B_PUBLIC, cert) and flush it."""
-        from tpm2_pytss.constants import ESYS_TR
-        from tpm2_pytss.utils import NVReadEK, create_ek_template
+        """Yield the EK as (handle, TPM2B_PUBLIC, cert), created from the standard template on first use
+        and kept loaded for this session. TPM2_CreatePrimary of an RSA-2048 key is the costliest step of
+        every operation here (about 25 ms on swtpm, seconds on some discrete TPMs), and a join uses the EK
+        four times (its public key, the AK's parent, the quote's AK, activate credential). One transient
+        slot is held until close(); a TPM has at least three."""
+        if self._ek_loaded is None:
+            from tpm2_pytss.constants import ESYS_TR
+            from tpm2_pytss.utils import NVReadEK, create_ek_template
 
-        cert, template = create_ek_template(EK_TEMPLATE, NVReadEK(self.ectx))
-        handle, public, _, _, _ = self.ectx.create_primary(None, template, ESYS_TR.ENDORSEMENT)
-        try:
-            yield handle, public, cert
-        finally:
-            self.ectx.flush_context(handle)
+            cert, template = create_ek_template(EK_TEMPLATE, NVReadEK(self.ectx))
+            handle, public, _, _, _ = self.ectx.create_primary(None, template, ESYS_TR.ENDORSEMENT)
+            self._ek_loaded = (handle, public, cert)
+        yield self._ek_loaded
+
+    def _flush_ek(self) -> None:
+        from tpm2_pytss import TSS2_Exception
+
+        if self._ek_loaded is not None:
+            handle, self._ek_loaded = self._ek_loaded[0], None
+            try:
+                self.ectx.flush_context(handle)
+            except TSS2_Exception:
+                pass  # the TPM was reset or the connection lost: nothing is loaded any more
 
     def _ek_policy_session(self) -> Any:
         """A policy session satisfying the EK's PolicySecret(TPM_RH_ENDORSEMENT) authPolicy."""
@@ -178,6 +194,8 @@ class TpmSession:
         """The RSA-2048 EK (public area, SPKI, certificate when NV holds one); cached per session
         unless `refresh` (the benchmark times TPM2_CreatePrimary that way)."""
         if self._ek_cache is None or refresh:
+            if refresh:
+                self._flush_ek()
             with self._loaded_ek() as (_, public, cert):
                 self._ek_cache = EndorsementKey(
                     public=public.marshal(),

@@ -52,7 +52,7 @@ def _db(
 Db = Annotated[Session, Depends(_db, scope="function")]
 
 
-def _heartbeat_timing(request: Request) -> HeartbeatTiming:
+async def _heartbeat_timing(request: Request) -> HeartbeatTiming:
     return request.app.state.runtime.heartbeat
 
 
@@ -72,20 +72,24 @@ JOIN_TOKEN = HTTPBearer(
 )
 Credentials = HTTPAuthorizationCredentials | None
 
+# Dependencies that only read the request are `async def`: FastAPI runs a plain `def` dependency in the
+# worker-thread pool, and each such hop cost an authenticated request about 0.1-0.5 ms of its ~6 ms
+# fixed cost (issue 17's node page). Those that query the store stay `def`: their I/O blocks.
+
 
 def _value(credentials: Credentials) -> str | None:
     return credentials.credentials if credentials else None  # HTTPBearer gives None for an empty one
 
 
-def _operator_token(credentials: Annotated[Credentials, Depends(OPERATOR_TOKEN)]) -> str | None:
+async def _operator_token(credentials: Annotated[Credentials, Depends(OPERATOR_TOKEN)]) -> str | None:
     return _value(credentials)
 
 
-def _node_credential(credentials: Annotated[Credentials, Depends(NODE_CREDENTIAL)]) -> str | None:
+async def _node_credential(credentials: Annotated[Credentials, Depends(NODE_CREDENTIAL)]) -> str | None:
     return _value(credentials)
 
 
-def _join_token(credentials: Annotated[Credentials, Depends(JOIN_TOKEN)]) -> str | None:
+async def _join_token(credentials: Annotated[Credentials, Depends(JOIN_TOKEN)]) -> str | None:
     return _value(credentials)
 
 
@@ -103,7 +107,7 @@ def require_principal(
     return principal
 
 
-def require_operator(principal: Annotated[PrincipalValue, Depends(require_principal)]) -> str:
+async def require_operator(principal: Annotated[PrincipalValue, Depends(require_principal)]) -> str:
     """The audit-trail actor (`operator:<token name>`) or 401. Applied to every operator router in
     the app factory; minion routes (join, heartbeat) use node credentials instead."""
     return principal.actor

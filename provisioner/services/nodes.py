@@ -310,7 +310,7 @@ def list_page(
     if after:
         stmt = stmt.where(Node.id > after)
     # on the session's connection: plain rows, without the ORM's per-row loading work
-    rows = list(session.connection().execute(stmt))
+    rows = list(session.connection().execute(stmt).all())
     more = len(rows) > limit
     rows = rows[:limit]
     return rows, (rows[-1].id if more else None)
