@@ -186,10 +186,11 @@ def test_stateful_runs_chain_create_read_act_delete(fuzz_schema: Any, world: Wor
 
     # Every scenario starts from the same store. Hypothesis models the system under test as stateless: when
     # it meets a choice prefix again it expects the same rules to be enabled, but a create that answered
-    # 201 in an earlier scenario answers 409 for the same generated name in a later one, its link's bundle
-    # stays empty, and hypothesis stops with FlakyStrategyDefinition (CI saw it). Restoring the snapshot
-    # (SQLite's online backup, into the live file the server keeps open) before each scenario removes that
-    # cause instead of retrying around it.
+    # 201 in an earlier scenario would answer 409 for the same generated name in a later one, its link's
+    # bundle would stay empty, and hypothesis would stop with FlakyStrategyDefinition. (What CI hit was
+    # the 429s above; this second cause was not seen to fail a run, and is closed anyway.) Restoring the
+    # snapshot (SQLite's online backup, into the live file the server keeps open) before each scenario
+    # rules it out.
     db = Path(world.cp.database_url.removeprefix("sqlite:///"))
     snapshot = sqlite3.connect(":memory:")
     with closing(sqlite3.connect(db, timeout=30)) as live:
