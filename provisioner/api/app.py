@@ -141,9 +141,12 @@ def create_app(
         leading = bool(loop and loop.leadership and loop.leadership.leading.is_set())
         return {"status": "ok", "pid": os.getpid(), "reconciler_leader": leading}
 
-    for router in OPERATOR_ROUTERS:
-        app.include_router(router, dependencies=[Depends(require_operator)], responses=errors.OPERATOR_ERRORS)
+    # the minion's routes first: the router tries routes in order, and a fleet's heartbeats are most of
+    # the traffic (behind the hundred operator routes, matching a beat's path took a twentieth of its CPU).
+    # No operator route matches a method and path of theirs, so the order changes no answer.
     for router in OPEN_ROUTERS:
         app.include_router(router)
+    for router in OPERATOR_ROUTERS:
+        app.include_router(router, dependencies=[Depends(require_operator)], responses=errors.OPERATOR_ERRORS)
     console.mount(app)  # the operator's console at / (after the API: its 404 page never shadows /v1)
     return app

@@ -15,8 +15,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import and_, or_, select
-from sqlalchemy.orm import Session
+from sqlalchemy import and_, bindparam, or_, select
+from sqlalchemy.orm import Session, lazyload
 
 from contracts.jobs import (
     DESIRED_KEY,
@@ -57,24 +57,32 @@ LOG_TAIL_WINDOW = timedelta(hours=1)
 DATASETS_DIR = "/datasets"  # where the region cache keeps datasets (docs/jobs.md "What a worker gets")
 
 
+# Built once with bound parameters (asked on every heartbeat: building the statement cost more than running
+# it); the worker's node is the beating node, already in the session, so it is not joined again.
+_WORKERS_ON = (
+    select(JobWorker)
+    .where(
+        JobWorker.node_id == bindparam("node_id"),
+        or_(
+            JobWorker.state.in_([s.value for s in WORKER_ON_NODE]),
+            and_(
+                JobWorker.state.in_([s.value for s in WORKER_DONE]),
+                JobWorker.log_complete.is_(False),
+                JobWorker.updated_at > bindparam("shipping_since"),
+            ),
+        ),
+    )
+    .order_by(JobWorker.job_id, JobWorker.index)
+    .options(lazyload("*"))
+)
+
+
 def _workers_on(session: Session, node: Node) -> list[JobWorker]:
     """The workers this node must know: those placed there that run (or should stop), and those that ended
     there whose output the node has not finished shipping (the minion forgets a worker the desired state
     stops listing, and with it the rest of its log: docs/minion-jobs.md), for at most LOG_TAIL_WINDOW."""
-    on_node = [s.value for s in WORKER_ON_NODE]
-    done = [s.value for s in WORKER_DONE]
-    shipping = and_(
-        JobWorker.state.in_(done),
-        JobWorker.log_complete.is_(False),
-        JobWorker.updated_at > datetime.now(UTC) - LOG_TAIL_WINDOW,
-    )
-    return list(
-        session.scalars(
-            select(JobWorker)
-            .where(JobWorker.node_id == node.id, or_(JobWorker.state.in_(on_node), shipping))
-            .order_by(JobWorker.job_id, JobWorker.index)
-        )
-    )
+    since = datetime.now(UTC) - LOG_TAIL_WINDOW
+    return list(session.scalars(_WORKERS_ON, {"node_id": node.id, "shipping_since": since}))
 
 
 def _share(node: Node, job: Job) -> tuple[float, int]:

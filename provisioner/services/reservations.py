@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import and_, or_, select
-from sqlalchemy.orm import Session
+from sqlalchemy import and_, bindparam, or_, select
+from sqlalchemy.orm import Session, lazyload
 
 from contracts.errors import Conflict, InvalidInput, NotFound, RuleViolation
 from contracts.regional import Protocol
@@ -286,32 +286,39 @@ def _publishing_worker_0(node_id: Any) -> Any:
     )
 
 
-def _served_by(session: Session, node: Node) -> list[Reservation]:
-    """What `node` must publish, in ONE statement: the reservations an operator assigned to it, and those
-    of its region whose live job has worker 0 placed on it (starting or running)."""
-    by_job = (
-        select(_job_reservation())
-        .select_from(Job)
-        .join(JobWorker, JobWorker.job_id == Job.id)
-        .where(
-            Job.pinned_region_id == node.region_id,
-            Job.state.in_([s.value for s in JOB_ON_NODE]),
-            _publishing_worker_0(node.id),
-        )
-    )
-    return list(
-        session.scalars(
-            select(Reservation)
-            .where(
-                Reservation.region_id == node.region_id,
-                or_(
-                    and_(Reservation.node_id == node.id, Reservation.state == ReservationState.ASSIGNED),
-                    and_(Reservation.state == ReservationState.UNASSIGNED, Reservation.name.in_(by_job)),
+# What a node must publish, in ONE statement: the reservations an operator assigned to it, and those of its
+# region whose live job has worker 0 placed on it (starting or running). Built once with bound parameters:
+# it is asked on every heartbeat, and building it (a dozen expressions, a subquery) and computing its cache
+# key cost more than running it. The reservation's region and node are the beating node's own, already in
+# the session, so they are not joined again (with their regions' providers) as `lazy="joined"` would.
+_SERVED_BY = (
+    select(Reservation)
+    .where(
+        Reservation.region_id == bindparam("region_id"),
+        or_(
+            and_(Reservation.node_id == bindparam("node_id"), Reservation.state == ReservationState.ASSIGNED),
+            and_(
+                Reservation.state == ReservationState.UNASSIGNED,
+                Reservation.name.in_(
+                    select(_job_reservation())
+                    .select_from(Job)
+                    .join(JobWorker, JobWorker.job_id == Job.id)
+                    .where(
+                        Job.pinned_region_id == bindparam("region_id"),
+                        Job.state.in_([s.value for s in JOB_ON_NODE]),
+                        _publishing_worker_0(bindparam("node_id")),
+                    )
                 ),
-            )
-            .order_by(Reservation.name)
-        )
+            ),
+        ),
     )
+    .order_by(Reservation.name)
+    .options(lazyload("*"))
+)
+
+
+def _served_by(session: Session, node: Node) -> list[Reservation]:
+    return list(session.scalars(_SERVED_BY, {"region_id": node.region_id, "node_id": node.id}))
 
 
 def _served_in_beat(session: Session, node: Node) -> list[Reservation]:

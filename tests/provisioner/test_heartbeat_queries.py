@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from sqlalchemy import event
 
+import provisioner.api.app  # noqa: F401  (every desired-state contributor the server registers)
 from bench.bench_fleet_heartbeats import ACTUAL, SimNode, seed
 from contracts.messages import HeartbeatRequest
 from provisioner.services import heartbeat, reservations
@@ -65,6 +66,13 @@ def test_a_beat_reads_its_node_and_its_reservations_once(fleet: Any) -> None:
     assert reads["nodes"] == 0, statements
     assert reads["regions"] == reads["providers"] == 0, statements
     assert reads["reservations"] == 1, statements
+    assert reads["job_workers"] == 1, statements
+    # the reservations' and workers' node and region are the beating node's own, already loaded: not
+    # joined again (their `lazy="joined"` relationships made these the beat's dearest reads)
+    for sql in statements:
+        head = sql.split("WHERE")[0]
+        if re.search(r"\bFROM (reservations|job_workers)\b", head):
+            assert " JOIN " not in head, sql
     # and still what it was before the reads were shared: the report stored, the assignment answered
     assert answer["desired"]["reservations"] == [
         {"name": "web", "hostname": "web", "port": 8080, "protocol": "tcp", "expose_wan": False}

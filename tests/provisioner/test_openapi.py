@@ -4,6 +4,7 @@ really sends; only /openapi.json and /healthz are public (no /docs or /redoc pag
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import httpx
@@ -85,3 +86,23 @@ def test_the_documented_error_shape_is_what_the_server_sends(
 @pytest.mark.parametrize("page", ["/docs", "/redoc"])
 def test_there_are_no_public_docs_pages(api_server: ControlPlane, page: str) -> None:
     assert httpx.get(f"{api_server.url}{page}", timeout=30).status_code == 404
+
+
+def test_no_operator_route_answers_a_minion_routes_method_and_path() -> None:
+    """The app tries the minion's routes first (the heartbeat is most of a fleet's traffic); that order
+    may change no answer, so no operator route may match a method and path a minion route matches."""
+    from provisioner.api.app import OPEN_ROUTERS, OPERATOR_ROUTERS
+
+    def concrete(path: str) -> str:  # a path the route itself matches, each parameter filled in
+        return re.sub(r"\{[^}]+\}", "x1", path)
+
+    minion = [(route, m) for router in OPEN_ROUTERS for route in router.routes for m in route.methods]
+    operator = [(route, m) for router in OPERATOR_ROUTERS for route in router.routes for m in route.methods]
+    assert len(minion) >= 7 and len(operator) >= 90
+    clashes = [
+        (m, a.path, b.path)
+        for a, m in minion
+        for b, n in operator
+        if m == n and (a.path_regex.match(concrete(b.path)) or b.path_regex.match(concrete(a.path)))
+    ]
+    assert clashes == []
