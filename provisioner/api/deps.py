@@ -15,12 +15,13 @@ holding neither."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
 from provisioner.api.admission import admitted as admitted  # for routes running their own unit of work
 from provisioner.domain.roles import Principal as PrincipalValue
@@ -34,14 +35,29 @@ async def unit_of_work_slot(request: Request) -> AsyncIterator[None]:
         yield
 
 
-def _db(
+async def _db(
     request: Request, _slot: Annotated[None, Depends(unit_of_work_slot, scope="function")]
-) -> Iterator[Session]:
+) -> AsyncIterator[Session]:
+    """Async although the session's work blocks: making a session does no I/O (it connects at its first
+    query, in the handler's or a dependency's worker thread), so only the end needs a thread, and it gets
+    one hop for commit (or rollback) and close together. As a plain `def` generator FastAPI gave each of
+    its two halves a hop of its own, on every operator request."""
     # the slot is taken before the session exists and given back after it is closed (LIFO exit)
     session: Session = request.app.state.sessions()
     try:
         yield session
-        session.commit()
+    except BaseException:
+        await run_in_threadpool(_end, session, False)
+        raise
+    await run_in_threadpool(_end, session, True)
+
+
+def _end(session: Session, commit: bool) -> None:
+    try:
+        if commit:
+            session.commit()
+        else:
+            session.rollback()
     except BaseException:
         session.rollback()
         raise

@@ -7,10 +7,11 @@ go through `record_report()`; they never touch `state`."""
 
 from __future__ import annotations
 
+import functools
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Text, cast, inspect, select
+from sqlalchemy import Executable, Text, bindparam, cast, inspect, select
 from sqlalchemy.orm import Session
 
 from contracts.errors import Conflict, InvalidInput, RuleViolation
@@ -274,6 +275,34 @@ LIST_COLUMNS = (
 )
 
 
+@functools.lru_cache(maxsize=256)
+def _page_statement(*, rows: int, removed: bool, region: bool, service: bool, after: bool) -> Executable:
+    """A list page's statement for one page size and combination of filters, built once with bound
+    parameters (region_id, service, after): building and keying it anew took a tenth of a page's time.
+    The size stays a literal: PostgreSQL plans a prepared `LIMIT $1` without knowing it is small."""
+    stmt = (
+        select(
+            *LIST_COLUMNS,
+            Region.name.label("region_name"),
+            NodeAttestation.last_quote_at,
+            NodeAttestation.identity,
+        )
+        .join(Region, Region.id == Node.region_id)
+        .outerjoin(NodeAttestation, NodeAttestation.node_id == Node.id)
+        .order_by(Node.id)
+        .limit(rows)
+    )
+    if not removed:
+        stmt = stmt.where(Node.state != NodeState.REMOVED)
+    if region:
+        stmt = stmt.where(Node.region_id == bindparam("region_id"))
+    if service:  # `provision device list` pages through devices only, not the whole fleet
+        stmt = stmt.where(Node.service == bindparam("service"))
+    if after:
+        stmt = stmt.where(Node.id > bindparam("after"))
+    return stmt
+
+
 def list_page(
     session: Session,
     *,
@@ -289,28 +318,22 @@ def list_page(
     cheap; use get() to change a node."""
     if not 1 <= limit <= MAX_PAGE:
         raise InvalidInput(f"limit {limit} is out of range: use 1 to {MAX_PAGE}")
-    stmt = (
-        select(
-            *LIST_COLUMNS,
-            Region.name.label("region_name"),
-            NodeAttestation.last_quote_at,
-            NodeAttestation.identity,
-        )
-        .join(Region, Region.id == Node.region_id)
-        .outerjoin(NodeAttestation, NodeAttestation.node_id == Node.id)
-        .order_by(Node.id)
-        .limit(limit + 1)
-    )
-    if not include_removed:
-        stmt = stmt.where(Node.state != NodeState.REMOVED)
+    params: dict[str, Any] = {}
     if region:
-        stmt = stmt.where(Node.region_id == region_service.get(session, region).id)
-    if service:  # `provision device list` pages through devices only, not the whole fleet
-        stmt = stmt.where(Node.service == _service(service).value)
+        params["region_id"] = region_service.get(session, region).id
+    if service:
+        params["service"] = _service(service).value
     if after:
-        stmt = stmt.where(Node.id > after)
+        params["after"] = after
+    stmt = _page_statement(
+        rows=limit + 1,
+        removed=include_removed,
+        region="region_id" in params,
+        service="service" in params,
+        after="after" in params,
+    )
     # on the session's connection: plain rows, without the ORM's per-row loading work
-    rows = list(session.connection().execute(stmt).all())
+    rows = list(session.connection().execute(stmt, params).all())
     more = len(rows) > limit
     rows = rows[:limit]
     return rows, (rows[-1].id if more else None)
