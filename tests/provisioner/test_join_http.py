@@ -13,7 +13,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -367,11 +367,10 @@ def test_expired_challenges_do_not_spend_the_failed_authentication_budget(
         challenge = m.begin(jt).json()
         body = m.proof_body(challenge)
         nonce = base64.b64decode(challenge["nonce"]).hex()
-        sql(
-            cp,
-            "UPDATE attestation_nonces SET expires_at = '2020-01-01 00:00:00.000000' WHERE nonce = ?",
-            nonce,
-        )
+        # just expired: a nonce expired longer ago than the join-attempt TTL (10 min) is one the region
+        # health pass may purge before the proof arrives, and a purged nonce is unknown (403), not late
+        expired = (datetime.now(UTC) - timedelta(seconds=5)).strftime("%Y-%m-%d %H:%M:%S.%f")
+        sql(cp, "UPDATE attestation_nonces SET expires_at = ? WHERE nonce = ?", expired, nonce)
         answers.append(m.prove(challenge, jt, body).status_code)
     assert answers == [409] * 80, answers
     joined = m.join(jt)  # the next join from that address is served
@@ -434,8 +433,6 @@ def test_failed_requirements_block_the_join_with_reasons(
 
 
 def _self_signed_leaf() -> bytes:
-    from datetime import datetime, timedelta
-
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
