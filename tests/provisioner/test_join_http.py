@@ -184,6 +184,15 @@ def sql(cp: ControlPlane, statement: str, *params: Any) -> None:
     db.close()
 
 
+def expire_nonce(cp: ControlPlane, challenge: dict[str, Any]) -> None:
+    """Move the challenge's nonce expiry 5 s into the past. Not further: a nonce expired longer ago than
+    the join-attempt TTL (10 min) is one the region health pass may purge before the proof arrives, and a
+    purged nonce is unknown (403), not late (409); a 2020 expiry made that race (seen once in CI)."""
+    nonce = base64.b64decode(challenge["nonce"]).hex()
+    expired = (datetime.now(UTC) - timedelta(seconds=5)).strftime("%Y-%m-%d %H:%M:%S.%f")
+    sql(cp, "UPDATE attestation_nonces SET expires_at = ? WHERE nonce = ?", expired, nonce)
+
+
 def assert_refused(cp: ControlPlane, response: httpx.Response, minion_id: str, code: str, words: str) -> None:
     assert response.status_code in (401, 403, 409, 422), response.text
     body = response.json()
@@ -343,9 +352,7 @@ def test_refused_expired_nonce(cp: ControlPlane, minion: Callable[..., Minion]) 
     jt = token(cp)
     challenge = m.begin(jt).json()
     body = m.proof_body(challenge)
-    # 61 s later, without sleeping: move the stored expiry into the past.
-    nonce = base64.b64decode(challenge["nonce"]).hex()
-    sql(cp, "UPDATE attestation_nonces SET expires_at = '2020-01-01 00:00:00.000000' WHERE nonce = ?", nonce)
+    expire_nonce(cp, challenge)  # 61 s later, without sleeping
     assert_refused(cp, m.prove(challenge, jt, body), m.minion_id, "attestation_nonce_expired", "expired")
 
 
@@ -366,11 +373,7 @@ def test_expired_challenges_do_not_spend_the_failed_authentication_budget(
     for _ in range(80):
         challenge = m.begin(jt).json()
         body = m.proof_body(challenge)
-        nonce = base64.b64decode(challenge["nonce"]).hex()
-        # just expired: a nonce expired longer ago than the join-attempt TTL (10 min) is one the region
-        # health pass may purge before the proof arrives, and a purged nonce is unknown (403), not late
-        expired = (datetime.now(UTC) - timedelta(seconds=5)).strftime("%Y-%m-%d %H:%M:%S.%f")
-        sql(cp, "UPDATE attestation_nonces SET expires_at = ? WHERE nonce = ?", expired, nonce)
+        expire_nonce(cp, challenge)
         answers.append(m.prove(challenge, jt, body).status_code)
     assert answers == [409] * 80, answers
     joined = m.join(jt)  # the next join from that address is served
