@@ -187,7 +187,8 @@ def sql(cp: ControlPlane, statement: str, *params: Any) -> None:
 def expire_nonce(cp: ControlPlane, challenge: dict[str, Any]) -> None:
     """Move the challenge's nonce expiry 5 s into the past. Not further: a nonce expired longer ago than
     the join-attempt TTL (10 min) is one the region health pass may purge before the proof arrives, and a
-    purged nonce is unknown (403), not late (409); a 2020 expiry made that race (seen once in CI)."""
+    purged nonce is unknown (403), not late (409); a 2020 expiry made that race (seen once in a
+    fresh-clone run)."""
     nonce = base64.b64decode(challenge["nonce"]).hex()
     expired = (datetime.now(UTC) - timedelta(seconds=5)).strftime("%Y-%m-%d %H:%M:%S.%f")
     sql(cp, "UPDATE attestation_nonces SET expires_at = ? WHERE nonce = ?", expired, nonce)
@@ -352,7 +353,7 @@ def test_refused_expired_nonce(cp: ControlPlane, minion: Callable[..., Minion]) 
     jt = token(cp)
     challenge = m.begin(jt).json()
     body = m.proof_body(challenge)
-    expire_nonce(cp, challenge)  # 61 s later, without sleeping
+    expire_nonce(cp, challenge)  # as if the proof came after the nonce's 60 s, without sleeping them
     assert_refused(cp, m.prove(challenge, jt, body), m.minion_id, "attestation_nonce_expired", "expired")
 
 
