@@ -8,6 +8,7 @@ Two report profiles: 'compact' (the two-field inventory the earlier figures were
 TPM, and a requirement report of 10 rules (about 6 KiB of JSON per node, a page of 500 is ~3.4 MB).
 Latency is the request alone; the client parses the page after the stopwatch. On PostgreSQL the seeded
 tables are analysed before measuring, as autovacuum analyses a live store's.
+On PostgreSQL it also times a page's store read alone, in process, over TCP and over the Unix socket.
 BENCH_API_ONLY=sqlite/compact (or =postgresql) runs one backend and profile.
 Prints requests/s, p50, p99, the ratio p99 / goal (< 1.0 meets it) and the load average at the start
 and at the end: the machine is shared, and other work inflates p99."""
@@ -50,6 +51,7 @@ LIST_GOAL_P99_MS = 25.0
 WRITE_GOAL_P99_MS = 50.0
 LIST_ROUNDS = 25  # x 20 pages: 500 samples, so p99 is the 5th slowest, not the 2nd of 200
 WRITES = 400
+STORE_READ_ROUNDS, STORE_READS = 4, 25  # the store read alone: 100 reads each way, the ways alternating
 RULES = (
     "tpm",
     "gpu_count",
@@ -243,6 +245,33 @@ def run(backend: str, profile: str, url: str, home: Path) -> None:
         print(f"  {label:20s} load average at end   {load_average()}", flush=True)
 
 
+def store_reads(label: str, urls: dict[str, str]) -> None:
+    """A page's store read alone (services.nodes.list_page in this process: no HTTP, no JSON) over each
+    way to reach the same database, the ways alternating so the machine's drift hits them alike. A
+    control plane beside its PostgreSQL can use the Unix socket (docs/control-plane.md, Performance)."""
+    from provisioner.services import nodes
+
+    engines = {via: make_engine(url) for via, url in urls.items()}
+    times: dict[str, list[float]] = {via: [] for via in urls}
+    try:
+        for _ in range(STORE_READ_ROUNDS):
+            for via, engine in engines.items():
+                with make_sessionmaker(engine)() as session:
+                    nodes.list_page(session, limit=PAGE)  # connected and warm before the stopwatch
+                    for _ in range(STORE_READS):
+                        t = time.perf_counter()
+                        nodes.list_page(session, limit=PAGE)
+                        times[via].append((time.perf_counter() - t) * 1000)
+    finally:
+        for engine in engines.values():
+            engine.dispose()
+    medians = {via: statistics.median(ms) for via, ms in times.items()}
+    first, *others = medians
+    shown = ", ".join(f"{via} {ms:.1f} ms" for via, ms in medians.items())
+    ratios = ", ".join(f"{via}/{first} {medians[via] / medians[first]:.2f}" for via in others)
+    print(f"  {label:20s} store read of a page of {PAGE} in process, median: {shown} ({ratios})", flush=True)
+
+
 def main() -> None:
     from tests.fixtures.postgres import PostgresCluster
 
@@ -270,6 +299,8 @@ def main() -> None:
                     cluster = cluster or stack.enter_context(PostgresCluster())
                     url = cluster.create_database()
                 run(backend, profile, url, home)
+                if cluster is not None and backend == "postgresql":
+                    store_reads(f"{backend}/{profile}", {"TCP": url, "Unix socket": cluster.socket_url(url)})
     print(f"load average at end {load_average()}", flush=True)
 
 

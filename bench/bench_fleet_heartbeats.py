@@ -54,6 +54,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 
 from contracts.attestation import ATTESTED_PCRS
+from contracts.jobs import JobsActual
 from contracts.messages import QuoteMessage, to_wire
 
 GOAL_P99_MS = 50.0
@@ -125,8 +126,14 @@ class SoftAk:
         return to_wire(QuoteMessage(attest=attest, signature=signature, pcrs=pcrs))
 
 
-# what each beat reports (`actual`), as a minion in maintenance with nothing to serve does
-ACTUAL: dict[str, Any] = {"maintenance": True, "reservations": [], "finalize": {"state": "applied"}}
+# what each beat reports (`actual`), as a minion in maintenance with nothing to serve or run does: its jobs
+# agent reports its (no) workers on every beat (minion/jobs/agent.py JobsAgent.actual)
+ACTUAL: dict[str, Any] = {
+    "maintenance": True,
+    "reservations": [],
+    "finalize": {"state": "applied"},
+    "jobs": JobsActual().model_dump(mode="json"),
+}
 
 
 @dataclass

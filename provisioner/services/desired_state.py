@@ -7,7 +7,7 @@ grows a branch per resource."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -15,12 +15,21 @@ from sqlalchemy.orm import Session
 
 Contributor = Callable[[Session, Any], Any]  # (session, node) -> JSON-able desired value
 Reporter = Callable[[Session, Any, Any], None]  # (session, node, reported actual value) -> None
+# (the beating node's id column) -> a boolean SQL expression, correlated to it: false when a read would find
+# nothing for the node
+CouldFind = Callable[[Any], Any]
 
 CONTRIBUTORS: dict[str, Contributor] = {}
 REPORTERS: dict[str, Reporter] = {}
+# The store reads a beat makes for its contributors and reporters, by name, each with the question that
+# tells whether it could find anything. The heartbeat asks them all in its first query (services/heartbeat.py)
+# and the reads answered "nothing" are not made: most nodes serve no reservation and run no job, and those
+# reads finding nothing were most of a steady beat's statements.
+SKIPPABLE_READS: dict[str, CouldFind] = {}
 
 T = TypeVar("T")
 _MEMO = "rigbase.beat_memo"  # the key in Session.info while a beat is open (`one_beat`)
+_NOTHING = "rigbase.nothing_to_read"  # in the memo: the SKIPPABLE_READS this beat needs not make
 
 
 def contributes(key: str) -> Callable[[Contributor], Contributor]:
@@ -49,6 +58,24 @@ def record_actual(session: Session, node: Any, actual: dict[str, Any]) -> None:
         reporter = REPORTERS.get(key)
         if reporter is not None:
             reporter(session, node, value)
+
+
+def skippable_read(name: str, could_find: CouldFind) -> None:
+    """Register a per-beat read (see SKIPPABLE_READS); its module checks `nothing_to_read` before it."""
+    SKIPPABLE_READS[name] = could_find
+
+
+def record_nothing_to_read(session: Session, names: Iterable[str]) -> None:
+    """In a beat (`one_beat`): the store said these reads would find nothing for the beating node."""
+    cache: dict[Hashable, Any] | None = session.info.get(_MEMO)
+    if cache is not None:
+        cache[_NOTHING] = frozenset(names)
+
+
+def nothing_to_read(session: Session, name: str) -> bool:
+    """True when this beat already knows the read `name` would find nothing (never outside a beat)."""
+    cache: dict[Hashable, Any] | None = session.info.get(_MEMO)
+    return cache is not None and name in cache.get(_NOTHING, ())
 
 
 @contextmanager

@@ -13,9 +13,11 @@ alone."""
 from __future__ import annotations
 
 import base64
+import functools
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from sqlalchemy import Select
 from sqlalchemy.orm import Session
 
 from contracts.messages import HeartbeatRequest, HeartbeatResponse
@@ -68,7 +70,11 @@ def _beat(
     observed_address: str | None,
     timing: HeartbeatTiming,
 ) -> dict[str, Any]:
-    node, att = node_credentials.node_for_credential(session, node_id, credential)
+    statement, reads = _holder_with_reads()
+    node, att, could_find = node_credentials.node_and_facts(session, node_id, credential, statement)
+    desired_state.record_nothing_to_read(
+        session, (r for r, found in zip(reads, could_find, strict=True) if not found)
+    )
     now = datetime.now(UTC)
     if not _quote_passes(session, node, att, body, now=now):
         session.flush()
@@ -87,6 +93,16 @@ def _beat(
     desired_state.record_actual(session, node, body.actual)
     session.flush()
     return _answer(session, node, quote_nonce, timing)
+
+
+@functools.cache
+def _holder_with_reads() -> tuple[Select[Any], tuple[str, ...]]:
+    """The beat's first query: the credential's node and attestation, and for each of the beat's skippable
+    reads (desired_state.SKIPPABLE_READS) whether it could find anything. Built once, at the first beat,
+    when every contributor has registered; a read registered later is simply always made."""
+    reads = tuple(desired_state.SKIPPABLE_READS)
+    facts = [desired_state.SKIPPABLE_READS[r](Node.id).label(f"could_find_{i}") for i, r in enumerate(reads)]
+    return node_credentials.holder_statement(*facts), reads
 
 
 def _answer(session: Session, node: Node, quote_nonce: str | None, timing: HeartbeatTiming) -> dict[str, Any]:

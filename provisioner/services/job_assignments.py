@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import and_, bindparam, or_, select
+from sqlalchemy import and_, bindparam, exists, or_, select
 from sqlalchemy.orm import Session, lazyload
 
 from contracts.jobs import (
@@ -57,30 +57,42 @@ LOG_TAIL_WINDOW = timedelta(hours=1)
 DATASETS_DIR = "/datasets"  # where the region cache keeps datasets (docs/jobs.md "What a worker gets")
 
 
-# Built once with bound parameters (asked on every heartbeat: building the statement cost more than running
-# it); the worker's node is the beating node, already in the session, so it is not joined again.
-_WORKERS_ON = (
-    select(JobWorker)
-    .where(
-        JobWorker.node_id == bindparam("node_id"),
+def _known_to_node(node_id: Any, *shipping_since: Any) -> Any:
+    """The workers node `node_id` must know (see _workers_on); without `shipping_since`, those that ended
+    at any time and have not shipped their output."""
+    return and_(
+        JobWorker.node_id == node_id,
         or_(
             JobWorker.state.in_([s.value for s in WORKER_ON_NODE]),
             and_(
                 JobWorker.state.in_([s.value for s in WORKER_DONE]),
                 JobWorker.log_complete.is_(False),
-                JobWorker.updated_at > bindparam("shipping_since"),
+                *shipping_since,
             ),
         ),
     )
+
+
+# Built once with bound parameters (asked on every heartbeat: building the statement cost more than running
+# it); the worker's node is the beating node, already in the session, so it is not joined again.
+_WORKERS_ON = (
+    select(JobWorker)
+    .where(_known_to_node(bindparam("node_id"), JobWorker.updated_at > bindparam("shipping_since")))
     .order_by(JobWorker.job_id, JobWorker.index)
     .options(lazyload("*"))
 )
+WORKERS_READ = "jobs.workers"
+# the beat's first query asks whether the node has any such worker (a column it correlates to Node.id)
+desired_state.skippable_read(WORKERS_READ, lambda node_id: exists().where(_known_to_node(node_id)))
 
 
 def _workers_on(session: Session, node: Node) -> list[JobWorker]:
     """The workers this node must know: those placed there that run (or should stop), and those that ended
     there whose output the node has not finished shipping (the minion forgets a worker the desired state
-    stops listing, and with it the rest of its log: docs/minion-jobs.md), for at most LOG_TAIL_WINDOW."""
+    stops listing, and with it the rest of its log: docs/minion-jobs.md), for at most LOG_TAIL_WINDOW.
+    None without a read when the beat's first query found the node has none."""
+    if desired_state.nothing_to_read(session, WORKERS_READ):
+        return []
     since = datetime.now(UTC) - LOG_TAIL_WINDOW
     return list(session.scalars(_WORKERS_ON, {"node_id": node.id, "shipping_since": since}))
 

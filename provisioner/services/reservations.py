@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import and_, bindparam, or_, select
+from sqlalchemy import and_, bindparam, exists, or_, select
 from sqlalchemy.orm import Session, lazyload
 
 from contracts.errors import Conflict, InvalidInput, NotFound, RuleViolation
@@ -317,14 +317,34 @@ _SERVED_BY = (
 )
 
 
+SERVED_READ = "reservations.served"
+
+
+def _could_serve(node_id: Any) -> Any:
+    """Whether `_SERVED_BY` could find anything for the node `node_id` (a column it correlates to): a
+    reservation is assigned to it, or worker 0 of a job is placed there."""
+    return or_(
+        exists().where(Reservation.node_id == node_id, Reservation.state == ReservationState.ASSIGNED),
+        exists().where(_publishing_worker_0(node_id)),
+    )
+
+
+desired_state.skippable_read(SERVED_READ, _could_serve)
+
+
 def _served_by(session: Session, node: Node) -> list[Reservation]:
     return list(session.scalars(_SERVED_BY, {"region_id": node.region_id, "node_id": node.id}))
 
 
 def _served_in_beat(session: Session, node: Node) -> list[Reservation]:
     """`_served_by`, asked once per heartbeat by the reporter and the contributor together (nothing
-    between them assigns or unassigns a reservation or places a job: those come in their own requests)."""
-    return desired_state.memo(session, ("reservations.served", node.id), lambda: _served_by(session, node))
+    between them assigns or unassigns a reservation or places a job: those come in their own requests),
+    and not at all when the beat's first query found nothing to serve (`_could_serve`)."""
+    return desired_state.memo(
+        session,
+        (SERVED_READ, node.id),
+        lambda: [] if desired_state.nothing_to_read(session, SERVED_READ) else _served_by(session, node),
+    )
 
 
 @dataclass(frozen=True)
