@@ -14,7 +14,7 @@ from typing import Final
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from contracts.jobs import DatastoreAccess, Mount, WorkerRunState
+from contracts.jobs import ByteCount, DatastoreAccess, ExitCode, Mount, WorkerRunState
 
 # The catalogue keys of regions/jetson.yaml `models`, in catalogue order (a test keeps the two equal).
 DEVICE_MODELS: Final[tuple[str, ...]] = ("agx-xavier", "xavier-nx", "agx-orin", "orin-nx", "orin-nano")
@@ -135,10 +135,10 @@ class InferenceReport(BaseModel):
 
     generation: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,48}$")
     state: InferenceState
-    exit_code: int | None = None
+    exit_code: ExitCode | None = None
     message: str | None = Field(None, max_length=1000)
     last_lines: str | None = Field(None, max_length=LAST_LINES_MAX)
-    log_acked: int = Field(0, ge=0)
+    log_acked: ByteCount = 0
 
 
 class DeviceActual(BaseModel):

@@ -45,7 +45,12 @@ LOG_CHUNK_MAX: Final = 256 * 1024  # bytes of utf-8 in one LogChunk; the minion 
 # Ids become container names, label values and directory names on the node: a safe alphabet, bounded.
 JobId = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
 Generation = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
-WorkerNumber = Annotated[int, Field(ge=0, lt=10_000)]
+WORKER_NUMBERS: Final = 10_000  # a worker's number is below this (the log route's path says so too)
+WorkerNumber = Annotated[int, Field(ge=0, lt=WORKER_NUMBERS)]
+# What the store's columns hold: an exit code is a 32-bit integer, a byte count or offset a 64-bit one.
+# Past these the store refuses the write, which must be a 422 at the door, not a 500 at the commit.
+ExitCode = Annotated[int, Field(ge=-(2**31), lt=2**31)]
+ByteCount = Annotated[int, Field(ge=0, lt=2**63)]
 EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")]
 
 
@@ -202,10 +207,10 @@ class WorkerReport(_Sent):
     worker: WorkerNumber
     generation: Generation
     state: WorkerRunState
-    exit_code: int | None = None
+    exit_code: ExitCode | None = None
     message: str | None = Field(None, max_length=MESSAGE_MAX)
     gpu_indices: list[int] = Field(default_factory=list, max_length=64)
-    log_acked: int = Field(0, ge=0)  # bytes of output the control plane has acknowledged
+    log_acked: ByteCount = 0  # bytes of output the control plane has acknowledged
     log_eof: bool = False  # the whole output was acked (the container ended)
 
 
@@ -219,7 +224,7 @@ class JobsActual(_Sent):
 class LogChunk(_Sent):
     """POST LOG_ROUTE body (node credential)."""
 
-    offset: int = Field(ge=0)
+    offset: ByteCount
     data: str = Field(max_length=LOG_CHUNK_MAX)
     eof: bool = False
     # the attempt whose output this is: offsets start at 0 again for a new generation of the worker

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from datetime import datetime
 from decimal import Decimal
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel, Field
 
-from contracts.jobs import LOG_ROUTE, LogAck, LogChunk
+from contracts.jobs import LOG_ROUTE, WORKER_NUMBERS, LogAck, LogChunk
 from contracts.jobspec import JobSpec, spec_from_data
 from provisioner.api.deps import Db, NodeCredential, Principal
 from provisioner.api.errors import NODE_ERRORS, documented
@@ -263,7 +263,12 @@ def logs(
 
 @node_router.post(LOG_ROUTE, responses={**NODE_ERRORS, **documented(404)})
 def post_log(
-    node_id: str, job_id: str, worker: int, body: LogChunk, session: Db, credential: NodeCredential
+    node_id: str,
+    job_id: str,
+    worker: Annotated[int, Path(ge=0, lt=WORKER_NUMBERS)],
+    body: LogChunk,
+    session: Db,
+    credential: NodeCredential,
 ) -> LogAck:
     """A worker's output from `offset` (idempotent by offset); the answer says how much is held."""
     return job_logs.append(session, node_id, credential, job_id, worker, body)
