@@ -5,8 +5,6 @@ reconcilers what they need through the runtime it attaches to its sessions (prov
 
 Adding a router is one line in OPERATOR_ROUTERS (operator bearer token required on every route) or
 in OPEN_ROUTERS (routes that authenticate differently, e.g. minions with node credentials).
-SELF_AUTHENTICATED_ROUTERS hold operator routes that check the operator token themselves, inside their
-one worker-thread hop (the node list: routes/nodes.py says why).
 The OpenAPI document at /openapi.json is the API's description (there are no /docs or /redoc pages):
 each route's security scheme comes from the credential it reads (provisioner/api/deps.py), and its
 error responses from the tables in provisioner/api/errors.py."""
@@ -71,9 +69,6 @@ OPERATOR_ROUTERS = [
 ]
 # join token / node credential auth of their own
 OPEN_ROUTERS: list = [join.router, finalize.router, jobs.node_router, devices.node_router]
-# operator routes that check the operator token inside their own unit of work (one worker-thread hop: the
-# node list, routes/nodes.py): included with the operator routes' documented errors, not their dependency
-SELF_AUTHENTICATED_ROUTERS: list = [nodes.page_router]
 
 
 class ControlPlaneApp(FastAPI):
@@ -150,8 +145,6 @@ def create_app(
     # the traffic (behind the hundred operator routes, matching a beat's path took a twentieth of its CPU).
     # No operator route matches a method and path of theirs, so the order changes no answer.
     for router in OPEN_ROUTERS:
-        app.include_router(router)
-    for router in SELF_AUTHENTICATED_ROUTERS:
         app.include_router(router)
     for router in OPERATOR_ROUTERS:
         app.include_router(router, dependencies=[Depends(require_operator)], responses=errors.OPERATOR_ERRORS)

@@ -263,17 +263,18 @@ def history(session: Session, ref: str, region: str | None = None) -> list[Any]:
 
 def _assigned_to(session: Session, node: Node) -> list[Reservation]:
     return list(
-        session.scalars(
-            select(Reservation)
-            .where(Reservation.node_id == node.id, Reservation.state == ReservationState.ASSIGNED)
-            .order_by(Reservation.name)
-        )
+        session.scalars(select(Reservation).where(_operator_assigned(node.id)).order_by(Reservation.name))
     )
 
 
 def _job_reservation() -> Any:
     """The `reservation:` of a job's spec, as SQL (JSON ->> on PostgreSQL, json_extract on SQLite)."""
     return Job.spec["reservation"].as_string()
+
+
+def _operator_assigned(node_id: Any) -> Any:
+    """Reservations an operator assigned to `node_id`."""
+    return and_(Reservation.node_id == node_id, Reservation.state == ReservationState.ASSIGNED)
 
 
 def _publishing_worker_0(node_id: Any) -> Any:
@@ -296,7 +297,7 @@ _SERVED_BY = (
     .where(
         Reservation.region_id == bindparam("region_id"),
         or_(
-            and_(Reservation.node_id == bindparam("node_id"), Reservation.state == ReservationState.ASSIGNED),
+            _operator_assigned(bindparam("node_id")),
             and_(
                 Reservation.state == ReservationState.UNASSIGNED,
                 Reservation.name.in_(
@@ -324,7 +325,7 @@ def _could_serve(node_id: Any) -> Any:
     """Whether `_SERVED_BY` could find anything for the node `node_id` (a column it correlates to): a
     reservation is assigned to it, or worker 0 of a job is placed there."""
     return or_(
-        exists().where(Reservation.node_id == node_id, Reservation.state == ReservationState.ASSIGNED),
+        exists().where(_operator_assigned(node_id)),
         exists().where(_publishing_worker_0(node_id)),
     )
 
