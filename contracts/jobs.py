@@ -48,9 +48,12 @@ Generation = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
 WORKER_NUMBERS: Final = 10_000  # a worker's number is below this (the log route's path says so too)
 WorkerNumber = Annotated[int, Field(ge=0, lt=WORKER_NUMBERS)]
 # What the store's columns hold: an exit code is a 32-bit integer, a byte count or offset a 64-bit one.
-# Past these the store refuses the write, which must be a 422 at the door, not a 500 at the commit.
-ExitCode = Annotated[int, Field(ge=-(2**31), lt=2**31)]
-ByteCount = Annotated[int, Field(ge=0, lt=2**63)]
+# Past these the store refuses the number (written or asked for), which must be a 422 at the door, not a
+# 500 at the commit or the query. The API's integer query parameters are bounded by the same ends.
+INT32_END: Final = 2**31
+INT64_END: Final = 2**63
+ExitCode = Annotated[int, Field(ge=-INT32_END, lt=INT32_END)]
+ByteCount = Annotated[int, Field(ge=0, lt=INT64_END)]
 EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")]
 
 

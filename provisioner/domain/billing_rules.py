@@ -35,6 +35,9 @@ from typing import Any, Final
 SCALE: Final = 6  # decimal places of every amount the ledger stores
 QUANTUM: Final = Decimal(1).scaleb(-SCALE)  # 0.000001 credits
 MICROS: Final = 10**SCALE
+# The most credits one typed amount (a price, a grant, a debit) may be: the ledger keeps micro-credits in
+# 64-bit integers (up to 9.2e12 credits), and a balance adds many amounts up.
+AMOUNT_MAX: Final = Decimal(10**12)
 
 
 def credits(value: Decimal | int | str) -> Decimal:

@@ -50,7 +50,7 @@ def beat(
     *,
     observed_address: str | None = None,
     timing: HeartbeatTiming = HeartbeatTiming(),
-) -> dict[str, Any]:
+) -> HeartbeatResponse:
     """`observed_address`: where this beat came from (provisioner/services/node_address.py).
 
     The quote is checked before anything the beat reports is stored: a beat whose quote is refused
@@ -69,7 +69,7 @@ def _beat(
     *,
     observed_address: str | None,
     timing: HeartbeatTiming,
-) -> dict[str, Any]:
+) -> HeartbeatResponse:
     statement, reads = _holder_with_reads()
     node, att, could_find = node_credentials.node_and_facts(session, node_id, credential, statement)
     desired_state.record_nothing_to_read(
@@ -105,7 +105,9 @@ def _holder_with_reads() -> tuple[Select[Any], tuple[str, ...]]:
     return node_credentials.holder_statement(*facts), reads
 
 
-def _answer(session: Session, node: Node, quote_nonce: str | None, timing: HeartbeatTiming) -> dict[str, Any]:
+def _answer(
+    session: Session, node: Node, quote_nonce: str | None, timing: HeartbeatTiming
+) -> HeartbeatResponse:
     return HeartbeatResponse(
         node_id=node.id,
         state=node.state,
@@ -113,7 +115,7 @@ def _answer(session: Session, node: Node, quote_nonce: str | None, timing: Heart
         desired=desired_state.desired_for(session, node),
         quote_nonce=quote_nonce,
         heartbeat_interval_s=timing.interval_s,
-    ).model_dump(mode="json")
+    )
 
 
 def _quote_passes(

@@ -21,6 +21,7 @@ from contracts.gpu_types import GPU_TYPES, resolve_gpu_type
 from provisioner.domain import billing_rules as rules
 from provisioner.domain.billing_rules import GpuClass
 from provisioner.domain.roles import Action, Principal
+from provisioner.domain.text import printable
 from provisioner.providers.gcp.catalogue import regions_dir
 from provisioner.store.billing_models import GpuPrice
 
@@ -109,15 +110,20 @@ def price_for(session: Session, gpu_type: str | None) -> Decimal:
 
 
 def parse_credits(text: str, what: str = "price") -> Decimal:
+    """An amount an operator typed: a finite number with at most SCALE decimal places, at most AMOUNT_MAX
+    either way. The size is checked before the scale: a number longer than Decimal's 28 digits cannot be
+    put at the ledger's scale (InvalidOperation, which was a 500), nor held by the ledger."""
     try:
         value = Decimal(text.strip())
+        fits = value.is_finite() and abs(value) <= rules.AMOUNT_MAX and value == rules.credits(value)
     except (InvalidOperation, AttributeError):
         raise InvalidInput(
-            f"{what} '{text}' is not a number of credits, e.g. 2.78", code="invalid_credits"
+            f"{what} '{printable(text, 40)}' is not a number of credits, e.g. 2.78", code="invalid_credits"
         ) from None
-    if not value.is_finite() or value != rules.credits(value):
+    if not fits:
         raise InvalidInput(
-            f"{what} '{text}' must be a finite number with at most {rules.SCALE} decimal places",
+            f"{what} '{printable(text, 40)}' must be a finite number of at most {rules.AMOUNT_MAX:,} "
+            f"credits either way, with at most {rules.SCALE} decimal places",
             code="invalid_credits",
         )
     return rules.credits(value)

@@ -250,3 +250,27 @@ def test_the_ledger_balances_to_zero_across_accounts(runs: list[tuple[JobFacts, 
                 balances[c.payer] -= c.amount  # type: ignore[assignment]
                 balances[c.payee] += c.amount  # type: ignore[assignment]
     assert sum(balances.values(), Decimal(0)) == 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.one_of(
+        st.text(max_size=32),
+        st.decimals(allow_nan=True, allow_infinity=True).map(str),
+        st.from_regex(r"-?[0-9]{1,40}(\.[0-9]{1,10})?([eE][+-]?[0-9]{1,4})?", fullmatch=True),
+    )
+)
+def test_a_typed_amount_is_credits_the_ledger_holds_or_a_one_line_refusal(text: str) -> None:
+    """What an operator types as a price or a grant (services/prices.parse_credits): an amount at the
+    ledger's scale that its 64-bit micro-credits hold, or InvalidInput. The API fuzzer found '1e22'-like
+    prices answering 500: Decimal cannot put a number past its 28 digits at six places."""
+    from contracts.errors import InvalidInput
+    from provisioner.services.prices import parse_credits
+
+    try:
+        value = parse_credits(text)
+    except InvalidInput as refused:
+        assert "\n" not in refused.message
+        return
+    assert value == rules.credits(value) and abs(value) <= rules.AMOUNT_MAX
+    assert abs(rules.to_micros(value)) < 2**63

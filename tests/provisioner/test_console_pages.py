@@ -103,6 +103,10 @@ def test_submit_dry_run_then_job_page_follows_the_log(fleet: Fleet) -> None:
         assert f'href="/jobs/{job_id}"' in listed.text and 'href="/jobs/new"' in listed.text
         missing_worker = client.get(f"/jobs/{job_id}/log", params={"worker": 3})
         assert missing_worker.status_code == 422 and "is not a worker of job" in missing_worker.text
+        # digits int() refuses, and an offset past the store's 64-bit integers, are refused, not a 500
+        for worker, offset in (("²", "0"), ("0", "²"), ("0", str(2**63)), ("0", "9" * 5000)):
+            odd = client.get(f"/jobs/{job_id}/log", params={"worker": worker, "offset": offset})
+            assert odd.status_code == 422, (worker, offset[:30], odd.status_code, odd.text[-300:])
 
 
 def test_a_bad_spec_is_shown_line_by_line_with_the_text_kept(fleet: Fleet) -> None:

@@ -62,9 +62,10 @@ def fleet(database_url: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> 
 def _beat(sessions: Any, node: SimNode, actual: dict[str, Any]) -> dict[str, Any]:
     body = HeartbeatRequest.model_validate({"version": 1, "actual": actual})
     with sessions.begin() as s:
-        return heartbeat.beat(
+        answer = heartbeat.beat(
             s, node.node_id, node.credential, body, observed_address="127.0.0.1", timing=TIMING
         )
+    return answer.model_dump(mode="json")
 
 
 def test_a_beat_reads_its_node_and_its_reservations_once(fleet: Any) -> None:

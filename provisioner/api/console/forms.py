@@ -17,8 +17,10 @@ from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
 from contracts.errors import InvalidInput, Unavailable
+from contracts.jobs import INT64_END
 from provisioner.api.console.session import SESSION_COOKIE, SessionValue, Signer
 from provisioner.domain.roles import Principal
+from provisioner.domain.text import printable
 from provisioner.services import tokens
 from provisioner.store.account_models import Account
 from provisioner.store.models import ApiToken
@@ -62,10 +64,18 @@ class Form:
         return bool(self.get(name))
 
     def number(self, name: str, label: str) -> int:
-        value = self.required(name, label)
-        if not value.isdigit():
-            raise InvalidInput(f"{label} '{value}' is not a whole number: enter digits only")
-        return int(value)
+        return whole_number(self.required(name, label), label)
+
+
+def whole_number(value: str, label: str, *, end: int = INT64_END) -> int:
+    """A number typed into a form or sent in a console query: ASCII digits, below `end` (by default what
+    the store's 64-bit integers hold). `str.isdigit` alone also passes '²', which int() refuses, and a
+    number past the store's integers fails in its driver: either was a 500."""
+    if not (value.isascii() and value.isdigit()) or len(value) > len(str(end)) or int(value) >= end:
+        raise InvalidInput(
+            f"{label} '{printable(value, 40)}' is not a whole number: enter one from 0 to {end - 1}"
+        )
+    return int(value)
 
 
 async def _form(request: Request) -> Form:

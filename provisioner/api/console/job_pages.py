@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from contracts.errors import InvalidInput, RigbaseError
 from contracts.jobspec import SpecError
-from provisioner.api.console.forms import Form, Posted, SignedIn, Who
+from provisioner.api.console.forms import Form, Posted, SignedIn, Who, whole_number
 from provisioner.api.console.render import (
     SECURITY_HEADERS,
     ConsoleRoute,
@@ -32,6 +32,7 @@ from provisioner.api.errors import http_status
 from provisioner.domain import job_formats
 from provisioner.domain.placement_rows import MATCH_HEADERS, match_rows
 from provisioner.domain.states import JOB_DONE, JobState
+from provisioner.domain.text import printable
 from provisioner.services import job_logs, jobs, projects
 from provisioner.store.job_models import Job
 
@@ -145,12 +146,14 @@ def submit(request: Request, posted: Posted) -> Response:
 
 def _worker_index(request: Request, job: Job) -> int:
     raw = request.query_params.get("worker", "0")
-    if not raw.isdigit() or int(raw) >= max(len(job.workers), 1):
+    workers = max(len(job.workers), 1)
+    try:
+        return whole_number(raw, "worker", end=workers)
+    except InvalidInput:
         raise InvalidInput(
-            f"worker '{raw}' is not a worker of job '{job.name}': use 0-{max(len(job.workers) - 1, 0)}",
+            f"worker '{printable(raw, 40)}' is not a worker of job '{job.name}': use 0-{workers - 1}",
             code="no_such_worker",
-        )
-    return int(raw)
+        ) from None
 
 
 @router.get("/jobs/{ref}", response_class=HTMLResponse)
@@ -175,12 +178,10 @@ def job_page(request: Request, ref: str, who: SignedIn) -> Response:
 def job_log(request: Request, ref: str, who: SignedIn) -> Response:
     """One worker's log from `offset` as JSON, for the job page's script: the fields of GET
     /v1/jobs/{ref}/logs (services/job_logs.read), with the session cookie instead of a bearer token."""
-    raw_offset = request.query_params.get("offset", "0")
-    if not raw_offset.isdigit():
-        raise InvalidInput(f"offset '{raw_offset}' is not a whole number: use 0 or more")
+    offset = whole_number(request.query_params.get("offset", "0"), "offset")
     with reading(request) as session:
         job = jobs.get(session, who.principal, ref)
-        got = job_logs.read(session, who.principal, job.id, _worker_index(request, job), int(raw_offset))
+        got = job_logs.read(session, who.principal, job.id, _worker_index(request, job), offset)
         return JSONResponse(got.__dict__, headers=SECURITY_HEADERS)
 
 

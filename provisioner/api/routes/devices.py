@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field
 from sqlalchemy.orm import Session
 
 from contracts.device import DEVICE_LOG_ROUTE
-from contracts.jobs import LogAck, LogChunk
+from contracts.jobs import INT32_END, INT64_END, LogAck, LogChunk
 from provisioner.api.deps import Db, NodeCredential, Operator
 from provisioner.api.errors import NODE_ERRORS, documented
 from provisioner.api.schemas import Page
@@ -147,7 +147,7 @@ def list_configs(session: Db, region: str | None = None) -> Page[ConfigOut]:
 
 @router.get("/v1/device-configs/{ref}")
 def show(
-    ref: str, session: Db, region: str | None = None, revision: int | None = Query(None, ge=1)
+    ref: str, session: Db, region: str | None = None, revision: int | None = Query(None, ge=1, lt=INT32_END)
 ) -> ConfigOut:
     return ConfigOut.of(session, configs.get(session, ref, region), revision)
 
@@ -214,7 +214,7 @@ def logs(
     ref: str,
     session: Db,
     region: str | None = None,
-    offset: int = Query(0, ge=0),
+    offset: int = Query(0, ge=0, lt=INT64_END),
     generation: str | None = Query(None, max_length=64),
 ) -> DeviceLogOut:
     """The inference container's output from `offset` (the newest container unless `generation`)."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict
 
 from contracts.bundle import check_control_plane_url
@@ -17,6 +17,7 @@ from provisioner.domain.states import MinionRejection, TrustState, join_token_st
 from provisioner.services import join_operator, join_tokens, rejections, tpm_cas
 from provisioner.services import pending as pending_service
 from provisioner.services import regions as region_service
+from provisioner.services.pending import REFUSALS_PAGE
 from provisioner.store.join_models import JoinToken, RejectedMinion, TpmVendorCa
 
 router = APIRouter(tags=["enrollment"])
@@ -215,6 +216,8 @@ def retry(ref: str, body: RetryIn, session: Db, actor: Operator, region: str | N
 
 
 @router.get("/v1/join-refusals")
-def refusals(session: Db, minion_id: str | None = None, limit: int = 50) -> Page[dict[str, Any]]:
+def refusals(
+    session: Db, minion_id: str | None = None, limit: int = Query(50, ge=1, le=REFUSALS_PAGE)
+) -> Page[dict[str, Any]]:
     """The audit trail of refused joins and failed continuous attestation, newest first."""
-    return Page(items=pending_service.refusals(session, minion_id=minion_id, limit=min(max(limit, 1), 500)))
+    return Page(items=pending_service.refusals(session, minion_id=minion_id, limit=limit))

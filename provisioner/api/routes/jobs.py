@@ -11,7 +11,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel, Field
 
-from contracts.jobs import LOG_ROUTE, WORKER_NUMBERS, LogAck, LogChunk
+from contracts.jobs import INT64_END, LOG_ROUTE, WORKER_NUMBERS, LogAck, LogChunk
 from contracts.jobspec import JobSpec, spec_from_data
 from provisioner.api.deps import Db, NodeCredential, Principal
 from provisioner.api.errors import NODE_ERRORS, documented
@@ -254,8 +254,8 @@ def logs(
     ref: str,
     session: Db,
     principal: Principal,
-    worker: int = Query(0, ge=0, lt=10_000),
-    offset: int = Query(0, ge=0),
+    worker: int = Query(0, ge=0, lt=WORKER_NUMBERS),
+    offset: int = Query(0, ge=0, lt=INT64_END),
 ) -> LogOut:
     """One worker's combined stdout/stderr from `offset`, in order."""
     return LogOut(**job_logs.read(session, principal, ref, worker, offset).__dict__)

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Body, Depends, Request, Response
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
-from contracts.messages import HeartbeatRequest, JoinChallenge, KeyJoinChallenge
+from contracts.messages import HeartbeatRequest, HeartbeatResponse, JoinChallenge, KeyJoinChallenge
 from provisioner.api.deps import NODE_CREDENTIAL, Credentials, Db, JoinToken, Timing, admitted
 from provisioner.api.errors import JOIN_ERRORS, NODE_ERRORS, PROOF_ERRORS
 from provisioner.domain.states import JoinOutcome
@@ -64,16 +64,18 @@ def proof(
 # the credential comes straight from the async bearer scheme and the timing from the app's runtime.
 # Through the sync `Db`, `NodeCredential` and `Timing` dependencies and a sync handler a beat took five
 # hops. Same security scheme, same values, same OpenAPI operation.
-@router.post("/v1/nodes/{node_id}/heartbeat", responses=NODE_ERRORS)
+# The answer is serialised once, in that hop, from its model (as the join's challenge is): returned as a
+# dict, FastAPI validated it again against the return annotation and encoded it on the event loop.
+@router.post("/v1/nodes/{node_id}/heartbeat", response_model=HeartbeatResponse, responses=NODE_ERRORS)
 async def heartbeat(
     node_id: str,
     body: HeartbeatRequest,
     request: Request,
     bearer: Annotated[Credentials, Depends(NODE_CREDENTIAL)],
-) -> dict[str, Any]:
+) -> Response:
     """Actual state in, desired state (and, every K beats, a quote nonce) out."""
     async with admitted(request):  # one of the units of work the pool and the threads can carry
-        return await run_in_threadpool(
+        answer = await run_in_threadpool(
             _beat,
             request.app.state.sessions,
             node_id,
@@ -82,6 +84,7 @@ async def heartbeat(
             request.client.host if request.client else None,
             request.app.state.runtime.heartbeat,
         )
+    return Response(answer, media_type="application/json")
 
 
 def _beat(
@@ -91,8 +94,9 @@ def _beat(
     body: HeartbeatRequest,
     observed_address: str | None,
     timing: HeartbeatTiming,
-) -> dict[str, Any]:
+) -> bytes:
     with sessions.begin() as session:
-        return heartbeat_service.beat(
+        answer = heartbeat_service.beat(
             session, node_id, credential, body, observed_address=observed_address, timing=timing
         )
+    return answer.model_dump_json().encode()
