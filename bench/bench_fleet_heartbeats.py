@@ -303,11 +303,14 @@ def summarise_tables(before: TableCounts, after: TableCounts, beats: int) -> lis
 # ---------------------------------------------------------------- the unit of work alone
 
 
-def unit_of_work_ms(database_url: str, home: Path, nodes: Sequence[SimNode], beats: int = 1000) -> float:
+def unit_of_work_ms(
+    database_url: str, home: Path, nodes: Sequence[SimNode], beats: int = 1000
+) -> float | None:
     """CPU per beat, in this process, of the heartbeat's unit of work alone: the function the route runs in
     its worker thread (provisioner/api/routes/join.py `_beat`: the holder query, the reports, the two
     updates, the commit, the answer's JSON), without HTTP, TLS or ASGI around it. One steady beat (no quote
-    asked or carried) for each of up to `beats` nodes with no quote outstanding, after 100 to warm up."""
+    asked or carried) for each of `beats` nodes with no quote outstanding, after 100 to warm up;
+    None when fewer than `beats` such nodes are left to measure (a small run's figure would be noise)."""
     import provisioner.api.app  # noqa: F401  (registers every desired-state contributor and reporter)
     from contracts.messages import HeartbeatRequest
     from provisioner.api.routes.join import _beat as unit_of_work
@@ -317,6 +320,8 @@ def unit_of_work_ms(database_url: str, home: Path, nodes: Sequence[SimNode], bea
     from provisioner.store.engine import make_engine, make_sessionmaker
 
     steady = [n for n in nodes if n.nonce is None and not n.busy][: beats + 100]
+    if len(steady) < beats + 100:
+        return None
     engine = make_engine(database_url)
     with _environment({"RIGBASE_HOME": str(home)}):
         sessions = attach(make_sessionmaker(engine), Runtime.from_settings(Settings.load()))
@@ -328,7 +333,7 @@ def unit_of_work_ms(database_url: str, home: Path, nodes: Sequence[SimNode], bea
         start = time.process_time()
         for n in steady[100:]:
             unit_of_work(sessions, n.node_id, n.credential, body, "127.0.0.1", timing)
-        return 1000 * (time.process_time() - start) / max(1, len(steady) - 100)
+        return 1000 * (time.process_time() - start) / beats
     finally:
         engine.dispose()
 
@@ -641,8 +646,8 @@ def run(args: argparse.Namespace) -> None:
             os.sched_setaffinity(0, set(range(1, cores)))
         postmaster = int((cluster.data / "postmaster.pid").read_text().split()[0])
         summary = asyncio.run(_load(args, nodes, cp.url, cp.verify, cp.process.pid, postmaster, url, tmp))
-        if args.nodes >= 1100:  # (the unit of work's figure wants 1,000 nodes that had no quote outstanding)
-            uow = unit_of_work_ms(url, tmp / "home", nodes)
+        uow = unit_of_work_ms(url, tmp / "home", nodes)
+        if uow is not None:
             summary.append(
                 f"  the heartbeat's unit of work alone, in process (no HTTP, TLS or ASGI; steady beats): "
                 f"{uow:.2f} ms CPU per beat"
@@ -726,12 +731,12 @@ def _report(
         f"{100 * cpu[1] / elapsed:.0f} %, load client {100 * cpu[2] / elapsed:.0f} %; server "
         f"{1000 * cpu[0] / max(1, len(lat)):.2f} ms CPU per beat",
         f"  p99 / {GOAL_P99_MS:.0f} ms goal = {p99 / GOAL_P99_MS:.2f} ({SOURCE_NOTE})",
-        _budget(args, len(lat), cpu),
+        _budget(len(lat), cpu),
     ]
     return lines
 
 
-def _budget(args: argparse.Namespace, answered: int, cpu: list[float]) -> str:
+def _budget(answered: int, cpu: list[float]) -> str:
     """What the goal's rate leaves the server on this machine: the load client and PostgreSQL take their
     measured CPU per beat at that rate too, and the server has the rest of the cores."""
     client_ms, postgres_ms, server_ms = (1000 * c / max(1, answered) for c in (cpu[2], cpu[1], cpu[0]))
