@@ -106,6 +106,14 @@ def follow(driver: WebDriver, button: WebElement) -> None:
     WebDriverWait(driver, 15).until(lambda d: d.execute_script("return document.readyState") == "complete")
 
 
+def live_text(driver: WebDriver, selector: str) -> str:
+    """The text of the element the CSS `selector` finds ("" if none), read in one step inside the page. The
+    console's live refresh replaces what a [data-live] region holds whenever the server's copy differs, so an
+    element found by one WebDriver call can be gone (a stale reference) by the next call that reads it."""
+    script = "const e = document.querySelector(arguments[0]); return e ? e.innerText.trim() : '';"
+    return str(driver.execute_script(script, selector))
+
+
 def flash(driver: WebDriver) -> str:
     """The one line the page shows after a post: what was done, or the API's refusal."""
     found = driver.find_elements(By.CSS_SELECTOR, "p.flash.ok, p.flash.error")
@@ -172,7 +180,7 @@ def test_an_operator_adopts_a_minion_and_activates_it_in_the_browser(
     shots.take("region-maintenance")
     follow(browser, row.find_element(By.CSS_SELECTOR, "form button"))
     assert f"node {name} is active" in flash(browser)
-    assert "active" in browser.find_element(By.CSS_SELECTOR, f'#compute tr[data-node="{name}"]').text
+    assert "active" in live_text(browser, f'#compute tr[data-node="{name}"]')
     assert api(cp, "GET", f"/v1/nodes/{name}")["state"] == "active"
     shots.take("region-active")
 

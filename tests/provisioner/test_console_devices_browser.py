@@ -20,7 +20,7 @@ import pytest
 from provisioner.services import device_deployments as deployments
 from provisioner.services import nodes
 from tests.provisioner import test_console_browser
-from tests.provisioner.test_console_browser import Screens, browser, flash, follow  # noqa: F401
+from tests.provisioner.test_console_browser import Screens, browser, flash, follow, live_text  # noqa: F401
 from tests.provisioner.test_console_pages import api
 from tests.provisioner.test_devices import ORIN_NX
 from tests.provisioner.test_jobs_api import Fleet, running_fleet
@@ -87,7 +87,7 @@ def _scroll_to_devices(browser: WebDriver) -> None:
 
 
 def _row(browser: WebDriver, name: str) -> str:
-    return str(browser.find_element(By.CSS_SELECTOR, f'#devices tr[data-node="{name}"]').text)
+    return live_text(browser, f'#devices tr[data-node="{name}"]')
 
 
 def test_an_operator_adds_configures_deploys_and_removes_a_device_in_the_browser(

@@ -14,7 +14,7 @@ import pytest
 
 from provisioner.domain.states import NodeState
 from tests.provisioner import test_console_browser
-from tests.provisioner.test_console_browser import Screens, browser, flash, follow  # noqa: F401
+from tests.provisioner.test_console_browser import Screens, browser, flash, follow, live_text  # noqa: F401
 from tests.provisioner.test_console_pages import SPEC
 from tests.provisioner.test_jobs_api import Fleet, mine, report, running_fleet
 
@@ -61,31 +61,29 @@ def test_submit_then_the_job_page_follows_the_log_and_the_grid_updates_itself(
     fleet.heartbeat("gpu-1", [report(worker, "running", gpu_indices=[0])])
     assert fleet.log("gpu-1", job_id, 0, 0, "hello from the console\n").status_code == 200
     WebDriverWait(browser, WAIT_S).until(lambda d: "hello from the console" in log.text)
-    WebDriverWait(browser, WAIT_S).until(lambda d: d.find_element(By.ID, "job-state").text == "running")
+    WebDriverWait(browser, WAIT_S).until(lambda d: live_text(d, "#job-state") == "running")
     shots.take("job-running")
     assert fleet.log("gpu-1", job_id, 0, 23, "bye\n", eof=True).status_code == 200
     fleet.heartbeat("gpu-1", [report(worker, "exited", exit_code=0)])
     WebDriverWait(browser, WAIT_S).until(lambda d: log.get_attribute("data-complete") == "yes")
     assert log.text == "hello from the console\nbye"
-    assert browser.find_element(By.ID, "job-state").text == "succeeded"
+    assert live_text(browser, "#job-state") == "succeeded"
     assert browser.find_element(By.ID, "log-status").text == "The whole log is here."
     # the rest of the page follows too: the workers' table, and no Stop button for an ended job
     WebDriverWait(browser, WAIT_S).until(
         lambda d: (
             not d.find_elements(By.XPATH, '//button[text()="Stop job"]')
-            and "succeeded" in d.find_element(By.CSS_SELECTOR, '[data-live="workers"]').text
+            and "succeeded" in live_text(d, '[data-live="workers"]')
         )
     )
     shots.take("job-done")
 
     # a region's grid follows the fleet: gpu-2 enters maintenance behind the operator's back
     browser.get(f"{fleet.cp.url}/regions/lab-1")
-    row = '//tr[@data-node="gpu-2"]'
-    assert browser.find_element(By.XPATH, row + "//span[contains(@class,'state')]").text == "active"
+    state = 'tr[data-node="gpu-2"] span.state'
+    assert live_text(browser, state) == "active"
     fleet.set_node("gpu-2", NodeState.MAINTENANCE)
-    WebDriverWait(browser, WAIT_S).until(
-        lambda d: d.find_element(By.XPATH, row + "//span[contains(@class,'state')]").text == "maintenance"
-    )
+    WebDriverWait(browser, WAIT_S).until(lambda d: live_text(d, state) == "maintenance")
     assert browser.find_element(By.ID, "live-status").text.startswith("Updated ")
     shots.take("region-live")
 
