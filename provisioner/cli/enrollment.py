@@ -25,6 +25,7 @@ from provisioner.cli.common import (
     read_input,
 )
 from provisioner.cli.settings import connect
+from provisioner.domain.pages import REFUSALS_PAGE
 
 TOKEN_COLUMNS: render.Columns = [
     ("id", "ID"),
@@ -228,7 +229,7 @@ def pending(
 @output_options
 def refusals(
     minion_id: Annotated[str | None, typer.Option("--minion-id", help="Only this minion's refusals.")] = None,
-    limit: Annotated[int, typer.Option("--limit", min=1, max=500)] = 50,
+    limit: Annotated[int, typer.Option("--limit", min=1, max=REFUSALS_PAGE)] = 50,
     json_out: Json = False,
 ) -> None:
     """Refused joins and failed continuous attestations (the audit trail), newest first."""

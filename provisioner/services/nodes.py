@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from contracts.errors import Conflict, InvalidInput, RuleViolation
 from contracts.regional import StorageMode
+from provisioner.domain.pages import NODES_PAGE
 from provisioner.domain.states import (
     NODE_AWAITING_MINION,
     NODE_TRANSITIONS_BY_SERVICE,
@@ -32,7 +33,6 @@ from provisioner.store.join_models import NodeAttestation
 from provisioner.store.models import AuditEvent, Node, Region, new_id
 
 KIND = "node"
-MAX_PAGE = 500
 
 
 def lock(session: Session, node: Node) -> Node:
@@ -316,8 +316,8 @@ def list_page(
     of the next page (None at the end). Items are read-only rows of LIST_COLUMNS plus `region_name`,
     `last_quote_at` and `identity` — no ORM objects, and the reports undecoded, so a page of 500 stays
     cheap; use get() to change a node."""
-    if not 1 <= limit <= MAX_PAGE:
-        raise InvalidInput(f"limit {limit} is out of range: use 1 to {MAX_PAGE}")
+    if not 1 <= limit <= NODES_PAGE:
+        raise InvalidInput(f"limit {limit} is out of range: use 1 to {NODES_PAGE}")
     params: dict[str, Any] = {}
     if region:
         params["region_id"] = region_service.get(session, region).id

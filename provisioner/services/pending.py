@@ -4,7 +4,7 @@ no live node has their minion_id) and the join refusals of the audit trail."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -58,9 +58,6 @@ def pending(session: Session, region: str | None = None) -> list[dict[str, Any]]
             }
         )
     return out
-
-
-REFUSALS_PAGE: Final = 500  # the most refusals one request lists
 
 
 def refusals(session: Session, *, minion_id: str | None = None, limit: int = 50) -> list[dict[str, Any]]:

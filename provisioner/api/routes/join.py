@@ -63,7 +63,7 @@ def proof(
 # (`_beat`: a session committed, or rolled back, and closed as the `Db` dependency does) runs there whole,
 # the credential comes straight from the async bearer scheme and the timing from the app's runtime.
 # Through the sync `Db`, `NodeCredential` and `Timing` dependencies and a sync handler a beat took five
-# hops. Same security scheme, same values, same OpenAPI operation.
+# hops. Same security scheme, same values, same parameters in the OpenAPI operation.
 # The answer is serialised once, in that hop, from its model (as the join's challenge is): returned as a
 # dict, FastAPI validated it again against the return annotation and encoded it on the event loop.
 @router.post("/v1/nodes/{node_id}/heartbeat", response_model=HeartbeatResponse, responses=NODE_ERRORS)

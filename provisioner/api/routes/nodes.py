@@ -9,6 +9,7 @@ from fastapi import APIRouter, Query, Response
 from provisioner.api.deps import Db, Operator
 from provisioner.api.node_page import nodes_page_json
 from provisioner.api.schemas import EventOut, MaintenanceIn, NodeIn, NodeOut, Page, ReplaceIn
+from provisioner.domain.pages import NODES_PAGE
 from provisioner.services import nodes as service
 
 router = APIRouter(prefix="/v1/nodes", tags=["nodes"])
@@ -34,7 +35,7 @@ def add(body: NodeIn, session: Db, actor: Operator) -> NodeOut:
 def list_nodes(
     session: Db,
     region: str | None = None,
-    limit: Annotated[int, Query(ge=1, le=service.MAX_PAGE)] = 100,
+    limit: Annotated[int, Query(ge=1, le=NODES_PAGE)] = 100,
     after: str | None = None,
     include_removed: bool = False,
     node_service: Annotated[str | None, Query(alias="service", description="compute, storage or device")] = (
