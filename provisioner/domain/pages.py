@@ -1,5 +1,5 @@
 """The most rows one request lists: the API's bounds on its `limit` parameters, which the CLI's `--limit`
-options repeat (the CLI imports this, not the services, so `provision --help` stays instant)."""
+options use too (the CLI imports this, not the services, so `provision --help` stays instant)."""
 
 from __future__ import annotations
 
