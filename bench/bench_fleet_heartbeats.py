@@ -205,6 +205,7 @@ def seed(url: str, count: int, every: int) -> list[SimNode]:
                         finalize_actual=ACTUAL["finalize"],
                         requirements={"ok": True, "rules": []},
                         last_heartbeat_at=now,
+                        heartbeats=_seed_counter(n.index, every),
                         created_at=now,
                         updated_at=now,
                         version=1,
@@ -222,7 +223,6 @@ def seed(url: str, count: int, every: int) -> list[SimNode]:
                         pcr_record={str(k): v.hex() for k, v in pcrs.items()},
                         credential_sha256=node_credentials.digest(n.credential),
                         attested_at=now,
-                        heartbeats=_seed_counter(n.index, every),
                         last_quote_at=now - timedelta(seconds=random.uniform(0, every * HEARTBEAT_S)),
                     )
                     for n in batch
@@ -307,8 +307,8 @@ def unit_of_work_ms(
     database_url: str, home: Path, nodes: Sequence[SimNode], beats: int = 1000
 ) -> float | None:
     """CPU per beat, in this process, of the heartbeat's unit of work alone: the function the route runs in
-    its worker thread (provisioner/api/routes/join.py `_beat`: the holder query, the reports, the two
-    updates, the commit, the answer's JSON), without HTTP, TLS or ASGI around it. One steady beat (no quote
+    its worker thread (provisioner/api/routes/join.py `_beat`: the holder query, the reports, the
+    update, the commit, the answer's JSON), without HTTP, TLS or ASGI around it. One steady beat (no quote
     asked or carried) for each of `beats` nodes with no quote outstanding, after 100 to warm up;
     None when fewer than `beats` such nodes are left to measure (a small run's figure would be noise)."""
     import provisioner.api.app  # noqa: F401  (registers every desired-state contributor and reporter)

@@ -79,12 +79,10 @@ def _beat(
     if not _quote_passes(session, node, att, body, now=now):
         session.flush()
         return _answer(session, node, None, timing)
-    # counted before record_report's flush, and the inventory stored with the address already in it, so
-    # that flush writes the node and its attestation row once each (not again at the end of the beat)
-    att.heartbeats += 1
-    inventory = node_address.with_observed(body.inventory, observed_address)
-    node_service.record_report(session, node, at=now, inventory=inventory, requirements=body.requirements)
-    node_address.record(node, observed_address)
+    # the report, the beat's count and the observed address in one write of the node's row: a steady beat
+    # writes nothing else
+    inventory = node_address.inventory_to_store(node, body.inventory, observed_address)
+    node_service.record_beat(session, node, at=now, inventory=inventory, requirements=body.requirements)
     _enforce_quote_grace(session, node, att, timing=timing)
     quote_nonce = _ask_for_quote(session, node, att, now=now, timing=timing)
     if node.region.state != RegionState.HEALTHY:
@@ -184,7 +182,7 @@ def _enforce_quote_grace(
     """A quote request the node let `timing.quote_grace_beats` beats pass unanswered: errored."""
     actor = f"minion:{node.minion_id}"
     asked = att.quote_asked_beat
-    if att.quote_nonce is None or asked is None or att.heartbeats - asked < timing.quote_grace_beats:
+    if att.quote_nonce is None or asked is None or node.heartbeats - asked < timing.quote_grace_beats:
         return
     att.quote_nonce = None
     att.quote_asked_beat = None
@@ -212,10 +210,10 @@ def _ask_for_quote(
         return None
     last_proof = max(t for t in (att.last_quote_at, att.attested_at) if t is not None)
     stale = now - last_proof > timedelta(seconds=timing.quote_max_age_s)
-    if att.quote_asked_beat is None and not (quote_due(att.heartbeats, timing.quote_every) or stale):
+    if att.quote_asked_beat is None and not (quote_due(node.heartbeats, timing.quote_every) or stale):
         return None
     record = issue_quote_nonce(nonce_store.issuer(session), node.id)
     att.quote_nonce = record.nonce.hex()
     if att.quote_asked_beat is None:
-        att.quote_asked_beat = att.heartbeats
+        att.quote_asked_beat = node.heartbeats
     return base64.b64encode(record.nonce).decode()

@@ -42,6 +42,7 @@ from provisioner.services import desired_state, jobs
 from provisioner.services.errors import flush
 from provisioner.services.runtime import runtime_of
 from provisioner.services.wakeups import Wake, wake_after_commit
+from provisioner.store.expressions import one_of
 from provisioner.store.job_models import Job, JobWorker
 from provisioner.store.models import Node
 from provisioner.store.regional_models import Datastore, Reservation
@@ -63,9 +64,9 @@ def _known_to_node(node_id: Any, *shipping_since: Any) -> Any:
     return and_(
         JobWorker.node_id == node_id,
         or_(
-            JobWorker.state.in_([s.value for s in WORKER_ON_NODE]),
+            one_of(JobWorker.state, [s.value for s in WORKER_ON_NODE]),
             and_(
-                JobWorker.state.in_([s.value for s in WORKER_DONE]),
+                one_of(JobWorker.state, [s.value for s in WORKER_DONE]),
                 JobWorker.log_complete.is_(False),
                 *shipping_since,
             ),

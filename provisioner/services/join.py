@@ -604,9 +604,7 @@ def _key_proven(attested: KeyAttested) -> _Proven:
 def _record_attestation(session: Session, node: Node, proven: _Proven, att: NodeAttestation | None) -> str:
     credential = node_credentials.new_credential()
     if att is None:
-        att = NodeAttestation(
-            node_id=node.id, ek_sha256=proven.ek_sha256, ak_public=proven.ak_public, heartbeats=0
-        )
+        att = NodeAttestation(node_id=node.id, ek_sha256=proven.ek_sha256, ak_public=proven.ak_public)
         session.add(att)
     att.ek_sha256 = proven.ek_sha256
     att.ak_public = proven.ak_public

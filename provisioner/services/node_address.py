@@ -27,6 +27,18 @@ def with_observed(inventory: dict[str, Any] | None, address: str | None) -> dict
     return {**inventory, KEY: address}
 
 
+def inventory_to_store(
+    node: Node, reported: dict[str, Any] | None, address: str | None
+) -> dict[str, Any] | None:
+    """The inventory a beat writes: the reported one with `address` in it, else the stored one when only
+    the address changed; None when the stored inventory stays as it is (a steady beat)."""
+    if reported is not None:
+        return with_observed(reported, address)
+    if address and (node.inventory or {}).get(KEY) != address:
+        return {**(node.inventory or {}), KEY: address}
+    return None
+
+
 def observed(node: Node) -> str | None:
     value = (node.inventory or {}).get(KEY)
     return value if isinstance(value, str) and value else None

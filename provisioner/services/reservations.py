@@ -36,6 +36,7 @@ from provisioner.domain.states import (
 from provisioner.services import audit, desired_state, lifecycle, names, regional_lookup
 from provisioner.services import regions as region_service
 from provisioner.services.errors import flush
+from provisioner.store.expressions import one_of
 from provisioner.store.job_models import Job, JobWorker
 from provisioner.store.models import Node, new_id
 from provisioner.store.regional_models import Reservation
@@ -282,7 +283,7 @@ def _publishing_worker_0(node_id: Any) -> Any:
     return and_(
         JobWorker.index == 0,
         JobWorker.node_id == node_id,
-        JobWorker.state.in_([s.value for s in WORKER_ON_NODE]),
+        one_of(JobWorker.state, [s.value for s in WORKER_ON_NODE]),
         JobWorker.stop_requested.is_(False),
     )
 

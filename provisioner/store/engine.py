@@ -5,12 +5,19 @@ SQLite (WAL, foreign keys on) takes its write lock where a unit of work begins: 
 would start as a reader and fail at once with "database is locked" when it later writes after another
 writer committed in between (SQLite cannot wait there: the reader's snapshot is stale), which a join
 burst beside operator writes, or two `provision serve` processes on one file, trigger. Reads in WAL mode
-never wait for the writer. PostgreSQL gets a pre-ping pool so a restarted database does not fail the first
-request."""
+never wait for the writer.
+
+PostgreSQL's pool pings a connection that sat idle for PING_AFTER_IDLE_S before handing it out, so a
+restarted database does not fail the first request after it (a dead connection is replaced, not used). It
+does not ping a connection that was in use a moment ago: under a fleet's heartbeats every connection is
+reused within milliseconds, and a ping per checkout was one of a steady beat's five round trips (issue 17,
+"Fleet scale"). A database that dies and comes back within that window fails the one request that meets a
+dead connection; SQLAlchemy then replaces every connection of the pool."""
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,7 +25,7 @@ from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DisconnectionError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import QueuePool
 
@@ -85,9 +92,34 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         raise InvalidInput(
             f"database '{parsed.get_backend_name()}' is not supported: use SQLite or PostgreSQL"
         )
-    kwargs.setdefault("pool_pre_ping", True)
     kwargs.setdefault("pool_size", 10)
-    return create_engine(parsed, connect_args={"connect_timeout": 5}, **kwargs)
+    engine = create_engine(parsed, connect_args={"connect_timeout": 5}, **kwargs)
+    _ping_when_idle(engine)
+    return engine
+
+
+# A pooled PostgreSQL connection idle at least this long is pinged before use (see the module docstring).
+PING_AFTER_IDLE_S = 2.0
+_IDLE_SINCE = "rigbase.idle_since"  # in the connection record's info: when the connection was checked in
+
+
+def _ping_when_idle(engine: Engine) -> None:
+    """SQLAlchemy's pessimistic disconnect handling (a checkout hook that raises DisconnectionError makes
+    the pool drop the connection and try a new one), for idle connections only."""
+
+    @event.listens_for(engine, "checkin")
+    def _checked_in(_dbapi_conn: Any, record: Any) -> None:
+        record.info[_IDLE_SINCE] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _checked_out(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
+        idle_since = record.info.get(_IDLE_SINCE)
+        if idle_since is None or time.monotonic() - idle_since < PING_AFTER_IDLE_S:
+            return  # a new connection, or one in use a moment ago
+        try:
+            engine.dialect.do_ping(dbapi_conn)
+        except engine.dialect.loaded_dbapi.Error as exc:
+            raise DisconnectionError(f"an idle pooled connection is dead: {exc}") from exc
 
 
 def pool_capacity(engine: Engine) -> int | None:

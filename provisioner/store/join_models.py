@@ -103,13 +103,12 @@ class NodeAttestation(Base):
     pcr_record: Mapped[dict[str, str] | None] = mapped_column(JSON)  # record mode baseline, index → hex
     credential_sha256: Mapped[str | None] = mapped_column(String(64), unique=True)
     attested_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
-    heartbeats: Mapped[int] = mapped_column(Integer, default=0)
     quote_nonce: Mapped[str | None] = mapped_column(
         String(64)
     )  # hex; outstanding continuous-attestation nonce
     last_quote_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    # the heartbeat count when the outstanding quote was first asked for: a node that has not answered
-    # within HeartbeatTiming.quote_grace_beats beats of it goes errored (None: nothing asked)
+    # the node's beat count (Node.heartbeats) when the outstanding quote was first asked for: a node that has
+    # not answered within HeartbeatTiming.quote_grace_beats beats of it goes errored (None: nothing asked)
     quote_asked_beat: Mapped[int | None] = mapped_column(Integer)
 
 

@@ -171,6 +171,9 @@ class Node(Base):
     inventory: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     requirements: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # requirement verdict
     last_heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # beats since the node's row was added (revision 0025; was node_attestations.heartbeats): the quote
+    # schedule counts them (NodeAttestation.quote_asked_beat); kept here, a steady beat is one UPDATE
+    heartbeats: Mapped[int] = mapped_column(Integer, default=0, server_default="0", nullable=False)
     # join (revision 0002): an EK pinned by the provider (GCP storage nodes: the vTPM's EK, which has no
     # vendor certificate) — when set, only this EK may join as this node.
     pinned_ek_public: Mapped[bytes | None] = mapped_column(LargeBinary)

@@ -9,19 +9,23 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from sqlalchemy import event
+from sqlalchemy.orm.attributes import set_committed_value
 
 import provisioner.api.app  # noqa: F401  (every desired-state contributor the server registers)
 from bench.bench_fleet_heartbeats import ACTUAL, SimNode, seed
+from contracts.errors import Conflict
 from contracts.messages import HeartbeatRequest
-from provisioner.services import heartbeat, reservations
+from provisioner.services import heartbeat, nodes, reservations
 from provisioner.services.heartbeat_timing import HeartbeatTiming
 from provisioner.services.runtime import Runtime, attach
 from provisioner.settings import Settings
 from provisioner.store.engine import make_engine, make_sessionmaker
+from provisioner.store.models import Node
 
 # no quote asked for while the test beats (the first beat after the seed would otherwise ask for one)
 TIMING = HeartbeatTiming(quote_every=1_000_003)  # the seeded beat counts never reach a multiple
@@ -97,14 +101,51 @@ def test_a_beat_reads_its_node_and_its_reservations_once(fleet: Any) -> None:
         assert (rsv.actual_state, rsv.address) == ("published", "192.0.2.7")
 
 
-def test_a_beat_writes_the_node_and_its_attestation_once_each(fleet: Any) -> None:
+def _row(sessions: Any, node: SimNode) -> tuple[Any, ...]:
+    with sessions.begin() as s:
+        found = s.get(Node, node.node_id)
+        return found.heartbeats, found.version, found.last_heartbeat_at, found.inventory
+
+
+def test_a_steady_beat_writes_only_its_node_row_once(fleet: Any) -> None:
+    """The report, the beat's count (which the quote schedule reads) and the observed address: one UPDATE
+    of the node's row, nothing written to its attestation row (revision 0025 moved the count)."""
     sessions, engine, node = fleet
     _beat(sessions, node, ACTUAL)
+    before = _row(sessions, node)
     statements: list[str] = []
     event.listen(engine, "before_cursor_execute", lambda _c, _cur, sql, *_: statements.append(sql))
     _beat(sessions, node, ACTUAL)
-    updates = Counter(s.split()[1] for s in statements if s.lstrip().upper().startswith("UPDATE"))
-    assert updates == {"nodes": 1, "node_attestations": 1}, statements
+    writes = Counter(
+        " ".join(s.split()[:2]) for s in statements if s.lstrip().upper().startswith(("UPDATE", "INSERT"))
+    )
+    assert writes == {"UPDATE nodes": 1}, statements
+    heartbeats, version, beat_at, inventory = _row(sessions, node)
+    assert (heartbeats, version) == (before[0] + 1, before[1] + 1)
+    assert beat_at > before[2] and inventory == before[3]
+
+
+def test_a_beat_moving_to_a_new_address_stores_it_in_the_same_write(fleet: Any) -> None:
+    sessions, engine, node = fleet
+    statements: list[str] = []
+    event.listen(engine, "before_cursor_execute", lambda _c, _cur, sql, *_: statements.append(sql))
+    body = HeartbeatRequest.model_validate({"version": 1, "actual": ACTUAL})
+    with sessions.begin() as s:
+        heartbeat.beat(s, node.node_id, node.credential, body, observed_address="192.0.2.9", timing=TIMING)
+    assert sum(s.lstrip().upper().startswith("UPDATE") for s in statements) == 1, statements
+    assert _row(sessions, node)[3]["observed_address"] == "192.0.2.9"
+
+
+def test_a_beat_on_a_node_row_changed_meanwhile_is_a_conflict_and_writes_nothing(fleet: Any) -> None:
+    """The beat's write checks the row's version as the ORM's does: a node read before another request
+    changed it (here: loaded with the version before) is refused, not overwritten."""
+    sessions, _engine, node = fleet
+    before = _row(sessions, node)
+    with pytest.raises(Conflict, match="changed by another request at the same time"), sessions.begin() as s:
+        stale = s.get(Node, node.node_id)
+        set_committed_value(stale, "version", stale.version - 1)
+        nodes.record_beat(s, stale, at=datetime.now(UTC))
+    assert _row(sessions, node) == before
 
 
 def test_a_beat_of_a_node_with_nothing_to_serve_or_run_reads_only_its_node(fleet: Any) -> None:
@@ -127,3 +168,40 @@ def test_a_beat_of_a_node_with_nothing_to_serve_or_run_reads_only_its_node(fleet
     answer = _beat(sessions, node, ACTUAL)
     assert [r["name"] for r in answer["desired"]["reservations"]] == ["web"]
     assert _reads(statements) == {"node_attestations": 1, "reservations": 1}, statements
+
+
+def test_migration_moves_each_nodes_beat_count_and_back(database_url: str) -> None:
+    """0025 moves the beat count from node_attestations onto nodes (the quote schedule goes on from where
+    it was) and back down again, on both stores."""
+    import sqlalchemy as sa
+    from alembic import command
+
+    from provisioner.store.migrate import alembic_config
+
+    (node,) = seed(database_url, 1, 1_000_000)
+    engine = make_engine(database_url)
+    cfg = alembic_config(database_url)
+
+    def migrate(step: Any, target: str) -> None:
+        with engine.begin() as conn:
+            cfg.attributes["connection"] = conn
+            step(cfg, target)
+
+    def count(table: str, key: str) -> int:
+        with engine.connect() as conn:
+            query = sa.text(f"SELECT heartbeats FROM {table} WHERE {key} = :id")
+            return int(conn.execute(query, {"id": node.node_id}).scalar_one())
+
+    migrate(command.downgrade, "0024_gcp_permanent_compute")
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text("UPDATE node_attestations SET heartbeats = 41 WHERE node_id = :id"), {"id": node.node_id}
+        )
+    migrate(command.upgrade, "0025_beat_count_on_node")
+    assert count("nodes", "id") == 41
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE nodes SET heartbeats = 42 WHERE id = :id"), {"id": node.node_id})
+    migrate(command.downgrade, "0024_gcp_permanent_compute")
+    assert count("node_attestations", "node_id") == 42
+    migrate(command.upgrade, "head")
+    engine.dispose()

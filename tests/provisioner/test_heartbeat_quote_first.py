@@ -140,7 +140,7 @@ def stored(cp: ControlPlane, node: JoinedNode) -> dict[str, Any]:
     db = sqlite3.connect(cp.database_url.removeprefix("sqlite:///"))
     try:
         row = db.execute(
-            f"SELECT {', '.join('n.' + c for c in columns)}, a.heartbeats, a.last_quote_at, a.quote_nonce, "
+            f"SELECT {', '.join('n.' + c for c in columns)}, n.heartbeats, a.last_quote_at, a.quote_nonce, "
             "n.minion_id FROM nodes n JOIN node_attestations a ON a.node_id = n.id WHERE n.id = ?",
             (node.node_id,),
         ).fetchone()

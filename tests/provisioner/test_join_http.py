@@ -519,7 +519,7 @@ def _attested_node(cp: ControlPlane, m: Minion, name: str) -> dict[str, Any]:
     wait_state(cp, name, "maintenance")
     # the fixture's heartbeat (it read the finalize work) is not one of the test's: count from 0 again,
     # so the tests about quote spacing see their own beats 1, 2, 3
-    sql(cp, "UPDATE node_attestations SET heartbeats = 0 WHERE node_id = ?", node["node_id"])
+    sql(cp, "UPDATE nodes SET heartbeats = 0 WHERE id = ?", node["node_id"])
     return node
 
 
