@@ -12,15 +12,21 @@ from sqlalchemy.orm.exc import StaleDataError
 from contracts.errors import Conflict, Unavailable
 
 
+def changed_meanwhile(what: str) -> Conflict:
+    """A row's version moved between this request's read and its write (the ORM's StaleDataError, or a
+    Core UPDATE … WHERE version = … that matched nothing)."""
+    return Conflict(
+        f"{what} was changed by another request at the same time: read it again and retry",
+        code="concurrent_update",
+    )
+
+
 def flush(session: Session, what: str) -> None:
     """Flush now so that a race surfaces here as a one-line Conflict naming `what`."""
     try:
         session.flush()
     except StaleDataError as exc:
-        raise Conflict(
-            f"{what} was changed by another request at the same time: read it again and retry",
-            code="concurrent_update",
-        ) from exc
+        raise changed_meanwhile(what) from exc
     except IntegrityError as exc:
         raise Conflict(
             f"{what} conflicts with a change made at the same time: list it again and retry",

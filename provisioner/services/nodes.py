@@ -29,7 +29,7 @@ from provisioner.domain.states import (
 from provisioner.providers.physical import PhysicalProvider
 from provisioner.services import audit, lifecycle, names, regional_lookup, reservations
 from provisioner.services import regions as region_service
-from provisioner.services.errors import flush
+from provisioner.services.errors import changed_meanwhile, flush
 from provisioner.store.join_models import NodeAttestation
 from provisioner.store.models import AuditEvent, Node, Region, new_id
 
@@ -134,10 +134,7 @@ def record_beat(
         },
     )
     if not isinstance(result, CursorResult) or result.rowcount != 1:
-        raise Conflict(
-            f"node '{node.name}' was changed by another request at the same time: read it again and retry",
-            code="concurrent_update",
-        )
+        raise changed_meanwhile(f"node '{node.name}'")
     for column, value in {**values, "version": node.version + 1}.items():
         set_committed_value(node, column, value)
 
