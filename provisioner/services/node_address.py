@@ -15,8 +15,9 @@ KEY = "observed_address"
 
 def record(node: Node, address: str | None) -> None:
     """Remember `address` (a new dict, so SQLAlchemy sees the JSON change; unchanged → no write)."""
-    if address and (node.inventory or {}).get(KEY) != address:
-        node.inventory = {**(node.inventory or {}), KEY: address}
+    changed = inventory_to_store(node, None, address)
+    if changed is not None:
+        node.inventory = changed
 
 
 def with_observed(inventory: dict[str, Any] | None, address: str | None) -> dict[str, Any] | None:
