@@ -2,7 +2,14 @@
 response) and the next heartbeat carries a quote over it. The quote must verify against the AK recorded
 at join time, pass the boot-path check of its event log (boot_path.py) and show the PCR values the
 region's policy expects (the recorded baseline in record mode); a refusal moves the node to errored with
-the refusal's message as the reason."""
+the refusal's message as the reason.
+
+An answer that verifies but comes after its nonce expired is late, not refused (LateAnswer): it proves
+nothing about the node now, and nothing against it. A control plane that falls behind (a fleet's beats
+queued for most of an interval) would otherwise error healthy nodes by the dozen for its own delay. The
+node is asked again, and the grace keeps counting from the first request, so a node that is always late
+still goes errored. A late answer that does not verify (a changed PCR, another AK) is refused as any
+other: what it shows against the node does not depend on when it came."""
 
 from __future__ import annotations
 
@@ -10,7 +17,7 @@ from collections.abc import Sequence
 
 from contracts.attestation import ATTESTED_PCRS
 from provisioner.attestation.boot_path import BootPathPolicy
-from provisioner.attestation.nonces import NonceIssuer, NonceRecord
+from provisioner.attestation.nonces import LateAnswer, NonceIssuer, NonceRecord, redeem_allowing_late
 from provisioner.attestation.pcr_policy import PcrPolicy
 from provisioner.attestation.quote import QuoteEvidence, VerifiedQuote
 from provisioner.attestation.refusals import Refusal
@@ -40,11 +47,13 @@ def verify_fresh_quote(
     policy: PcrPolicy,
     required: Sequence[int] = ATTESTED_PCRS,
     boot: BootPathPolicy = BootPathPolicy(),
-) -> VerifiedQuote | Refusal:
+) -> VerifiedQuote | Refusal | LateAnswer:
     """Spend the node's nonce, then check the quote against the recorded AK, the boot path and the PCR
-    policy."""
-    refusal = nonces.redeem(nonce, f"node:{node_id}")
-    if refusal:
-        return refusal
+    policy: a quote that passes over an expired nonce is a LateAnswer (module docstring)."""
+    spent = redeem_allowing_late(nonces, nonce, f"node:{node_id}")
+    if isinstance(spent, Refusal):
+        return spent
     result = check_quote(ak_public, evidence, nonce, policy, required, boot)
-    return result if isinstance(result, Refusal) else result[0]
+    if isinstance(result, Refusal):
+        return result
+    return spent or result[0]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from contracts import device_key
 from contracts.messages import KeyJoinChallenge, KeyJoinRequest, KeyProofRequest
-from provisioner.attestation.nonces import NonceIssuer
+from provisioner.attestation.nonces import LateAnswer, NonceIssuer, redeem_allowing_late
 from provisioner.attestation.refusals import Refusal, RefusalCode, refuse
 from provisioner.attestation.wire import PendingKeyJoin
 
@@ -73,12 +73,13 @@ class KeyJoinVerifier:
 
 def verify_fresh_signature(
     nonces: NonceIssuer, node_id: str, device_key_spki: bytes, nonce: bytes, signature: bytes
-) -> Refusal | None:
+) -> Refusal | LateAnswer | None:
     """A heartbeat's answer to its nonce (continuous proof of possession, as continuous.py checks a
-    quote): spend the node's nonce, then check the signature with the key recorded at join."""
-    refusal = nonces.redeem(nonce, f"node:{node_id}")
-    if refusal:
-        return refusal
+    quote): spend the node's nonce, then check the signature with the key recorded at join. A signature
+    that verifies over an expired nonce is late, as a quote would be (continuous.py)."""
+    spent = redeem_allowing_late(nonces, nonce, f"node:{node_id}")
+    if isinstance(spent, Refusal):
+        return spent
     if not device_key.verifies(device_key_spki, signature, device_key.heartbeat_message(node_id, nonce)):
         return refuse(RefusalCode.device_key_signature_invalid)
-    return None
+    return spent

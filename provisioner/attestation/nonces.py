@@ -105,3 +105,24 @@ class NonceIssuer:
                 RefusalCode.nonce_expired, f"{late:.0f} s past its {self.ttl.total_seconds():.0f} s lifetime"
             )
         return None
+
+
+@dataclass(frozen=True)
+class LateAnswer:
+    """A heartbeat's answer over a nonce that expired before it arrived: once the answer verifies, late
+    rather than refused (provisioner/attestation/continuous.py says why)."""
+
+    expired: Refusal  # the nonce's refusal, which says how late
+
+    @property
+    def detail(self) -> str:
+        return str(self.expired.detail.get("summary", "past its lifetime"))
+
+
+def redeem_allowing_late(nonces: NonceIssuer, nonce: bytes, subject: str) -> Refusal | LateAnswer | None:
+    """Spend `nonce`: None when fresh, LateAnswer when it expired (the answer is still checked), and the
+    refusal otherwise (unknown, replayed, another node's)."""
+    refusal = nonces.redeem(nonce, subject)
+    if refusal is not None and refusal.code == RefusalCode.nonce_expired:
+        return LateAnswer(refusal)
+    return refusal

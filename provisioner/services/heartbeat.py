@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import functools
+import logging
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -23,6 +24,7 @@ from sqlalchemy.orm import Session
 from contracts.messages import HeartbeatRequest, HeartbeatResponse
 from provisioner.attestation.continuous import issue_quote_nonce, quote_due, verify_fresh_quote
 from provisioner.attestation.device_key import verify_fresh_signature
+from provisioner.attestation.nonces import LateAnswer
 from provisioner.attestation.quote import VerifiedQuote
 from provisioner.attestation.refusals import Refusal
 from provisioner.attestation.wire import quote_evidence
@@ -34,6 +36,8 @@ from provisioner.services.heartbeat_timing import HeartbeatTiming
 from provisioner.services.wakeups import Wake, wake_after_commit
 from provisioner.store.join_models import NodeAttestation
 from provisioner.store.models import Node
+
+log = logging.getLogger("rigbase.heartbeat")
 
 
 @desired_state.contributes("maintenance")
@@ -121,7 +125,8 @@ def _quote_passes(
 ) -> bool:
     """Check the quote this beat carries against the outstanding nonce (False: refused, and the node is
     errored). A beat without a quote, or with one nobody asked for, passes: it proves nothing, and the
-    grace count (_enforce_quote_grace) catches a node that never answers."""
+    grace count (_enforce_quote_grace) catches a node that never answers. A late answer (its nonce expired
+    on the way, provisioner/attestation/continuous.py) passes as a beat without one."""
     keyed = att.identity == MinionIdentity.DEVICE_KEY
     if (body.key_signature if keyed else body.quote) is None or not att.quote_nonce:
         return True
@@ -130,6 +135,11 @@ def _quote_passes(
         _verify_key_signature(session, node, att, body) if keyed else _verify_quote(session, node, att, body)
     )
     att.quote_nonce = None
+    if isinstance(result, LateAnswer):
+        # proof of nothing, now or against the node: this beat's answer asks again (quote_asked_beat
+        # stays, so _ask_for_quote does) and the grace keeps counting from the first request
+        log.warning("node %s answered its quote request late (%s): asked again", node.name, result.detail)
+        return True
     att.quote_asked_beat = None
     if not isinstance(result, Refusal):
         att.last_quote_at = now
@@ -150,7 +160,7 @@ def _quote_passes(
 
 def _verify_quote(
     session: Session, node: Node, att: NodeAttestation, body: HeartbeatRequest
-) -> VerifiedQuote | Refusal:
+) -> VerifiedQuote | Refusal | LateAnswer:
     assert body.quote is not None and att.quote_nonce is not None  # _quote_passes checked both
     return verify_fresh_quote(
         nonce_store.issuer(session),
@@ -165,7 +175,7 @@ def _verify_quote(
 
 def _verify_key_signature(
     session: Session, node: Node, att: NodeAttestation, body: HeartbeatRequest
-) -> Refusal | None:
+) -> Refusal | LateAnswer | None:
     assert body.key_signature is not None and att.quote_nonce is not None  # _quote_passes checked both
     return verify_fresh_signature(
         nonce_store.issuer(session),
@@ -179,10 +189,11 @@ def _verify_key_signature(
 def _enforce_quote_grace(
     session: Session, node: Node, att: NodeAttestation, *, timing: HeartbeatTiming
 ) -> None:
-    """A quote request the node let `timing.quote_grace_beats` beats pass unanswered: errored."""
+    """A quote request the node let `timing.quote_grace_beats` beats pass unanswered (or answered only
+    late, after each nonce expired): errored."""
     actor = f"minion:{node.minion_id}"
     asked = att.quote_asked_beat
-    if att.quote_nonce is None or asked is None or node.heartbeats - asked < timing.quote_grace_beats:
+    if asked is None or node.heartbeats - asked < timing.quote_grace_beats:
         return
     att.quote_nonce = None
     att.quote_asked_beat = None

@@ -18,7 +18,7 @@ from minion.join.attest import join_request, parse_challenge, proof_payload, quo
 from minion.tpm.session import AttestationKey, TpmSession
 from provisioner.attestation.continuous import issue_quote_nonce, quote_due, verify_fresh_quote
 from provisioner.attestation.ek_certs import TrustStore
-from provisioner.attestation.nonces import MemoryNonceStore, NonceIssuer
+from provisioner.attestation.nonces import LateAnswer, MemoryNonceStore, NonceIssuer
 from provisioner.attestation.pcr_policy import ManifestPolicy, PcrPolicy, RecordPolicy
 from provisioner.attestation.quote import VerifiedQuote
 from provisioner.attestation.refusals import Refusal, RefusalCode
@@ -393,6 +393,43 @@ def test_continuous_attestation(node: Node, verifier: JoinVerifier, trust: Regio
         verifier.nonces, "node-1", joined.ak_public, nonce, _heartbeat_quote(node, nonce), policy
     )
     assert refused(changed, RefusalCode.pcr_changed).detail["pcrs"] == [12]
+
+
+def test_a_late_heartbeat_quote_is_late_not_refused_unless_it_shows_something_wrong(
+    node: Node, verifier: JoinVerifier, trust: RegionTrust, clock: Clock
+) -> None:
+    """A quote over an expired nonce that verifies is a LateAnswer (no proof, and nothing against the
+    node); one that shows a changed PCR is refused as if it were on time; the late nonce is spent all the
+    same (a second try is a replay)."""
+    joined = _attested(node, verifier, trust)
+    policy: PcrPolicy = RecordPolicy(joined.pcr_record)
+    nonce = issue_quote_nonce(verifier.nonces, "node-1").nonce
+    evidence = _heartbeat_quote(node, nonce)
+    clock.advance(61)
+    late = verify_fresh_quote(verifier.nonces, "node-1", joined.ak_public, nonce, evidence, policy)
+    assert isinstance(late, LateAnswer), late
+    assert late.expired.code == RefusalCode.nonce_expired and "1 s past its 60 s lifetime" in late.detail
+    refused(
+        verify_fresh_quote(verifier.nonces, "node-1", joined.ak_public, nonce, evidence, policy),
+        RefusalCode.nonce_replayed,
+    )
+    # late and tampered: the quote still tells against the node
+    node.session.extend_pcr(12, b"init=/bin/sh")
+    nonce = issue_quote_nonce(verifier.nonces, "node-1").nonce
+    evidence = _heartbeat_quote(node, nonce)
+    clock.advance(61)
+    changed = verify_fresh_quote(verifier.nonces, "node-1", joined.ak_public, nonce, evidence, policy)
+    assert refused(changed, RefusalCode.pcr_changed).detail["pcrs"] == [12]
+    # late and by another AK: refused as well
+    nonce = issue_quote_nonce(verifier.nonces, "node-1").nonce
+    other = quote_evidence(
+        QuoteMessage.model_validate(wire(quote_payload(node.session, node.session.create_ak(), nonce)))
+    )
+    clock.advance(61)
+    refused(
+        verify_fresh_quote(verifier.nonces, "node-1", joined.ak_public, nonce, other, policy),
+        RefusalCode.quote_signature_invalid,
+    )
 
 
 def test_continuous_attestation_with_another_ak(

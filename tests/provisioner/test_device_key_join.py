@@ -38,7 +38,7 @@ from tests.fixtures.joins import joinable_control_plane
 from tests.fixtures.umockdev import minion_executable
 from tests.minion.test_jetson import PROFILES
 from tests.provisioner.test_devices import ORIN_NX, add_node, join_storage
-from tests.provisioner.test_join_http import api, cli, minion
+from tests.provisioner.test_join_http import api, cli, expire_nonce, minion
 
 __all__ = ["minion"]  # test_join_http's swtpm minion (the region's storage node), made against this `cp`
 
@@ -197,6 +197,14 @@ def test_a_xavier_joins_with_its_device_key_only_where_the_region_allows_it(
     assert "device key (no TPM" in text, text
     history = json.loads(cli(cp, "device", "history", "xav-1", "--json").stdout)
     assert any("device key proven" in (e["reason"] or "") for e in history), history
+    # the key's own signature over a nonce that expired on the way is late: neither proof nor refusal,
+    # and the answer asks again
+    nonce = beat_until_asked(cp, node)
+    expire_nonce(cp, {"nonce": nonce})
+    late = beat(
+        cp, node, key_signature=base64.b64encode(key.heartbeat_signature(node["node_id"], nonce)).decode()
+    )
+    assert late["state"] == "active" and late["quote_nonce"] not in (None, nonce), late
     # a signature by any other key is refused: the device is errored with the reason
     other = DeviceKey.load_or_create(tmp_path / "thief")
     nonce = beat_until_asked(cp, node)

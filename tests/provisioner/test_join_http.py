@@ -588,6 +588,36 @@ def test_a_node_that_ignores_quote_requests_goes_errored(
     assert "last_quote_at" in cli(cp, "node", "show", "noquote-1").stdout
 
 
+def test_a_quote_answered_late_is_asked_again_and_the_grace_still_counts(
+    cp: ControlPlane, minion: Callable[..., Minion]
+) -> None:
+    """An answer whose nonce expired on the way (a control plane behind its fleet queues beats for most of
+    an interval) proves nothing and errors nothing: its answer asks again. A node that only ever answers
+    late goes errored when the grace runs out, as one that never answers."""
+    m = minion()
+    node = _attested_node(cp, m, "late-1")
+    assert m.beat(node).json()["quote_nonce"] is None
+    asked = m.beat(node).json()["quote_nonce"]  # beat 2 asks (every 2nd)
+    expire_nonce(cp, {"nonce": asked})
+    late = m.beat(node, asked).json()
+    assert late["state"] == "maintenance" and late["quote_nonce"] not in (None, asked), late
+    assert json.loads(cli(cp, "node", "show", "late-1", "--json").stdout)["last_quote_at"] is None
+    on_time = m.beat(node, late["quote_nonce"]).json()  # beat 4: verified, and (a due beat) asks again
+    assert on_time["state"] == "maintenance" and on_time["quote_nonce"], on_time
+    assert json.loads(cli(cp, "node", "show", "late-1", "--json").stdout)["last_quote_at"] is not None
+    assert not any("nonce_expired" in reason for reason in audit_rows(cp, m.minion_id))  # nothing refused
+
+    # always late: beats 5 and 6 answer beat 4's request late; beat 7, the 3rd since it, is past the grace
+    asked = on_time["quote_nonce"]
+    answers = []
+    for _ in range(3):
+        expire_nonce(cp, {"nonce": asked})
+        answers.append(m.beat(node, asked).json())
+        asked = answers[-1]["quote_nonce"]
+    assert [a["state"] for a in answers] == ["maintenance", "maintenance", "errored"], answers
+    assert "no quote answered within 3 heartbeats" in answers[-1]["reason"]
+
+
 def test_an_old_last_quote_asks_for_one_at_once(cp: ControlPlane, minion: Callable[..., Minion]) -> None:
     """A node whose last verified quote (or join) is older than twice the quote spacing is asked for a
     quote on its next beat, whatever the beat count; the answer shows in `node show`."""
