@@ -41,7 +41,10 @@ from tests.fixtures.control_plane import PROVISION, ControlPlane, start_control_
 from tests.image_builder import measured
 from tests.image_builder.conftest import _cache_dir
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
+# The whole test's bound, over the waits' own (each fails with the console's tail). On TCG beside the rest of
+# the suite the storage node's life took 15-24 min on 2026-11-27/28 and 36.8 min (2,210 s) on a slower
+# machine later on 11-28: 3,000 s keeps a third above that, inside CI's 90 minutes.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3000)]
 
 GiB = 2**30
 GUEST_CP = "10.0.2.100"  # QEMU's guestfwd address for the control plane (image_builder.vm)
