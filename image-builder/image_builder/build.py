@@ -17,6 +17,7 @@ from typing import Any
 
 from contracts.bundle import BundleError, read_bundle_bytes
 from image_builder import (
+    bytecode,
     disk,
     ext4,
     gce,
@@ -126,6 +127,7 @@ def stage_tree(base: Path, work: Path, whl: Path, deps: Path, epoch: int, collec
         (stage / rel.lstrip("/")).unlink(missing_ok=True)
     for d in node_files.DIRS:
         (stage / d.lstrip("/")).mkdir(parents=True, exist_ok=True)
+    bytecode.compile_tree(stage)  # last of the Python: nothing can write a __pycache__ on the node
     staging.put(stage, "/usr/share/rigbase/nvme-esp.img", _nvme_esp(base, work, epoch).read_bytes())
     # The UKI carries kernel and initramfs; the root does not need copies of them.
     for p in sorted((stage / "boot").glob("*")):

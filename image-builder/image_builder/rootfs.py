@@ -188,7 +188,8 @@ def _trim(root: Path) -> None:
         if p.exists() or p.is_symlink():
             p.unlink()
     (root / "etc/machine-id").write_text("")  # systemd generates one per boot on a read-only root
-    # __pycache__ from postinst byte-compiling carries timestamps; Python regenerates what it needs.
+    # __pycache__ from postinst byte-compiling carries timestamps; the stage compiles every tree again into
+    # timestamp-free pycs (bytecode.py).
     for pyc in list(root.glob("usr/lib/python3*/**/__pycache__")):
         shutil.rmtree(pyc, ignore_errors=True)
 

@@ -184,6 +184,30 @@ MESSAGES: dict[RefusalCode, str] = {
     ),
 }
 
+# The same refusals met in a heartbeat's quote (continuous attestation) errored an enrolled node: "restart
+# the join" is the wrong next step there, the operator investigates and retries the node.
+HEARTBEAT_MESSAGES: dict[RefusalCode, str] = {
+    RefusalCode.quote_malformed: (
+        "The TPM quote is malformed ({detail}); update the minion, then `provision node retry NAME`."
+    ),
+    RefusalCode.nonce_unknown: (
+        "The quote answers an attestation nonce this control plane never issued; investigate the node, "
+        "then `provision node retry NAME`."
+    ),
+    RefusalCode.nonce_replayed: (
+        "The quote answers an attestation nonce that was already used (a replay); investigate the node, "
+        "then `provision node retry NAME`."
+    ),
+    RefusalCode.nonce_mismatch: (
+        "The quote is not over the nonce this control plane asked for (a stale or replayed quote); "
+        "investigate the node, then `provision node retry NAME`."
+    ),
+    RefusalCode.device_key_signature_invalid: (
+        "The answer's signature does not verify with the device key, so it was not made by the device "
+        "holding that key; investigate the device, then `provision node retry NAME`."
+    ),
+}
+
 # Malformed input is the client's bug (422); a challenge that went stale before its proof came is a race
 # with the clock, not a failed authentication (409: a slow link or a busy TPM, and fifty of them from one
 # NATed site must not spend that address's failed-authentication budget, api/limits.py); everything else
@@ -204,6 +228,12 @@ class Refusal:
     @property
     def message(self) -> str:
         return MESSAGES[self.code].format(detail=self.detail.get("summary", "no detail"))
+
+    @property
+    def heartbeat_message(self) -> str:
+        """The sentence when a heartbeat's quote met this refusal (the node is errored, not joining)."""
+        text = HEARTBEAT_MESSAGES.get(self.code)
+        return self.message if text is None else text.format(detail=self.detail.get("summary", "no detail"))
 
     def as_error(self) -> RigbaseError:
         return _ERROR_CLASS.get(self.code, Forbidden)(self.message, code=self.code.value)

@@ -152,9 +152,9 @@ def _quote_passes(
         actor=actor,
         from_state=None,
         to_state=JoinOutcome.REFUSED.value,
-        reason=f"{result.code.value}: {result.message}",
+        reason=f"{result.code.value}: {result.heartbeat_message}",
     )
-    _error(session, node, f"continuous attestation: {result.message}", actor=actor)
+    _error(session, node, f"continuous attestation: {result.heartbeat_message}", actor=actor)
     return False
 
 

@@ -1,6 +1,6 @@
 """The image end to end: two builds from one cache are byte-identical; the GCE target carries the same UKI
-and root; an installed copy of another build is replaced. Negative: a flipped root byte is refused by
-verity; a modified UKI changes PCR 11. The USB boot that installs to NVMe, reboots into the installed OS and
+and root; the read-only root carries the bytecode its Python needs; an installed copy of another build is
+replaced. Negative: a flipped root byte is refused by verity; a modified UKI changes PCR 11. The USB boot that installs to NVMe, reboots into the installed OS and
 shows the banner and the manifest's PCRs is the first part of test_node_life_vm.py's node life (one install
 for both).
 
@@ -121,6 +121,61 @@ def test_the_node_root_runs_the_container_stack_the_minion_calls(built_image) ->
     # can be checked here (the lab's job tests run the same crun on this host)
     for path in ("usr/bin/crun", "usr/bin/conmon", "usr/lib/cni/bridge", "usr/sbin/xtables-nft-multi"):
         assert os.access(base / path, os.X_OK), path
+
+
+# Run in the built root, mounted read-only as on a node: import what the minion and its finalize import, and
+# name every module that came from a .py without an unchecked hash-based pyc beside it (PEP 552 flags 0b01).
+BYTECODE_PROBE = """
+import importlib.util, json, sys
+sys.path.insert(0, "/usr/lib/rigbase/python")
+import minion.cli, ansible.cli.playbook, ansible_runner
+missing, checked = [], 0
+for name, mod in sorted(sys.modules.items()):
+    spec = getattr(mod, "__spec__", None)
+    if not (getattr(spec, "origin", None) or "").endswith(".py"):
+        continue
+    try:
+        with open(spec.cached, "rb") as f:
+            head = f.read(8)
+    except OSError:
+        missing.append(spec.origin)
+        continue
+    checked += 1
+    if head[:4] != importlib.util.MAGIC_NUMBER or int.from_bytes(head[4:8], "little") != 0b01:
+        missing.append(spec.origin + " (not an unchecked hash-based pyc)")
+print(json.dumps({"checked": checked, "missing": missing}))
+"""
+
+
+def test_the_read_only_root_carries_bytecode_for_what_the_minion_and_ansible_import(
+    built_image, tmp_path: Path
+) -> None:
+    """Python cannot write a __pycache__ on the verity root: without the image's pycs every minion start,
+    play and Ansible module on a node compiles its imports from source (image_builder/bytecode.py)."""
+    root = built_image.manifest["image"]["partitions"]["rigbase-usb-root"]
+    mnt = tmp_path / "root"
+    mnt.mkdir()
+    opts = f"ro,loop,offset={root['offset']},sizelimit={root['size']}"
+    subprocess.run(["mount", "-o", opts, str(built_image.out / "rigbase-usb.img"), str(mnt)], check=True)
+    try:
+        subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(mnt / "tmp")], check=True)  # ansible's temp
+        try:
+            env = {
+                "HOME": "/tmp",
+                "ANSIBLE_LOCAL_TEMP": "/tmp/ansible",
+                "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+            }
+            out = subprocess.run(
+                ["chroot", str(mnt), "/usr/bin/python3", "-c", BYTECODE_PROBE],
+                env=env, capture_output=True, text=True, check=False,
+            )  # fmt: skip
+        finally:
+            subprocess.run(["umount", str(mnt / "tmp")], check=True)
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    found = json.loads(out.stdout)
+    assert found["checked"] > 300 and found["missing"] == [], found["missing"][:20]
 
 
 def test_flipped_root_byte_is_refused_by_verity(built_image, lab_tpm, tmp_path: Path) -> None:

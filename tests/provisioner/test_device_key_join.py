@@ -211,7 +211,8 @@ def test_a_xavier_joins_with_its_device_key_only_where_the_region_allows_it(
     forged = other.heartbeat_signature(node["node_id"], nonce)
     answer = beat(cp, node, key_signature=base64.b64encode(forged).decode())
     assert answer["state"] == "errored", answer
-    assert answer["reason"].startswith("continuous attestation: The proof's signature does not verify")
+    assert answer["reason"].startswith("continuous attestation: The answer's signature does not verify")
+    assert "provision node retry" in answer["reason"] and "restart the join" not in answer["reason"]
 
 
 def _begin(cp: ControlPlane, body: dict[str, Any]) -> httpx.Response:

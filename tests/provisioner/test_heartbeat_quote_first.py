@@ -208,3 +208,18 @@ def test_a_genuine_quote_stores_the_beat_s_reports(
     assert after["heartbeats"] == before["heartbeats"] + 1
     assert after["last_quote_at"] is not None and after["quote_nonce"] is None
     assert after["audit"] == before["audit"]
+
+
+def test_a_genuine_quote_over_another_nonce_errors_the_node_and_says_retry_the_node_not_the_join(
+    cp: ControlPlane, joined: Callable[[str], JoinedNode]
+) -> None:
+    """A stale or replayed quote (the node's own TPM, but not over the nonce asked for) is a refusal in a
+    heartbeat too; its reason names what the operator does with an errored node, not the join's step."""
+    node = joined("stale-1")
+    asked = node.nonce()
+    answer = node.beat({"actual": {"maintenance": True}, "quote": node.quote(bytes(reversed(asked)))})
+    assert answer["state"] == "errored", answer
+    assert answer["reason"].startswith("continuous attestation: The quote is not over the nonce"), answer
+    assert "provision node retry" in answer["reason"] and "restart the join" not in answer["reason"]
+    refused = stored(cp, node)["audit"][-2]
+    assert refused[:2] == ("join", "refused") and "provision node retry" in refused[2], refused
