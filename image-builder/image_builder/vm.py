@@ -6,6 +6,7 @@ One QEMU at a time on a shared 2-core host: the caller owns the instance and mus
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -17,6 +18,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 OVMF_CODE = Path("/usr/share/OVMF/OVMF_CODE_4M.fd")
 OVMF_VARS = Path("/usr/share/OVMF/OVMF_VARS_4M.fd")
@@ -318,6 +321,21 @@ class Machine:
         """A reset the guest did not ask for (the reset button): same QEMU, same disks (NVMe and SATA
         written in place, the USB image's snapshot kept), same TPM state; the TPM itself is reset."""
         self.qmp("system_reset")
+
+    def through_firmware(self, start: int, stall: float = 300, timeout: float = 600) -> None:
+        """After a reboot (the guest's own or system_reset()), wait until the firmware has started the boot
+        loader (`BdsDxe: starting`). Under TCG, OVMF after a warm reset with an installed NVMe drive is slow
+        and erratic: 11 s from power-on to the boot loader, 70 s to over 5 min after a warm reset here, and
+        once (CI, 2026-11-28) `BdsDxe: loading` and then nothing for 600 s. A firmware that has not started
+        the boot loader after `stall` seconds gets one power cycle, as an operator would give a hung
+        machine; then it has `timeout` seconds."""
+        try:
+            self.wait_for(r"BdsDxe: starting", stall, start)
+        except ConsoleTimeout:
+            log.warning("the firmware did not start the boot loader within %.0f s: power cycle", stall)
+            mark = len(self.output)
+            self.power_cycle()
+            self.wait_for(r"BdsDxe: starting", timeout, mark)
 
     def power_cycle(self) -> None:
         """Power off and on: QEMU and swtpm stop and start again on the same disk files, OVMF variables and

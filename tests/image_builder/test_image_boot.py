@@ -1,8 +1,8 @@
 """The image end to end: two builds from one cache are byte-identical; the GCE target carries the same UKI
 and root; the read-only root carries the bytecode its Python needs; an installed copy of another build is
-replaced. Negative: a flipped root byte is refused by verity; a modified UKI changes PCR 11. The USB boot that installs to NVMe, reboots into the installed OS and
-shows the banner and the manifest's PCRs is the first part of test_node_life_vm.py's node life (one install
-for both).
+replaced. Negative: a flipped root byte is refused by verity; a modified UKI changes PCR 11. The USB boot
+that installs to NVMe, reboots into the installed OS and shows the banner and the manifest's PCRs is the
+first part of test_node_life_vm.py's node life (one install for both).
 
 One QEMU at a time (shared 2-core hosts)."""
 

@@ -184,6 +184,7 @@ def test_storage_node_life_from_usb_to_active_and_through_a_reset(
     doc = json.loads((image / "manifest.json").read_bytes())
     with _machine(tmp_path / "vm", usb, tpm, cp, disks) as m:
         mark = _install(m)
+        m.through_firmware(mark)
         shown = m.wait_for(r"(?:MINION_ID=|minion_id +)([0-9a-f]{32})", 600, mark)  # as after the reset below
         assert shown.group(1) == expected_id
         # The installed OS booted (from NVMe) and measured what the signed manifest says it would.
@@ -219,6 +220,7 @@ def test_storage_node_life_from_usb_to_active_and_through_a_reset(
         reset_at = datetime.now(UTC)
         mark = len(m.output)
         m.system_reset()
+        m.through_firmware(mark)
         m.wait_for(r"(?:MINION_ID=|minion_id +)" + expected_id, 600, mark)
 
         def after_reset(stamp: str | None) -> bool:
