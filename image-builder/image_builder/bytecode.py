@@ -39,9 +39,8 @@ def python_dirs(root: Path) -> list[str]:
     return [f"/usr/lib/{name}" for name in stdlib] + [f"/{d}" for d in SEARCH if (root / d).is_dir()]
 
 
-def compile_tree(root: Path) -> int:
-    """Write unchecked hash-based pycs for every module under the node's Python directories; returns how
-    many .pyc files the tree holds afterwards."""
+def compile_tree(root: Path) -> None:
+    """Write unchecked hash-based pycs for every module under the node's Python directories."""
     dirs = python_dirs(root)
     argv = [
         "/usr/bin/python3",
@@ -59,4 +58,3 @@ def compile_tree(root: Path) -> int:
     except subprocess.CalledProcessError as exc:
         failed = (exc.stdout or exc.stderr or "").strip().splitlines()[-3:]
         raise BuildError(f"byte-compiling the node's Python failed: {' / '.join(failed)}") from None
-    return sum(1 for d in dirs for _ in (root / d.lstrip("/")).rglob("*.pyc"))

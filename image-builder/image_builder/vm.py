@@ -325,8 +325,8 @@ class Machine:
     def through_firmware(self, start: int, stall: float = 300, timeout: float = 600) -> None:
         """After a reboot (the guest's own or system_reset()), wait until the firmware has started the boot
         loader (`BdsDxe: starting`). Under TCG, OVMF after a warm reset with an installed NVMe drive is slow
-        and erratic: 7-11 s from power-on to the boot loader, 62-100 s after a warm reset here, once over
-        8 min, and once (CI, 2026-11-28) `BdsDxe: loading` and then nothing for 600 s. A firmware that has
+        and erratic: 7-12 s from power-on to the boot loader, 62-72 s after a warm reset here, once over
+        5 min, and once (CI, 2026-11-28) `BdsDxe: loading` and then nothing for 600 s. A firmware that has
         not started the boot loader after `stall` seconds gets one power cycle, as an operator would give a
         hung machine; then it has `timeout` seconds."""
         try:

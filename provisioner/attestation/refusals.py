@@ -227,13 +227,15 @@ class Refusal:
 
     @property
     def message(self) -> str:
-        return MESSAGES[self.code].format(detail=self.detail.get("summary", "no detail"))
+        return self._sentence(MESSAGES[self.code])
 
     @property
     def heartbeat_message(self) -> str:
         """The sentence when a heartbeat's quote met this refusal (the node is errored, not joining)."""
-        text = HEARTBEAT_MESSAGES.get(self.code)
-        return self.message if text is None else text.format(detail=self.detail.get("summary", "no detail"))
+        return self._sentence(HEARTBEAT_MESSAGES.get(self.code, MESSAGES[self.code]))
+
+    def _sentence(self, template: str) -> str:
+        return template.format(detail=self.detail.get("summary", "no detail"))
 
     def as_error(self) -> RigbaseError:
         return _ERROR_CLASS.get(self.code, Forbidden)(self.message, code=self.code.value)
