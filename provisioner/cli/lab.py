@@ -146,11 +146,11 @@ def status(json_out: Json = False) -> None:
         render.print_json(report)
         return
     if not report["up"]:
+        owner = report["owner"]
+        down = f"RIGBASE_HOME={owner} provision lab down --yes" if owner else "provision lab down --yes"
         leftovers = (
-            (
-                f" (leftover namespaces: {', '.join(report['namespaces'])}; "
-                "`provision lab down --yes` removes them)"
-            )
+            f" (namespaces of {f'the lab of {owner}' if owner else 'a lab'}: "
+            f"{', '.join(report['namespaces'])}; `{down}` removes them)"
             if report["namespaces"]
             else ""
         )

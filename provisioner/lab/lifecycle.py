@@ -37,7 +37,17 @@ from provisioner.adapters.tls import TlsFiles
 from provisioner.client import Client, ControlPlaneError, read_client_config
 from provisioner.domain.states import NODE_READY, NODE_STOPPED
 from provisioner.lab import hardware, job_image, job_runtime, netns, rootfs
-from provisioner.lab.state import LabNodeRecord, LabState, Proc, default_home, lab_dir, state_path
+from provisioner.lab.state import (
+    LabNodeRecord,
+    LabState,
+    Proc,
+    claim_machine,
+    default_home,
+    lab_dir,
+    machine_owner,
+    release_machine,
+    state_path,
+)
 from provisioner.lab.swtpm import Swtpm, VendorCA, create_vendor_ca, provision_swtpm
 from provisioner.lab.topology import (
     CP_PORT,
@@ -134,11 +144,31 @@ def _preflight(plan: LabPlan, home: Path, state: LabState | None) -> None:
         n for n in netns.list_namespaces(NETNS_PREFIX) if NAME_PATTERN.match(n) and n not in recorded
     )
     if foreign:
-        raise Conflict(
-            f"namespace {foreign[0]} exists but is not this lab's ({home}): another lab is up or "
-            "one crashed; run `provision lab down --yes` with its RIGBASE_HOME (or this one, to "
-            "clean up leftovers)"
+        raise Conflict(_foreign_namespace(foreign[0], home))
+
+
+def _foreign_namespace(name: str, home: Path) -> str:
+    """Why `lab up` in `home` may not use namespace `name`, and the `lab down` that frees it."""
+    owner = machine_owner()
+    if owner is None or owner == home:
+        return (
+            f"namespace {name} exists but is not this lab's ({home}): another lab is up or one crashed; "
+            "run `provision lab down --yes` with its RIGBASE_HOME (or this one, to clean up leftovers)"
         )
+    if _orphaned(owner):
+        return (
+            f"namespace {name} is left over from a lab whose home {owner} is gone: "
+            "run `provision lab down --yes` to clean it up"
+        )
+    return (
+        f"namespace {name} belongs to the lab of {owner}: "
+        f"run `RIGBASE_HOME={owner} provision lab down --yes` first"
+    )
+
+
+def _orphaned(owner: Path) -> bool:
+    """A lab whose state file is gone with its home: nobody can `lab down` it but another home."""
+    return not state_path(owner).exists()
 
 
 # -- network ---------------------------------------------------------------------------------------------
@@ -628,6 +658,7 @@ def up(
     state.upnp = plan.upnp
     lab_dir().mkdir(parents=True, exist_ok=True, mode=0o700)
     state.save()
+    claim_machine(home)  # before the first namespace: a lab killed from here on is known by its home
     started = time.monotonic()
     step = lambda msg: progress(f"[{time.monotonic() - started:6.1f} s] {msg}")  # noqa: E731
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
@@ -707,8 +738,16 @@ def status(home: Path | None = None) -> dict[str, Any]:
     home = home or default_home()
     state = LabState.load(home)
     present = [n for n in netns.list_namespaces(NETNS_PREFIX) if NAME_PATTERN.match(n)]
+    owner = machine_owner()
     if state is None:
-        return {"up": False, "home": str(home), "namespaces": present, "processes": [], "nodes": []}
+        return {
+            "up": False,
+            "home": str(home),
+            "namespaces": present,
+            "owner": str(owner) if present and owner else None,  # whose lab those namespaces are
+            "processes": [],
+            "nodes": [],
+        }
     procs = [
         {"kind": p.kind, "pid": p.pid, "alive": p.alive(), "node": None}
         for p in (state.serve, state.miniupnpd)
@@ -786,26 +825,34 @@ def down(*, progress: Progress = _quiet, home: Path | None = None) -> dict[str, 
     if state and state.serve:
         state.serve.stop()
         removed["processes"].append(f"serve {state.serve.pid}")
-    for pid in _stray_processes(home):  # a crash between starting a process and recording it
+    lab_owner = machine_owner()
+    # an orphan's processes (a lab whose home was deleted under it: a killed test run's temporary home)
+    # are found by its path as this home's are; nothing else can still stop them
+    homes = [home] + ([lab_owner] if lab_owner and lab_owner != home and _orphaned(lab_owner) else [])
+    for pid in [pid for h in homes for pid in _stray_processes(h)]:  # also: a crash before a pid was saved
         Proc.of("stray", pid).stop()
         removed["processes"].append(f"stray {pid}")
     for root in sorted((lab_dir(home) / "roots").glob("*")):
         rootfs.remove_root(root, require_marker=False)
     # datastore roots a minion mounted for its jobs (in the host's mount namespace: minions enter only the
     # network namespace) are unmounted before the tree is deleted, never deleted through
-    rootfs.unmount_under(lab_dir(home))
+    for h in homes:
+        rootfs.unmount_under(lab_dir(h))
     before = set(state.home_entries_before) if state else set(os.listdir(home)) - {"lab"}
     for entry in sorted(set(os.listdir(home)) - before - KEEP_IN_HOME):
         path = home / entry
         shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
         removed["files"].append(str(path))
     left_ns = [n for n in netns.list_namespaces(NETNS_PREFIX) if NAME_PATTERN.match(n)]
-    left_procs = _stray_processes(home) + [p.pid for p in (state.processes() if state else []) if p.alive()]
+    left_procs = [pid for h in homes for pid in _stray_processes(h)]
+    left_procs += [p.pid for p in (state.processes() if state else []) if p.alive()]
     if left_ns or left_procs or state_path(home).exists():
         raise Unavailable(
             f"lab down left namespaces {left_ns or '-'} and processes {left_procs or '-'}: "
             "run `provision lab down --yes` again"
         )
+    for h in homes:
+        release_machine(h)
     progress(
         f"removed {len(removed['namespaces'])} namespaces, {len(removed['processes'])} processes, "
         f"{len(removed['containers'])} job containers, {len(removed['files'])} entries of {home} "

@@ -3,6 +3,11 @@
 `lab up` writes the file before it creates anything and again after every step, so a `lab up` killed
 half-way leaves a record `lab down` can follow. Processes are recorded with their start time (field 22
 of /proc/PID/stat): a pid reused by an unrelated process after a reboot or a crash is never signalled.
+
+The lab's namespaces have fixed names, so one lab runs per machine; which home it belongs to is kept
+in OWNER_PATH, on the same tmpfs as /run/netns (gone together after a reboot). A refusal can then name
+the home to run `lab down` with, and a lab whose home was deleted (its state with it) is known for an
+orphan that any home's `lab down` may clean.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from typing import Any
 from provisioner.settings import Settings
 
 STATE_VERSION = 1
+OWNER_PATH = Path("/run/rigbase/lab-home")
 
 
 def default_home() -> Path:
@@ -32,6 +38,28 @@ def lab_dir(home: Path | None = None) -> Path:
 
 def state_path(home: Path | None = None) -> Path:
     return lab_dir(home) / "state.json"
+
+
+def claim_machine(home: Path) -> None:
+    """Record `home` as the owner of the machine's lab, before the first namespace is made."""
+    OWNER_PATH.parent.mkdir(parents=True, exist_ok=True)
+    tmp = OWNER_PATH.with_suffix(".tmp")
+    tmp.write_text(f"{home}\n")
+    os.replace(tmp, OWNER_PATH)
+
+
+def machine_owner() -> Path | None:
+    """The home of the lab last brought up on this machine and not yet taken down, if any."""
+    try:
+        return Path(OWNER_PATH.read_text().strip())
+    except FileNotFoundError:
+        return None
+
+
+def release_machine(home: Path) -> None:
+    """Forget the owner once its lab is down; another home's record is left alone."""
+    if machine_owner() == home:
+        OWNER_PATH.unlink(missing_ok=True)
 
 
 def process_start_time(pid: int) -> int | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -19,7 +20,15 @@ from typing import Any
 import pytest
 
 from provisioner.lab import hardware, netns, rootfs
-from provisioner.lab.state import LabNodeRecord, LabState, Proc
+from provisioner.lab.state import (
+    OWNER_PATH,
+    LabNodeRecord,
+    LabState,
+    Proc,
+    claim_machine,
+    machine_owner,
+    state_path,
+)
 from provisioner.lab.topology import NAME_PATTERN, NETNS_PREFIX, LabPlan, Role, address, netns_name
 
 PROVISION = Path(sys.executable).parent / "provision"
@@ -67,10 +76,17 @@ def rootfs_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def lab_home(tmp_path: Path) -> Path:
-    """A fresh RIGBASE_HOME; refuses to run beside another lab; tears down whatever a failed test left."""
+    """A fresh RIGBASE_HOME; refuses to run beside another lab; tears down whatever a failed test left.
+
+    A lab whose home is gone is an orphan, e.g. of a test run killed mid-lab whose --basetemp this run
+    deleted: its `lab down` is any home's, so it is cleaned here instead of failing every lab test."""
+    owner = machine_owner()
+    if lab_namespaces() and owner is not None and not state_path(owner).exists():
+        cleaned = provision(tmp_path / "orphan-home", "lab", "down", "--yes", timeout=120)
+        assert cleaned.returncode == 0, f"the orphaned lab of {owner} stays: {cleaned.stderr}"
     if lab_namespaces():
         pytest.fail(
-            f"a lab is already up on this machine ({', '.join(lab_namespaces())}): "
+            f"a lab is already up on this machine ({', '.join(lab_namespaces())}, home {owner}): "
             "run `provision lab down --yes` with its RIGBASE_HOME first"
         )
     home = tmp_path / "home"
@@ -228,6 +244,46 @@ def test_down_cleans_leftovers_of_a_crashed_up_and_up_refuses_them(lab_home: Pat
         if sleeper.poll() is None:
             sleeper.kill()
         stray.delete()
+
+
+def test_a_lab_of_another_home_is_named_and_once_that_home_is_gone_any_homes_down_cleans_it(
+    lab_home: Path, tmp_path: Path
+) -> None:
+    """The machine's lab is recorded with its home: a refusal names the `lab down` to run, and a lab whose
+    home was deleted (a killed test run's --basetemp) is an orphan another home's `lab down` cleans,
+    its processes found by that home's path."""
+    other = tmp_path / "other-home"
+    claim_machine(other)
+    LabState(home=str(other), namespaces=[netns_name(Role.CLIENT)]).save()
+    leftover = netns.Netns(netns_name(Role.CLIENT)).create()
+    # a process of that lab on the host (as `provision serve` and swtpm run), naming its lab directory
+    survivor = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(300)", str(other / "lab" / "serve")],
+        start_new_session=True,
+    )
+    try:
+        refused = provision(lab_home, "lab", "up")
+        assert refused.returncode == 1
+        assert f"belongs to the lab of {other}: run `RIGBASE_HOME={other} provision lab down --yes`" in (
+            refused.stderr
+        )
+        assert _status(lab_home)["owner"] == str(other)
+        shutil.rmtree(other)
+        refused = provision(lab_home, "lab", "up")
+        assert refused.returncode == 1
+        assert f"left over from a lab whose home {other} is gone: run `provision lab down --yes`" in (
+            refused.stderr
+        )
+        down = provision(lab_home, "lab", "down", "--yes")
+        assert down.returncode == 0, down.stderr
+        assert lab_namespaces() == [] and not OWNER_PATH.exists()
+        assert survivor.wait(10) is not None
+        assert sorted(os.listdir(lab_home)) == ["cache"]
+    finally:
+        if survivor.poll() is None:
+            survivor.kill()
+        leftover.delete()
+        OWNER_PATH.unlink(missing_ok=True)
 
 
 # -- the real lab --------------------------------------------------------------------------------------------
