@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import json
 import threading
 from typing import Any
@@ -11,7 +10,7 @@ import pytest
 
 from contracts.errors import Conflict, InvalidInput
 from provisioner.providers.base import ProvisionFailed
-from provisioner.providers.gcp import instances, naming, operations, storage_node
+from provisioner.providers.gcp import instances, naming, storage_node
 from provisioner.providers.gcp.storage_node import StorageNodeSpec
 
 ZONES = ("us-central1-a", "us-central1-b", "us-central1-c")
@@ -193,15 +192,19 @@ def test_delete_removes_only_ours(fake_compute: Any, compute_ctx: Any) -> None:
 
 
 def test_wait_makes_at_most_two_calls_per_second(fake_compute: Any, compute_ctx: Any) -> None:
-    """Even when the server answers wait() at once (no long poll), we never exceed 2 calls/s."""
+    """Even when the server answers wait() at once (no long poll), we never exceed 2 calls/s.
+
+    Counted where the limit is, at the server: no three calls arrive within one second. (Gaps between
+    two arrivals are not the measure: on a loaded machine one request reaches the server ~50 ms late
+    and the next on time, so two arrivals can sit 0.50 s apart although the client kept its 0.55 s.)"""
     fake_compute.fake.wait_max_s = 0.0
     fake_compute.fake.op_duration_s = 2.0
     node = storage_node.create(compute_ctx, spec())
     waits = [t for t, name in fake_compute.fake.call_log if name == "op_wait"]
     assert node.zone == ZONES[0]
     assert len(waits) >= 3
-    gaps = [b - a for a, b in itertools.pairwise(waits)]
-    assert min(gaps) >= operations.MIN_INTERVAL_S * 0.95
+    spans = [c - a for a, _, c in zip(waits, waits[1:], waits[2:], strict=False)]
+    assert min(spans) >= 1.0, spans
 
 
 def test_unknown_storage_class() -> None:
