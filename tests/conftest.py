@@ -7,4 +7,5 @@ pytest_plugins = [
     "tests.fixtures.netns",
     "tests.fixtures.umockdev",
     "tests.fixtures.gcp",
+    "tests.fixtures.leftovers",
 ]

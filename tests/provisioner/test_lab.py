@@ -30,6 +30,7 @@ from provisioner.lab.state import (
     state_path,
 )
 from provisioner.lab.topology import NAME_PATTERN, NETNS_PREFIX, LabPlan, Role, address, netns_name
+from tests.fixtures.leftovers import processes_naming
 
 PROVISION = Path(sys.executable).parent / "provision"
 MINION = Path(sys.executable).parent / "minion"
@@ -37,18 +38,6 @@ MINION = Path(sys.executable).parent / "minion"
 
 def lab_namespaces() -> list[str]:
     return [n for n in netns.list_namespaces(NETNS_PREFIX) if NAME_PATTERN.match(n)]
-
-
-def processes_naming(path: Path) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if str(path).encode() in (entry / "cmdline").read_bytes():
-                    found.append(int(entry.name))
-            except OSError:
-                pass
-    return found
 
 
 def provision(home: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:

@@ -19,11 +19,11 @@ from minion.hardware.requirements import check
 from provisioner.lab import hardware, job_runtime
 from provisioner.lab.state import LabState
 from provisioner.lab.topology import DEVICE_DEMO_MODEL, NAME_PATTERN, LabPlan
+from tests.fixtures.leftovers import processes_naming
 from tests.provisioner.test_lab import (  # noqa: F401 - the fixtures are used by name
     cached_lab_home,
     lab_home,
     lab_namespaces,
-    processes_naming,
     provision,
     rootfs_cache,
 )
