@@ -150,7 +150,7 @@ def _preflight(plan: LabPlan, home: Path, state: LabState | None) -> None:
 def _foreign_namespace(name: str, home: Path) -> str:
     """Why `lab up` in `home` may not use namespace `name`, and the `lab down` that frees it."""
     owner = machine_owner()
-    if owner is None or owner == home:
+    if owner is None or owner == home.resolve():
         return (
             f"namespace {name} exists but is not this lab's ({home}): another lab is up or one crashed; "
             "run `provision lab down --yes` with its RIGBASE_HOME (or this one, to clean up leftovers)"
@@ -169,6 +169,12 @@ def _foreign_namespace(name: str, home: Path) -> str:
 def _orphaned(owner: Path) -> bool:
     """A lab whose state file is gone with its home: nobody can `lab down` it but another home."""
     return not state_path(owner).exists()
+
+
+def _orphan_of_another_home(home: Path) -> list[Path]:
+    """The home of the machine's lab when that is not `home` and is gone: its leftovers are anyone's."""
+    owner = machine_owner()
+    return [owner] if owner and owner != home.resolve() and _orphaned(owner) else []
 
 
 # -- network ---------------------------------------------------------------------------------------------
@@ -825,10 +831,9 @@ def down(*, progress: Progress = _quiet, home: Path | None = None) -> dict[str, 
     if state and state.serve:
         state.serve.stop()
         removed["processes"].append(f"serve {state.serve.pid}")
-    lab_owner = machine_owner()
     # an orphan's processes (a lab whose home was deleted under it: a killed test run's temporary home)
     # are found by its path as this home's are; nothing else can still stop them
-    homes = [home] + ([lab_owner] if lab_owner and lab_owner != home and _orphaned(lab_owner) else [])
+    homes = [home] + _orphan_of_another_home(home)
     for pid in [pid for h in homes for pid in _stray_processes(h)]:  # also: a crash before a pid was saved
         Proc.of("stray", pid).stop()
         removed["processes"].append(f"stray {pid}")

@@ -44,7 +44,7 @@ def claim_machine(home: Path) -> None:
     """Record `home` as the owner of the machine's lab, before the first namespace is made."""
     OWNER_PATH.parent.mkdir(parents=True, exist_ok=True)
     tmp = OWNER_PATH.with_suffix(".tmp")
-    tmp.write_text(f"{home}\n")
+    tmp.write_text(f"{home.resolve()}\n")  # absolute: read from other directories and other homes
     os.replace(tmp, OWNER_PATH)
 
 
@@ -58,7 +58,7 @@ def machine_owner() -> Path | None:
 
 def release_machine(home: Path) -> None:
     """Forget the owner once its lab is down; another home's record is left alone."""
-    if machine_owner() == home:
+    if machine_owner() == home.resolve():
         OWNER_PATH.unlink(missing_ok=True)
 
 
