@@ -33,6 +33,10 @@ BUNDLE_MAX_BYTES: Final = 8 * 2**20  # a playbook bundle is tens of KiB; the min
 EVENTS_PER_REPORT: Final = 100  # a report carries at most this many events; a longer play posts several
 TASK_NAME_MAX: Final = 200
 MESSAGE_MAX: Final = 1000
+# The Python a node runs Ansible modules with (minion/finalize/module_python.py): the image builder installs
+# this launcher beside ansible-playbook, the minion's runner finds it on PATH.
+MODULE_PYTHON: Final = "rigbase-ansible-python"
+MODULE_PYTHON_ENTRY: Final = ("minion.finalize.module_python", "main")
 
 # pydantic-core matches with Rust regex, whose `$` is the end of the text (no trailing newline): a full match
 Sha256Hex = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]

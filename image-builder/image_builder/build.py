@@ -138,7 +138,8 @@ def stage_tree(base: Path, work: Path, whl: Path, deps: Path, epoch: int, collec
 
 def stage_ansible(stage: Path, collections: Path) -> None:
     """The node's local finalize: `ansible-playbook` and friends, and the collections."""
-    for name, text in node_ansible.console_scripts(stage / wheel.NODE_SITE).items():
+    scripts = {**node_ansible.console_scripts(stage / wheel.NODE_SITE), **node_ansible.module_python()}
+    for name, text in scripts.items():
         staging.put(stage, f"{node_ansible.NODE_BIN}/{name}", text, 0o755)
     for rel, src in node_ansible.collection_files(collections).items():
         mode = 0o755 if src.stat().st_mode & 0o111 else 0o644

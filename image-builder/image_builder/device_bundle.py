@@ -179,6 +179,7 @@ def _stage(
     bin_dir.mkdir(parents=True)
     scripts = node_ansible.console_scripts(site, python=PYTHON, site_on_node=SITE)
     scripts["minion"] = node_ansible.launcher("minion.cli", "main", python=PYTHON, site=SITE)
+    scripts.update(node_ansible.module_python(python=PYTHON, site=SITE))
     for name, text in scripts.items():
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)

@@ -15,6 +15,7 @@ import sys
 from configparser import ConfigParser
 from pathlib import Path
 
+from contracts.finalize import MODULE_PYTHON, MODULE_PYTHON_ENTRY
 from image_builder.errors import BuildError
 
 #: Where the node finds them; the minion units export the path (node_files.ANSIBLE_ENV).
@@ -86,6 +87,16 @@ def console_scripts(
             module, _, func = target.partition(":")
             scripts[name] = launcher(module.strip(), func.strip(), python=python, site=site_on_node)
     return scripts
+
+
+def module_python(
+    *, python: str = "/usr/bin/python3", site: str = "/usr/lib/rigbase/python"
+) -> dict[str, str]:
+    """The launcher of the interpreter the node's finalize runs Ansible modules with (contracts.finalize
+    MODULE_PYTHON): with it, modules load the byte-compiled module_utils of the image instead of compiling
+    their payload's copy at every task."""
+    module, func = MODULE_PYTHON_ENTRY
+    return {MODULE_PYTHON: launcher(module, func, python=python, site=site)}
 
 
 def launcher(

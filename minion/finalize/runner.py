@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import sys
 import time
 import uuid
@@ -19,7 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, TypedDict
 
-from contracts.finalize import FAILING, MESSAGE_MAX, FinalizeEvent, FinalizeOutcome, FinalizeWork
+from contracts.finalize import (
+    FAILING,
+    MESSAGE_MAX,
+    MODULE_PYTHON,
+    FinalizeEvent,
+    FinalizeOutcome,
+    FinalizeWork,
+)
 from minion.finalize.events import to_event
 from minion.finalize.paths import FinalizePaths
 from minion.finalize.process import exclusive, record_pid, stop_leftover
@@ -82,11 +90,19 @@ def find_collections(configured: Path | None, search: Iterable[Path] = ANSIBLE_C
     )
 
 
-def inventory_for(host_root: Path | None) -> dict[str, Any]:
+def module_interpreter(path: str | None = None) -> str:
+    """The node's module Python (module_python.py), on PATH or beside the minion's own launcher where the
+    image or the device bundle installs it; else this interpreter."""
+    beside = str(Path(sys.argv[0]).resolve().parent) if sys.argv and sys.argv[0] else None
+    search = os.pathsep.join(p for p in (path, beside) if p)
+    return shutil.which(MODULE_PYTHON, path=search or None) or sys.executable
+
+
+def inventory_for(host_root: Path | None, interpreter: str | None = None) -> dict[str, Any]:
     if host_root is None:
         hostvars: dict[str, Any] = {
             "ansible_connection": "local",
-            "ansible_python_interpreter": sys.executable,
+            "ansible_python_interpreter": interpreter or module_interpreter(),
         }
     else:
         hostvars = {
@@ -172,15 +188,16 @@ def run_work(
                 log.exception("finalize event callback failed")
         return True  # keep the event in the artifacts too
 
+    env = ansible_env(data_dir, coll, local=host_root is None)
     with exclusive(paths.lock):
         stop_leftover(paths.pid_file)
         runner = ansible_runner.run(
             private_data_dir=str(data_dir),
             project_dir=str(project),
             playbook=work.playbook,
-            inventory=inventory_for(host_root),
+            inventory=inventory_for(host_root, module_interpreter(env["PATH"])),
             extravars=extravars_for(work, host_root),
-            envvars=ansible_env(data_dir, coll, local=host_root is None),
+            envvars=env,
             event_handler=handle,
             ident=time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6],
             rotate_artifacts=ARTIFACTS_KEPT,

@@ -16,7 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from contracts.finalize import MODULE_PYTHON
 from image_builder import manifest, measure, pe, rootfs, vm
+from image_builder.node_ansible import NODE_BIN
+from image_builder.wheel import NODE_SITE
 from tests.image_builder import measured
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -169,6 +172,12 @@ def test_the_read_only_root_carries_bytecode_for_what_the_minion_and_ansible_imp
                 ["chroot", str(mnt), "/usr/bin/python3", "-c", BYTECODE_PROBE],
                 env=env, capture_output=True, text=True, check=False,
             )  # fmt: skip
+            # the node's module Python (minion/finalize/module_python.py) loads module_utils from there
+            where = subprocess.run(
+                ["chroot", str(mnt), f"{NODE_BIN}/{MODULE_PYTHON}"],
+                input="import ansible.module_utils.basic as b; print(b.__file__)\n",
+                env=env, capture_output=True, text=True, check=False,
+            )  # fmt: skip
         finally:
             subprocess.run(["umount", str(mnt / "tmp")], check=True)
     finally:
@@ -176,6 +185,8 @@ def test_the_read_only_root_carries_bytecode_for_what_the_minion_and_ansible_imp
     assert out.returncode == 0, out.stderr[-2000:]
     found = json.loads(out.stdout)
     assert found["checked"] > 300 and found["missing"] == [], found["missing"][:20]
+    assert where.returncode == 0, where.stderr[-2000:]
+    assert where.stdout.strip() == f"/{NODE_SITE}/ansible/module_utils/basic.py"  # its pyc: checked above
 
 
 def test_flipped_root_byte_is_refused_by_verity(built_image, lab_tpm, tmp_path: Path) -> None:

@@ -63,6 +63,15 @@ def _json(cp: ControlPlane, *args: str) -> Any:
     return json.loads(_run(cp, *args, "--json"))
 
 
+def _get(cp: ControlPlane, path: str, **params: str) -> Any:
+    """The API's answer, as `provision ... --json` prints it. The polls below use this, not the CLI: a CLI
+    process every 2 s for half an hour took most of a core from the guest and the rest of the suite."""
+    with cp.client() as client:
+        answer = client.get(path, params=params)
+        answer.raise_for_status()
+        return answer.json()
+
+
 def _until(what: str, timeout: float, probe: Any, m: vm.Machine | None = None) -> Any:
     """Poll `probe()` until it returns something truthy; on timeout fail with the console's tail."""
     deadline = time.monotonic() + timeout
@@ -158,7 +167,8 @@ def _install(m: vm.Machine) -> int:
 
 
 def _node(cp: ControlPlane, name: str) -> dict[str, Any]:
-    return _json(cp, "node", "show", name, "--region", "vm")
+    node: dict[str, Any] = _get(cp, f"/v1/nodes/{name}", region="vm")
+    return node
 
 
 def _serving(cp: ControlPlane) -> dict[str, Any] | None:
@@ -195,7 +205,7 @@ def test_storage_node_life_from_usb_to_active_and_through_a_reset(
 
         # The minion reaches the control plane through the guestfwd (TLS, pinned CA) and waits, attested.
         def pending() -> bool:
-            rows = [p for p in _json(cp, "node", "pending") if p["minion_id"] == expected_id]
+            rows = [p for p in _get(cp, "/v1/pending-minions")["items"] if p["minion_id"] == expected_id]
             assert not rows or rows[0]["requirements"] == "pass", rows  # a refusal: stop at once
             return bool(rows)
 
@@ -296,11 +306,11 @@ def test_a_gce_vm_reads_its_bundle_from_metadata_joins_and_with_a_modified_uki_i
     metadata = Instance({"rigbase-bundle": bundle.read_text()})
 
     def pending() -> dict[str, Any] | None:
-        rows = [p for p in _json(cp, "node", "pending") if p["minion_id"] == minion_id]
+        rows = [p for p in _get(cp, "/v1/pending-minions")["items"] if p["minion_id"] == minion_id]
         return rows[0] if rows and rows[0]["attested"] else None
 
     def refused() -> list[dict[str, Any]]:
-        return [r for r in _json(cp, "node", "refusals") if r.get("minion_id") == minion_id]
+        return list(_get(cp, "/v1/join-refusals", minion_id=minion_id)["items"])
 
     with metadata_server(metadata) as host:
         machine = vm.Machine(

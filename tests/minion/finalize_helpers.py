@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -50,6 +51,20 @@ def work(retry: int = 0, **changes: Any) -> FinalizeWork:
         playbook=playbook,
         variables=values,
     )
+
+
+def write_module_python(directory: Path) -> Path:
+    """The image's module-Python launcher (image_builder.node_ansible.module_python) for this checkout and
+    this Python, written into `directory`."""
+    from image_builder import node_ansible
+
+    repo = Path(__file__).resolve().parents[2]
+    [(name, text)] = node_ansible.module_python(python=sys.executable, site=str(repo)).items()
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / name
+    path.write_text(text)
+    path.chmod(0o755)
+    return path
 
 
 def plugin() -> ModuleType:
