@@ -2,9 +2,7 @@
 # `make test`: the whole suite in two streams side by side. The image suite (two image builds, then QEMU
 # under TCG with one vCPU: one core busy, mostly waiting on the guest) runs in the background while the rest
 # of the suite runs in the foreground; together they take about as long as the image suite alone instead of
-# the sum. The GCP suite (one test: the suite again in `unshare -n`, ~3 min) runs in the background stream
-# after the image suite, which is the shorter of the two since the node's module Python (2026-11-28).
-# Each stream has its own --basetemp; the image stream's output is printed after the rest's.
+# the sum. Each stream has its own --basetemp; the image stream's output is printed after the rest's.
 # Extra arguments go to both pytest runs (e.g. -x, -k).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -13,17 +11,16 @@ base="${RIGBASE_TEST_BASETEMP:-/tmp/rigbase-tests}"
 mkdir -p "$base"
 image_log="$base/image-suite.log"
 
-background=(tests/image_builder tests/provisioner/gcp)
-"$PY" -m pytest -q --durations=10 -p no:cacheprovider --basetemp="$base/image" "$@" "${background[@]}" \
+"$PY" -m pytest -q --durations=10 -p no:cacheprovider --basetemp="$base/image" "$@" tests/image_builder \
   >"$image_log" 2>&1 &
 image_pid=$!
 trap 'kill "$image_pid" 2>/dev/null; wait "$image_pid" 2>/dev/null' INT TERM
 
-"$PY" -m pytest -q --durations=15 --basetemp="$base/rest" "$@" tests "${background[@]/#/--ignore=}"
+"$PY" -m pytest -q --durations=15 --basetemp="$base/rest" "$@" tests --ignore=tests/image_builder
 rest=$?
 
 echo
-echo "==== ${background[*]} (ran beside the rest; log: $image_log) ===="
+echo "==== tests/image_builder (ran beside the rest; log: $image_log) ===="
 wait "$image_pid"
 image=$?
 cat "$image_log"
