@@ -10,7 +10,6 @@ runs on the node's own CPU: a TCG guest in CI, a Jetson's ARM cores, where the r
 from __future__ import annotations
 
 import json
-import os
 import resource
 import shutil
 import statistics
@@ -21,7 +20,7 @@ import time
 from pathlib import Path
 
 from minion.finalize.runner import inventory_for
-from tests.minion.finalize_helpers import write_module_python
+from tests.minion.finalize_helpers import local_play_env, write_module_python
 
 TASKS = 20
 REPEATS = 3
@@ -43,8 +42,7 @@ def _run(d: Path, interpreter: str) -> tuple[float, float]:
     shutil.rmtree(d, ignore_errors=True)
     d.mkdir(parents=True)
     (d / "inventory.json").write_text(json.dumps(inventory_for(None, interpreter)))
-    env = {**os.environ, "ANSIBLE_PIPELINING": "True", "ANSIBLE_LOCAL_TEMP": str(d / "tmp"),
-           "ANSIBLE_REMOTE_TEMP": str(d / "tmp"), "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}  # fmt: skip
+    env = local_play_env(d)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     subprocess.run(

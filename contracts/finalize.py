@@ -34,7 +34,7 @@ EVENTS_PER_REPORT: Final = 100  # a report carries at most this many events; a l
 TASK_NAME_MAX: Final = 200
 MESSAGE_MAX: Final = 1000
 # The Python a node runs Ansible modules with (minion/finalize/module_python.py): the image builder installs
-# this launcher beside ansible-playbook, the minion's runner finds it on PATH.
+# this launcher beside ansible-playbook; the minion's runner finds it on PATH or beside its own launcher.
 MODULE_PYTHON: Final = "rigbase-ansible-python"
 MODULE_PYTHON_ENTRY: Final = ("minion.finalize.module_python", "main")
 

@@ -67,6 +67,14 @@ def write_module_python(directory: Path) -> Path:
     return path
 
 
+def local_play_env(data_dir: Path) -> dict[str, str]:
+    """The environment the minion's runner gives a play on a node (runner.ansible_env: pipelining, temp
+    files under `data_dir`, the collections), over this process's own."""
+    from minion.finalize.runner import ansible_env, find_collections
+
+    return {**os.environ, **ansible_env(data_dir, find_collections(None), local=True)}
+
+
 def plugin() -> ModuleType:
     """The playbooks' own layout filter, to compare what was written with."""
     spec = importlib.util.spec_from_file_location(

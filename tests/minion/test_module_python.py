@@ -6,7 +6,6 @@ the installed, byte-compiled `ansible.module_utils`; run by a plain Python, the 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +16,7 @@ import pytest
 
 from contracts.finalize import MODULE_PYTHON
 from minion.finalize.runner import inventory_for, module_interpreter
-from tests.minion.finalize_helpers import write_module_python
+from tests.minion.finalize_helpers import local_play_env, write_module_python
 
 PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
 
@@ -55,15 +54,7 @@ def _play(tmp_path: Path, interpreter: str) -> dict[str, Any]:
     (d / "library" / "whereami.py").write_text(WHEREAMI)
     (d / "play.yml").write_text(PLAY.format(d=d))
     (d / "inventory.json").write_text(json.dumps(inventory_for(None, interpreter)))
-    env = {
-        **os.environ,
-        "ANSIBLE_PIPELINING": "True",
-        "ANSIBLE_LIBRARY": str(d / "library"),
-        "ANSIBLE_LOCAL_TEMP": str(d / "tmp"),
-        "ANSIBLE_REMOTE_TEMP": str(d / "tmp"),
-        "LANG": "C.UTF-8",
-        "LC_ALL": "C.UTF-8",
-    }
+    env = {**local_play_env(d), "ANSIBLE_LIBRARY": str(d / "library")}
     out = subprocess.run(
         [str(PLAYBOOK), "-i", str(d / "inventory.json"), str(d / "play.yml")],
         env=env, capture_output=True, text=True, timeout=300, check=False,
