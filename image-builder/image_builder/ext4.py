@@ -13,12 +13,27 @@ from image_builder.errors import BuildError
 #: No journal (the root is read-only under verity) and no metadata_csum (its per-inode checksums would
 #: have to be recomputed after pinning timestamps; verity already guards every block).
 FEATURES = "^has_journal,^metadata_csum,^orphan_file"
+#: A filesystem the node writes (the GCE disk's state partition) keeps its journal: without one, a power
+#: cut while the minion writes leaves inconsistencies that the boot's `e2fsck -p` will not repair, and the
+#: partition is then not mounted at all. Still no metadata_csum, for the reason above.
+WRITABLE_FEATURES = "^metadata_csum,^orphan_file"
 
 
-def make(tree: Path, image: Path, uuid: str, label: str, epoch: int, slack: float = 1.10) -> Path:
-    """Size the image from the tree (plus slack for metadata), build it and pin its timestamps."""
-    used = _tree_bytes(tree)
-    size_mb = int(used * slack / 2**20) + 64
+def make(
+    tree: Path,
+    image: Path,
+    uuid: str,
+    label: str,
+    epoch: int,
+    slack: float = 1.10,
+    *,
+    features: str = FEATURES,
+    size_mb: int | None = None,
+) -> Path:
+    """Size the image from the tree (plus slack for metadata) unless `size_mb` is given, build it and pin
+    its timestamps."""
+    if size_mb is None:
+        size_mb = int(_tree_bytes(tree) * slack / 2**20) + 64
     image.unlink(missing_ok=True)
     env = dict(os.environ, E2FSPROGS_FAKE_TIME=str(epoch), SOURCE_DATE_EPOCH=str(epoch))
     argv = [
@@ -32,7 +47,7 @@ def make(tree: Path, image: Path, uuid: str, label: str, epoch: int, slack: floa
         "-m",
         "0",
         "-O",
-        FEATURES,
+        features,
         "-L",
         label,
         "-U",

@@ -64,10 +64,20 @@ def layout(esp: Path, esp_size: int, root: Path, verity_tree: Path, state: Path)
 
 
 def state_filesystem(work: Path, epoch: int) -> Path:
-    """An empty ext4 labelled like the installer's state partition (fstab mounts it by PARTLABEL)."""
+    """An empty ext4 labelled like the installer's state partition (fstab mounts it by PARTLABEL), with a
+    journal as the installer's has (a VM is stopped hard: a spot VM's preemption, a reset), as large as the
+    partition the first boot finds."""
     empty = work / "gce-state-tree"
     empty.mkdir()
-    return ext4.make(empty, work / "gce-state.ext4", IDS["gce_state_fs_uuid"], initramfs.OS_STATE, epoch)
+    return ext4.make(
+        empty,
+        work / "gce-state.ext4",
+        IDS["gce_state_fs_uuid"],
+        initramfs.OS_STATE,
+        epoch,
+        features=ext4.WRITABLE_FEATURES,
+        size_mb=MIN_STATE // MiB,
+    )
 
 
 def archive(raw: Path, out: Path, epoch: int) -> Path:

@@ -143,10 +143,12 @@ WantedBy=multi-user.target
 
 #: GCE: the image's state partition is small and last; the VM's disk is as large as the operator chose.
 #: Grow the partition to the end of the disk (sfdisk first moves the backup GPT to the end), then its
-#: filesystem, before it is mounted. Idempotent: a partition already at the end is left as it is. Anywhere
-#: but Compute Engine it exits at once (no device dependency in the unit: on a USB boot before the
-#: install there is no state partition, and waiting for one would hold local-fs back). With DISK PARTNUM
-#: arguments it works on a disk image file (the builder's tests) and skips the filesystem steps.
+#: filesystem, before it is mounted. Idempotent: a partition already at the end is left as it is, and the
+#: filesystem is checked and resized only while it is smaller than its partition (the first boot, or one
+#: cut off mid-grow); every other boot leaves the check to systemd-fsck, which replays the journal after a
+#: hard stop. Anywhere but Compute Engine it exits at once (no device dependency in the unit: on a USB boot
+#: before the install there is no state partition, and waiting for one would hold local-fs back). With
+#: DISK PARTNUM arguments it works on a disk image file (the builder's tests) and skips the filesystem steps.
 GROW_STATE_SCRIPT = f"""#!/bin/sh
 set -eu
 if [ $# -eq 2 ]; then
@@ -160,13 +162,24 @@ else
   DISK=/dev/$(basename "$(readlink -f /sys/class/block/$NAME/..)")
   NUM=$(cat /sys/class/block/$NAME/partition)
 fi
-sfdisk --quiet --relocate gpt-bak-std "$DISK"
+sfdisk --quiet --no-reread --no-tell-kernel --relocate gpt-bak-std "$DISK"
 echo ", +" | sfdisk --quiet --no-reread --no-tell-kernel -N "$NUM" "$DISK"
-if [ -b "$PART" ]; then
-  partx -u -n "$NUM" "$DISK"
-  e2fsck -fp "$PART" || [ $? -le 1 ]
-  resize2fs "$PART"
+[ -b "$PART" ] || exit 0
+partx -u -n "$NUM" "$DISK"
+HEADER=$(dumpe2fs -h "$PART" 2>/dev/null || true)
+BLOCKS=$(echo "$HEADER" | sed -n 's/^Block count: *//p')
+BSIZE=$(echo "$HEADER" | sed -n 's/^Block size: *//p')
+FS=$((${{BLOCKS:-0}} * ${{BSIZE:-0}}))
+SECTORS=$(cat /sys/class/block/$NAME/size)
+[ "$FS" -lt $((SECTORS * 512 - 4 * 1048576)) ] || exit 0
+echo "rigbase-grow-state: growing {OS_STATE} from $((FS / 1048576)) MiB to $((SECTORS / 2048)) MiB"
+rc=0
+e2fsck -fp "$PART" || rc=$?
+if [ "$rc" -gt 1 ]; then
+  echo "rigbase-grow-state: e2fsck -p exited $rc on $PART ({OS_STATE}): repair it by hand (e2fsck -f)"
+  exit 1
 fi
+resize2fs "$PART"
 """
 
 GROW_STATE_UNIT = """[Unit]
@@ -180,6 +193,7 @@ Wants=local-fs-pre.target
 Type=oneshot
 RemainAfterExit=yes
 ExecStart=/usr/local/bin/rigbase-grow-state
+StandardOutput=journal+console
 
 [Install]
 WantedBy=local-fs.target

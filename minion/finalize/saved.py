@@ -4,31 +4,18 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 from pydantic import ValidationError
 
 from contracts.finalize import FinalizeWork
+from minion.durable import write_atomic
 from minion.finalize.paths import FinalizePaths
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def save(paths: FinalizePaths, work: FinalizeWork, bundle: bytes) -> None:
     """Bundle first, then the work that names it: a crash in between leaves the previous work, whose
     digest no longer matches the bundle, which load() then refuses rather than apply a mix."""
-    _write_atomic(paths.saved_bundle, bundle)
-    _write_atomic(paths.saved_work, work.model_dump_json().encode())
+    write_atomic(paths.saved_bundle, bundle)
+    write_atomic(paths.saved_work, work.model_dump_json().encode())
 
 
 def load(paths: FinalizePaths) -> tuple[FinalizeWork, bytes] | None:

@@ -11,22 +11,17 @@ $RIGBASE_STATE_DIR or /var/lib/rigbase/minion), every file 0600:
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from minion.durable import write_atomic
+
 
 def write_private(path: Path, data: Any) -> None:
-    """Write JSON readable by the owner only, atomically (never world-readable in between)."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=2, sort_keys=True)
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, path)
+    """Write JSON readable by the owner only, atomically (never world-readable in between) and durably."""
+    write_atomic(path, json.dumps(data, indent=2, sort_keys=True).encode())
 
 
 def read_json(path: Path) -> dict[str, Any] | None:

@@ -547,11 +547,20 @@ def test_gce_disk_is_one_whole_gib_disk_raw_with_the_installed_layout_and_its_st
     state_off = offsets["rigbase-state"][0]
     with raw.open("rb") as fh:
         fh.seek(state_off)
-        (tmp_path / "state.ext4").write_bytes(fh.read(64 * disk.MiB))
+        (tmp_path / "state.ext4").write_bytes(fh.read(gce.MIN_STATE))
     label = subprocess.run(
         ["e2label", str(tmp_path / "state.ext4")], capture_output=True, text=True, check=True
     )
     assert label.stdout.strip() == "rigbase-state"
+    # the node writes it: journalled (a VM is stopped hard), as large as the partition the first boot finds
+    header = subprocess.run(
+        ["dumpe2fs", "-h", str(tmp_path / "state.ext4")], capture_output=True, text=True, check=True
+    ).stdout
+    features = next(ln for ln in header.splitlines() if ln.startswith("Filesystem features:"))
+    assert "has_journal" in features.split(), features
+    fields = dict(ln.split(":", 1) for ln in header.splitlines() if ":" in ln)
+    assert int(fields["Block count"]) * int(fields["Block size"]) == gce.MIN_STATE
+    subprocess.run(["e2fsck", "-fn", str(tmp_path / "state.ext4")], capture_output=True, check=True)
     # first boot on a 10 GB disk: the state partition ends at the disk's end, the others do not move
     script = tmp_path / "rigbase-grow-state"
     script.write_text(node_files.GROW_STATE_SCRIPT)
