@@ -65,8 +65,8 @@ def layout(esp: Path, esp_size: int, root: Path, verity_tree: Path, state: Path)
 
 def state_filesystem(work: Path, epoch: int) -> Path:
     """An empty ext4 labelled like the installer's state partition (fstab mounts it by PARTLABEL), with a
-    journal as the installer's has (a VM is stopped hard: a spot VM's preemption, a reset), as large as the
-    partition the first boot finds."""
+    journal as the installer's has (a VM is stopped hard: a spot VM's preemption, a reset), MIN_STATE large;
+    the first boot grows it to its partition (rigbase-grow-state)."""
     empty = work / "gce-state-tree"
     empty.mkdir()
     return ext4.make(

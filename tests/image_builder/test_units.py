@@ -552,7 +552,7 @@ def test_gce_disk_is_one_whole_gib_disk_raw_with_the_installed_layout_and_its_st
         ["e2label", str(tmp_path / "state.ext4")], capture_output=True, text=True, check=True
     )
     assert label.stdout.strip() == "rigbase-state"
-    # the node writes it: journalled (a VM is stopped hard), as large as the partition the first boot finds
+    # the node writes it: journalled (a VM is stopped hard), MIN_STATE large until the first boot grows it
     header = subprocess.run(
         ["dumpe2fs", "-h", str(tmp_path / "state.ext4")], capture_output=True, text=True, check=True
     ).stdout
