@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Final
 
 from contracts.jobs import ENDED, DatastoreAccess, WorkerAssignment, WorkerReport, WorkerRunState
+from minion.durable import write_atomic
 from minion.jobs.container import EnvRefused, RunPlan, container_name, environment, write_env_file
 from minion.jobs.gpus import GpuPool, NotEnoughGpus
 from minion.jobs.logs import LogShipper, LogTransport, LogUnavailable
@@ -280,9 +281,9 @@ class Worker:
     def _save_outcome(self) -> None:
         outcome = {"state": self.state.value, "exit_code": self.exit_code, "message": self.message}
         outcome["gpu_indices"] = self.gpu_indices  # type: ignore[assignment]
-        path = self.dir / "report.json"
-        path.with_suffix(".tmp").write_text(json.dumps(outcome))
-        os.replace(path.with_suffix(".tmp"), path)
+        # durable: it is written before the container is removed, and after a power cut it is all that is
+        # left of how the worker ended (its exit code is what the job's state and its bill come from)
+        write_atomic(self.dir / "report.json", json.dumps(outcome).encode(), mode=0o644)
 
     def _load_outcome(self) -> None:
         try:
