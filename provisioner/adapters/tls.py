@@ -304,11 +304,6 @@ def operator_tls(cert: Path, key: Path, ca: Path | None) -> ServerTls:
     return ServerTls(cert, key, ca, tuple(sorted(_sans(loaded[0]))), False)
 
 
-def client_context(ca: Path | None) -> ssl.SSLContext | bool:
-    """What an httpx client verifies with: only `ca` when given, else the system's trust store."""
-    return ssl.create_default_context(cafile=str(ca)) if ca is not None else True
-
-
 def server_tls(settings: Settings, host: str) -> ServerTls | None:
     """What this `provision serve` serves with: None for --insecure-http, the operator's certificate
     when given, else the home's CA and a server certificate for the advertised names (plus `host`

@@ -1,7 +1,7 @@
 """What every command group shares: the options (--json, --yes, --wait, --region …), the error type
 that prints one line on stderr with the right exit code (provisioner/cli/errors.py, re-exported here;
 each group turns the HTTP client's errors into it), confirmation, and show/remove of one resource. A new
-command group is a module with `app = group("…")` plus one `add_typer` line in provisioner/cli/main.py.
+command group is a module with `app = group("…")` plus one line in GROUPS in provisioner/cli/main.py.
 
 Every list and show gets `-o table|wide|json|yaml` and `--watch` with ONE decorator, `@output_options`
 (under `@app.command`); a file argument reads stdin when it is `-` through `read_input`."""

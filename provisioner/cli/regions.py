@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from contracts.regional import StorageMode
-from provisioner.cli import render
+from provisioner.cli import gcp, render
 from provisioner.cli.common import Json, Yes, group, output_options, remove_one, show_one
 from provisioner.cli.settings import connect
 
@@ -53,8 +53,6 @@ def create(
 ) -> None:
     """Create a region; prints its id."""
     if provider == "gcp":
-        from provisioner.cli import gcp
-
         return gcp.create_region(name, gcp_region, storage_class, public_jobs, dry_run, json_out)
     body = {
         "name": name,
@@ -105,3 +103,6 @@ def remove(
         force=force,
         provider=provider,
     )
+
+
+app.command("quota")(gcp.quota)  # `provision region quota`: one GCP region's quotas (gcp.py)

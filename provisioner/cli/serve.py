@@ -56,7 +56,7 @@ def _answers(url: str, ca: str | None) -> bool:
     the client config away from a server that is still running)."""
     import httpx
 
-    from provisioner.adapters.tls import client_context
+    from provisioner.client.http import client_context
 
     try:
         verify = client_context(Path(ca) if ca else None)

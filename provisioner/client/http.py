@@ -15,7 +15,6 @@ from typing import Any
 
 import httpx
 
-from provisioner.adapters.tls import client_context
 from provisioner.client.errors import ControlPlaneError
 from provisioner.settings import Settings
 
@@ -41,6 +40,13 @@ def read_client_config(path: Path) -> dict[str, str]:
         raise ControlPlaneError(
             f"client config {path} is unreadable ({exc}): delete it and restart `provision serve`"
         ) from exc
+
+
+def client_context(ca: Path | None) -> ssl.SSLContext | bool:
+    """What an httpx client verifies with: only `ca` when given, else the system's trust store. Here
+    rather than in adapters/tls.py, which issues certificates: importing that one loads `cryptography`,
+    ~50 ms of every CLI command's start."""
+    return ssl.create_default_context(cafile=str(ca)) if ca is not None else True
 
 
 class Client:

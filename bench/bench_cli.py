@@ -1,0 +1,63 @@
+"""`provision` start-up: what one command costs before it sends its request.
+
+Every operator command, every script that calls the CLI in a loop and the test suite (which runs the real
+CLI as a subprocess a few thousand times) pays the interpreter start plus the imports of the code it
+runs. The root group imports a command group's module only when the command line names it
+(provisioner/cli/main.py, GROUPS), so a command loads its own group and the shared base, and only
+`provision --help`, which lists every group with its summary, loads them all. Printed: the median wall and
+CPU time of a command that loads one group (`provision token --help`) beside `provision --help` (every
+group, what every command cost while the root imported them all), the bare interpreter for scale, and the
+ratio. No control plane is involved: a `--help` exits before any request.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PROVISION = ROOT / ".venv" / "bin" / "provision"
+REPEATS = 15
+
+
+def _run(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """Wall and CPU seconds (user + system of the child) of one run."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def _median(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
+    _run(argv, env)  # warm the page cache and the bytecode
+    runs = [_run(argv, env) for _ in range(REPEATS)]
+    return statistics.median(w for w, _ in runs), statistics.median(c for _, c in runs)
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory(prefix="rigbase-bench-cli-") as home:
+        env = {**os.environ, "RIGBASE_HOME": home, "COLUMNS": "100"}
+        cases = {
+            "python -c pass": [sys.executable, "-c", "pass"],
+            "provision token --help (one group)": [str(PROVISION), "token", "--help"],
+            "provision --help (every group)": [str(PROVISION), "--help"],
+        }
+        figures = {name: _median(argv, env) for name, argv in cases.items()}
+    print(f"   {REPEATS} runs each, median; load average {os.getloadavg()[0]:.2f}")
+    for name, (wall, cpu) in figures.items():
+        print(f"   {name:<38} wall {wall * 1000:6.0f} ms   cpu {cpu * 1000:6.0f} ms")
+    one = figures["provision token --help (one group)"]
+    every = figures["provision --help (every group)"]
+    print(f"   one group / every group: wall {one[0] / every[0]:.2f}x, cpu {one[1] / every[1]:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
