@@ -28,6 +28,7 @@ from provisioner.store.account_models import Account
 from provisioner.store.engine import make_engine, make_sessionmaker
 from provisioner.store.migrate import upgrade
 from tests.fixtures.netns import REPO, MdnsLan
+from tests.fixtures.postgres import seed_sqlite
 
 ACTOR = "operator:test"
 MOVE_WITHIN_S = 2.0  # issue 7: a resolver on the LAN sees the new address within 2 s
@@ -113,6 +114,7 @@ class Resolver:
 
 @pytest.fixture
 def sessions(tmp_path: Path) -> Iterator[Any]:
+    seed_sqlite(tmp_path / "rigbase.db")
     url = f"sqlite:///{tmp_path / 'rigbase.db'}"
     engine = make_engine(url)
     upgrade(url, engine)

@@ -21,11 +21,13 @@ from provisioner.services import audit, finalize, node_address, nodes, providers
 from provisioner.services.wakeups import Wake
 from provisioner.store.engine import make_engine, make_sessionmaker, session_scope
 from provisioner.store.migrate import upgrade
+from tests.fixtures.postgres import seed_sqlite
 
 
 @pytest.fixture
 def sessions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> sessionmaker[Session]:
     monkeypatch.setenv("RIGBASE_HOME", str(tmp_path / "home"))
+    seed_sqlite(tmp_path / "rigbase.db")
     url = f"sqlite:///{tmp_path / 'rigbase.db'}"
     engine = make_engine(url)
     upgrade(url, engine)

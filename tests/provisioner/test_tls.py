@@ -48,7 +48,7 @@ def test_first_start_creates_the_ca_and_advertise_changes_the_certificate(tmp_pa
     home = tmp_path / "home"
     files = TlsFiles(home / "tls")
     advertise = ("--advertise", "cp.example.org", "--advertise", "10.0.2.100")  # 10.0.2.100: not this host
-    with start_control_plane(home, seed_ca=False, extra_args=advertise) as cp:
+    with start_control_plane(home, seed_ca=False, seed_store=False, extra_args=advertise) as cp:
         assert _mode(files.ca_key) == 0o600 and _mode(files.key) == 0o600 and _mode(home / "tls") == 0o700
         ca = x509.load_pem_x509_certificate(files.ca_cert.read_bytes())
         assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
