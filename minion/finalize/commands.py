@@ -43,7 +43,12 @@ def _emit(event: FinalizeEvent) -> None:
 
 
 def _run(
-    work: FinalizeWork, bundle: bytes, ctx: typer.Context, state_dir: Path | None, host_root: Path | None
+    work: FinalizeWork,
+    bundle: bytes,
+    ctx: typer.Context,
+    state_dir: Path | None,
+    host_root: Path | None,
+    skip_tags: str | None = None,
 ) -> None:
     from minion.finalize.apply import apply_work
     from minion.finalize.paths import FinalizePaths
@@ -59,6 +64,7 @@ def _run(
             host_root=host_root,
             collections=settings.ansible_collections,
             on_event=_emit,
+            skip_tags=skip_tags,
         )
     except RunBusy as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -74,9 +80,11 @@ def _run(
 @app.command("apply-saved")
 def apply_saved_command(ctx: typer.Context, state_dir: StateOpt = None, host_root: HostRoot = None) -> None:
     """Apply the last finalize configuration this node applied successfully again (at boot, before the
-    minion joins: the root is read-only and what finalize wrote under /etc is gone). Nothing saved: exit 0."""
+    minion joins: the root is read-only and what finalize wrote under /etc is gone), without the tasks
+    whose work is on the drives (runner.BOOT_SKIP_TAGS). Nothing saved: exit 0."""
     from minion.finalize import saved
     from minion.finalize.paths import FinalizePaths
+    from minion.finalize.runner import BOOT_SKIP_TAGS
 
     paths = FinalizePaths(state_dir or MinionSettings.of(ctx).state_dir)
     found = saved.load(paths)
@@ -84,7 +92,7 @@ def apply_saved_command(ctx: typer.Context, state_dir: StateOpt = None, host_roo
         print(f"no saved finalize configuration in {paths.root}: nothing to apply")
         return
     work, bundle = found
-    _run(work, bundle, ctx, state_dir, host_root)
+    _run(work, bundle, ctx, state_dir, host_root, skip_tags=BOOT_SKIP_TAGS)
 
 
 @app.command("apply")

@@ -36,6 +36,11 @@ from minion.settings import ANSIBLE_COLLECTIONS_SEARCH
 log = logging.getLogger(__name__)
 
 ARTIFACTS_KEPT: Final = 10
+# What the saved play leaves out when it runs again at boot (`minion finalize apply-saved`): tasks whose
+# work lives on the drives themselves and survives a reboot (partitions, RAID superblocks, filesystems;
+# udev assembles the arrays at boot). The first run and every new generation run them; on a TCG guest they
+# are a fifth of the boot's play.
+BOOT_SKIP_TAGS: Final = "disk-setup"
 HOST: Final = "node"  # the inventory's one host: the node itself
 CHROOT_PLUGIN: Final = "community/general/plugins/connection/chroot.py"
 # files the play writes that become the report's facts (what the operator sees of the layout)
@@ -74,6 +79,7 @@ class RunOptions(TypedDict, total=False):
     collections: Path | None
     on_event: Callable[[FinalizeEvent], None] | None
     timeout: int | None
+    skip_tags: str | None
 
 
 def find_collections(configured: Path | None, search: Iterable[Path] = ANSIBLE_COLLECTIONS_SEARCH) -> Path:
@@ -152,9 +158,11 @@ def run_work(
     collections: Path | None = None,
     on_event: Callable[[FinalizeEvent], None] | None = None,
     timeout: int | None = None,
+    skip_tags: str | None = None,
 ) -> RunResult:
-    """Run `work.playbook` from the unpacked bundle `project`, streaming task events to `on_event`.
-    Raises process.RunBusy when another run holds the lock; every other failure is a failed outcome."""
+    """Run `work.playbook` from the unpacked bundle `project`, streaming task events to `on_event`, without
+    the tasks tagged `skip_tags` (BOOT_SKIP_TAGS at boot). Raises process.RunBusy when another run holds
+    the lock; every other failure is a failed outcome."""
     started = time.monotonic()
     if refusal := not_a_node(host_root):
         return _failed(refusal)
@@ -204,6 +212,7 @@ def run_work(
             suppress_env_files=True,
             quiet=True,
             timeout=timeout,
+            skip_tags=skip_tags,
         )
         paths.pid_file.unlink(missing_ok=True)
     seconds = round(time.monotonic() - started, 3)

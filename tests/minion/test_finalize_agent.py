@@ -87,6 +87,14 @@ def test_apply_saved_reapplies_offline_and_is_idempotent(root: Path, tmp_path: P
     again = minion("apply-saved", "--host-root", str(root), state=state)
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout.strip().splitlines()[-1])["changed"] == 0
+    # the boot's runs leave out what lives on the drives (runner.BOOT_SKIP_TAGS); `apply` runs everything
+    runs = sorted((state / "finalize/runner/artifacts").iterdir())
+    commands = [json.loads((run / "command").read_text())["command"] for run in runs]
+    assert [c[c.index("--skip-tags") + 1] if "--skip-tags" in c else None for c in commands] == [
+        None,
+        "disk-setup",
+        "disk-setup",
+    ]
 
 
 def test_a_saved_bundle_that_was_altered_is_refused(root: Path, tmp_path: Path) -> None:

@@ -13,7 +13,13 @@ import pytest
 from contracts.finalize import TaskStatus
 from minion.finalize.bundle import BundleProblem, unpack
 from minion.finalize.events import to_event
-from minion.finalize.runner import CollectionsMissing, extravars_for, find_collections, inventory_for
+from minion.finalize.runner import (
+    BOOT_SKIP_TAGS,
+    CollectionsMissing,
+    extravars_for,
+    find_collections,
+    inventory_for,
+)
 from tests.minion.finalize_helpers import SATA, plugin, work
 
 scratch = plugin()
@@ -147,4 +153,40 @@ def test_live_state_reads_mounts_and_exports_the_play_recorded(tmp_path: Path) -
     assert live_state({"storage": {"cache": {"mountpoint": "/data/cache"}}}, mounts, tmp_path / "none") == {
         "mounts": {"/data/cache": None},
         "exports": [],
+    }
+
+
+def _tasks(tasks: list[dict[str, object]]) -> list[dict[str, object]]:
+    """Every task of a role's task list, those inside blocks included."""
+    out: list[dict[str, object]] = []
+    for task in tasks:
+        inner = task.get("block")
+        out.extend(_tasks(inner) if isinstance(inner, list) else [task])
+    return out
+
+
+def test_the_boot_skips_exactly_what_lives_on_the_drives() -> None:
+    """apply-saved leaves out BOOT_SKIP_TAGS at boot: the tasks that partition, assemble and format drives
+    (their work survives a reboot) and the checks in front of them, never what the reboot loses (/etc,
+    the mounts, the running hostname and services)."""
+    import yaml
+
+    roles = Path(__file__).resolve().parents[2] / "playbooks" / "roles"
+    tagged = {
+        str(task["name"])
+        for main in roles.glob("*/tasks/main.yml")
+        for task in _tasks(yaml.safe_load(main.read_text()))
+        if BOOT_SKIP_TAGS in (task.get("tags") or [])  # type: ignore[operator]
+    }
+    assert tagged == {
+        "Find the scratch drives",
+        "Check the scratch drives are block devices",
+        "Partition the scratch drives",
+        "Assemble the scratch RAID0",
+        "Make the scratch filesystem",
+        "Find the data cache drives",
+        "Check the data cache drives are block devices",
+        "Partition the data cache drives",
+        "Assemble the data cache RAID5",
+        "Make the data cache filesystem",
     }
