@@ -1,9 +1,9 @@
 """`provision` start-up: what one command costs before it sends its request.
 
 Every operator command, every script that calls the CLI in a loop and the test suite (which runs the real
-CLI as a subprocess a few thousand times) pays the interpreter start plus the imports of the code it
-runs. The root group imports a command group's module only when the command line names it
-(provisioner/cli/main.py, GROUPS), so a command loads its own group and the shared base, and only
+CLI as a subprocess: about 50 commands in 90 s of its CLI tests) pays the interpreter start plus the
+imports of the code it runs. The root group imports a command group's module only when the command line
+names it (provisioner/cli/main.py, GROUPS), so a command loads its own group and the shared base, and only
 `provision --help`, which lists every group with its summary, loads them all. Printed: the median wall and
 CPU time of a command that loads one group (`provision token --help`) beside `provision --help` (every
 group, what every command cost while the root imported them all), the bare interpreter for scale, and the
