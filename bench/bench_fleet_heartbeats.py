@@ -13,9 +13,12 @@ How it is built:
   on its next beat, as a minion does. Beat counters are seeded so 1/K of the nodes are asked in each
   30 s cycle; the nodes asked "in the cycle before" the measurement are asked in a warm-up pass (also
   opening the connections), so quotes flow at 1/K of the beats from the first measured second.
-- Load: one asyncio client (httpx.AsyncClient, HTTP/1.1 keep-alive, `--connections` connections) sends
-  beats at a fixed arrival rate (open loop); latency is measured from each beat's scheduled time, so a
-  server that falls behind shows it. The server runs on core 0 (taskset), the client on the others.
+- Load: one asyncio client (bench/beat_client.py: HTTP/1.1 on asyncio streams over TLS, `--connections`
+  keep-alive connections; `--client httpx` for httpx.AsyncClient, the client used before) sends
+  beats at a fixed arrival rate (open loop). `--connection-per-beat` opens a new TLS connection for each
+  beat, as a minion's beats do (the server closes a connection idle for 5 s; a minion beats every 30 s).
+  Latency is measured from each beat's scheduled time, so a server that falls behind shows it. The
+  server runs on core 0 (taskset), the client on the others.
 - Where the time goes: the server's CPU (from /proc/<pid>/stat), PostgreSQL's and the client's, then a
   py-spy sample of the server (when py-spy is installed) over `--profile-seconds` more of the same load,
   summarised by layer and by hottest functions.
@@ -32,9 +35,11 @@ import asyncio
 import base64
 import collections
 import hashlib
+import json
 import os
 import random
 import shutil
+import ssl
 import statistics
 import struct
 import subprocess
@@ -48,11 +53,11 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import httpx
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 
+from bench.beat_client import CLIENTS, BeatClient, BeatError, Target
 from contracts.attestation import ATTESTED_PCRS
 from contracts.jobs import JobsActual
 from contracts.messages import QuoteMessage, to_wire
@@ -356,7 +361,7 @@ LATE = "not sent: waited a whole heartbeat interval for a connection (the server
 
 
 async def _beat(
-    client: httpx.AsyncClient,
+    client: BeatClient,
     node: SimNode,
     scheduled: float,
     tally: Tally | None,
@@ -378,27 +383,23 @@ async def _beat(
         node.busy = False
 
 
-async def _send(client: httpx.AsyncClient, node: SimNode, scheduled: float, tally: Tally | None) -> None:
+async def _send(client: BeatClient, node: SimNode, scheduled: float, tally: Tally | None) -> None:
     body: dict[str, Any] = {"version": 1, "actual": ACTUAL}
     nonce, node.nonce = node.nonce, None
     if nonce is not None:
         body["quote"] = node.ak.quote(nonce, node.pcrs)
     try:
-        answer = await client.post(
-            f"/v1/nodes/{node.node_id}/heartbeat",
-            json=body,
-            headers={"Authorization": f"Bearer {node.credential}"},
-        )
+        status, answer = await client.post(f"/v1/nodes/{node.node_id}/heartbeat", body, node.credential)
         done = time.perf_counter()
-        if answer.status_code != 200:
-            error = f"HTTP {answer.status_code}: {answer.text[:120]}"
+        if status != 200:
+            error = f"HTTP {status}: {answer[:120].decode(errors='replace')}"
         else:
-            reply = answer.json()
+            reply = json.loads(answer)
             error = "" if reply["state"] == "maintenance" else f"node {reply['state']}: {reply['reason']}"
             asked = reply.get("quote_nonce")
             node.nonce = base64.b64decode(asked) if asked else None
-    except httpx.HTTPError as exc:
-        done, error = time.perf_counter(), f"{type(exc).__name__}: {exc}"[:160]
+    except BeatError as exc:
+        done, error = time.perf_counter(), str(exc)[:160]
     if tally is None:
         return
     tally.sent += 1
@@ -413,7 +414,7 @@ async def _send(client: httpx.AsyncClient, node: SimNode, scheduled: float, tall
 
 
 async def drive(
-    client: httpx.AsyncClient,
+    client: BeatClient,
     order: Sequence[SimNode],
     rate: float,
     seconds: float,
@@ -575,6 +576,17 @@ def _arguments(argv: Sequence[str]) -> argparse.Namespace:
         default=int(env("RIGBASE_BENCH_WORKERS", "1")),
         help="`provision serve --workers N` (N > 1: not pinned, all cores shared)",
     )
+    parser.add_argument(
+        "--client",
+        choices=tuple(CLIENTS),
+        default=env("RIGBASE_BENCH_CLIENT", "streams"),
+        help="the load client: HTTP/1.1 on asyncio streams (default) or httpx.AsyncClient",
+    )
+    parser.add_argument(
+        "--connection-per-beat",
+        action="store_true",
+        help="each beat on a new TLS connection, as a minion's: the server closes a connection idle for 5 s",
+    )
     parser.add_argument("--no-pin", action="store_true", help="do not pin the server to core 0")
     args, _ = parser.parse_known_args(list(argv))  # a neighbour's options pass through
     args.rate = args.rate or args.nodes / HEARTBEAT_S
@@ -616,7 +628,13 @@ def run(args: argparse.Namespace) -> None:
     )
     print(f"  machine: {os.cpu_count()} CPUs, load average {load} (other work inflates p99)")
     print(
-        f"  server: {layout}; TLS on loopback, {args.connections} keep-alive connections; "
+        f"  server: {layout}; TLS on loopback, "
+        + (
+            f"a new connection per beat, at most {args.connections} at once"
+            if args.connection_per_beat
+            else f"{args.connections} keep-alive connections"
+        )
+        + f" ({args.client} client); "
         "PostgreSQL: a throw-away cluster (fsync off)"
     )
     if cycle_s > 50:
@@ -660,16 +678,16 @@ async def _load(
     args: argparse.Namespace,
     nodes: list[SimNode],
     url: str,
-    verify: Any,
+    verify: ssl.SSLContext,
     server_pid: int,
     postmaster: int,
     database_url: str,
     tmp: Path,
 ) -> list[str]:
-    limits = httpx.Limits(max_connections=args.connections, max_keepalive_connections=args.connections)
-    async with httpx.AsyncClient(
-        base_url=url, verify=verify, limits=limits, timeout=httpx.Timeout(30, pool=60)
-    ) as client:
+    client = CLIENTS[args.client](
+        Target(url, verify, args.connections, keep_alive=not args.connection_per_beat)
+    )
+    try:
         # the server's own background work (reconcilers), without beats
         idle0 = tree_cpu_s(server_pid)
         await asyncio.sleep(3)
@@ -706,6 +724,8 @@ async def _load(
                     lines += summarise_profile(raw)
                 else:
                     lines.append(f"  py-spy failed: {err.decode().strip()[-300:]}")
+    finally:
+        await client.aclose()
     return lines
 
 

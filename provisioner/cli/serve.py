@@ -93,7 +93,7 @@ def run_control_plane(
     import uvicorn  # heavy imports only for this command, so `provision --help` stays instant
 
     from contracts.errors import RigbaseError
-    from provisioner.adapters.tls import server_tls
+    from provisioner.adapters.tls import server_tls, without_session_tickets
     from provisioner.api.app import create_app
     from provisioner.client import read_client_config, write_client_config
     from provisioner.services import tokens
@@ -145,7 +145,15 @@ def run_control_plane(
         file=sys.stderr,
         flush=True,
     )
-    ssl_files = {"ssl_certfile": str(tls.cert), "ssl_keyfile": str(tls.key)} if tls else {}
+    ssl_files = (
+        {
+            "ssl_certfile": str(tls.cert),
+            "ssl_keyfile": str(tls.key),
+            "ssl_context_factory": without_session_tickets,  # a module's function: workers unpickle it
+        }
+        if tls
+        else {}
+    )
     if workers > 1:
         if fds or providers:
             raise CliError("--workers cannot be combined with --fd (the lab) or injected providers")
