@@ -27,7 +27,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ControlPl
 
 
 def _beats(cp: ControlPlane, nodes: list[tuple[str, str]], client_name: str, keep_alive: bool) -> list[int]:
-    """Three beats of each node through the client; the statuses, and the connections left open."""
+    """Three beats of each node through the client: the statuses, then (stream client only) how many
+    connections it still holds."""
 
     async def go() -> list[int]:
         client = CLIENTS[client_name](Target(cp.url, cp.verify, 2, keep_alive=keep_alive))
@@ -78,9 +79,8 @@ def test_a_refused_credential_is_an_answer_and_a_dead_server_an_error(
             f"/v1/nodes/{nodes[0][0]}/heartbeat", {"version": 1, "actual": ACTUAL}, "x"
         )
         await client.aclose()
-        nowhere = StreamBeatClient(
-            Target("https://127.0.0.1:9/", cp.verify, 1)
-        )  # the discard port: nothing listens
+        # the discard port: nothing listens
+        nowhere = StreamBeatClient(Target("https://127.0.0.1:9/", cp.verify, 1))
         with pytest.raises(BeatError) as refused:
             await nowhere.post("/v1/nodes/n/heartbeat", {}, "x")
         return status, str(refused.value)
