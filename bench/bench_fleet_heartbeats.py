@@ -253,7 +253,9 @@ def _children() -> dict[int, list[int]]:
 
 
 def tree_cpu_s(root: int) -> float:
-    """CPU seconds (user + system) of a process and all its descendants so far."""
+    """CPU seconds (user + system) of a process and all its descendants so far, those that have ended
+    included (a process's cutime and cstime hold the children it reaped: PostgreSQL's backends that
+    ended during a run, whose CPU was missing from the figure before)."""
     tree, total, todo = _children(), 0.0, [root]
     tick = os.sysconf("SC_CLK_TCK")
     while todo:
@@ -262,7 +264,7 @@ def tree_cpu_s(root: int) -> float:
             fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+        total += sum(int(f) for f in fields[11:15]) / tick  # utime, stime, cutime, cstime
         todo += tree.get(pid, [])
     return total
 

@@ -103,7 +103,11 @@ class Leadership:
         self.leading.clear()
         if self._conn is not None:
             try:
-                self._conn.close()  # ends the session: the database releases the advisory lock
+                # ends the session, and the database releases the advisory lock. invalidate(), not close()
+                # alone: the connection is the app pool's, and close() would hand it back to the pool with
+                # its session, and the lock, alive (tests/provisioner/test_leader.py)
+                self._conn.invalidate()
+                self._conn.close()
             except Exception:  # noqa: BLE001 - already broken
                 pass
             self._conn = None

@@ -1,6 +1,6 @@
 """Exactly one process runs the reconcilers per store (provisioner/reconcilers/leader.py), on SQLite and on
 PostgreSQL: three processes contend, one leads; SIGKILL the leader and another takes over within seconds;
-the others never lead at the same time."""
+the others never lead at the same time; a leader that steps down while it lives frees the lock at once."""
 
 from __future__ import annotations
 
@@ -79,3 +79,28 @@ def test_one_leader_and_failover_on_sqlite(tmp_path: Path) -> None:
 
 def test_one_leader_and_failover_on_postgresql(postgres_cluster: Any) -> None:
     _check_failover(postgres_cluster.create_database())
+
+
+def test_a_leader_that_steps_down_releases_the_lock_while_it_lives(postgres_cluster: Any) -> None:
+    """The lock is held by a connection of the app's pool: closing it there would hand it back to the
+    pool with the session, and the lock, still alive, so no other process could lead until this one died.
+    Stepping down (stop, or a failed check) must end that session."""
+    from sqlalchemy import text
+
+    from provisioner.reconcilers.leader import LOCK_KEY, Leadership
+    from provisioner.store.engine import make_engine
+
+    url = postgres_cluster.create_database()
+    engine, other = make_engine(url), make_engine(url)
+    try:
+        lead = Leadership(engine, retry_s=0.2)
+        lead.start()
+        assert lead.wait(10)
+        with other.connect() as conn:
+            assert not conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": LOCK_KEY}).scalar()
+        lead.stop()  # the process lives on, its pool too
+        with other.connect() as conn:
+            assert conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": LOCK_KEY}).scalar()
+    finally:
+        engine.dispose()
+        other.dispose()
