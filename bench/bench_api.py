@@ -9,6 +9,8 @@ TPM, and a requirement report of 10 rules (about 6 KiB of JSON per node, a page 
 Latency is the request alone; the client parses the page after the stopwatch. On PostgreSQL the seeded
 tables are analysed before measuring, as autovacuum analyses a live store's.
 On PostgreSQL it also times a page's store read alone, in process, over TCP and over the Unix socket.
+Before each server starts it times the same page in process (store read and JSON, no HTTP or TLS): the
+machine's speed that run, to compare runs of different days by.
 BENCH_API_ONLY=sqlite/compact (or =postgresql) runs one backend and profile.
 Prints requests/s, p50, p99, the ratio p99 / goal (< 1.0 meets it) and the load average at the start
 and at the end: the machine is shared, and other work inflates p99."""
@@ -51,6 +53,7 @@ LIST_GOAL_P99_MS = 25.0
 WRITE_GOAL_P99_MS = 50.0
 LIST_ROUNDS = 25  # x 20 pages: 500 samples, so p99 is the 5th slowest, not the 2nd of 200
 WRITES = 400
+IN_PROCESS_PAGES = 50
 STORE_READ_ROUNDS, STORE_READS = 4, 25  # the store read alone: 100 reads each way, the ways alternating
 RULES = (
     "tpm",
@@ -210,11 +213,37 @@ def _line(backend: str, what: str, figures: tuple[float, float, float], goal_ms:
     )
 
 
+def page_in_process(url: str) -> float:
+    """Median ms of a page of 500 read and written as JSON in this process (no HTTP, TLS or ASGI): the
+    same work on every day, so it says how fast the machine ran this run. Its speed has moved by 3x
+    between days (docs/control-plane.md, Performance): compare the HTTP figures of two runs against this."""
+    from provisioner.api.node_page import nodes_page_json
+    from provisioner.services import nodes
+
+    engine = make_engine(url)
+    times = []
+    try:
+        with make_sessionmaker(engine)() as session:
+            for i in range(IN_PROCESS_PAGES + 5):
+                t = time.perf_counter()
+                nodes_page_json(*nodes.list_page(session, limit=PAGE))
+                if i >= 5:  # the first ones warm the connection, the statement cache and the report hashes
+                    times.append((time.perf_counter() - t) * 1000)
+    finally:
+        engine.dispose()
+    return statistics.median(times)
+
+
 def run(backend: str, profile: str, url: str, home: Path) -> None:
     from tests.fixtures.control_plane import start_control_plane
 
     seed(url, profile)
     label = f"{backend}/{profile}"
+    print(
+        f"  {label:20s} the same page in process (store read and JSON, no HTTP or TLS), median: "
+        f"{page_in_process(url):.1f} ms",
+        flush=True,
+    )
     with start_control_plane(home, url, pin_cpu=0) as cp, cp.client() as c:
         cursor: list[str | None] = [None]
 

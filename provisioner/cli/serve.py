@@ -26,6 +26,12 @@ if TYPE_CHECKING:  # pragma: no cover
 # cross a network unencrypted, so plain HTTP stays on this host by default.
 INSECURE_DEFAULT_HOST = "127.0.0.1"
 TLS_DEFAULT_HOST = "0.0.0.0"
+# How long a stopping server waits for its connections before it drops them. Without a bound uvicorn waits
+# for every connection to close, and closing a TLS connection waits for the peer's close_notify for up to
+# 30 s (asyncio's ssl_shutdown_timeout): one idle client that does not answer (a suspended laptop, a
+# client that never closes) held every stop of `provision serve` for 30 s. A request's unit of work takes
+# milliseconds; minions and the CLI retry what a restart cuts off.
+SHUTDOWN_GRACE_S = 5
 
 
 def _is_address(name: str) -> bool:
@@ -154,6 +160,7 @@ def run_control_plane(
         if tls
         else {}
     )
+    options = {"log_level": "warning", "timeout_graceful_shutdown": SHUTDOWN_GRACE_S, **ssl_files}
     if workers > 1:
         if fds or providers:
             raise CliError("--workers cannot be combined with --fd (the lab) or injected providers")
@@ -166,13 +173,12 @@ def run_control_plane(
             workers=workers,
             host=host,
             port=port,
-            log_level="warning",
-            **ssl_files,  # type: ignore[arg-type]
+            **options,  # type: ignore[arg-type]
         )
         return
     _tune_gc()
     if not fds:
-        uvicorn.run(app, host=host, port=port, log_level="warning", **ssl_files)  # type: ignore[arg-type]
+        uvicorn.run(app, host=host, port=port, **options)  # type: ignore[arg-type]
         return
     # A listening socket keeps the network namespace it was created in, so one process can answer on
     # the host's loopback and, through an inherited socket, on a LAN that exists only in a namespace.
@@ -180,7 +186,7 @@ def run_control_plane(
 
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sockets = [socket.create_server((host, port), family=family), *(socket.socket(fileno=fd) for fd in fds)]
-    uvicorn.Server(uvicorn.Config(app, log_level="warning", **ssl_files)).run(sockets=sockets)  # type: ignore[arg-type]
+    uvicorn.Server(uvicorn.Config(app, **options)).run(sockets=sockets)  # type: ignore[arg-type]
 
 
 def serve(

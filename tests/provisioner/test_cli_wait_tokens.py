@@ -40,7 +40,8 @@ def test_wait_prints_the_id_first_and_explains_a_timeout(api_server: ControlPlan
     assert "`provision node show gpu-1 --region lab --watch`" in error
     assert "provision region bundle lab" in error
     # the minion calls with a token that is no token: refused, audited; the timeout now says so and why
-    refused = cp.client().post("/v1/join", json={"minion_id": MINION, "join_token": "rbj_nope"})
+    with cp.client() as client:
+        refused = client.post("/v1/join", json={"minion_id": MINION, "join_token": "rbj_nope"})
     assert refused.status_code in (403, 422), refused.text
     rows = api(cp, "GET", f"/v1/join-refusals?minion_id={MINION}")["items"]
     assert rows, "the refused join is in the audit trail"

@@ -46,7 +46,8 @@ def test_create_use_rotate_revoke(api_server: ControlPlane) -> None:
         refused = new.get("/v1/providers")
         assert refused.status_code == 401 and refused.json()["code"] == "token_revoked"
         assert "token create" in refused.json()["message"]
-    assert cp.client().get("/v1/providers").status_code == 200  # the admin token is untouched
+    with cp.client() as admin:
+        assert admin.get("/v1/providers").status_code == 200  # the admin token is untouched
 
 
 def test_expiry_and_the_last_live_token(api_server: ControlPlane) -> None:

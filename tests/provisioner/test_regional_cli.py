@@ -185,14 +185,15 @@ def test_datastore_walkthrough_password_never_returned(
         "--root",
         "/srv/scratch",
     )
-    outputs = [
-        _ok(cp, "datastore", "show", "office", "--json"),
-        _ok(cp, "datastore", "show", "office"),
-        _ok(cp, "datastore", "list"),
-        _ok(cp, "datastore", "list", "--json"),
-        cp.client().get("/v1/datastores/office").text,
-        cp.client().get("/openapi.json").text,
-    ]
+    with cp.client() as client:
+        outputs = [
+            _ok(cp, "datastore", "show", "office", "--json"),
+            _ok(cp, "datastore", "show", "office"),
+            _ok(cp, "datastore", "list"),
+            _ok(cp, "datastore", "list", "--json"),
+            client.get("/v1/datastores/office").text,
+            client.get("/openapi.json").text,
+        ]
     assert all(PASSWORD not in out for out in outputs)
     shown = json.loads(outputs[0])
     assert (shown["type"], shown["root"], shown["username"], shown["has_password"]) == (

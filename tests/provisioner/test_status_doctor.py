@@ -25,7 +25,8 @@ def test_status_counts_the_fleet(api_server: ControlPlane) -> None:
         api(cp, "POST", "/v1/nodes", {"name": f"gpu-{i}", "region": "dc1", "minion_id": f"{i + 1:032x}"})
     api(cp, "POST", "/v1/regions/dc1/join-tokens", {"ttl": "1h"})
     api(cp, "POST", "/v1/regions/dc2/join-tokens", {"ttl": "30d"})
-    bad = cp.client().post("/v1/join", json={"minion_id": "0" * 32})  # a refusal of the last day
+    with cp.client() as client:
+        bad = client.post("/v1/join", json={"minion_id": "0" * 32})  # a refusal of the last day
     assert bad.status_code in (403, 422)
     out = json.loads(_ok(cp, "status", "--json"))
     rows = {r["region"]: r for r in out["regions"]}

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
 import ssl
 import stat
 import subprocess
@@ -249,3 +251,26 @@ def test_minion_joins_over_tls_and_refuses_a_control_plane_of_another_ca(
                 impostor.close()
         finally:
             session.close()
+
+
+def test_a_client_that_never_answers_the_tls_close_does_not_hold_a_stop(tmp_path: Path) -> None:
+    """A stopping server closes its idle connections, and closing a TLS connection waits for the peer's
+    close_notify: asyncio waits up to 30 s for it. Uvicorn, unbounded, waited for every connection, so
+    one client that made a request and then went quiet held `provision serve`'s stop for 30 s (the
+    tests' fixture killed it after 10). The stop is bounded by SHUTDOWN_GRACE_S."""
+    from provisioner.cli.serve import SHUTDOWN_GRACE_S
+
+    with start_control_plane(tmp_path / "home") as cp:
+        host, port = cp.url.removeprefix("https://").rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10) as raw:
+            with cp.verify.wrap_socket(raw, server_hostname=host) as tls:
+                tls.sendall(f"GET /healthz HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+                assert tls.recv(65536).startswith(b"HTTP/1.1 200")
+                # a kept-alive connection, and this client reads nothing more: the server's
+                # close_notify stays unanswered until the socket closes
+                stopping = time.monotonic()
+                cp.process.terminate()
+                cp.process.wait(timeout=SHUTDOWN_GRACE_S + 15)  # unbounded: 30 s and more
+                assert time.monotonic() - stopping < SHUTDOWN_GRACE_S + 15
+        # a clean stop: uvicorn re-raises the SIGTERM it stopped on once it has shut down
+        assert cp.process.returncode == -signal.SIGTERM, (tmp_path / "home" / "server.log").read_text()

@@ -387,7 +387,8 @@ def test_killed_at_every_step_still_makes_exactly_one_instance(
                 if cp.process.poll() is not None:
                     return "killed"
                 try:
-                    vm = cp.client().get("/v1/gcp/regions/us-central1").json().get("vm") or {}
+                    with cp.client() as client:
+                        vm = client.get("/v1/gcp/regions/us-central1").json().get("vm") or {}
                 except httpx.TransportError:
                     return None  # killed while answering: the next look sees it
                 return "ready" if vm.get("status") == "ready" else None
