@@ -30,7 +30,7 @@ TLS_DEFAULT_HOST = "0.0.0.0"
 # for every connection to close, and closing a TLS connection waits for the peer's close_notify for up to
 # 30 s (asyncio's ssl_shutdown_timeout): one idle client that does not answer (a suspended laptop, a
 # client that never closes) held every stop of `provision serve` for 30 s. A request's unit of work takes
-# milliseconds; minions and the CLI retry what a restart cuts off.
+# milliseconds; a minion whose beat a stop cuts off sends the next one (docs/production.md, "Stopping").
 SHUTDOWN_GRACE_S = 5
 
 

@@ -268,9 +268,7 @@ def test_a_client_that_never_answers_the_tls_close_does_not_hold_a_stop(tmp_path
                 assert tls.recv(65536).startswith(b"HTTP/1.1 200")
                 # a kept-alive connection, and this client reads nothing more: the server's
                 # close_notify stays unanswered until the socket closes
-                stopping = time.monotonic()
                 cp.process.terminate()
                 cp.process.wait(timeout=SHUTDOWN_GRACE_S + 15)  # unbounded: 30 s and more
-                assert time.monotonic() - stopping < SHUTDOWN_GRACE_S + 15
         # a clean stop: uvicorn re-raises the SIGTERM it stopped on once it has shut down
         assert cp.process.returncode == -signal.SIGTERM, (tmp_path / "home" / "server.log").read_text()
