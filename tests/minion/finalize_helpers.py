@@ -17,6 +17,7 @@ from contracts.finalize import FinalizeWork, generation_of
 from provisioner.lab import rootfs
 from provisioner.services import finalize_bundle
 from provisioner.settings import SHIPPED_PLAYBOOKS
+from tests.fixtures.rootfs import rootfs_cache_dir
 
 NVME = [
     {"path": "/dev/nvme1n1", "size_bytes": 2 * 10**12},
@@ -95,7 +96,7 @@ def tree(path: Path) -> dict[str, bytes]:
 
 @pytest.fixture(scope="session")
 def base_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    cache = Path(os.environ.get("RIGBASE_TEST_ROOTFS_CACHE") or tmp_path_factory.mktemp("rootfs-cache"))
+    cache = rootfs_cache_dir(tmp_path_factory)
     return rootfs.ensure_base(cache=cache)
 
 

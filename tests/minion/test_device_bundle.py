@@ -28,6 +28,7 @@ import pytest
 from provisioner.lab import hardware
 from provisioner.lab.rootfs import apt_mirror
 from tests.fixtures.control_plane import ControlPlane, start_control_plane
+from tests.fixtures.rootfs import rootfs_cache_dir
 
 IMAGE_BUILDER = Path(sys.executable).parent / "image-builder"
 QEMU = shutil.which("qemu-aarch64-static")
@@ -42,7 +43,7 @@ def arm64_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     emulation), then every downloaded package unpacked without its scripts. Cached like the lab's root."""
     if QEMU is None or shutil.which("debootstrap") is None:
         pytest.fail("qemu-user-static and debootstrap are needed: run scripts/install-deps.sh")
-    cache = Path(os.environ.get("RIGBASE_TEST_ROOTFS_CACHE") or tmp_path_factory.mktemp("rootfs-cache"))
+    cache = rootfs_cache_dir(tmp_path_factory)
     key = hashlib.sha256(f"bookworm arm64 {ARM64_PACKAGES}".encode()).hexdigest()[:16]
     root = cache / f"arm64-python-{key}"
     if (root / ".done").exists():

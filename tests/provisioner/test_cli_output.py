@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import signal
 import subprocess
+import threading
 import time
+from collections.abc import Callable
 
 import yaml
 
@@ -92,6 +95,27 @@ def test_node_list_filters(api_server: ControlPlane) -> None:
     assert bad.stderr.startswith("error: ") and "--state" in bad.stderr
 
 
+class _Screens:
+    """A watch's output as it comes, read by a thread, so a watch that stops drawing fails the wait
+    within its timeout instead of blocking a read (a watch draws a screen every WATCH_EVERY_S)."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        assert proc.stdout is not None
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.text = ""
+        stdout = proc.stdout
+        threading.Thread(target=lambda: [self.lines.put(line) for line in stdout], daemon=True).start()
+
+    def until(self, done: Callable[[list[str]], bool], timeout: float = 30) -> None:
+        """Wait until `done(the complete screens so far)`."""
+        deadline = time.monotonic() + timeout
+        while not done(self.text.split("Ctrl-C to stop")[:-1]):
+            try:
+                self.text += self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"the watch stopped drawing: {self.text[-2000:]}") from None
+
+
 def test_watch_redraws_until_ctrl_c(api_server: ControlPlane) -> None:
     cp = api_server
     _fleet(cp)
@@ -102,24 +126,26 @@ def test_watch_redraws_until_ctrl_c(api_server: ControlPlane) -> None:
         stderr=subprocess.PIPE,
         text=True,
     )
+    watch = _Screens(proc)
     try:
-        time.sleep(5)
+        watch.until(lambda screens: len(screens) >= 1)
+        assert "gpu-late" not in watch.text
         api(cp, "POST", "/v1/nodes", {"name": "gpu-late", "region": "zulu", "minion_id": f"{20:032x}"})
-        time.sleep(4)
-        os.kill(proc.pid, signal.SIGINT)
-        out, err = proc.communicate(timeout=20)
+        watch.until(lambda screens: "gpu-late" in screens[-1])  # a later screen shows the new node
+        os.kill(proc.pid, signal.SIGINT)  # Ctrl-C ends a watch with exit 0, as kubectl's does
+        assert proc.wait(timeout=20) == 0, proc.stderr.read() if proc.stderr else ""
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 0, err
-    screens = out.split("Ctrl-C to stop")
-    assert len(screens) >= 3 and "gpu-late" not in screens[0] and "gpu-late" in screens[-2]
-    # a show watches too (checked with a short timeout: it only ends on Ctrl-C)
+    # a show watches too: it draws a screen and goes on until Ctrl-C
+    show = subprocess.Popen(
+        [str(PROVISION), "node", "show", "gpu-1", "--watch"], env=cp.env, stdout=subprocess.PIPE, text=True
+    )
     try:
-        subprocess.run(
-            [str(PROVISION), "node", "show", "gpu-1", "--watch"], env=cp.env, capture_output=True, timeout=3
-        )
-    except subprocess.TimeoutExpired as running:
-        assert b"gpu-1" in (running.stdout or b"")
-    else:
-        raise AssertionError("`node show --watch` ended on its own")
+        shown = _Screens(show)
+        shown.until(lambda screens: len(screens) >= 2)
+        assert "gpu-1" in shown.text
+        assert show.poll() is None, "`node show --watch` ended on its own"
+    finally:
+        show.kill()
+        show.wait()

@@ -31,6 +31,7 @@ from provisioner.lab.state import (
 )
 from provisioner.lab.topology import NAME_PATTERN, NETNS_PREFIX, LabPlan, Role, address, netns_name
 from tests.fixtures.leftovers import processes_naming
+from tests.fixtures.rootfs import rootfs_cache_dir
 
 PROVISION = Path(sys.executable).parent / "provision"
 MINION = Path(sys.executable).parent / "minion"
@@ -58,7 +59,7 @@ def provision(home: Path, *args: str, timeout: float = 60) -> subprocess.Complet
 
 @pytest.fixture(scope="session")
 def rootfs_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    cache = Path(os.environ.get("RIGBASE_TEST_ROOTFS_CACHE") or tmp_path_factory.mktemp("rootfs-cache"))
+    cache = rootfs_cache_dir(tmp_path_factory)
     rootfs.ensure_base(cache=cache)
     return cache
 
