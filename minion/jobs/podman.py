@@ -23,6 +23,7 @@ LABEL_GPUS: Final = "rigbase.gpus"  # "0,1": the GPU indices the worker holds (r
 
 QUERY_TIMEOUT_S: Final = 60.0  # ps/inspect/rm; `run -d` pulls nothing (no registry) but may create layers
 RUN_TIMEOUT_S: Final = 300.0
+KILLED_WAIT_S: Final = 5.0  # how long a call waits for a podman it killed on timeout to end
 
 
 class PodmanError(Exception):
@@ -80,15 +81,29 @@ class Podman:
         return None
 
     def call(self, args: list[str], timeout: float = QUERY_TIMEOUT_S) -> str:
-        """podman ARGS; its stdout, or PodmanError with its last error line."""
+        """podman ARGS; its stdout, or PodmanError with its last error line. Never blocks much past
+        `timeout`: the jobs handler runs inside the heartbeat, and a beat that never ends stops the
+        node's heartbeats and quotes until the watchdog restarts the minion."""
         try:
-            proc = subprocess.run(
-                [*self.base(), *args], capture_output=True, text=True, timeout=timeout, check=False
+            popen = subprocess.Popen(
+                [*self.base(), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
             )
-        except subprocess.TimeoutExpired:
-            raise PodmanError(f"podman {args[0]} did not answer in {timeout:.0f} s") from None
         except OSError as exc:
             raise PodmanError(f"cannot run {self.settings.podman}: {exc.strerror}") from None
+        try:
+            stdout, stderr = popen.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            popen.kill()
+            # subprocess.run waits for the killed child without a bound, and a podman stuck in the
+            # kernel (slow storage after an unclean reset, seen on a TCG node) dies only when its I/O
+            # ends: a node's minion sat in that wait until its watchdog aborted it, again and again.
+            # Python reaps the child later, when it has died.
+            try:
+                popen.wait(KILLED_WAIT_S)
+            except subprocess.TimeoutExpired:
+                pass
+            raise PodmanError(f"podman {args[0]} did not answer in {timeout:.0f} s") from None
+        proc = subprocess.CompletedProcess(popen.args, popen.returncode, stdout, stderr)
         if proc.returncode != 0:
             raise PodmanError(_last_error(proc))
         return proc.stdout

@@ -1,0 +1,63 @@
+"""A podman stuck in the kernel does not hold the minion's heartbeat (minion/jobs/podman.py `call`).
+
+The jobs handler runs inside every heartbeat. A podman call that times out is killed, but a process asleep
+in the kernel (uninterruptible I/O: slow storage after an unclean reset, seen on a TCG node) dies only when
+its I/O ends, and subprocess.run waited for that without a bound: the minion sat there until its watchdog
+aborted it, with no heartbeat and no quote meanwhile. Made real here with a frozen filesystem (fsfreeze): a
+process writing to it sleeps uninterruptibly, and SIGKILL takes effect only when it is thawed."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from minion.jobs.podman import Podman, PodmanError
+from minion.settings import ContainerSettings
+
+
+def _state(pid: int) -> str:
+    """The process's state letter (R, S, D, Z …) from /proc/PID/stat."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+@pytest.fixture
+def frozen(tmp_path: Path) -> Iterator[Path]:
+    """A small ext4 filesystem, loop-mounted and frozen; thawed and unmounted afterwards."""
+    image, mnt = tmp_path / "fs.img", tmp_path / "mnt"
+    mnt.mkdir()
+    subprocess.run(["truncate", "-s", "16M", str(image)], check=True)
+    subprocess.run(["mkfs.ext4", "-q", str(image)], check=True)
+    mounted = subprocess.run(["mount", "-o", "loop", str(image), str(mnt)], capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"this machine cannot loop-mount a filesystem: {mounted.stderr.strip()}")
+    try:
+        subprocess.run(["fsfreeze", "-f", str(mnt)], check=True)
+        yield mnt
+    finally:
+        subprocess.run(["fsfreeze", "-u", str(mnt)], capture_output=True)
+        subprocess.run(["umount", str(mnt)], check=True)
+
+
+def test_a_podman_stuck_in_the_kernel_is_given_up_on_while_it_still_sleeps(
+    tmp_path: Path, frozen: Path
+) -> None:
+    # a `podman` that records its pid, then blocks in the kernel writing to the frozen filesystem
+    stuck = tmp_path / "podman"
+    pid_file = tmp_path / "pid"
+    stuck.write_text(f"#!/bin/sh\necho $$ > {pid_file}\nexec sh -c 'echo x > {frozen / 'f'}'\n")
+    stuck.chmod(0o755)
+    # the test's own bound: thaw after 30 s, so an unbounded wait (the old code) ends and the test fails
+    thaw = threading.Timer(30, subprocess.run, (["fsfreeze", "-u", str(frozen)],), {"capture_output": True})
+    thaw.start()
+    try:
+        with pytest.raises(PodmanError, match="podman ps did not answer in 1 s"):
+            Podman(ContainerSettings(podman=str(stuck))).call(["ps"], timeout=1)
+        pid = int(pid_file.read_text())
+        # the call gave up while the killed podman still slept in the kernel: it did not wait for its end
+        assert _state(pid) == "D", _state(pid)
+    finally:
+        thaw.cancel()
