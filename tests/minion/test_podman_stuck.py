@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,7 +40,13 @@ def frozen(tmp_path: Path) -> Iterator[Path]:
         yield mnt
     finally:
         subprocess.run(["fsfreeze", "-u", str(mnt)], capture_output=True)
-        subprocess.run(["umount", str(mnt)], check=True)
+        # the killed writer ends once thawed, but may still hold the mount busy for a moment
+        for _ in range(50):
+            if subprocess.run(["umount", str(mnt)], capture_output=True).returncode == 0:
+                break
+            time.sleep(0.1)
+        else:
+            subprocess.run(["umount", str(mnt)], check=True)
 
 
 def test_a_podman_stuck_in_the_kernel_is_given_up_on_while_it_still_sleeps(
