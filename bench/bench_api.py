@@ -42,7 +42,7 @@ from minion.hardware.model import (
     PcieLink,
     Tpm,
 )
-from provisioner.services import providers, regions
+from provisioner.services.regions import providers, regions
 from provisioner.store.engine import make_engine, make_sessionmaker
 from provisioner.store.migrate import upgrade
 from provisioner.store.models import AuditEvent, Node, new_id, utcnow
@@ -218,7 +218,7 @@ def page_in_process(url: str) -> float:
     same work on every day, so it says how fast the machine ran this run. Its speed has moved by 3x
     between days (docs/control-plane.md, Performance): compare the HTTP figures of two runs against this."""
     from provisioner.api.node_page import nodes_page_json
-    from provisioner.services import nodes
+    from provisioner.services.fleet import nodes
 
     engine = make_engine(url)
     times = []
@@ -278,7 +278,7 @@ def store_reads(label: str, urls: dict[str, str]) -> None:
     """A page's store read alone (services.nodes.list_page in this process: no HTTP, no JSON) over each
     way to reach the same database, the ways alternating so the machine's drift hits them alike. A
     control plane beside its PostgreSQL can use the Unix socket (docs/control-plane.md, Performance)."""
-    from provisioner.services import nodes
+    from provisioner.services.fleet import nodes
 
     engines = {via: make_engine(url) for via, url in urls.items()}
     times: dict[str, list[float]] = {via: [] for via in urls}

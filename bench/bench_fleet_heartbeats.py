@@ -169,7 +169,8 @@ def seed(url: str, count: int, every: int) -> list[SimNode]:
     maintenance with their attestation rows."""
     from sqlalchemy import insert
 
-    from provisioner.services import node_address, node_credentials, providers, regions
+    from provisioner.services.fleet import node_address, node_credentials
+    from provisioner.services.regions import providers, regions
     from provisioner.store.engine import make_engine, make_sessionmaker
     from provisioner.store.join_models import NodeAttestation
     from provisioner.store.migrate import upgrade
@@ -321,8 +322,8 @@ def unit_of_work_ms(
     import provisioner.api.app  # noqa: F401  (registers every desired-state contributor and reporter)
     from contracts.messages import HeartbeatRequest
     from provisioner.api.routes.join import _beat as unit_of_work
-    from provisioner.services.heartbeat_timing import HeartbeatTiming
-    from provisioner.services.runtime import Runtime, attach
+    from provisioner.services.common.heartbeat_timing import HeartbeatTiming
+    from provisioner.services.common.runtime import Runtime, attach
     from provisioner.settings import Settings
     from provisioner.store.engine import make_engine, make_sessionmaker
 
@@ -507,7 +508,7 @@ def profile(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes] | No
 
 
 def _function(frame: str) -> str:
-    """`beat (provisioner/services/heartbeat.py:53)` → `beat (provisioner/services/heartbeat.py)`."""
+    """`beat (services/fleet/heartbeat.py:53)` → `beat (provisioner/services/fleet/heartbeat.py)`."""
     name, _, where = frame.partition(" (")
     return f"{name} ({where.rsplit(':', 1)[0]})" if where else name
 

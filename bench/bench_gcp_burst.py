@@ -26,10 +26,11 @@ from provisioner.domain.states import ProviderState
 from provisioner.providers.gcp import Endpoints, GcpProvider, catalogue
 from provisioner.reconcilers import gcp_burst as burst_reconciler
 from provisioner.reconcilers.loop import ReconcilerLoop
-from provisioner.services import gcp, gcp_capacity, job_placement, jobs
-from provisioner.services import providers as provider_service
-from provisioner.services.runtime import Runtime, attach
-from provisioner.services.wakeups import Wake
+from provisioner.services.cloud import gcp, gcp_capacity
+from provisioner.services.common.runtime import Runtime, attach
+from provisioner.services.common.wakeups import Wake
+from provisioner.services.jobs import job_placement, jobs
+from provisioner.services.regions import providers as provider_service
 from provisioner.settings import Settings
 from provisioner.store.account_models import Account
 from provisioner.store.engine import make_engine, make_sessionmaker, session_scope

@@ -176,7 +176,7 @@ def bench_move(
 def _map_once(address: str, port: int, igd_url: str | None = None) -> float:
     """Milliseconds for one UPnP mapping by a fresh mapper: with `igd_url` it knows the router's
     description URL (the cached case), without it it discovers the router over SSDP first."""
-    from minion.reservations.model import ReservationSpec
+    from contracts.reservations import ReservationSpec
     from minion.reservations.upnp import UpnpMapper
 
     mapper = UpnpMapper(address, igd_url=igd_url, lease_s=600)

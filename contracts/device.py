@@ -78,10 +78,9 @@ class DeviceReport(BaseModel):
 
 
 # ------------------------------------------------------------------ device configurations (inference)
-# The heartbeat carries a device's configuration under desired[DEVICE_DESIRED_KEY] (a DeviceDesired) and
-# the minion reports what its inference container does under actual[DEVICE_DESIRED_KEY] (a DeviceActual).
-# The container's output goes to DEVICE_LOG_ROUTE as the LogChunks jobs use (contracts/jobs.py).
-DEVICE_DESIRED_KEY: Final = "device_config"
+# The heartbeat carries a device's configuration under desired["device_config"] (a DeviceDesired) and
+# the minion reports what its inference container does under actual["device_config"] (a DeviceActual):
+# contracts/heartbeat.py.
 DEVICE_LOG_ROUTE: Final = "/v1/nodes/{node_id}/device/logs"
 # Inside the inference container (docs/devices.md "What the container gets"); the output path under both
 # cloudbender.txt's name and rigbase's own.

@@ -21,11 +21,10 @@ import json
 from enum import StrEnum
 from typing import Annotated, Any, Final
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 from contracts.messages import Report
 
-DESIRED_KEY: Final = "finalize"  # the key of HeartbeatResponse.desired that carries a FinalizeWork
 BUNDLE_ROUTE: Final = "/v1/finalize/bundles/{digest}"
 REPORT_ROUTE: Final = "/v1/nodes/{node_id}/finalize"
 BUNDLE_MEDIA_TYPE: Final = "application/gzip"
@@ -103,6 +102,35 @@ class FinalizeOutcome(BaseModel):
     message: str | None = Field(None, max_length=MESSAGE_MAX)
     changed: int = Field(0, ge=0)
     seconds: float = Field(0.0, ge=0)
+
+
+class FinalizeRunState(StrEnum):
+    PENDING = "pending"  # not yet applied, or a newer generation waits
+    RUNNING = "running"
+    APPLIED = "applied"  # the generation asked for is the one applied
+    FAILED = "failed"  # the generation asked for failed; a retry is a new generation
+    REFUSED = "refused"  # not a rigbase node: the minion does not run the playbook here
+
+
+class FinalizeStatus(BaseModel):
+    """actual["finalize"] in a heartbeat: what the minion says of its finalize, shown by `provision node
+    show`. `live` (a real node only: what is mounted and exported now) is left out when absent."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    generation: Sha256Hex | None
+    running: bool
+    state: FinalizeRunState
+    message: str | None
+    facts: Report | None
+    live: Report | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_absent_live(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if self.live is None:
+            data.pop("live", None)
+        return data
 
 
 class FinalizeReport(BaseModel):

@@ -28,7 +28,6 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from contracts.errors import InvalidInput
 from contracts.regional import DatastoreType, Protocol, check_datastore, requested_parts
 
-DESIRED_KEY: Final = "jobs"  # the key of HeartbeatResponse.desired (and of HeartbeatRequest.actual)
 LOG_ROUTE: Final = "/v1/nodes/{node_id}/jobs/{job_id}/workers/{worker}/logs"
 OUTPUT_PATH: Final = "/opt/ml/output"  # RIGBASE_OUTPUT_PATH inside every container
 INPUT_PATH: Final = "/opt/ml/input"

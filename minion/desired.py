@@ -1,47 +1,46 @@
-"""The minion's side of desired state: one handler per key of the heartbeat response's `desired`.
+"""The minion's side of desired state: one handler per key of the heartbeat answer's `desired`
+(contracts/heartbeat_keys.py).
 
 A handler gets the desired value and returns the actual value to report on the next heartbeat (e.g.
-the reservations handler publishes over mDNS/UPnP and returns each reservation's state). Handlers
-register with one decorator line in their own module, so the heartbeat loop stays the same as new
-resources arrive."""
+the reservations handler publishes over mDNS/UPnP and returns each reservation's state). Every handler
+is registered the one way, `register(key, handler)`: `minion run` calls each module of its RUN_HOOKS
+(minion/join/run.py) once and the module registers its own, so the heartbeat loop stays the same as new
+keys arrive. A module may register again to replace its handler (the reservations agent, once started)."""
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from typing import Any
 
+from contracts.heartbeat_keys import HeartbeatKey
+
 Handler = Callable[[Any], Any]
 
-HANDLERS: dict[str, Handler] = {}
-# modules whose import registers handlers; imported on the first apply() (they keep zeroconf etc.
-# inside their functions, so neither importing them nor `minion --help` pulls in heavy libraries)
-HANDLER_MODULES: tuple[str, ...] = (
-    "minion.reservations.heartbeat",  # reservations
-)
+_HANDLERS: dict[HeartbeatKey, Handler] = {}
 
 
-def handles(key: str) -> Callable[[Handler], Handler]:
-    def deco(fn: Handler) -> Handler:
-        HANDLERS[key] = fn
-        return fn
+def register(key: HeartbeatKey, handler: Handler) -> None:
+    """`handler` serves `key` from the next apply() on; a key the contract does not define is refused."""
+    if not isinstance(key, HeartbeatKey):
+        raise TypeError(f"{key!r} is not a HeartbeatKey: name the key in contracts/heartbeat_keys.py")
+    _HANDLERS[key] = handler
 
-    return deco
 
-
-def load_handlers() -> None:
-    for module in HANDLER_MODULES:
-        importlib.import_module(module)
+def handler_for(key: HeartbeatKey) -> Handler | None:
+    return _HANDLERS.get(key)
 
 
 def apply(desired: dict[str, Any]) -> dict[str, Any]:
-    """Apply every key we have a handler for; return the actual state to report."""
-    load_handlers()
+    """Apply every key we have a handler for; return the actual state to report. A key this minion does
+    not know (a newer control plane's) is left alone."""
     actual: dict[str, Any] = {}
-    for key, value in desired.items():
-        handler = HANDLERS.get(key)
+    for name, value in desired.items():
+        try:
+            handler = _HANDLERS.get(HeartbeatKey(name))
+        except ValueError:
+            continue
         if handler is not None:
-            actual[key] = handler(value)
+            actual[name] = handler(value)
     return actual
 
 

@@ -26,7 +26,6 @@ from pydantic import ValidationError
 
 from contracts.device import (
     CHECKPOINTS_PATH,
-    DEVICE_DESIRED_KEY,
     DEVICE_LOG_ROUTE,
     INFERENCE_OF_RUN_STATE,
     LAST_LINES,
@@ -39,6 +38,7 @@ from contracts.device import (
     InferenceReport,
     InferenceState,
 )
+from contracts.heartbeat_keys import HeartbeatKey
 from contracts.jobs import ENDED, OUTPUT_PATH, LogAck, LogChunk, WorkerAssignment
 from minion import desired
 from minion.jobs.agent import runtime_for
@@ -250,6 +250,6 @@ def setup(ctx: Any) -> None:
     settings = getattr(ctx, "jobs", None) or ContainerSettings()
     transport = DeviceLogs(cp, lambda: ctx.node)
     agent = DeviceAgent.create(settings, ctx.state.path, transport)
-    desired.HANDLERS[DEVICE_DESIRED_KEY] = agent.handle
+    desired.register(HeartbeatKey.DEVICE_CONFIG, agent.handle)
     desired.on_shutdown(cp.close)
     desired.on_shutdown(agent.close)

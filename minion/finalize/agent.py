@@ -29,14 +29,16 @@ import httpx
 from pydantic import ValidationError
 
 from contracts.finalize import (
-    DESIRED_KEY,
     EVENTS_PER_REPORT,
     REPORT_ROUTE,
     FinalizeEvent,
     FinalizeOutcome,
     FinalizeReport,
+    FinalizeRunState,
+    FinalizeStatus,
     FinalizeWork,
 )
+from contracts.heartbeat_keys import HeartbeatKey
 from minion import desired
 from minion.finalize import saved
 from minion.finalize.apply import apply_work
@@ -97,25 +99,22 @@ class FinalizeAgent:
     def actual(self, wanted: str | None) -> dict[str, Any]:
         with self.lock:
             if self.running:
-                state = "running"
+                state = FinalizeRunState.RUNNING
             elif self.host_root is None and not_a_node(None):
-                state = "refused"
+                state = FinalizeRunState.REFUSED
             elif wanted is not None and wanted == self.failed:
-                state = "failed"
+                state = FinalizeRunState.FAILED
             elif wanted is None or wanted == self.applied:
-                state = "applied" if self.applied else "pending"
+                state = FinalizeRunState.APPLIED if self.applied else FinalizeRunState.PENDING
             else:
-                state = "pending"
-            reported = {
-                "generation": self.applied,
-                "running": self.running,
-                "state": state,
-                "message": self.message,
-                "facts": self.facts,
-            }
-        if self.host_root is None and self.facts:  # a real node: what is mounted and exported now
-            reported["live"] = live_state(self.facts)
-        return reported
+                state = FinalizeRunState.PENDING
+            applied, running, message, facts = self.applied, self.running, self.message, self.facts
+        # a real node: what is mounted and exported now
+        live = live_state(facts) if self.host_root is None and facts else None
+        status = FinalizeStatus(
+            generation=applied, running=running, state=state, message=message, facts=facts, live=live
+        )
+        return status.model_dump(mode="json")
 
     # -- one run ---------------------------------------------------------------------------------------
     def _run(self, work: FinalizeWork) -> None:
@@ -214,5 +213,5 @@ def setup(ctx: Any) -> None:
         agent.node = ctx.node  # a rejoin replaces the node record (new credential)
         return agent.handle(value)
 
-    desired.HANDLERS[DESIRED_KEY] = handle
+    desired.register(HeartbeatKey.FINALIZE, handle)
     desired.on_shutdown(agent.cp.close)

@@ -1,7 +1,7 @@
 """The playbook bundle: downloaded over the minion's own connection with the node credential, checked
 against the digest the heartbeat answer named, unpacked into the state directory.
 
-A bundle is a gzip'd tar of the control plane's playbook directory (provisioner/services/finalize_bundle.py):
+A bundle is a gzip'd tar of the control plane's playbook directory (services/fleet/finalize_bundle.py):
 regular files and directories with relative names only. Anything else (an absolute name, `..`, a link, a
 device) is refused, so a bundle can never write outside its own directory."""
 

@@ -25,8 +25,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from contracts.heartbeat_keys import HeartbeatKey
 from contracts.jobs import (
-    DESIRED_KEY,
     JobsActual,
     JobsDesired,
     WorkerAssignment,
@@ -196,6 +196,6 @@ def setup(ctx: Any) -> None:
     cp = ControlPlane(ctx.enrollment)
     settings = getattr(ctx, "jobs", None) or ContainerSettings()
     agent = JobsAgent.create(settings, ctx.state.path, ControlPlaneLogs(cp, lambda: ctx.node))
-    desired.HANDLERS[DESIRED_KEY] = agent.handle
+    desired.register(HeartbeatKey.JOBS, agent.handle)
     desired.on_shutdown(cp.close)
     desired.on_shutdown(agent.close)

@@ -25,6 +25,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from contracts.heartbeat_keys import HeartbeatKey
 from contracts.messages import HeartbeatRequest, HeartbeatResponse, QuoteMessage
 from minion import desired
 from minion.device_key import DeviceKey
@@ -36,6 +37,7 @@ from minion.watchdog import Watchdog
 # Modules whose `setup(context: RunContext)` is called once before the first heartbeat (e.g. to start
 # the reservations agent and register its desired-state handler and shutdown hook). One line each.
 RUN_HOOKS: list[str] = [
+    "minion.reservations.heartbeat",  # desired["upnp"], ["reservations"]: mDNS, UPnP (docs/reservations.md)
     "minion.finalize.agent",  # desired["finalize"]: on-node finalize (docs/finalize.md)
     "minion.jobs.agent",  # desired["jobs"]: job containers with podman (docs/minion-jobs.md)
     "minion.devices.agent",  # desired["device_config"]: a device's inference container (docs/devices.md)
@@ -67,7 +69,6 @@ class RunContext:
     device_key: bool = False
 
 
-@desired.handles("maintenance")
 def _maintenance(value: Any) -> bool:
     """Nothing to stop yet on the node itself (jobs come later); acknowledge the mode."""
     return bool(value)
@@ -233,12 +234,8 @@ class Runner:
             self.watchdog.alive()
 
     def run(self) -> None:
-        from minion.reservations import heartbeat as reservations  # light: zeroconf loads on first use
-
-        reservations.configure(
-            lan_address=self.ctx.lan_address, igd_cache=self.ctx.state.path / "igd-cache.json"
-        )
-        for module in RUN_HOOKS:
+        desired.register(HeartbeatKey.MAINTENANCE, _maintenance)
+        for module in RUN_HOOKS:  # light: each keeps its heavy libraries (zeroconf) inside its functions
             importlib.import_module(module).setup(self.ctx)
         self.watchdog.start()
         try:

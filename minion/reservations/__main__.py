@@ -28,8 +28,8 @@ from minion.reservations.upnp import DEFAULT_LEASE_S
 
 
 def serve(args: argparse.Namespace) -> int:
+    from contracts.reservations import ReservationSpec
     from minion.reservations.agent import ReservationAgent
-    from minion.reservations.model import ReservationSpec
 
     agent = ReservationAgent(
         args.lan_address,

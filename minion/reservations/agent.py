@@ -19,8 +19,16 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from contracts.heartbeat_keys import HeartbeatKey
+from contracts.reservations import (
+    MdnsState,
+    ReportedState,
+    ReservationRefusal,
+    ReservationSpec,
+    ReservationStatus,
+    UpnpState,
+)
 from minion.reservations.mdns import PROBE_WINDOW_S, MdnsPublisher
-from minion.reservations.model import MdnsState, ReportedState, ReservationSpec, ReservationStatus, UpnpState
 from minion.reservations.upnp import DEFAULT_LEASE_S, UpnpMapper
 
 log = logging.getLogger(__name__)
@@ -168,21 +176,18 @@ def register_heartbeat_handler(agent: ReservationAgent) -> None:
     An entry the node cannot parse is reported as `error` with the reason; the others still apply, so
     one bad reservation never blocks the rest.
     """
-    from minion.desired import handles
+    from minion import desired
 
-    @handles("reservations")
     def _apply(value: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
         valid: list[ReservationSpec] = []
-        rejected: list[dict[str, Any]] = []
+        rejected: list[ReservationRefusal] = []
         for item in value or []:
             try:
                 valid.append(ReservationSpec.from_dict(item))
             except (KeyError, TypeError, ValueError) as exc:
-                rejected.append(
-                    {
-                        "name": item.get("name") if isinstance(item, dict) else None,
-                        "state": ReportedState.ERROR.value,
-                        "reason": f"invalid reservation: {exc}",
-                    }
-                )
-        return [s.to_dict() for s in agent.apply(valid)] + rejected
+                name = item.get("name") if isinstance(item, dict) else None
+                rejected.append(ReservationRefusal(name, ReportedState.ERROR, f"invalid reservation: {exc}"))
+        reports: list[ReservationStatus | ReservationRefusal] = [*agent.apply(valid), *rejected]
+        return [r.to_dict() for r in reports]
+
+    desired.register(HeartbeatKey.RESERVATIONS, _apply)

@@ -1,6 +1,6 @@
 """The `reservations` (and `upnp`) keys of the heartbeat, started lazily so the minion stays light.
 
-minion/desired.py imports this module on its first apply(). Nothing here imports zeroconf or
+`minion run` calls `setup` once (minion/join/run.py RUN_HOOKS). Nothing here imports zeroconf or
 miniupnpc: the ReservationAgent is created on the first heartbeat that assigns a reservation, and
 from then on the agent's own handler (agent.register_heartbeat_handler) serves the key. At shutdown
 (minion.desired.shutdown()) the agent sends its goodbyes and removes its mappings, and the key is handed
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from contracts.heartbeat_keys import HeartbeatKey
 from minion import desired
 
 MDNS_GROUP = ("224.0.0.251", 5353)
@@ -75,7 +76,7 @@ def close() -> None:
     """Goodbyes for every name, remove every mapping; the next assignment starts a fresh agent."""
     global _agent
     agent, _agent = _agent, None
-    desired.HANDLERS["reservations"] = apply_reservations
+    desired.register(HeartbeatKey.RESERVATIONS, apply_reservations)
     if agent is not None:
         agent.close()
         if close in desired.SHUTDOWN:
@@ -91,9 +92,19 @@ def apply_reservations(value: list[dict[str, Any]] | None) -> list[dict[str, Any
     if not value:
         return []  # nothing assigned and no agent yet: no socket, no zeroconf import
     _start_agent()
-    return desired.HANDLERS["reservations"](value)
+    handler = desired.handler_for(HeartbeatKey.RESERVATIONS)
+    assert handler is not None and handler is not apply_reservations  # the agent registered its own
+    return handler(value)
 
 
-# setdefault: a minion that already built its own agent (register_heartbeat_handler) keeps it
-desired.HANDLERS.setdefault("upnp", apply_upnp)
-desired.HANDLERS.setdefault("reservations", apply_reservations)
+def register_handlers() -> None:
+    """The lazy `upnp` and `reservations` handlers: no agent, no socket until something is assigned."""
+    desired.register(HeartbeatKey.UPNP, apply_upnp)
+    desired.register(HeartbeatKey.RESERVATIONS, apply_reservations)
+
+
+def setup(ctx: Any) -> None:
+    """`minion run`'s hook (ctx: minion.join.run.RunContext): the LAN address and the IGD cache, then the
+    handlers."""
+    configure(lan_address=ctx.lan_address, igd_cache=ctx.state.path / "igd-cache.json")
+    register_handlers()

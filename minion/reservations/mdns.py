@@ -38,7 +38,7 @@ from zeroconf import (
 from zeroconf.const import _CLASS_IN, _CLASS_UNIQUE, _DNS_HOST_TTL, _FLAGS_QR_QUERY, _TYPE_A, _TYPE_ANY
 
 from contracts.regional import Protocol
-from minion.reservations.model import MdnsState, ReservationSpec
+from contracts.reservations import MdnsState, ReservationSpec
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from minion.reservations.model import ReservationSpec, UpnpState
+from contracts.reservations import ReservationSpec, UpnpState
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 A Fernet key in the control plane's home (`Settings.secret_key`, mode 0600) seals values before they
 reach the store, so a copied database alone reveals nothing. The API never returns sealed values. The
-key file's path is given once, when the control plane builds its runtime (provisioner/services/runtime.py)."""
+key file's path is given once, when the control plane builds its runtime (services/common/runtime.py)."""
 
 from __future__ import annotations
 

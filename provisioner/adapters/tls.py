@@ -48,7 +48,7 @@ _SIOCGIFADDR = 0x8915
 
 @dataclass(frozen=True)
 class TlsFiles:
-    """The files under $RIGBASE_HOME/tls/ (backed up with the home: provisioner/services/backup.py)."""
+    """The files under $RIGBASE_HOME/tls/ (backed up with the home: provisioner/services/common/backup.py)."""
 
     dir: Path
 

@@ -1,7 +1,7 @@
 """The control plane's ASGI app. `create_app(settings)` migrates the store (refusing a newer schema or an
 unreachable database with one line), then wires routers. The settings are the ones `provision serve`
 loaded once (provisioner/settings.py); the app keeps them on app.state and gives its services and
-reconcilers what they need through the runtime it attaches to its sessions (provisioner/services/runtime.py).
+reconcilers what they need through the runtime it attaches to its sessions (services/common/runtime.py).
 
 Adding a router is one line in OPERATOR_ROUTERS (operator bearer token required on every route) or
 in OPEN_ROUTERS (routes that authenticate differently, e.g. minions with node credentials).
@@ -44,8 +44,8 @@ from provisioner.api.routes import (
 )
 from provisioner.providers.base import ProviderDriver
 from provisioner.reconcilers.loop import ReconcilerLoop
-from provisioner.services.heartbeat_timing import HeartbeatTiming
-from provisioner.services.runtime import Runtime, attach
+from provisioner.services.common.heartbeat_timing import HeartbeatTiming
+from provisioner.services.common.runtime import Runtime, attach
 from provisioner.settings import Settings
 from provisioner.store.engine import make_engine, make_sessionmaker
 from provisioner.store.migrate import upgrade

@@ -25,8 +25,8 @@ from starlette.concurrency import run_in_threadpool
 
 from provisioner.api.admission import admitted as admitted  # for routes running their own unit of work
 from provisioner.domain.roles import Principal as PrincipalValue
-from provisioner.services import accounts
-from provisioner.services.heartbeat_timing import HeartbeatTiming
+from provisioner.services.accounts import accounts
+from provisioner.services.common.heartbeat_timing import HeartbeatTiming
 
 
 async def unit_of_work_slot(request: Request) -> AsyncIterator[None]:
@@ -117,7 +117,8 @@ JoinToken = Annotated[str | None, Depends(_join_token)]
 def require_principal(
     request: Request, session: Db, token: Annotated[str | None, Depends(_operator_token)]
 ) -> PrincipalValue:
-    """Who the operator token is: actor, account and role (services/accounts.py), or 401. FastAPI runs
+    """Who the operator token is: actor, account and role (services/accounts/accounts.py), or 401. FastAPI
+    runs
     it once per request, however many dependencies ask for it."""
     principal = accounts.principal_of(session, token)
     request.state.actor = principal.actor

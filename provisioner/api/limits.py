@@ -35,7 +35,7 @@ MiB: Final = 1024 * KiB
 
 
 class Auth(Enum):
-    """A bearer token's kind: its prefix (provisioner/services/tokens.py, node_credentials.py,
+    """A bearer token's kind: its prefix (provisioner/services/accounts/tokens.py, node_credentials.py,
     join_tokens.py: prefix + secrets.token_urlsafe(32)), and the code and sentence of the refusal when the
     header is missing or not of that form: the same words as the token's own check, so a client reads
     one refusal whichever check caught it."""

@@ -3,7 +3,7 @@
 A node's reports (inventory, requirements, finalize_actual) are most of its bytes — ~6 KiB of a realistic
 8-GPU node — and the store already holds them as JSON text. Decoding and re-encoding them was most of the
 ~90 µs a listed node cost (issue 17). So list rows carry the reports' stored text
-(provisioner/services/nodes.py LIST_COLUMNS), the other fields are serialised by pydantic-core in one
+(provisioner/services/fleet/nodes.py LIST_COLUMNS), the other fields are serialised by pydantic-core in one
 call with a marker where each report goes, and the stored text is spliced in at the markers. The answer
 is the NodeOut page's JSON: same keys in the same order, same values; only the whitespace inside a report
 is as stored.
@@ -29,7 +29,7 @@ from provisioner.api.schemas import UNREADABLE_REPORT, NodeOut
 from provisioner.domain.states import is_online
 
 # NodeOut's fields, in its order (the page's keys), and the list row column each is read from where the
-# name differs (provisioner/services/nodes.py list_page). Reports are read as their stored text.
+# name differs (provisioner/services/fleet/nodes.py list_page). Reports are read as their stored text.
 ITEM_KEYS: Final = tuple(NodeOut.model_fields)
 SOURCE: Final = {
     "region": "region_name",

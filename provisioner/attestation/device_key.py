@@ -6,7 +6,7 @@
 The device proves possession of the private half of its device key by signing the challenge's nonce
 bound to the join, its minion_id and the report it sent (contracts/device_key.py). What this proves is
 weaker than a TPM's join — the key is a file on the device, not a key a TPM will never release, and no
-boot measurement is checked — which is why only regions that opt in accept it (services/join.py)."""
+boot measurement is checked — which is why only regions that opt in accept it (services/fleet/join.py)."""
 
 from __future__ import annotations
 

@@ -40,7 +40,7 @@ class RefusalCode(StrEnum):
     event_log_mismatch = "attestation_event_log_mismatch"
     no_event_log = "attestation_no_event_log"
     unknown_boot_application = "attestation_unknown_boot_application"
-    # enrollment checks around the protocol (provisioner/services/join.py)
+    # enrollment checks around the protocol (provisioner/services/fleet/join.py)
     join_token_invalid = "join_token_invalid"
     join_token_revoked = "join_token_revoked"
     join_token_expired = "join_token_expired"

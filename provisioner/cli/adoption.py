@@ -19,7 +19,9 @@ from provisioner.cli.settings import connect
 from provisioner.client import Client
 from provisioner.domain.states import Service
 
-PASSING = "pass"  # the pending list's verdict of a minion whose requirements all pass (services/pending.py)
+PASSING = (
+    "pass"  # the pending list's verdict of a minion whose requirements all pass (services/fleet/pending.py)
+)
 ADOPT_COLUMNS: render.Columns = [("minion_id", "MINION ID"), ("name", "NAME"), ("region", "REGION")]
 REJECTED_COLUMNS: render.Columns = [
     ("minion_id", "MINION ID"),

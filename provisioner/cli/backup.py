@@ -1,5 +1,5 @@
 """`provision backup` and `provision restore`: the control plane's store and key material in one file,
-encrypted with a passphrase (provisioner/services/backup.py, docs/control-plane.md "Backups"). They work on
+encrypted with a passphrase (services/common/backup.py, docs/control-plane.md "Backups"). They work on
 the files under RIGBASE_HOME, not through the API, like `serve`."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from provisioner.cli.common import EXIT_USAGE, CliError, Json, read_input
 from provisioner.settings import Settings
 
 if TYPE_CHECKING:
-    from provisioner.services.backup import BackupSummary
+    from provisioner.services.common.backup import BackupSummary
 
 PASSPHRASE_ENV = "RIGBASE_BACKUP_PASSPHRASE"
 PassphraseFile = Annotated[
@@ -78,7 +78,7 @@ def backup(
     json_out: Json = False,
 ) -> None:
     """Back up the store (SQLite) and the key material of RIGBASE_HOME into one encrypted file."""
-    from provisioner.services import backup as service
+    from provisioner.services.common import backup as service
 
     _, summary = _run(service.backup, output, passphrase_file, database, confirm=True)
     out = {
@@ -102,7 +102,7 @@ def restore(
     json_out: Json = False,
 ) -> None:
     """Restore a backup into an empty RIGBASE_HOME; then start `provision serve` as before."""
-    from provisioner.services import backup as service
+    from provisioner.services.common import backup as service
 
     settings, summary = _run(service.restore, source, passphrase_file, database, confirm=False)
     out = {"home": str(settings.home), "members": summary.members, "store": summary.store}

@@ -102,7 +102,7 @@ def run_control_plane(
     from provisioner.adapters.tls import server_tls, without_session_tickets
     from provisioner.api.app import create_app
     from provisioner.client import read_client_config, write_client_config
-    from provisioner.services import tokens
+    from provisioner.services.accounts import tokens
     from provisioner.store.engine import make_sessionmaker, session_scope
 
     settings.ensure_home()

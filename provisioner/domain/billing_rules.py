@@ -1,5 +1,6 @@
 """Every fee of docs/billing.md as data, and the pure arithmetic that turns one period of a job or one day
-of devices into ledger charges. Nothing here reads the store or the clock: services/metering.py feeds it
+of devices into ledger charges. Nothing here reads the store or the clock: services/billing/metering.py feeds
+it
 facts and posts what it returns, so every number of the docs is a test of this module.
 
 Money is `Decimal`, never float, at a fixed scale of 6 decimal places (one millionth of a credit, "a
@@ -209,7 +210,7 @@ def pieces(started_at: datetime, ended_at: datetime | None, now: datetime, first
 
 @dataclass(frozen=True)
 class JobFacts:
-    """What metering needs to know of a job (services/metering.py reads it from the store)."""
+    """What metering needs to know of a job (services/billing/metering.py reads it from the store)."""
 
     job_id: str
     job_type: str
@@ -327,7 +328,7 @@ def day_bounds(day: date) -> tuple[datetime, datetime]:
 def devices_configured(day: date, devices: Iterable[tuple[datetime, datetime | None]]) -> int:
     """Distinct devices configured at any moment of the UTC `day`: each (added_at, removed_at) interval
     that overlaps it counts once (an addition is a new device; offline devices count). A device removed at
-    the very instant the day began still counts that day, as services/device_days.py counts it."""
+    the very instant the day began still counts that day, as services/devices/device_days.py counts it."""
     start, end = day_bounds(day)
     return sum(1 for added, removed in devices if added < end and (removed is None or removed >= start))
 

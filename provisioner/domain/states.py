@@ -287,7 +287,7 @@ VM_TRANSITIONS: dict[VmStatus, frozenset[VmStatus]] = {
 
 
 class BurstVmState(StrEnum):
-    """How far the ephemeral GCP VM of one job worker got (services/gcp_burst.py). The row is written
+    """How far the ephemeral GCP VM of one job worker got (services/cloud/gcp_burst.py). The row is written
     before the insert call, so a control plane killed anywhere finds it and resumes (requestId)."""
 
     PENDING = "pending"  # placed there; row written, no insert sent yet
@@ -331,7 +331,8 @@ class ImageState(StrEnum):
 
 
 class PublicationState(StrEnum):
-    """A registered image on a cloud provider (`provision image publish`, services/image_publish.py): the
+    """A registered image on a cloud provider (`provision image publish`, services/cloud/image_publish.py):
+    the
     GCE target uploaded to the project's image bucket, then imported with images.insert."""
 
     UPLOADING = "uploading"  # a resumable upload session was handed to the CLI; the object is not complete

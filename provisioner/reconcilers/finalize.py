@@ -1,6 +1,6 @@
 """Reconciler: a node that stays in `provisioning` without a finalize report errors with a clear reason.
 
-The minion finalizes its own node (docs/join-protocol.md, "Finalize"; provisioner/services/finalize.py
+The minion finalizes its own node (docs/join-protocol.md, "Finalize"; provisioner/services/fleet/finalize.py
 takes its reports), so there is nothing to run here. What only the control plane can notice is a minion
 that never reports: one too old to finalize, one whose play hangs, one that lost its network after the
 join. Each pass errors every node in provisioning whose last report (or, before any, its entry into
@@ -17,9 +17,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from provisioner.domain.states import NodeState
 from provisioner.reconcilers.loop import register
-from provisioner.services import finalize
-from provisioner.services.runtime import runtime_of
-from provisioner.services.wakeups import Wake
+from provisioner.services.common.runtime import runtime_of
+from provisioner.services.common.wakeups import Wake
+from provisioner.services.fleet import finalize
 from provisioner.store.engine import session_scope
 from provisioner.store.models import Node
 

@@ -5,11 +5,11 @@ through the provider's lifecycle (provisioner/providers/base.py; Google is calle
 - gcp-regions: creates each region's storage node VM, pins its EK, keeps region health, deletes the
   VM when the region is removed.
 - gcp-events: keeps the provider's event subscription running while it is enabled; each event goes
-  to services/gcp_events.py.
+  to services/jobs/gcp_events.py.
 
 Every step reads the store, calls the provider outside any transaction, and records the outcome in a
 short unit of work, so a control plane killed anywhere resumes from the store. A stopped VM makes its
-region `offline` (services/gcp_events.py); when the VM runs again and the node is active, the health
+region `offline` (services/jobs/gcp_events.py); when the VM runs again and the node is active, the health
 step here moves the region back to healthy."""
 
 from __future__ import annotations
@@ -43,12 +43,14 @@ from provisioner.providers.base import (
 from provisioner.providers.gcp import images as gcp_images
 from provisioner.reconcilers import region_health
 from provisioner.reconcilers.loop import register
-from provisioner.services import gcp, gcp_events, image_publish, lifecycle
-from provisioner.services import nodes as node_service
-from provisioner.services import providers as provider_service
-from provisioner.services import regions as region_service
-from provisioner.services.runtime import runtime_of
-from provisioner.services.wakeups import Wake
+from provisioner.services.cloud import gcp, image_publish
+from provisioner.services.common import lifecycle
+from provisioner.services.common.runtime import runtime_of
+from provisioner.services.common.wakeups import Wake
+from provisioner.services.fleet import nodes as node_service
+from provisioner.services.jobs import gcp_events
+from provisioner.services.regions import providers as provider_service
+from provisioner.services.regions import regions as region_service
 from provisioner.store.engine import session_scope
 from provisioner.store.gcp_models import GcpBootstrap, GcpStorageNode
 from provisioner.store.models import Node, Provider, Region

@@ -1,4 +1,4 @@
-"""The gcp-burst reconciler: the Google side of burst VMs (services/gcp_burst.py is the store side).
+"""The gcp-burst reconciler: the Google side of burst VMs (services/cloud/gcp_burst.py is the store side).
 
 Each pass (every 3 s, and at once when a job is placed on GCP):
 1. each live burst VM moves along BURST_VM_TRANSITIONS: pending → creating (written BEFORE the insert
@@ -33,10 +33,12 @@ from provisioner.domain.states import BURST_VM_LIVE, BurstVmState, NodeState, Pr
 from provisioner.providers.base import ProvisionFailed
 from provisioner.providers.gcp import GcpContext, compute_node, naming, quota
 from provisioner.reconcilers.loop import register
-from provisioner.services import audit, gcp, gcp_burst, gcp_capacity, image_publish, jobs
-from provisioner.services import nodes as node_service
-from provisioner.services.runtime import runtime_of
-from provisioner.services.wakeups import Wake
+from provisioner.services.cloud import gcp, gcp_burst, gcp_capacity, image_publish
+from provisioner.services.common import audit
+from provisioner.services.common.runtime import runtime_of
+from provisioner.services.common.wakeups import Wake
+from provisioner.services.fleet import nodes as node_service
+from provisioner.services.jobs import jobs
 from provisioner.store.engine import session_scope
 from provisioner.store.gcp_models import GcpBurstVm, GcpQuotaCache
 from provisioner.store.job_models import Job

@@ -19,10 +19,11 @@ from sqlalchemy.orm import Session, sessionmaker
 from provisioner.domain.placement import Candidate
 from provisioner.domain.states import NODE_STOPPED, ONLINE_WINDOW, WORKER_ON_NODE, JobState
 from provisioner.reconcilers.loop import register
-from provisioner.services import audit, jobs
-from provisioner.services import nodes as node_service
-from provisioner.services.runtime import runtime_of
-from provisioner.services.wakeups import Wake
+from provisioner.services.common import audit
+from provisioner.services.common.runtime import runtime_of
+from provisioner.services.common.wakeups import Wake
+from provisioner.services.fleet import nodes as node_service
+from provisioner.services.jobs import jobs
 from provisioner.store.engine import session_scope
 from provisioner.store.job_models import Job, JobWorker
 from provisioner.store.models import Node

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from sqlalchemy.orm import Session, sessionmaker
 
 from provisioner.reconcilers.leader import Leadership
-from provisioner.services import wakeups
-from provisioner.services.wakeups import Wake
+from provisioner.services.common import wakeups
+from provisioner.services.common.wakeups import Wake
 
 log = logging.getLogger("rigbase.reconcilers")
 

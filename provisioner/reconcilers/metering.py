@@ -3,7 +3,7 @@
 Every minute (an hour's charge is posted within a minute of the hour ending): one metering pass over every
 job that is due, read in one transaction and posted in batches of about services.metering.BATCH entries
 (whole jobs) per transaction; then the device fee of every UTC day that is over and not charged
-(services/device_fees.py); then the transfer of earned credits for the last complete UTC day. Time is
+(services/devices/device_fees.py); then the transfer of earned credits for the last complete UTC day. Time is
 domain.clock.CLOCK, which tests replace to walk through hours and days. Stateless and idempotent (every
 entry has a unique key): a control plane killed mid-pass posts the rest on its next pass, and two control
 planes on one PostgreSQL database post each entry once."""
@@ -16,8 +16,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from provisioner.domain import clock
 from provisioner.reconcilers.loop import register
-from provisioner.services import device_fees, ledger, metering
-from provisioner.services.wakeups import Wake
+from provisioner.services.billing import ledger, metering
+from provisioner.services.common.wakeups import Wake
+from provisioner.services.devices import device_fees
 from provisioner.store.engine import session_scope
 
 log = logging.getLogger("rigbase.reconcilers.metering")

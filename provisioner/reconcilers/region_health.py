@@ -16,9 +16,9 @@ from provisioner.domain.health import RegionHealthView, StorageNodeView
 from provisioner.domain.states import ONLINE_WINDOW, NodeState, RegionState, Service
 from provisioner.providers.base import provider_for
 from provisioner.reconcilers.loop import register
-from provisioner.services import join as join_service
-from provisioner.services import regions as region_service
-from provisioner.services.wakeups import Wake
+from provisioner.services.common.wakeups import Wake
+from provisioner.services.fleet import join as join_service
+from provisioner.services.regions import regions as region_service
 from provisioner.store.engine import session_scope
 from provisioner.store.gcp_models import GcpStorageNode
 from provisioner.store.models import Node, Region

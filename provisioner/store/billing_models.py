@@ -8,7 +8,8 @@ zero by construction. Ledger accounts are strings: an account id (`acc_…`), it
 
 `key` is unique: each (rule, job, worker, hour), (account, day) is posted at most once, enforced by the
 database, so a metering pass repeated after a crash or run by two API workers at once adds nothing twice
-(services/ledger.py inserts with ON CONFLICT DO NOTHING). Rows are never updated or deleted: a correction
+(services/billing/ledger.py inserts with ON CONFLICT DO NOTHING). Rows are never updated or deleted: a
+correction
 is an `adjustment` entry."""
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ class LedgerEntry(Base):
         Index("ix_ledger_entries_payer_at", "payer", "at"),
         Index("ix_ledger_entries_payee_at", "payee", "at"),
         Index("ix_ledger_entries_job", "job_id", "hour"),
-        # the daily device fee's "newest charged day of each account" (services/device_fees.py; 0020)
+        # the daily device fee's "newest charged day of each account" (services/devices/device_fees.py; 0020)
         Index(
             "ix_ledger_entries_rule_payer_day",
             "rule",

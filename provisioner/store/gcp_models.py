@@ -62,7 +62,7 @@ class GcpBootstrap(Base):
 
 
 class GcpBurstVm(Base):
-    """The ephemeral VM of one job worker placed on GCP capacity (services/gcp_burst.py, docs/gcp.md
+    """The ephemeral VM of one job worker placed on GCP capacity (services/cloud/gcp_burst.py, docs/gcp.md
     "Burst compute for jobs"). Written in the same transaction that places the worker, BEFORE any insert
     call: its id gives the VM's requestId, so a control plane killed between the row and the call makes
     the same VM on its next pass, never a second. Its node (a `nodes` row, named like the VM) is what the

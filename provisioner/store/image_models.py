@@ -65,7 +65,7 @@ class RegisteredManifest(Base):
 class ImagePublication(Base):
     """A registered manifest's cloud target published to a provider (`provision image publish`): for GCP,
     the GCE disk uploaded to the project's image bucket, then imported as an image in the region's
-    family (services/image_publish.py). One row per manifest, provider and target: publishing again
+    family (services/cloud/image_publish.py). One row per manifest, provider and target: publishing again
     resumes it."""
 
     __tablename__ = "image_publications"

@@ -177,7 +177,7 @@ class Node(Base):
     # join (revision 0002): an EK pinned by the provider (GCP storage nodes: the vTPM's EK, which has no
     # vendor certificate) — when set, only this EK may join as this node.
     pinned_ek_public: Mapped[bytes | None] = mapped_column(LargeBinary)
-    # on-node finalize (revision 0008, provisioner/services/finalize.py): `provision node retry` counts up
+    # on-node finalize (revision 0008, services/fleet/finalize.py): `provision node retry` counts up
     # (a new generation, so the minion runs the playbook again); the generation the minion last applied
     # with success; when its last finalize report came (the timeout of a node stuck in provisioning)
     finalize_retry: Mapped[int] = mapped_column(Integer, default=0, server_default="0", nullable=False)
@@ -223,12 +223,12 @@ class ApiToken(Base):
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=lambda: new_id("tok"))
     name: Mapped[str] = mapped_column(String(64), unique=True)
-    # admin | member (services/accounts.py ROLES) within its account (revision 0014)
+    # admin | member (services/accounts/accounts.py ROLES) within its account (revision 0014)
     role: Mapped[str] = mapped_column(String(16))
     account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"), index=True)
     token_sha256: Mapped[str] = mapped_column(String(64), unique=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
-    # Written at most once a minute per token (services/tokens.py), so reads stay cheap.
+    # Written at most once a minute per token (services/accounts/tokens.py), so reads stay cheap.
     last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)

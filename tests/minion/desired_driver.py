@@ -11,10 +11,11 @@ import sys
 import time
 
 from minion import desired
+from minion.reservations import heartbeat as reservations
 
 
 def main() -> int:
-    desired.load_handlers()
+    reservations.register_handlers()
     print(json.dumps({"ready": True, "zeroconf_loaded": "zeroconf" in sys.modules}), flush=True)
     for line in sys.stdin:
         msg = json.loads(line)

@@ -15,7 +15,7 @@ import pytest
 
 from contracts.finalize import FinalizeWork, generation_of
 from provisioner.lab import rootfs
-from provisioner.services import finalize_bundle
+from provisioner.services.fleet import finalize_bundle
 from provisioner.settings import SHIPPED_PLAYBOOKS
 from tests.fixtures.rootfs import rootfs_cache_dir
 

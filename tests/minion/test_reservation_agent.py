@@ -6,8 +6,7 @@ import json
 
 import pytest
 
-from minion.reservations.agent import summarize
-from minion.reservations.model import (
+from contracts.reservations import (
     MdnsState,
     Protocol,
     ReportedState,
@@ -15,6 +14,7 @@ from minion.reservations.model import (
     ReservationStatus,
     UpnpState,
 )
+from minion.reservations.agent import summarize
 from provisioner.lab.netns import Lab, Netns
 from tests.fixtures.netns import AgentProcess, MdnsLan
 

@@ -23,7 +23,10 @@ from contracts.jobspec import JobSpec
 from provisioner.domain.roles import Principal, Role
 from provisioner.domain.states import NodeState
 from provisioner.lab.netns import Netns
-from provisioner.services import desired_state, jobs, nodes, providers, regions, reservations
+from provisioner.services import beat
+from provisioner.services.fleet import nodes
+from provisioner.services.jobs import jobs
+from provisioner.services.regions import providers, regions, reservations
 from provisioner.store.account_models import Account
 from provisioner.store.engine import make_engine, make_sessionmaker
 from provisioner.store.migrate import upgrade
@@ -132,10 +135,10 @@ def sessions(tmp_path: Path) -> Iterator[Any]:
 def heartbeat(factory: Any, minion: Minion, node_name: str) -> dict[str, Any]:
     """What the heartbeat route does for one beat: desired out, the minion applies, actual back in."""
     with factory.begin() as s:
-        desired = desired_state.desired_for(s, nodes.get(s, node_name))
+        desired = beat.desired_for(s, nodes.get(s, node_name))
     actual = minion.beat(json.loads(json.dumps(desired)))  # through JSON, as on the wire
     with factory.begin() as s:
-        desired_state.record_actual(s, nodes.get(s, node_name), actual)
+        beat.record_actual(s, nodes.get(s, node_name), actual)
     return actual
 
 

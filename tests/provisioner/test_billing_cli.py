@@ -16,8 +16,8 @@ from sqlalchemy.orm import Session
 
 from provisioner.domain import billing_rules as rules
 from provisioner.domain.billing_rules import Rule, Subject
-from provisioner.services import ledger
-from provisioner.services.ledger import NewEntry
+from provisioner.services.billing import ledger
+from provisioner.services.billing.ledger import NewEntry
 from provisioner.store.engine import make_engine, make_sessionmaker
 from provisioner.store.models import AuditEvent
 from tests.fixtures.control_plane import PROVISION, ControlPlane, start_control_plane

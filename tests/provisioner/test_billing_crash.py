@@ -34,8 +34,8 @@ from sqlalchemy.orm import Session
 from bench.bench_billing import job_sides, public_regions, running_job, running_worker
 from provisioner.domain import billing_rules as rules
 from provisioner.domain.billing_rules import JobFacts, Piece, Subject
-from provisioner.services import ledger, metering, prices
-from provisioner.services.account_lookup import root_account
+from provisioner.services.billing import ledger, metering, prices
+from provisioner.services.common.account_lookup import root_account
 from provisioner.store.account_models import Account, Project
 from provisioner.store.billing_models import LedgerEntry
 from provisioner.store.engine import make_engine, make_sessionmaker, session_scope

@@ -1,6 +1,6 @@
 """The daily device fee posted by the metering reconciler (docs/billing.md "Device fee"), on SQLite and
 PostgreSQL, with the billing clock walked by hand: each (account, day) that is over is charged once, from
-the devices services/device_days.py counts, and a repeated pass adds nothing.
+the devices services/devices/device_days.py counts, and a repeated pass adds nothing.
 
 Devices are added and removed through the nodes service; the node rows and removal lines carry the wall
 clock, so the test moves them back to a fixed week of November 2026 (a 30-day month, the seed's), the way
@@ -20,9 +20,12 @@ from provisioner.domain import clock
 from provisioner.domain.billing_rules import Rule
 from provisioner.domain.states import NodeState
 from provisioner.reconcilers import metering as reconciler
-from provisioner.services import device_days, device_fees, ledger, nodes, providers
-from provisioner.services import regions as region_service
-from provisioner.services.account_lookup import root_account
+from provisioner.services.billing import ledger
+from provisioner.services.common.account_lookup import root_account
+from provisioner.services.devices import device_days, device_fees
+from provisioner.services.fleet import nodes
+from provisioner.services.regions import providers
+from provisioner.services.regions import regions as region_service
 from provisioner.store.billing_models import LedgerEntry
 from provisioner.store.models import AuditEvent, Node
 from tests.fixtures.postgres import Store

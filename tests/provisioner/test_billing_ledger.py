@@ -27,9 +27,13 @@ from provisioner.domain import billing_rules as rules
 from provisioner.domain.billing_rules import Rule, Subject
 from provisioner.domain.roles import Principal, Role
 from provisioner.domain.states import NodeState
-from provisioner.services import accounts, job_assignments, jobs, ledger, metering, nodes, prices, providers
-from provisioner.services import regions as region_service
-from provisioner.services.ledger import NewEntry
+from provisioner.services.accounts import accounts
+from provisioner.services.billing import ledger, metering, prices
+from provisioner.services.billing.ledger import NewEntry
+from provisioner.services.fleet import nodes
+from provisioner.services.jobs import job_assignments, jobs
+from provisioner.services.regions import providers
+from provisioner.services.regions import regions as region_service
 from provisioner.store.account_models import Account
 from provisioner.store.billing_models import LedgerEntry
 from provisioner.store.engine import make_engine, make_sessionmaker

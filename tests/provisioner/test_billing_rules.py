@@ -265,7 +265,7 @@ def test_a_typed_amount_is_credits_the_ledger_holds_or_a_one_line_refusal(text: 
     ledger's scale that its 64-bit micro-credits hold, or InvalidInput. The API fuzzer found '1e22'-like
     prices answering 500: Decimal cannot put a number past its 28 digits at six places."""
     from contracts.errors import InvalidInput
-    from provisioner.services.prices import parse_credits
+    from provisioner.services.billing.prices import parse_credits
 
     try:
         value = parse_credits(text)

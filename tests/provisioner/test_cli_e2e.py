@@ -203,7 +203,7 @@ def test_node_add_wait_follows_the_node_until_it_is_ready(api_server: ControlPla
     """--wait polls until the joined node reaches maintenance; the join side is driven through the
     same service function the join routes use, on the server's own store."""
     from provisioner.domain.states import NodeState
-    from provisioner.services import nodes
+    from provisioner.services.fleet import nodes
     from provisioner.store.engine import make_sessionmaker
 
     _ok(api_server, "provider", "enable", "physical")

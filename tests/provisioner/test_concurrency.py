@@ -14,7 +14,8 @@ from sqlalchemy import func, select
 
 from contracts.errors import Conflict, RuleViolation
 from provisioner.domain.states import NodeState
-from provisioner.services import nodes, providers, regions
+from provisioner.services.fleet import nodes
+from provisioner.services.regions import providers, regions
 from provisioner.store.engine import make_engine, make_sessionmaker
 from provisioner.store.migrate import upgrade
 from provisioner.store.models import AuditEvent

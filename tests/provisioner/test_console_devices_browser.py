@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from provisioner.services import device_deployments as deployments
-from provisioner.services import nodes
+from provisioner.services.devices import device_deployments as deployments
+from provisioner.services.fleet import nodes
 from tests.provisioner import test_console_browser
 from tests.provisioner.test_console_browser import Screens, browser, flash, follow, live_text  # noqa: F401
 from tests.provisioner.test_console_pages import api

@@ -18,8 +18,8 @@ import httpx
 import pytest
 
 from provisioner.domain.states import NodeState
-from provisioner.services import device_deployments as deployments
-from provisioner.services import nodes
+from provisioner.services.devices import device_deployments as deployments
+from provisioner.services.fleet import nodes
 from tests.provisioner.test_console import browser, csrf_of, flash, sign_in
 from tests.provisioner.test_devices import ORIN_NX
 from tests.provisioner.test_jobs_api import Fleet, mine, report, running_fleet

@@ -29,9 +29,11 @@ from minion.finalize.apply import apply_work
 from minion.finalize.paths import FinalizePaths
 from provisioner.domain.states import NodeState, Service
 from provisioner.lab.swtpm import VendorCA
-from provisioner.services import device_days, nodes, providers
-from provisioner.services import regions as region_service
-from provisioner.services.account_lookup import root_account
+from provisioner.services.common.account_lookup import root_account
+from provisioner.services.devices import device_days
+from provisioner.services.fleet import nodes
+from provisioner.services.regions import providers
+from provisioner.services.regions import regions as region_service
 from provisioner.store.models import AuditEvent, Node
 from tests.fixtures.control_plane import PROVISION, ControlPlane
 from tests.fixtures.finalize import current_work, finish_finalize

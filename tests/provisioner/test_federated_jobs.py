@@ -26,8 +26,12 @@ from sqlalchemy.orm import Session, sessionmaker
 from contracts.jobspec import JobSpec
 from provisioner.domain import billing_rules as rules
 from provisioner.domain.roles import Principal
-from provisioner.services import accounts, job_assignments, jobs, ledger, nodes, projects, providers
-from provisioner.services import regions as region_service
+from provisioner.services.accounts import accounts, projects
+from provisioner.services.billing import ledger
+from provisioner.services.fleet import nodes
+from provisioner.services.jobs import job_assignments, jobs
+from provisioner.services.regions import providers
+from provisioner.services.regions import regions as region_service
 from provisioner.store.account_models import ProjectShare
 from provisioner.store.job_models import Job
 from tests.fixtures.control_plane import PROVISION

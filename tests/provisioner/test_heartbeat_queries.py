@@ -19,10 +19,14 @@ from sqlalchemy.orm.attributes import set_committed_value
 import provisioner.api.app  # noqa: F401  (every desired-state contributor the server registers)
 from bench.bench_fleet_heartbeats import ACTUAL, SimNode, seed
 from contracts.errors import Conflict
+from contracts.heartbeat import parse_desired
+from contracts.heartbeat_keys import HeartbeatKey
 from contracts.messages import HeartbeatRequest
-from provisioner.services import heartbeat, nodes, reservations
-from provisioner.services.heartbeat_timing import HeartbeatTiming
-from provisioner.services.runtime import Runtime, attach
+from provisioner.services import beat
+from provisioner.services.common.heartbeat_timing import HeartbeatTiming
+from provisioner.services.common.runtime import Runtime, attach
+from provisioner.services.fleet import nodes
+from provisioner.services.regions import reservations
 from provisioner.settings import Settings
 from provisioner.store.engine import make_engine, make_sessionmaker
 from provisioner.store.models import Node
@@ -66,7 +70,7 @@ def fleet(database_url: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> 
 def _beat(sessions: Any, node: SimNode, actual: dict[str, Any]) -> dict[str, Any]:
     body = HeartbeatRequest.model_validate({"version": 1, "actual": actual})
     with sessions.begin() as s:
-        answer = heartbeat.beat(
+        answer = beat.beat(
             s, node.node_id, node.credential, body, observed_address="127.0.0.1", timing=TIMING
         )
     return answer.model_dump(mode="json")
@@ -96,6 +100,10 @@ def test_a_beat_reads_its_node_and_its_reservations_once(fleet: Any) -> None:
     assert answer["desired"]["reservations"] == [
         {"name": "web", "hostname": "web", "port": 8080, "protocol": "tcp", "expose_wan": False}
     ]
+    # every key of the contract, in the order the control plane lists them, each its key's model
+    assert list(parse_desired(answer["desired"])) == list(beat.CONTRIBUTORS) and len(
+        beat.CONTRIBUTORS
+    ) == len(HeartbeatKey)
     with sessions.begin() as s:
         rsv = reservations.get(s, "web", "fleet")
         assert (rsv.actual_state, rsv.address) == ("published", "192.0.2.7")
@@ -131,7 +139,7 @@ def test_a_beat_moving_to_a_new_address_stores_it_in_the_same_write(fleet: Any) 
     event.listen(engine, "before_cursor_execute", lambda _c, _cur, sql, *_: statements.append(sql))
     body = HeartbeatRequest.model_validate({"version": 1, "actual": ACTUAL})
     with sessions.begin() as s:
-        heartbeat.beat(s, node.node_id, node.credential, body, observed_address="192.0.2.9", timing=TIMING)
+        beat.beat(s, node.node_id, node.credential, body, observed_address="192.0.2.9", timing=TIMING)
     assert sum(s.lstrip().upper().startswith("UPDATE") for s in statements) == 1, statements
     assert _row(sessions, node)[3]["observed_address"] == "192.0.2.9"
 
@@ -150,7 +158,7 @@ def test_a_beat_on_a_node_row_changed_meanwhile_is_a_conflict_and_writes_nothing
 
 def test_a_beat_of_a_node_with_nothing_to_serve_or_run_reads_only_its_node(fleet: Any) -> None:
     """Most of a fleet serves no reservation and runs no job: the beat's first query says so (an EXISTS
-    for each of the beat's reads, desired_state.SKIPPABLE_READS) and those reads are not made."""
+    for each of the beat's reads, services/beat.py SKIPPABLE_READS) and those reads are not made."""
     sessions, engine, node = fleet
     with sessions.begin() as s:
         reservations.unassign(s, "web", region="fleet", actor="test")

@@ -16,8 +16,9 @@ from sqlalchemy.orm import Session
 from contracts.errors import Conflict, InvalidInput, NotFound, RigbaseError, RuleViolation
 from provisioner.attestation.boot_path import BootPathPolicy
 from provisioner.attestation.refusals import RefusalCode
-from provisioner.services import images, providers, regions
-from provisioner.services.join import pcr_policy_for
+from provisioner.services.fleet import images
+from provisioner.services.fleet.join import pcr_policy_for
+from provisioner.services.regions import providers, regions
 from tests.fixtures.manifests import ZERO, Builder
 from tests.fixtures.postgres import Store
 

@@ -17,7 +17,7 @@ import pytest
 from contracts.bundle import BundleError, EnrollmentBundle, parse_bundle
 from contracts.errors import InvalidInput
 from contracts.regional import DatastoreType, check_datastore, normalize_root
-from provisioner.services import images, join_tokens
+from provisioner.services.fleet import images, join_tokens
 from provisioner.store.engine import make_engine
 from tests.fixtures.control_plane import ControlPlane, start_control_plane
 

@@ -33,9 +33,9 @@ from minion.join.client import Enrollment
 from minion.settings import ContainerSettings
 from provisioner.domain.states import WORKER_DONE, NodeState
 from provisioner.reconcilers.loop import ReconcilerLoop
-from provisioner.services import nodes
-from provisioner.services.runtime import Runtime, attach
-from provisioner.services.wakeups import Wake
+from provisioner.services.common.runtime import Runtime, attach
+from provisioner.services.common.wakeups import Wake
+from provisioner.services.fleet import nodes
 from provisioner.settings import Settings
 from provisioner.store.engine import make_engine, make_sessionmaker
 from provisioner.store.join_models import NodeAttestation

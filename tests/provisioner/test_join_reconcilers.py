@@ -17,8 +17,10 @@ from provisioner.api.app import create_app
 from provisioner.domain.states import NodeState, RegionState
 from provisioner.reconcilers import region_health
 from provisioner.reconcilers.loop import ReconcilerLoop
-from provisioner.services import audit, finalize, node_address, nodes, providers, regions
-from provisioner.services.wakeups import Wake
+from provisioner.services.common import audit
+from provisioner.services.common.wakeups import Wake
+from provisioner.services.fleet import finalize, node_address, nodes
+from provisioner.services.regions import providers, regions
 from provisioner.store.engine import make_engine, make_sessionmaker, session_scope
 from provisioner.store.migrate import upgrade
 from tests.fixtures.postgres import seed_sqlite

@@ -28,7 +28,7 @@ import pytest
 
 from provisioner.domain import billing_rules as rules
 from provisioner.domain.billing_rules import JobFacts
-from provisioner.services import prices
+from provisioner.services.billing import prices
 from tests.fixtures.control_plane import PROVISION
 from tests.provisioner.test_lab import (  # noqa: F401 - the fixtures are used by name
     cached_lab_home,

@@ -15,7 +15,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from provisioner.api.node_page import ITEM_KEYS, nodes_page_json
 from provisioner.api.schemas import UNREADABLE_REPORT, NodeOut, Page
-from provisioner.services import nodes, providers, regions
+from provisioner.services.fleet import nodes
+from provisioner.services.regions import providers, regions
 from provisioner.store.join_models import NodeAttestation
 from tests.fixtures.postgres import Store
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from provisioner.domain.states import NodeState
-from provisioner.services import desired_state, nodes
-from provisioner.services import reservations as reservation_service  # noqa: F401  (registers the seam)
+from provisioner.services import beat
+from provisioner.services.fleet import nodes
 from provisioner.store.engine import make_engine, make_sessionmaker
 from tests.fixtures.control_plane import ControlPlane
 from tests.fixtures.postgres import Store
@@ -91,15 +91,15 @@ def test_reservation_walkthrough_desired_and_actual(fleet: tuple[ControlPlane, S
     # the heartbeat path (the route calls exactly these two functions): desired out, actual back in
     with store.sessions.begin() as s:  # type: ignore[attr-defined]
         node = nodes.get(s, "gpu-1")
-        desired = desired_state.desired_for(s, node)
+        desired = beat.desired_for(s, node)
         assert desired["reservations"] == [
             {"name": "nb", "hostname": "jupyter", "port": 8888, "protocol": "tcp", "expose_wan": False}
         ]
     assert "expose_wan  yes" in _ok(cp, "reservation", "update", "nb", "--expose-wan")  # opt-in: the router
     with store.sessions.begin() as s:  # type: ignore[attr-defined]
         node = nodes.get(s, "gpu-1")
-        assert desired_state.desired_for(s, node)["reservations"][0]["expose_wan"] is True
-        desired_state.record_actual(
+        assert beat.desired_for(s, node)["reservations"][0]["expose_wan"] is True
+        beat.record_actual(
             s,
             node,
             {

@@ -12,17 +12,12 @@ from sqlalchemy.orm import Session
 from contracts.errors import Conflict, InvalidInput, NotFound, RigbaseError, RuleViolation
 from contracts.regional import ReportedState as NodeActualState
 from provisioner.domain.states import ActualState, NodeState
-from provisioner.services import (
-    audit,
-    datastores,
-    desired_state,
-    nodes,
-    providers,
-    region_removal,
-    regions,
-    reservations,
-)
-from provisioner.services.runtime import runtime_of
+from provisioner.services import beat
+from provisioner.services.common import audit
+from provisioner.services.common.runtime import runtime_of
+from provisioner.services.data import datastores
+from provisioner.services.fleet import nodes, region_removal
+from provisioner.services.regions import providers, regions, reservations
 from provisioner.store.models import Region
 from provisioner.store.regional_models import Datastore, Reservation
 from tests.fixtures.postgres import Store
@@ -61,13 +56,13 @@ def test_assign_reaches_desired_state_and_the_report_is_kept_apart(seeded: Store
         rsv = reservations.assign(s, "nb", node="gpu-1", actor=ACTOR)
         assert (rsv.state, rsv.actual_state) == ("assigned", "pending")
         gpu1, gpu2 = nodes.get(s, "gpu-1"), nodes.get(s, "gpu-2")
-        desired = desired_state.desired_for(s, gpu1)
+        desired = beat.desired_for(s, gpu1)
         assert desired["reservations"] == [
             {"name": "nb", "hostname": "jupyter", "port": 8888, "protocol": "tcp", "expose_wan": False}
         ]
-        assert desired["upnp"] is True and desired_state.desired_for(s, gpu2)["upnp"] is False
-        assert desired_state.desired_for(s, gpu2)["reservations"] == []
-        desired_state.record_actual(
+        assert desired["upnp"] is True and beat.desired_for(s, gpu2)["upnp"] is False
+        assert beat.desired_for(s, gpu2)["reservations"] == []
+        beat.record_actual(
             s,
             gpu1,
             {
@@ -95,11 +90,9 @@ def test_assign_reaches_desired_state_and_the_report_is_kept_apart(seeded: Store
         )
         # move: the old node's late report must not overwrite the new assignment
         reservations.assign(s, "nb", node="gpu-2", actor=ACTOR)
-        desired_state.record_actual(
-            s, nodes.get(s, "gpu-1"), {"reservations": [{"name": "nb", "state": "published"}]}
-        )
+        beat.record_actual(s, nodes.get(s, "gpu-1"), {"reservations": [{"name": "nb", "state": "published"}]})
         assert reservations.get(s, "nb").actual_state == "pending"
-        desired_state.record_actual(
+        beat.record_actual(
             s,
             nodes.get(s, "gpu-2"),
             {
@@ -112,14 +105,12 @@ def test_assign_reaches_desired_state_and_the_report_is_kept_apart(seeded: Store
         )
         rsv = reservations.get(s, "nb")
         assert (rsv.actual_state, rsv.actual_reason) == ("conflict", "another host answers for jupyter.local")
-        desired_state.record_actual(
-            s, nodes.get(s, "gpu-2"), {"reservations": [{"name": "nb", "state": "on-fire"}]}
-        )
+        beat.record_actual(s, nodes.get(s, "gpu-2"), {"reservations": [{"name": "nb", "state": "on-fire"}]})
         assert reservations.get(s, "nb").actual_state == "error"
         reservations.unassign(s, "nb", actor=ACTOR)
         rsv = reservations.get(s, "nb")
         assert (rsv.state, rsv.node_id, rsv.actual_state) == ("unassigned", None, None)
-        assert desired_state.desired_for(s, nodes.get(s, "gpu-2"))["reservations"] == []
+        assert beat.desired_for(s, nodes.get(s, "gpu-2"))["reservations"] == []
     with seeded.sessions() as s:  # type: ignore[attr-defined]
         rsv = reservations.get(s, "nb")
         decided = [(e.from_state, e.to_state, e.actor) for e in audit.history(s, reservations.KIND, [rsv.id])]
@@ -137,7 +128,7 @@ def test_remove_frees_name_hostname_and_port(seeded: Store) -> None:
     with seeded.sessions.begin() as s:  # type: ignore[attr-defined]
         reservations.assign(s, "nb", node="gpu-1", actor=ACTOR)
         reservations.remove(s, "nb", actor=ACTOR)
-        assert desired_state.desired_for(s, nodes.get(s, "gpu-1"))["reservations"] == []
+        assert beat.desired_for(s, nodes.get(s, "gpu-1"))["reservations"] == []
         again = reservations.add(
             s, "nb", region="lab-1", hostname="jupyter", port=8888, protocol="udp", actor=ACTOR
         )
@@ -291,7 +282,7 @@ def test_node_removal_unassigns_the_reservations_it_served(seeded: Store) -> Non
         reservations.assign(s, "nb", node="gpu-1", actor=ACTOR)
         reservations.assign(s, "api", node="gpu-1", actor=ACTOR)
         reservations.assign(s, "db", node="gpu-2", actor=ACTOR)
-        desired_state.record_actual(
+        beat.record_actual(
             s,
             nodes.get(s, "gpu-1"),
             {"reservations": [{"name": "nb", "state": "published", "address": "10.0.0.7"}]},

@@ -18,7 +18,11 @@ from contracts.jobspec import JobSpec
 from provisioner.api.routes.reservations import ReservationOut
 from provisioner.domain.roles import Principal, Role
 from provisioner.domain.states import NodeState
-from provisioner.services import audit, desired_state, jobs, nodes, providers, regions, reservations
+from provisioner.services import beat
+from provisioner.services.common import audit
+from provisioner.services.fleet import nodes
+from provisioner.services.jobs import jobs
+from provisioner.services.regions import providers, regions, reservations
 from provisioner.store.account_models import Account
 from provisioner.store.job_models import Job
 from tests.fixtures.postgres import Store
@@ -81,7 +85,7 @@ def _endpoint(name: str) -> JobSpec:
 
 
 def _desired(s: Session, node: str) -> list[dict[str, Any]]:
-    result: list[dict[str, Any]] = desired_state.desired_for(s, nodes.get(s, node))["reservations"]
+    result: list[dict[str, Any]] = beat.desired_for(s, nodes.get(s, node))["reservations"]
     return result
 
 
@@ -119,7 +123,7 @@ def test_the_reservation_moves_with_its_job_and_leaves_when_it_stops(seeded: Sto
             "address": "10.0.0.7",
             "external_address": "198.51.100.4:8888",
         }
-        desired_state.record_actual(s, nodes.get(s, first), {"reservations": [report]})
+        beat.record_actual(s, nodes.get(s, first), {"reservations": [report]})
         shown = _shown(s)
         assert (shown.state, shown.actual.address, shown.actual.external_address) == (
             "mapped",
@@ -146,7 +150,7 @@ def test_the_reservation_moves_with_its_job_and_leaves_when_it_stops(seeded: Sto
         )
         # a late report of the node it left changes nothing
         late = {"reservations": [{"name": "nb", "state": "error"}]}
-        desired_state.record_actual(s, nodes.get(s, first), late)
+        beat.record_actual(s, nodes.get(s, first), late)
         assert _shown(s).state == "pending"
     with seeded.sessions.begin() as s:  # type: ignore[attr-defined]
         jobs.stop(s, _root(s), "serve-nb")

@@ -228,7 +228,7 @@ def test_vm_status_changes_are_checked_and_audited() -> None:
     from sqlalchemy.orm import Session
 
     from contracts.errors import RuleViolation
-    from provisioner.services import lifecycle
+    from provisioner.services.common import lifecycle
 
     rec, session = SimpleNamespace(status=states.VmStatus.PENDING.value, region_id="reg_1"), _Session()
 

@@ -13,7 +13,8 @@ from sqlalchemy.orm import Session
 
 from contracts.errors import Conflict, InvalidInput, NotFound, RigbaseError, RuleViolation, Unavailable
 from provisioner.domain.states import NODE_TRANSITIONS, NodeState
-from provisioner.services import nodes, providers, region_removal, regions
+from provisioner.services.fleet import nodes, region_removal
+from provisioner.services.regions import providers, regions
 from provisioner.store.engine import make_engine
 from provisioner.store.migrate import upgrade
 from provisioner.store.schema import metadata
@@ -386,7 +387,8 @@ def _bundle_fields() -> list[str]:
 def test_one_enrollment_bundle_for_the_route_and_the_gcp_storage_node(
     seeded: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from provisioner.services import gcp, join_tokens
+    from provisioner.services.cloud import gcp
+    from provisioner.services.fleet import join_tokens
 
     monkeypatch.setenv("RIGBASE_PUBLIC_URL", "https://cp.example:8470")  # read by the fallback runtime
     with seeded.sessions.begin() as s:  # type: ignore[attr-defined]

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from provisioner.reconcilers.loop import REGISTRY, ReconcilerLoop
-from provisioner.services import wakeups
-from provisioner.services.wakeups import Wake, wake_after_commit
+from provisioner.services.common import wakeups
+from provisioner.services.common.wakeups import Wake, wake_after_commit
 from provisioner.store.engine import make_engine, make_sessionmaker
 
 

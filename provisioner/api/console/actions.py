@@ -34,17 +34,11 @@ from provisioner.api.console.render import (
 )
 from provisioner.api.console.session import SESSION_COOKIE, SESSION_MAX_AGE_S, SIGNIN_COOKIE
 from provisioner.domain.states import Service
-from provisioner.services import (
-    datastores,
-    device_deployments,
-    join_operator,
-    join_tokens,
-    nodes,
-    providers,
-    regions,
-    reservations,
-    tokens,
-)
+from provisioner.services.accounts import tokens
+from provisioner.services.data import datastores
+from provisioner.services.devices import device_deployments
+from provisioner.services.fleet import join_operator, join_tokens, nodes
+from provisioner.services.regions import providers, regions, reservations
 
 router = APIRouter(include_in_schema=False, route_class=ConsoleRoute)
 

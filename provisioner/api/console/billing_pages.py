@@ -1,5 +1,5 @@
 """The console's billing page: the signed-in account's balance, its ledger (newest first) and a month's
-usage, read with the functions GET /v1/billing/balance, /ledger and /usage call (services/ledger.py).
+usage, read with the functions GET /v1/billing/balance, /ledger and /usage call (services/billing/ledger.py).
 
 Whose: the signed-in account's. The root account's admins may name another account (?account=NAME), as
 `provision billing … --account` does; anyone else naming another account gets the same 404 as a
@@ -18,7 +18,8 @@ from provisioner.api.console.forms import SignedIn
 from provisioner.api.console.render import ConsoleRoute, page, reading
 from provisioner.domain import billing_rules as rules
 from provisioner.domain import clock
-from provisioner.services import accounts, ledger
+from provisioner.services.accounts import accounts
+from provisioner.services.billing import ledger
 from provisioner.store.billing_models import LedgerEntry
 
 router = APIRouter(include_in_schema=False, route_class=ConsoleRoute)

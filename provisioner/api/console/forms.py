@@ -21,7 +21,7 @@ from contracts.jobs import INT64_END
 from provisioner.api.console.session import SESSION_COOKIE, SessionValue, Signer
 from provisioner.domain.roles import Principal
 from provisioner.domain.text import printable
-from provisioner.services import tokens
+from provisioner.services.accounts import tokens
 from provisioner.store.account_models import Account
 from provisioner.store.models import ApiToken
 

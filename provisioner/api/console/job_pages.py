@@ -1,7 +1,7 @@
 """The console's jobs: the account's list, the submit form (the spec text `provision job create` reads: a
 rigbase YAML/JSON spec, a ChainOpera Launch job.yaml or an OpenPAI job JSON), a job's page with its live
-log, and the Stop button. Every call is the one the API route makes (services/jobs.py,
-services/job_logs.py) with the signed-in token's principal, so another account's job answers the same
+log, and the Stop button. Every call is the one the API route makes (services/jobs/jobs.py,
+services/jobs/job_logs.py) with the signed-in token's principal, so another account's job answers the same
 404 as a missing one (services/jobs.get is account-scoped).
 
 Live logs: the job page shows the log as stored when it was rendered (and works so without JavaScript:
@@ -33,7 +33,8 @@ from provisioner.domain import job_formats
 from provisioner.domain.placement_rows import MATCH_HEADERS, match_rows
 from provisioner.domain.states import JOB_DONE, JobState
 from provisioner.domain.text import printable
-from provisioner.services import job_logs, jobs, projects
+from provisioner.services.accounts import projects
+from provisioner.services.jobs import job_logs, jobs
 from provisioner.store.job_models import Job
 
 router = APIRouter(include_in_schema=False, route_class=ConsoleRoute)

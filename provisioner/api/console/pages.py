@@ -20,12 +20,14 @@ from provisioner.api.console.render import ConsoleRoute, page, reading, set_cook
 from provisioner.api.console.session import SIGNIN_COOKIE, SIGNIN_MAX_AGE_S
 from provisioner.api.schemas import NodeOut
 from provisioner.domain.states import NODE_AWAITING_MINION, NodeState, Service
-from provisioner.services import datastores, inventory_text, providers, reservations
-from provisioner.services import device_configs as config_service
-from provisioner.services import device_deployments as deployment_service
-from provisioner.services import gcp as gcp_service
-from provisioner.services import nodes as node_service
-from provisioner.services import regions as region_service
+from provisioner.services.cloud import gcp as gcp_service
+from provisioner.services.data import datastores
+from provisioner.services.devices import device_configs as config_service
+from provisioner.services.devices import device_deployments as deployment_service
+from provisioner.services.fleet import inventory_text
+from provisioner.services.fleet import nodes as node_service
+from provisioner.services.regions import providers, reservations
+from provisioner.services.regions import regions as region_service
 from provisioner.store.models import Node
 
 router = APIRouter(include_in_schema=False, route_class=ConsoleRoute)

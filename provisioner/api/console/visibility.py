@@ -15,7 +15,9 @@ from sqlalchemy.orm import Session
 
 from contracts.errors import NotFound
 from provisioner.domain.roles import Principal
-from provisioner.services import datastores, nodes, pending, regions, reservations
+from provisioner.services.data import datastores
+from provisioner.services.fleet import nodes, pending
+from provisioner.services.regions import regions, reservations
 from provisioner.store.models import Node, Region
 from provisioner.store.regional_models import Datastore, Reservation
 

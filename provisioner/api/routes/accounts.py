@@ -1,4 +1,4 @@
-"""/v1/accounts: create and list accounts (services/accounts.py). The root account's admins create
+"""/v1/accounts: create and list accounts (services/accounts/accounts.py). The root account's admins create
 accounts and see them all; every other token sees only its own account (another one answers 404)."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pydantic import BaseModel, Field
 from provisioner.api.deps import Db, Principal
 from provisioner.api.errors import documented
 from provisioner.api.schemas import Page
-from provisioner.services import accounts as service
-from provisioner.services import projects
+from provisioner.services.accounts import accounts as service
+from provisioner.services.accounts import projects
 from provisioner.store.account_models import Account
 
 router = APIRouter(prefix="/v1/accounts", tags=["accounts"], responses=documented(403))

@@ -19,7 +19,8 @@ from provisioner.domain import billing_rules as rules
 from provisioner.domain import clock
 from provisioner.domain.roles import Action
 from provisioner.domain.roles import Principal as PrincipalValue
-from provisioner.services import accounts, ledger, prices
+from provisioner.services.accounts import accounts
+from provisioner.services.billing import ledger, prices
 from provisioner.store.billing_models import LedgerEntry
 
 router = APIRouter(prefix="/v1/billing", tags=["billing"], responses=documented(403, 404))

@@ -9,7 +9,7 @@ from pydantic import BaseModel, Field
 
 from provisioner.api.deps import Db, Operator
 from provisioner.api.schemas import Page
-from provisioner.services import datastores as service
+from provisioner.services.data import datastores as service
 from provisioner.store.regional_models import Datastore
 
 router = APIRouter(prefix="/v1/datastores", tags=["datastores"])

@@ -18,9 +18,9 @@ from contracts.jobs import INT32_END, INT64_END, LogAck, LogChunk
 from provisioner.api.deps import Db, NodeCredential, Operator
 from provisioner.api.errors import NODE_ERRORS, documented
 from provisioner.api.schemas import Page
-from provisioner.services import device_configs as configs
-from provisioner.services import device_deployments as deployments
-from provisioner.services import device_logs
+from provisioner.services.devices import device_configs as configs
+from provisioner.services.devices import device_deployments as deployments
+from provisioner.services.devices import device_logs
 from provisioner.store.device_models import DeviceConfig
 
 router = APIRouter(tags=["devices"])

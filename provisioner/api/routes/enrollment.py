@@ -15,9 +15,9 @@ from provisioner.api.deps import Db, Operator
 from provisioner.api.schemas import NodeOut, Page, RegionOut
 from provisioner.domain.pages import REFUSALS_PAGE
 from provisioner.domain.states import MinionRejection, TrustState, join_token_state
-from provisioner.services import join_operator, join_tokens, rejections, tpm_cas
-from provisioner.services import pending as pending_service
-from provisioner.services import regions as region_service
+from provisioner.services.fleet import join_operator, join_tokens, rejections, tpm_cas
+from provisioner.services.fleet import pending as pending_service
+from provisioner.services.regions import regions as region_service
 from provisioner.store.join_models import JoinToken, RejectedMinion, TpmVendorCa
 
 router = APIRouter(tags=["enrollment"])

@@ -9,8 +9,8 @@ from contracts.finalize import BUNDLE_MEDIA_TYPE, BUNDLE_ROUTE, REPORT_ROUTE, Fi
 from provisioner.api.deps import Db, NodeCredential
 from provisioner.api.errors import NODE_ERRORS, documented
 from provisioner.api.schemas import FinalizeReportOut
-from provisioner.services import finalize as service
-from provisioner.services import finalize_bundle, node_credentials
+from provisioner.services.fleet import finalize as service
+from provisioner.services.fleet import finalize_bundle, node_credentials
 
 router = APIRouter(tags=["finalize"])
 

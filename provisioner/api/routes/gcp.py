@@ -13,8 +13,8 @@ from pydantic import BaseModel, Field
 from provisioner.api.deps import Db, Operator
 from provisioner.api.errors import documented
 from provisioner.api.schemas import NodeOut, ProviderOut, RegionOut
-from provisioner.services import gcp as service
-from provisioner.services import gcp_burst
+from provisioner.services.cloud import gcp as service
+from provisioner.services.cloud import gcp_burst
 
 router = APIRouter(prefix="/v1/gcp", tags=["gcp"])
 

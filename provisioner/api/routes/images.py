@@ -1,5 +1,5 @@
 """Operator routes of image manifests: trusted image-builder keys and signed manifests per region
-(provisioner/services/images.py). Binary inputs travel as base64 so the signed bytes arrive exact."""
+(provisioner/services/fleet/images.py). Binary inputs travel as base64 so the signed bytes arrive exact."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from contracts.errors import InvalidInput
 from provisioner.api.deps import Db, Operator
 from provisioner.api.schemas import Page
 from provisioner.domain.states import ImageState, TrustState
-from provisioner.services import image_publish, images
+from provisioner.services.cloud import image_publish
+from provisioner.services.fleet import images
 from provisioner.store.image_models import ImageKey, ImagePublication, RegisteredManifest
 
 router = APIRouter(tags=["images"])

@@ -17,13 +17,10 @@ from provisioner.api.deps import Db, NodeCredential, Principal
 from provisioner.api.errors import NODE_ERRORS, documented
 from provisioner.api.schemas import EventOut, Page
 from provisioner.domain.placement_rows import match_rows
-from provisioner.services import (
-    gcp_capacity,
-    job_assignments,  # noqa: F401  (registers the heartbeat's `jobs` key)
-    job_logs,
-    ledger,
-)
-from provisioner.services import jobs as service
+from provisioner.services.billing import ledger
+from provisioner.services.cloud import gcp_capacity
+from provisioner.services.jobs import job_logs
+from provisioner.services.jobs import jobs as service
 from provisioner.store.job_models import Job, JobWorker
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])

@@ -13,9 +13,9 @@ from contracts.messages import HeartbeatRequest, HeartbeatResponse, JoinChalleng
 from provisioner.api.deps import NODE_CREDENTIAL, Credentials, Db, JoinToken, Timing, admitted
 from provisioner.api.errors import JOIN_ERRORS, NODE_ERRORS, PROOF_ERRORS
 from provisioner.domain.states import JoinOutcome
-from provisioner.services import heartbeat as heartbeat_service
-from provisioner.services import join as service
-from provisioner.services.heartbeat_timing import HeartbeatTiming
+from provisioner.services import beat as heartbeat_service
+from provisioner.services.common.heartbeat_timing import HeartbeatTiming
+from provisioner.services.fleet import join as service
 
 router = APIRouter(tags=["join"])
 

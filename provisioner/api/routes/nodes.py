@@ -10,7 +10,7 @@ from provisioner.api.deps import Db, Operator
 from provisioner.api.node_page import nodes_page_json
 from provisioner.api.schemas import EventOut, MaintenanceIn, NodeIn, NodeOut, Page, ReplaceIn
 from provisioner.domain.pages import NODES_PAGE
-from provisioner.services import nodes as service
+from provisioner.services.fleet import nodes as service
 
 router = APIRouter(prefix="/v1/nodes", tags=["nodes"])
 

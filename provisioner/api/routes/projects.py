@@ -1,5 +1,5 @@
 """/v1/projects: create, list, show, remove the projects of the caller's account, and share them with
-other accounts (services/projects.py). A project shared with the caller's account is listed and shown
+other accounts (services/accounts/projects.py). A project shared with the caller's account is listed and shown
 too (as `OWNER/PROJECT`); another account's project not shared with it answers 404 with the same body as
 a missing one."""
 
@@ -16,8 +16,8 @@ from provisioner.api.deps import Db, Principal
 from provisioner.api.errors import documented
 from provisioner.api.schemas import Page
 from provisioner.domain.roles import Principal as PrincipalValue
-from provisioner.services import accounts
-from provisioner.services import projects as service
+from provisioner.services.accounts import accounts
+from provisioner.services.accounts import projects as service
 from provisioner.store.account_models import Project
 
 

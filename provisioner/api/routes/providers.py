@@ -6,7 +6,7 @@ from fastapi import APIRouter
 
 from provisioner.api.deps import Db, Operator
 from provisioner.api.schemas import Page, ProviderIn, ProviderOut
-from provisioner.services import providers as service
+from provisioner.services.regions import providers as service
 
 router = APIRouter(prefix="/v1/providers", tags=["providers"])
 

@@ -8,8 +8,9 @@ from fastapi import APIRouter
 from contracts.errors import InvalidInput
 from provisioner.api.deps import Db, Operator, Principal
 from provisioner.api.schemas import Page, RegionIn, RegionOut, RegionSettingsIn
-from provisioner.services import ledger, region_removal
-from provisioner.services import regions as service
+from provisioner.services.billing import ledger
+from provisioner.services.fleet import region_removal
+from provisioner.services.regions import regions as service
 
 router = APIRouter(prefix="/v1/regions", tags=["regions"])
 

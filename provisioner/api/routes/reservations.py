@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field
 from provisioner.api.deps import Db, Operator
 from provisioner.api.schemas import EventOut, Page
 from provisioner.domain.states import ActualState, ReservationState
-from provisioner.services import reservations as service
+from provisioner.services.regions import reservations as service
 from provisioner.store.regional_models import Reservation
 
 router = APIRouter(prefix="/v1/reservations", tags=["reservations"])

@@ -1,4 +1,5 @@
-"""/v1/status: the fleet at a glance (services/fleet_status.py), and what `provision doctor` compares."""
+"""/v1/status: the fleet at a glance (services/fleet/fleet_status.py), and what `provision doctor`
+compares."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from fastapi import APIRouter
 from pydantic import BaseModel
 
 from provisioner.api.deps import Db
-from provisioner.services import fleet_status
+from provisioner.services.fleet import fleet_status
 
 router = APIRouter(prefix="/v1/status", tags=["status"])
 

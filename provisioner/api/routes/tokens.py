@@ -1,4 +1,5 @@
-"""/v1/operator-tokens: create, list, rotate, revoke operator bearer tokens (services/tokens.py). A token's
+"""/v1/operator-tokens: create, list, rotate, revoke operator bearer tokens (services/accounts/tokens.py). A
+token's
 secret appears in exactly two answers: the one that created it and the one that rotated it.
 
 Admin tokens only (docs/accounts.md): an admin manages its own account's tokens; the root account's admins
@@ -18,8 +19,8 @@ from provisioner.api.schemas import Page
 from provisioner.domain.roles import Action, Role
 from provisioner.domain.roles import Principal as PrincipalValue
 from provisioner.domain.states import OperatorTokenState
-from provisioner.services import accounts
-from provisioner.services import tokens as service
+from provisioner.services.accounts import accounts
+from provisioner.services.accounts import tokens as service
 from provisioner.store.models import ApiToken
 
 router = APIRouter(prefix="/v1/operator-tokens", tags=["operator tokens"], responses=documented(403))

@@ -11,8 +11,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from provisioner.domain.states import PublicationState
 from provisioner.providers.gcp import images as gcp_images
-from provisioner.services import image_publish, images
-from provisioner.services import regions as region_service
+from provisioner.services.cloud import image_publish
+from provisioner.services.fleet import images
+from provisioner.services.regions import regions as region_service
 from provisioner.store.engine import session_scope
 from provisioner.store.image_models import ImagePublication
 from tests.fixtures.manifests import Builder

@@ -27,21 +27,15 @@ from provisioner.providers.base import NodeEvent, NodeEventKind
 from provisioner.providers.gcp import catalogue, compute_node
 from provisioner.reconcilers import gcp_burst as burst_reconciler
 from provisioner.reconcilers.loop import ReconcilerLoop
-from provisioner.services import (
-    audit,
-    gcp,
-    gcp_burst,
-    gcp_capacity,
-    gcp_events,
-    job_placement,
-    jobs,
-    join_tokens,
-)
-from provisioner.services import nodes as node_service
-from provisioner.services import providers as provider_service
-from provisioner.services import regions as region_service
-from provisioner.services.runtime import runtime_of
-from provisioner.services.wakeups import Wake
+from provisioner.services.cloud import gcp, gcp_burst, gcp_capacity
+from provisioner.services.common import audit
+from provisioner.services.common.runtime import runtime_of
+from provisioner.services.common.wakeups import Wake
+from provisioner.services.fleet import join_tokens
+from provisioner.services.fleet import nodes as node_service
+from provisioner.services.jobs import gcp_events, job_placement, jobs
+from provisioner.services.regions import providers as provider_service
+from provisioner.services.regions import regions as region_service
 from provisioner.store.account_models import Account
 from provisioner.store.engine import session_scope
 from provisioner.store.gcp_models import GcpBurstVm

@@ -272,7 +272,7 @@ def test_operator_walkthrough(
         # the join protocol activates the node (storage nodes become active by themselves) and its minion
         # heartbeats (both stand-ins here: no VM boots) → region healthy
         from provisioner.domain.states import NodeState
-        from provisioner.services import nodes as node_service
+        from provisioner.services.fleet import nodes as node_service
 
         with session_scope(sessions) as s:
             row = s.scalar(select(Node).where(Node.name == inst_name))

@@ -22,9 +22,10 @@ from provisioner.client.errors import ControlPlaneError
 from provisioner.client.resumable_upload import QUANTUM, crc32c_and_sha256, upload
 from provisioner.domain.states import PublicationState
 from provisioner.reconcilers.loop import ReconcilerLoop
-from provisioner.services import image_publish, images
-from provisioner.services import providers as provider_service
-from provisioner.services import regions as region_service
+from provisioner.services.cloud import image_publish
+from provisioner.services.fleet import images
+from provisioner.services.regions import providers as provider_service
+from provisioner.services.regions import regions as region_service
 from provisioner.store.engine import session_scope
 from provisioner.store.image_models import ImagePublication
 from tests.fixtures.gcp import PROJECT

@@ -18,10 +18,11 @@ from contracts.errors import Conflict, InvalidInput, RuleViolation
 from provisioner.domain.states import BurstVmState, NodeState
 from provisioner.providers.base import NodeEvent, NodeEventKind
 from provisioner.reconcilers import gcp_burst as burst_reconciler
-from provisioner.services import gcp_burst, gcp_events
-from provisioner.services import nodes as node_service
-from provisioner.services import providers as provider_service
-from provisioner.services import regions as region_service
+from provisioner.services.cloud import gcp_burst
+from provisioner.services.fleet import nodes as node_service
+from provisioner.services.jobs import gcp_events
+from provisioner.services.regions import providers as provider_service
+from provisioner.services.regions import regions as region_service
 from provisioner.store.engine import session_scope
 from provisioner.store.gcp_models import GcpBurstVm, GcpStorageNode
 from provisioner.store.models import Node

@@ -19,9 +19,11 @@ from provisioner.domain.states import ProviderState
 from provisioner.providers.gcp import Endpoints, GcpProvider, catalogue
 from provisioner.providers.gcp.events import NodeEvent, NodeEventKind
 from provisioner.reconcilers.loop import ReconcilerLoop
-from provisioner.services import gcp, gcp_events, region_removal
-from provisioner.services import providers as provider_service
-from provisioner.services.runtime import Runtime, attach
+from provisioner.services.cloud import gcp
+from provisioner.services.common.runtime import Runtime, attach
+from provisioner.services.fleet import region_removal
+from provisioner.services.jobs import gcp_events
+from provisioner.services.regions import providers as provider_service
 from provisioner.settings import Settings
 from provisioner.store.engine import make_engine, make_sessionmaker, session_scope
 from provisioner.store.gcp_models import GcpStorageNode
@@ -204,7 +206,7 @@ def test_region_health_needs_the_storage_node_active_and_reporting(store: sessio
     from datetime import datetime, timedelta
 
     from provisioner.domain.states import NodeState
-    from provisioner.services import nodes as node_service
+    from provisioner.services.fleet import nodes as node_service
 
     region_id = create(store)
     regions_pass(store)

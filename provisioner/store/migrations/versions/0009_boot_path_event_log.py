@@ -22,7 +22,7 @@ _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
 def _pe_hashes(manifest: str) -> list[str]:
-    """The digests a registered manifest names (the same reading as provisioner/services/images.py)."""
+    """The digests a registered manifest names (the same reading as provisioner/services/fleet/images.py)."""
     raw = base64.b64decode(manifest[7:]) if manifest.startswith("base64:") else manifest.encode()
     try:
         found = json.loads(raw).get("pe_hashes")

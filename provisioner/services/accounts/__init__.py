@@ -1,0 +1,1 @@
+"""Accounts, projects and tokens (docs/accounts.md)."""

@@ -1,0 +1,70 @@
+"""What a heartbeat answers and records, key by key (contracts/heartbeat_keys.py): each key's contributor
+(its `desired` value for the beating node) and reporter (what to do with the node's `actual` value), listed
+here once for every domain. A new key is a line in the contract and a line in each table below.
+
+The answer's keys come in CONTRIBUTORS' order: `upnp` before `reservations`, so the minion builds its
+reservations agent with the node's UPnP setting already applied."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+from sqlalchemy.orm import Session
+
+from contracts.heartbeat_keys import HeartbeatKey
+from contracts.messages import HeartbeatRequest, HeartbeatResponse
+from provisioner.services.common.desired_state import Contributor, CouldFind, HeartbeatKeys, Reporter
+from provisioner.services.common.heartbeat_timing import HeartbeatTiming
+from provisioner.services.devices import device_deployments
+from provisioner.services.fleet import finalize, heartbeat
+from provisioner.services.jobs import job_assignments
+from provisioner.services.regions import reservations
+
+CONTRIBUTORS: Final[Mapping[HeartbeatKey, Contributor]] = {
+    HeartbeatKey.UPNP: reservations.upnp_for_node,
+    HeartbeatKey.RESERVATIONS: reservations.desired_for_node,
+    HeartbeatKey.JOBS: job_assignments.desired_for_node,
+    HeartbeatKey.DEVICE_CONFIG: device_deployments.desired_for_node,
+    HeartbeatKey.FINALIZE: finalize.desired_for_node,
+    HeartbeatKey.MAINTENANCE: heartbeat.maintenance_for_node,
+}
+REPORTERS: Final[Mapping[HeartbeatKey, Reporter]] = {
+    HeartbeatKey.RESERVATIONS: reservations.record_actual,
+    HeartbeatKey.JOBS: job_assignments.record_actual,
+    HeartbeatKey.DEVICE_CONFIG: device_deployments.record_actual,
+    HeartbeatKey.FINALIZE: finalize.record_actual,
+}
+# The store reads a beat makes for its contributors and reporters, each with the question that tells
+# whether it could find anything: the heartbeat asks them all in its first query and skips the reads
+# answered "nothing" (most nodes serve no reservation and run no job).
+SKIPPABLE_READS: Final[Mapping[str, CouldFind]] = {
+    reservations.SERVED_READ: reservations.could_serve,
+    job_assignments.WORKERS_READ: job_assignments.could_know_workers,
+}
+KEYS: Final = HeartbeatKeys(CONTRIBUTORS, REPORTERS, SKIPPABLE_READS)
+
+
+def beat(
+    session: Session,
+    node_id: str,
+    credential: str | None,
+    body: HeartbeatRequest,
+    *,
+    observed_address: str | None = None,
+    timing: HeartbeatTiming = HeartbeatTiming(),
+) -> HeartbeatResponse:
+    """One heartbeat (provisioner/services/fleet/heartbeat.py) with every domain's keys."""
+    return heartbeat.beat(
+        session, node_id, credential, body, keys=KEYS, observed_address=observed_address, timing=timing
+    )
+
+
+def desired_for(session: Session, node: Any) -> dict[str, Any]:
+    """The node's whole desired state, as its next heartbeat answer carries it."""
+    return KEYS.desired_for(session, node)
+
+
+def record_actual(session: Session, node: Any, actual: dict[str, Any]) -> None:
+    """Hand each reported key to its reporter; unknown keys (a newer minion) are ignored."""
+    KEYS.record_actual(session, node, actual)

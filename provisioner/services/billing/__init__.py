@@ -1,0 +1,1 @@
+"""The ledger, prices and metering (docs/billing.md)."""

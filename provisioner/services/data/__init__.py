@@ -1,0 +1,1 @@
+"""Data that jobs mount: regional datastores (docs/datastores.md)."""

@@ -1,0 +1,1 @@
+"""Devices: configurations, deployments, logs and their daily fees (docs/devices.md)."""

@@ -1,0 +1,2 @@
+"""Nodes and how they come to be: join and attestation, trust roots (TPM CAs, image keys), finalize,
+heartbeats, pending minions and the fleet status."""

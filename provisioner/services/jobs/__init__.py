@@ -1,0 +1,1 @@
+"""Jobs and placement: submission, the heartbeat's assignments, logs, preemption of burst VMs."""

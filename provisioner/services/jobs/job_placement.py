@@ -1,0 +1,204 @@
+"""The fleet as placement sees it: every live compute node of the store as a `domain.placement.Candidate`,
+with the GPUs and vCPUs its running workers leave free and the price a job would pay there.
+
+Price per GPU-hour (docs/jobs.md "Price", docs/billing.md): on another account's region (a public job) the
+region's own price list when its owner set one (`region.settings["gpu_prices"]`, GPU type → credits per
+GPU-hour), else the public price list (`provision price list`, services/billing/prices.py); on the job's own
+account's region the usage fee of the GPU's class (billing_rules: development 0.05, professional 0.10,
+datacenter 0.25). A CPU-only node has no GPU-hour price (0). A snapshot carries the public price;
+`priced_for` gives the prices one account sees. The job's price is the chosen candidate's, locked when the
+job is created (services.jobs)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from provisioner.domain import billing_rules
+from provisioner.domain.placement import Candidate, PlacementRequest, Source
+from provisioner.domain.states import WORKER_ON_NODE, NodeState, Service, is_online
+from provisioner.services.billing import prices
+from provisioner.services.cloud import gcp_capacity
+from provisioner.services.fleet.pending import failed_rules
+from provisioner.store.gcp_models import GcpBurstVm
+from provisioner.store.job_models import Job, JobWorker
+from provisioner.store.models import Node
+
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Busy:
+    """What the workers on one node hold now."""
+
+    gpus: int = 0
+    vcpus: int = 0
+
+
+def _gpus(inventory: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
+    return [g for g in (inventory or {}).get("gpus") or [] if isinstance(g, Mapping)]
+
+
+def gpu_type_of(inventory: Mapping[str, Any] | None) -> str | None:
+    """The node's GPU type (the catalogue `model`); one per node (the gpu-single-model rule)."""
+    models = sorted(
+        {str(g.get("model") or g.get("name")) for g in _gpus(inventory) if g.get("model") or g.get("name")}
+    )
+    return models[0] if models else None
+
+
+def price_of(
+    region_settings: Mapping[str, Any] | None,
+    inventory: Mapping[str, Any] | None,
+    public: Mapping[str, float],
+) -> float:
+    """The public price per GPU-hour on this node (module docstring); `public`: the price list by type."""
+    if not _gpus(inventory):
+        return 0.0
+    model = gpu_type_of(inventory)
+    prices_here = (region_settings or {}).get("gpu_prices")
+    if isinstance(prices_here, Mapping) and model in prices_here:
+        try:
+            return float(prices_here[model])
+        except (TypeError, ValueError):
+            pass  # a malformed price list falls back to the public list rather than blocking placement
+    if model is not None and model in public:
+        return public[model]
+    return float(billing_rules.usage_fee_per_gpu_hour(prices.gpu_class_of(model)))
+
+
+def usage_fee_of(candidate: Candidate) -> float:
+    """What a GPU-hour costs on the job's own account's hardware: the usage fee of its class."""
+    return float(billing_rules.usage_fee_per_gpu_hour(prices.gpu_class_of(candidate.gpu_type)))
+
+
+def priced_for(candidates: Iterable[Candidate], account_id: str) -> list[Candidate]:
+    """The candidates with the prices `account_id` pays: its own regions at the usage fee. A GCP burst VM
+    keeps its price (Google's price plus the usage fee, services.gcp_capacity) on any account's region:
+    the account pays Google for it whoever owns the region."""
+    return [
+        replace(c, price_per_gpu_hour=usage_fee_of(c))
+        if c.region_account_id == account_id and c.source != Source.GCP
+        else c
+        for c in candidates
+    ]
+
+
+def allowed(candidates: Iterable[Candidate], request: PlacementRequest) -> list[Candidate]:
+    """What this job may be offered at all: Spot capacity only to a job that says `preemptible: true`,
+    and GCP burst VMs (one GPU each, the catalogue's 1-GPU machine shape) only to 1-GPU workers."""
+    return [
+        c
+        for c in candidates
+        if c.source != Source.GCP or (request.gpu_count == 1 and (request.preemptible or not c.preemptible))
+    ]
+
+
+def _vcpus(inventory: Mapping[str, Any] | None) -> int:
+    cpu = (inventory or {}).get("cpu")
+    if not isinstance(cpu, Mapping):
+        return 0
+    return int(cpu.get("threads") or cpu.get("physical_cores") or 0)
+
+
+def cpus_of_job(spec: Mapping[str, Any]) -> int:
+    """vCPUs one worker of this job holds: cpu_count for a CPU-only job, else none counted (a GPU job's
+    CPUs come with its GPUs)."""
+    resources = spec.get("resources") or {}
+    if int(resources.get("gpu_count") or 0) > 0:
+        return 0
+    return int(resources.get("cpu_count") or 0)
+
+
+def busy_by_node(session: Session) -> dict[str, Busy]:
+    """GPUs and vCPUs held on each node by workers that are starting or running there."""
+    rows = session.execute(
+        select(JobWorker.node_id, Job.spec, func.count())
+        .join(Job, Job.id == JobWorker.job_id)
+        .where(JobWorker.node_id.is_not(None), JobWorker.state.in_([s.value for s in WORKER_ON_NODE]))
+        .group_by(JobWorker.node_id, Job.id)
+    )
+    out: dict[str, Busy] = {}
+    for node_id, spec, count in rows:
+        resources = spec.get("resources") or {}
+        held = out.get(node_id, Busy())
+        out[node_id] = Busy(
+            gpus=held.gpus + int(resources.get("gpu_count") or 0) * count,
+            vcpus=held.vcpus + cpus_of_job(spec) * count,
+        )
+    return out
+
+
+def candidate_of(
+    node: Node, busy: Busy, now: datetime | None = None, public: Mapping[str, float] | None = None
+) -> Candidate:
+    inventory = node.inventory or {}
+    gpus = _gpus(inventory)
+    vcpus = _vcpus(inventory)
+    failing = failed_rules(node.requirements or {})
+    region = node.region
+    return Candidate(
+        source=Source.NODE.value,
+        id=node.id,
+        name=node.name,
+        region=region.name,
+        region_account_id=region.account_id,
+        region_public_jobs=bool(region.public_jobs),
+        provider=region.provider.kind,
+        gpu_type=gpu_type_of(inventory),
+        gpus_total=len(gpus),
+        gpus_free=max(0, len(gpus) - busy.gpus),
+        vcpus=vcpus,
+        memory_gib=round(int(inventory.get("memory_total_bytes") or 0) / GIB, 2),
+        price_per_gpu_hour=price_of(region.settings, inventory, public or {}),
+        state=node.state,
+        online=is_online(node.last_heartbeat_at, now),
+        requirements_ok=not failing and (node.requirements or {}).get("ok") is not False,
+        failed_rules=tuple(failing),
+        vcpus_free=max(0, vcpus - busy.vcpus),
+    )
+
+
+def node_candidates(session: Session, now: datetime | None = None) -> list[Candidate]:
+    """Every live compute node as a candidate (the storage node serves its region, never jobs; a GCP burst
+    VM's node serves only the job it was made for, which is assigned to it when it is made)."""
+    nodes = session.scalars(
+        select(Node).where(
+            Node.state != NodeState.REMOVED,
+            Node.service == Service.COMPUTE.value,
+            Node.id.not_in(select(GcpBurstVm.node_id)),
+        )
+    )
+    busy = busy_by_node(session)
+    public = {row.gpu_type: float(row.price_per_gpu_hour) for row in prices.list_prices(session)}
+    return [candidate_of(n, busy.get(n.id, Busy()), now, public) for n in nodes]
+
+
+# The capacity sources placement chooses from, each giving its candidates from the store: the seam of
+# domain.placement.CapacitySource on the store's side. GCP burst capacity (Source.GCP candidates, from the
+# cached quota: services.gcp_capacity) competes with owned nodes; ranking, rejections, match table are shared.
+SOURCES: list[Callable[[Session], Iterable[Candidate]]] = [node_candidates, gcp_capacity.gcp_candidates]
+
+
+def snapshot(session: Session) -> list[Candidate]:
+    """What every capacity source offers now, as one list for `domain.placement.place`."""
+    return [c for source in SOURCES for c in source(session)]
+
+
+def take(candidates: list[Candidate], chosen: Candidate, request: PlacementRequest) -> list[Candidate]:
+    """The snapshot after one worker of `request` went to `chosen` (the next worker sees less free)."""
+    return [
+        replace(
+            c,
+            gpus_free=c.gpus_free - request.gpu_count,
+            vcpus_free=c.free_vcpus - (0 if request.gpu_count else request.cpu_count),
+        )
+        if c.id == chosen.id and c.source == chosen.source
+        else c
+        for c in candidates
+    ]

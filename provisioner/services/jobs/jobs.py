@@ -1,0 +1,575 @@
+"""Jobs: create (validate, lock the price, place or wait), list, show, history, stop; what each node must
+run and what it reports are services.job_assignments. docs/jobs.md is the operator's view.
+
+A job belongs to a project of the caller's account; every lookup is scoped to that account, so another
+account's job answers exactly as a missing one (404). A job runs one container per entry of `workers`
+(each a JobWorker row with its own node, state and exit code); placement puts each worker on a candidate
+of `domain.placement.place` and takes its GPUs from the snapshot before placing the next, so a job is
+placed whole or waits whole. The job's state follows its workers' (`_settle`): running when all run,
+succeeded when all exit 0, failed with the first failure's reason (the others are stopped), stopped when
+the operator stops it. Every change is one audit line (kinds `job` and `job_worker`): `provision job
+history`.
+
+A regional resource (a datastore of `data.input`/`data.output`, the `reservation`) pins the job to its
+region, and so does `region:`; a GPU type that region does not have is refused at create
+(domain.placement.refusal_at_create). Only datastores and reservations of the caller's own regions can be
+used: data access is not something a public region lends.
+
+Federated jobs (docs/accounts.md "Sharing a project"): a member of an account a project is shared with
+creates a job in it. The job's creator account (`jobs.account_id`) is the sharee's; everything placement
+and the usage fee decide by account — own regions, datastores, reservations, the usage-fee price, the
+credit check for public capacity — is the project owner's, as for the owner's own jobs. Both see the
+job: an account sees the jobs it created and every job in the projects it owns."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import delete, or_, select
+from sqlalchemy.orm import Session
+
+from contracts.errors import Conflict, InvalidInput, NotFound, RuleViolation
+from contracts.jobspec import JobSpec
+from provisioner.domain.placement import (
+    TRANSIENT,
+    Candidate,
+    Placement,
+    PlacementRequest,
+    place,
+    refusal_at_create,
+)
+from provisioner.domain.roles import Action, Principal
+from provisioner.domain.states import (
+    JOB_DONE,
+    JOB_LIVE,
+    JOB_TRANSITIONS,
+    WORKER_ON_NODE,
+    WORKER_TRANSITIONS,
+    DatastoreState,
+    JobState,
+    RegionState,
+    ReservationState,
+    WorkerState,
+)
+from provisioner.services.accounts import accounts
+from provisioner.services.billing import ledger
+from provisioner.services.cloud import gcp_burst
+from provisioner.services.common import audit, lifecycle
+from provisioner.services.common.errors import flush
+from provisioner.services.common.wakeups import Wake, wake_after_commit
+from provisioner.services.jobs import job_placement
+from provisioner.store.account_models import Project
+from provisioner.store.job_models import Job, JobLogChunk, JobWorker
+from provisioner.store.models import Node, Region, new_id
+from provisioner.store.regional_models import Datastore, Reservation
+
+log = logging.getLogger("rigbase.jobs")
+
+KIND = "job"
+WORKER_KIND = "job_worker"
+WAITING_FOR_GPUS = "Waiting for GPUs"
+WAITING_FOR_CPUS = "Waiting for CPUs"
+
+
+# ------------------------------------------------------------------------------- transitions
+
+
+def transition(session: Session, job: Job, to: JobState, *, actor: str, reason: str | None = None) -> None:
+    """The only way a job's state changes: checked against the table, audited."""
+    lifecycle.apply(
+        session, job, to, kind=KIND, name=job.name, table=JOB_TRANSITIONS, actor=actor, reason=reason
+    )
+    now = datetime.now(UTC)
+    if to == JobState.RUNNING and job.started_at is None:
+        job.started_at = now
+    if to in JOB_DONE:
+        job.ended_at = now
+
+
+def transition_worker(
+    session: Session, worker: JobWorker, to: WorkerState, *, actor: str, reason: str | None = None
+) -> None:
+    """A worker's state change, audited under its job's id (one history for the job and its workers)."""
+    lifecycle.apply(
+        session,
+        worker,
+        to,
+        kind=WORKER_KIND,
+        name=f"{worker.job.name} worker {worker.index}",
+        table=WORKER_TRANSITIONS,
+        actor=actor,
+        reason=reason,
+        resource_id=worker.job_id or worker.job.id,
+    )
+
+
+# ------------------------------------------------------------------------------- lookups
+
+
+def _visible_to(account_id: str) -> Any:
+    """The jobs an account sees: those it created and every job in the projects it owns."""
+    owned = select(Project.id).where(Project.account_id == account_id)
+    return or_(Job.account_id == account_id, Job.project_id.in_(owned))
+
+
+def _account_jobs(principal: Principal) -> Any:
+    return select(Job).where(_visible_to(principal.account_id))
+
+
+def get(session: Session, principal: Principal, ref: str) -> Job:
+    """A job of the caller's account by id, or by name (the newest job of that name). Another account's
+    job raises the same NotFound as a missing one."""
+    job = session.scalar(
+        _account_jobs(principal)
+        .where((Job.id == ref) | (Job.name == ref))
+        .order_by((Job.id == ref).desc(), Job.created_at.desc())
+        .limit(1)
+    )
+    if job is None:
+        raise NotFound(f"job '{ref}' does not exist: see `provision job list`", code="job_not_found")
+    return job
+
+
+def list_all(
+    session: Session, principal: Principal, *, project: str | None = None, state: str | None = None
+) -> list[Job]:
+    stmt = _account_jobs(principal)
+    if project is not None:
+        stmt = stmt.where(Job.project_id == accounts.project_for(session, principal, project).id)
+    if state is not None:
+        try:
+            wanted = JobState(state)
+        except ValueError:
+            known = ", ".join(s.value for s in JobState)
+            raise InvalidInput(f"state '{state}' is not a job state: use one of {known}") from None
+        stmt = stmt.where(Job.state == wanted)
+    return list(session.scalars(stmt.order_by(Job.created_at.desc(), Job.id)))
+
+
+def history(session: Session, principal: Principal, ref: str) -> list[Any]:
+    """The job's transitions and its workers', oldest first."""
+    job = get(session, principal, ref)
+    events = audit.history(session, KIND, [job.id]) + audit.history(session, WORKER_KIND, [job.id])
+    return sorted(events, key=lambda e: e.id)
+
+
+# ------------------------------------------------------------------------------- regional pinning
+
+
+@dataclass(frozen=True)
+class Pinned:
+    """The region a job must run in and the words for why (None: it may run anywhere it is allowed)."""
+
+    region: Region | None
+    because: str | None
+
+
+def _regions_named(session: Session, name: str) -> list[Region]:
+    stmt = select(Region).where(
+        Region.state != RegionState.REMOVED, (Region.name == name) | (Region.id == name)
+    )
+    return list(session.scalars(stmt))
+
+
+def _regional(
+    session: Session, account_id: str, model: Any, kind: str, name: str, region_name: str | None
+) -> Any:
+    """The datastore or reservation called `name` of `account_id`'s regions (in `region_name` when
+    given)."""
+    removed = DatastoreState.REMOVED if model is Datastore else ReservationState.REMOVED
+    stmt = (
+        select(model)
+        .join(Region, Region.id == model.region_id)
+        .where(model.name == name, model.state != removed, Region.account_id == account_id)
+    )
+    if region_name is not None:
+        stmt = stmt.where((Region.name == region_name) | (Region.id == region_name))
+    rows = list(session.scalars(stmt))
+    if not rows:
+        where = f" in region '{region_name}'" if region_name else " in this account's regions"
+        raise NotFound(
+            f"{kind} '{name}' does not exist{where}: see `provision {kind} list`", code=f"{kind}_not_found"
+        )
+    if len(rows) > 1:
+        regions = ", ".join(sorted(r.region.name for r in rows))
+        raise InvalidInput(
+            f"{kind} '{name}' exists in regions {regions}: set `region:` in the job spec to choose one",
+            code=f"ambiguous_{kind}",
+        )
+    return rows[0]
+
+
+def datastores_of(spec: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    data = spec.get("data") or {}
+    return [(key, data[key]) for key in ("input", "output") if isinstance(data.get(key), Mapping)]
+
+
+def pinned_region(session: Session, account_id: str, spec: Mapping[str, Any]) -> Pinned:
+    """The region the job's regional resources (or its `region:`) confine it to; all must agree.
+    `account_id`: the account of the job's project, whose regional resources it may use."""
+    region_name = spec.get("region")
+    found: list[tuple[Region, str]] = []
+    for key, path in datastores_of(spec):
+        ds = _regional(session, account_id, Datastore, "datastore", str(path.get("datastore")), region_name)
+        found.append((ds.region, f"data.{key} datastore '{ds.name}'"))
+    if spec.get("reservation"):
+        rsv = _regional(
+            session, account_id, Reservation, "reservation", str(spec["reservation"]), region_name
+        )
+        if rsv.state == ReservationState.ASSIGNED:
+            # the node an operator assigned it to publishes it already: two nodes would answer for it
+            raise RuleViolation(
+                f"reservation '{rsv.name}' is assigned to node '{rsv.node.name if rsv.node else '?'}' by an "
+                f"operator: `provision reservation unassign {rsv.name}` so it moves with the job",
+                code="reservation_assigned",
+            )
+        found.append((rsv.region, f"reservation '{rsv.name}'"))
+    regions = {r.id: r for r, _ in found}
+    if len(regions) > 1:
+        listed = "; ".join(f"{why} is in {r.name}" for r, why in found)
+        raise InvalidInput(
+            f"the job's regional resources are in different regions ({listed}): use resources of one region",
+            code="regions_differ",
+        )
+    if found:
+        return Pinned(found[0][0], found[0][1])
+    if region_name:
+        usable = [
+            r
+            for r in _regions_named(session, str(region_name))
+            if r.account_id == account_id or r.public_jobs
+        ]
+        if not usable:
+            raise NotFound(
+                f"region '{region_name}' does not exist or takes no jobs of this account: see `provision "
+                f"region list`",
+                code="region_not_found",
+            )
+        return Pinned(usable[0], None)
+    return Pinned(None, None)
+
+
+# ------------------------------------------------------------------------------- placement
+
+
+def request_of(
+    spec: Mapping[str, Any], account_id: str, pinned: Pinned, *, public_credit: bool = True
+) -> PlacementRequest:
+    """`public_credit`: the account's balance is above zero, so it may start on public capacity."""
+    resources = spec.get("resources") or {}
+    max_price = resources.get("max_price")
+    return PlacementRequest(
+        account_id=account_id,
+        gpu_types=frozenset(str(t) for t in resources.get("gpu_types") or []),
+        gpu_count=int(resources.get("gpu_count") or 0),
+        cpu_count=int(resources.get("cpu_count") or 0),
+        max_price=float(max_price) if max_price is not None else None,
+        region=pinned.region.name if pinned.region is not None else None,
+        region_reason=pinned.because,
+        public_credit=public_credit,
+        preemptible=bool(spec.get("preemptible")),
+    )
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Placement of every worker: `chosen` has one candidate per worker, or is empty when the job must
+    wait; `first` is worker 0's placement (the match table); `reason` why it waits."""
+
+    first: Placement
+    chosen: list[Candidate]
+    reason: str | None
+    after: list[Candidate]  # the snapshot with the chosen GPUs/vCPUs taken (unchanged when it waits)
+
+
+def decide(request: PlacementRequest, candidates: Sequence[Candidate], workers: int) -> Decision:
+    """Place `workers` workers one after another, each seeing the GPUs the ones before took, at the prices
+    the job's account pays (its own regions at the usage fee). `after`: `candidates` less what they took."""
+    snapshot = job_placement.priced_for(job_placement.allowed(candidates, request), request.account_id)
+    first: Placement | None = None
+    chosen: list[Candidate] = []
+    for _ in range(workers):
+        placement = place(request, snapshot)
+        first = first or placement
+        if placement.chosen is None:
+            what = WAITING_FOR_GPUS if request.gpu_count else WAITING_FOR_CPUS
+            if chosen:
+                why = f"{what}: {len(chosen)} of {workers} workers fit now; {placement.summary()}"
+            else:
+                why = f"{what}: {placement.summary()}"
+            return Decision(first, [], why, list(candidates))
+        chosen.append(placement.chosen)
+        snapshot = job_placement.take(snapshot, placement.chosen, request)
+    assert first is not None  # a spec has at least one worker
+    after = list(candidates)
+    for taken in chosen:
+        after = job_placement.take(after, taken, request)
+    return Decision(first, chosen, None, after)
+
+
+def _locked_price(request: PlacementRequest, decision: Decision) -> float | None:
+    """The job's price per GPU-hour: the chosen node's; for a waiting job the cheapest node it could
+    run on once capacity frees (None: decided at its first placement)."""
+    if request.gpu_count == 0:
+        return 0.0
+    if decision.chosen:
+        return decision.chosen[0].price_per_gpu_hour
+    later = [c.price_per_gpu_hour for c, r in decision.first.reasons if r in TRANSIENT]
+    return min(later) if later else None
+
+
+def _assign(session: Session, job: Job, chosen: Sequence[Candidate], *, actor: str) -> None:
+    job.placements += 1
+    generation = f"{job.id}.{job.placements}"
+    for worker, cand in zip(job.workers, chosen, strict=True):
+        worker.node_id = cand.id
+        worker.generation = generation
+        worker.exit_code = None
+        worker.gpu_indices = []
+        worker.stop_requested = False
+        transition_worker(
+            session,
+            worker,
+            WorkerState.STARTING,
+            actor=actor,
+            reason=f"placed on node {cand.name} ({cand.region})",
+        )
+    node = session.get(Node, chosen[0].id)
+    job.node_id = chosen[0].id
+    job.region_id = node.region_id if node is not None else None
+    job.gpu_type = chosen[0].gpu_type
+    if job.price_per_gpu_hour is None:
+        job.price_per_gpu_hour = chosen[0].price_per_gpu_hour
+    where = ", ".join(sorted({f"{c.name} ({c.region})" for c in chosen}))
+    transition(session, job, JobState.STARTING, actor=actor, reason=f"placed on {where}")
+
+
+@dataclass(frozen=True)
+class Submission:
+    """What `create` decided: the stored job (None for a dry run), worker 0's placement and the pin."""
+
+    job: Job | None
+    decision: Decision
+    pinned: Pinned
+
+
+def create(
+    session: Session,
+    principal: Principal,
+    job_spec: JobSpec,
+    *,
+    project: str | None = None,
+    dry_run: bool = False,
+) -> Submission:
+    """Store the job placed (`starting`) or `waiting` with the reason, its price locked. Refused, with
+    nothing stored: a GPU type its pinned region lacks, a name a live job of the account has, a
+    reservation another live job serves. `dry_run`: decide only (the match table), store nothing."""
+    principal.require(Action.RUN_JOBS)
+    spec = job_spec.model_dump(mode="json")
+    proj = accounts.project_for(session, principal, project)
+    owner = proj.account_id  # a federated job places, and pays usage, as its project owner's would
+    pinned = pinned_region(session, owner, spec)
+    request = request_of(spec, owner, pinned, public_credit=ledger.can_cover(session, owner))
+    candidates = job_placement.snapshot(session)
+    refusal = refusal_at_create(request, candidates)
+    if refusal is not None:
+        raise RuleViolation(refusal, code="gpu_type_not_in_region")
+    commands = job_spec.worker_commands()  # each worker's packages install first (apt, conda, pip)
+    decision = decide(request, candidates, len(commands))
+    if dry_run:
+        return Submission(None, decision, pinned)
+    name = str(spec.get("name"))
+    live = [s.value for s in JOB_LIVE]
+    # a name is unique among the live jobs the creator sees and those of the project (its owner sees them)
+    clash = session.scalar(
+        select(Job)
+        .where(or_(_visible_to(principal.account_id), Job.project_id == proj.id), Job.name == name)
+        .where(Job.state.in_(live))
+        .limit(1)
+    )
+    if clash is not None:
+        raise Conflict(
+            f"job '{name}' is already {clash.state} in this account: choose another name, or `provision job "
+            f"stop {name}` first",
+            code="duplicate_name",
+        )
+    _reservation_free(session, spec, pinned)
+    job = Job(
+        id=new_id("job"),
+        name=name,
+        account_id=principal.account_id,  # the creator: billing_rules.is_federated compares it
+        project_id=proj.id,
+        type=str(spec.get("type")),
+        spec=dict(spec),
+        pinned_region_id=pinned.region.id if pinned.region is not None else None,
+        price_per_gpu_hour=_locked_price(request, decision),
+        placements=0,
+        created_by=principal.actor,
+    )
+    session.add(job)
+    transition(session, job, JobState.WAITING, actor=principal.actor, reason=decision.reason or "created")
+    for index, command in enumerate(commands):
+        worker = JobWorker(
+            id=new_id("jwk"),
+            job_id=job.id,  # set now: its first audit line is written before the flush
+            job=job,
+            index=index,
+            command=command,
+            gpu_indices=[],
+            stop_requested=False,
+            log_bytes=0,
+            log_complete=False,
+        )
+        session.add(worker)
+        transition_worker(session, worker, WorkerState.WAITING, actor=principal.actor, reason="created")
+    if not decision.chosen or not _assign_or_wait(session, job, decision.chosen, actor=principal.actor):
+        wake_after_commit(session, Wake.JOBS)
+    return Submission(job, decision, pinned)
+
+
+def _assign_or_wait(session: Session, job: Job, chosen: Sequence[Candidate], *, actor: str) -> bool:
+    """Assign the workers; GCP candidates first become burst VMs with their nodes (services.gcp_burst).
+    False, with the job's reason set, when that capacity was taken since the snapshot: the job waits."""
+    placed, why = gcp_burst.materialise(session, job, chosen, actor=actor)
+    if why is not None:
+        job.reason = f"{WAITING_FOR_GPUS}: {why}"
+        flush(session, f"job '{job.name}'")
+        return False
+    _assign(session, job, placed, actor=actor)
+    return True
+
+
+def _reservation_free(session: Session, spec: Mapping[str, Any], pinned: Pinned) -> None:
+    """One live job per reservation: its port and host name can be published by one worker only."""
+    wanted = spec.get("reservation")
+    if not wanted or pinned.region is None:
+        return
+    live = [s.value for s in JOB_LIVE]
+    for other in session.scalars(
+        select(Job).where(Job.pinned_region_id == pinned.region.id, Job.state.in_(live))
+    ):
+        if other.spec.get("reservation") == wanted:
+            raise Conflict(
+                f"reservation '{wanted}' is used by job '{other.name}' ({other.state}): stop it first, or "
+                "use another reservation",
+                code="reservation_in_use",
+            )
+
+
+def place_waiting(
+    session: Session, job: Job, *, actor: str, candidates: list[Candidate] | None = None
+) -> list[Candidate]:
+    """Try to place a waiting job (the reconciler's pass) on `candidates` (default: a fresh snapshot of the
+    fleet). Returns the snapshot with what the job took, so a pass over many waiting jobs takes one
+    snapshot. A job that still waits keeps an up-to-date reason."""
+    snapshot = job_placement.snapshot(session) if candidates is None else candidates
+    pinned = Pinned(session.get(Region, job.pinned_region_id) if job.pinned_region_id else None, None)
+    if pinned.region is not None:
+        pinned = Pinned(pinned.region, _pin_words(job.spec))
+    owner = job.project.account_id  # as at create: the project owner's placement
+    request = request_of(job.spec, owner, pinned, public_credit=ledger.can_cover(session, owner))
+    decision = decide(request, snapshot, len(job.workers))
+    if not decision.chosen:
+        if decision.reason and decision.reason != job.reason:
+            job.reason = decision.reason  # the same state, a fresher why: not a transition
+            flush(session, f"job '{job.name}'")
+        return snapshot
+    if not _assign_or_wait(session, job, decision.chosen, actor=actor):
+        return snapshot
+    return decision.after
+
+
+def _pin_words(spec: Mapping[str, Any]) -> str | None:
+    for key, path in datastores_of(spec):
+        return f"data.{key} datastore '{path.get('datastore')}'"
+    if spec.get("reservation"):
+        return f"reservation '{spec['reservation']}'"
+    return None
+
+
+# ------------------------------------------------------------------------------- stop and settle
+
+
+def stop(session: Session, principal: Principal, ref: str) -> Job:
+    """Stop a job: waiting workers stop at once; the node of each placed worker gets `stop: true`
+    (SIGTERM, grace period, SIGKILL) and its report ends the worker."""
+    principal.require(Action.RUN_JOBS)
+    job = get(session, principal, ref)
+    if JobState(job.state) in JOB_DONE:
+        raise RuleViolation(
+            f"job '{job.name}' already ended ({job.state}): nothing to stop", code="job_ended"
+        )
+    reason = f"stopped by {principal.actor}"
+    _stop_workers(session, job, actor=principal.actor, reason=reason)
+    transition(session, job, JobState.STOPPED, actor=principal.actor, reason=reason)
+    return job
+
+
+def _stop_workers(session: Session, job: Job, *, actor: str, reason: str) -> None:
+    for worker in job.workers:
+        state = WorkerState(worker.state)
+        if state == WorkerState.WAITING:
+            transition_worker(session, worker, WorkerState.STOPPED, actor=actor, reason=reason)
+        elif state in WORKER_ON_NODE:
+            worker.stop_requested = True
+
+
+def settle(session: Session, job: Job, *, actor: str) -> None:
+    """Move the job to what its workers say (module docstring); a finished worker frees capacity."""
+    if JobState(job.state) in JOB_DONE:
+        return
+    states = [WorkerState(w.state) for w in job.workers]
+    failed = [w for w in job.workers if WorkerState(w.state) in (WorkerState.FAILED, WorkerState.STOPPED)]
+    if failed:
+        why = f"worker {failed[0].index}: {failed[0].reason or failed[0].state}"
+        _stop_workers(session, job, actor=actor, reason=f"stopped: {why}")
+        transition(session, job, JobState.FAILED, actor=actor, reason=why)
+    elif all(s == WorkerState.SUCCEEDED for s in states):
+        transition(session, job, JobState.SUCCEEDED, actor=actor, reason="every worker exited with code 0")
+    elif job.state == JobState.STARTING and all(
+        s in (WorkerState.RUNNING, WorkerState.SUCCEEDED) for s in states
+    ):
+        transition(session, job, JobState.RUNNING, actor=actor, reason="every worker runs")
+
+
+def requeue_or_fail(session: Session, job: Job, node: Node, *, why: str, actor: str) -> None:
+    """`node` is lost (offline or errored past the grace period): a job none of whose workers started goes
+    back to waiting (new generation at its next placement; its partial logs dropped); otherwise its
+    workers there fail with `why` (stopped ones, of a job already stopped, end stopped)."""
+    mine = [w for w in job.workers if w.node_id == node.id and WorkerState(w.state) in WORKER_ON_NODE]
+    if not mine:
+        return
+    never_ran = (
+        job.state == JobState.STARTING
+        and job.started_at is None
+        and all(WorkerState(w.state) in (WorkerState.STARTING, WorkerState.WAITING) for w in job.workers)
+    )
+    if never_ran:
+        for worker in job.workers:
+            worker.node_id = None
+            worker.generation = None
+            worker.log_bytes = 0
+            worker.log_complete = False
+            transition_worker(session, worker, WorkerState.WAITING, actor=actor, reason=f"re-queued: {why}")
+        session.execute(delete(JobLogChunk).where(JobLogChunk.job_id == job.id))
+        transition(
+            session,
+            job,
+            JobState.WAITING,
+            actor=actor,
+            reason=f"{WAITING_FOR_GPUS if _gpu_job(job) else WAITING_FOR_CPUS}: re-queued, {why}",
+        )
+        wake_after_commit(session, Wake.JOBS)
+        return
+    for worker in mine:
+        to = WorkerState.STOPPED if worker.stop_requested else WorkerState.FAILED
+        transition_worker(session, worker, to, actor=actor, reason=why)
+    settle(session, job, actor=actor)
+
+
+def _gpu_job(job: Job) -> bool:
+    return int((job.spec.get("resources") or {}).get("gpu_count") or 0) > 0

@@ -1,0 +1,144 @@
+"""Regions: create (DNS-label name unique per provider), list, show. Removal, which reaches into the
+region's nodes, reservations and datastores, is services/fleet/region_removal.py: those modules look regions
+up here, so this module imports none of them."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from contracts.errors import Conflict, InvalidInput, NotFound
+from contracts.regional import StorageMode
+from provisioner.domain.roles import Action, Principal
+from provisioner.domain.states import REGION_TRANSITIONS, NodeState, ProviderState, RegionState
+from provisioner.services.common import audit, lifecycle, names
+from provisioner.services.common.account_lookup import root_account
+from provisioner.services.common.runtime import runtime_of
+from provisioner.services.regions import providers as provider_service
+from provisioner.store.models import Node, Provider, Region, new_id
+
+KIND = "region"
+
+
+def transition(
+    session: Session, region: Region, to: RegionState, *, actor: str, reason: str | None = None
+) -> None:
+    """The only way a region's state changes: checked against the table, recorded in the audit trail."""
+    lifecycle.apply(
+        session, region, to, kind=KIND, name=region.name, table=REGION_TRANSITIONS, actor=actor, reason=reason
+    )
+
+
+def create(
+    session: Session,
+    name: str,
+    *,
+    provider: str,
+    storage_mode: str = StorageMode.LOCAL.value,
+    public_jobs: bool = True,
+    options: Mapping[str, Any] | None = None,
+    actor: str,
+    account_id: str | None = None,
+) -> Region:
+    """`account_id`: the owner, the creating token's account (None: the root account)."""
+    names.dns_label("region", name)
+    try:
+        mode = StorageMode(storage_mode)
+    except ValueError:
+        raise InvalidInput(f"storage mode '{storage_mode}' is not known: use local or central") from None
+    prov = provider_service.get(session, provider)
+    if prov.state != ProviderState.ENABLED:
+        raise Conflict(
+            f"provider '{prov.kind}' is {prov.state}, not enabled: "
+            f"wait for it or see `provision provider show {prov.kind}`"
+        )
+    settings = (
+        runtime_of(session)
+        .provider(prov.kind)
+        .validate_region(name, {**(options or {}), "storage_mode": mode.value, "public_jobs": public_jobs})
+    )
+    if session.scalar(
+        select(Region.id).where(
+            Region.provider_id == prov.id, Region.name == name, Region.state != RegionState.REMOVED
+        )
+    ):
+        raise Conflict(
+            f"region '{name}' already exists for provider '{prov.kind}': choose another name",
+            code="duplicate_name",
+        )
+    region = Region(
+        id=new_id("reg"),
+        name=name,
+        provider=prov,
+        storage_mode=mode.value,
+        public_jobs=public_jobs,
+        settings=settings,
+        account_id=account_id or root_account(session).id,
+    )
+    session.add(region)
+    transition(session, region, RegionState.NEW, actor=actor, reason="created by operator")
+    return region
+
+
+def list_all(session: Session, provider: str | None = None) -> list[Region]:
+    stmt = select(Region).where(Region.state != RegionState.REMOVED).order_by(Region.name)
+    if provider:
+        stmt = stmt.where(Region.provider_id == provider_service.get(session, provider).id)
+    return list(session.scalars(stmt))
+
+
+def get(session: Session, ref: str, provider: str | None = None) -> Region:
+    """By id, or by name (unique per provider; `provider` disambiguates when two providers share it)."""
+    stmt = select(Region).where(
+        (Region.name == ref) | (Region.id == ref), Region.state != RegionState.REMOVED
+    )
+    if provider:
+        stmt = stmt.join(Provider).where((Provider.kind == provider) | (Provider.id == provider))
+    return names.one_named(
+        list(session.scalars(stmt)),
+        kind=KIND,
+        ref=ref,
+        place=lambda r: r.provider.kind,
+        scope="providers",
+        option="--provider",
+    )
+
+
+def live_nodes(session: Session, region: Region) -> list[Node]:
+    return list(
+        session.scalars(
+            select(Node)
+            .where(Node.region_id == region.id, Node.state != NodeState.REMOVED)
+            .order_by(Node.name)
+        )
+    )
+
+
+def set_public_jobs(session: Session, ref: str, public_jobs: bool, *, principal: Principal) -> Region:
+    """Sell the region's spare capacity to other accounts' jobs, or stop (docs/billing.md "Public jobs").
+    Its account's admins decide (a root admin for any region); another account's region looks missing.
+    Jobs already placed keep running where they are: the setting is read when a job is placed."""
+    principal.require(Action.SELL_CAPACITY)
+    region = get(session, ref)
+    scope = principal.account_scope()
+    if scope is not None and region.account_id != scope:
+        raise NotFound(
+            f"{KIND} '{ref}' does not exist: see `provision {KIND} list`", code=f"{KIND}_not_found"
+        )
+    if region.public_jobs != public_jobs:
+        region.public_jobs = public_jobs
+        audit.note(
+            session,
+            kind=KIND,
+            resource_id=region.id,
+            name=region.name,
+            actor=principal.actor,
+            state=region.state,
+            reason="public jobs "
+            + ("allowed: spare capacity is sold" if public_jobs else "no longer allowed"),
+        )
+        session.flush()
+    return region
