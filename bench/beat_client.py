@@ -3,10 +3,10 @@ asyncio streams.
 
 Why not httpx: on this machine the load client shares the two cores with the server under test and
 PostgreSQL, so what the client spends is taken from the server. httpx (its connection pool, its request
-and response models, header normalisation) cost 1.8-3.3 ms of CPU per beat (2026-11-27 to 11-29), about
-as much as the server's whole unit of work; 10,000 real nodes would each spend that on their own machine.
-This client does only what a beat needs: a request line and its headers, then a status line,
-`Content-Length` and the body; 0.6-1.0 ms per beat. TLS, keep-alive and the server's HTTP handling are
+and response models, header normalisation) cost about as much CPU per beat as the server's whole unit of
+work; 10,000 real nodes would each spend that on their own machine. This client does only what a beat
+needs: a request line and its headers, then a status line, `Content-Length` and the body, at a third of
+the CPU or less. TLS, keep-alive and the server's HTTP handling are
 the same as with any client, so the server's side of the measurement is unchanged; the benchmark prints
 the client's CPU per beat (`--client httpx` keeps the old one for an A/B).
 """

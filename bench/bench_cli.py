@@ -21,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.results import figure
+
 ROOT = Path(__file__).resolve().parents[1]
 PROVISION = ROOT / ".venv" / "bin" / "provision"
 REPEATS = 15
@@ -57,6 +59,13 @@ def main() -> None:
     one = figures["provision token --help (one group)"]
     every = figures["provision --help (every group)"]
     print(f"   one group / every group: wall {one[0] / every[0]:.2f}x, cpu {one[1] / every[1]:.2f}x")
+    for name, (wall, _cpu) in figures.items():
+        figure(f"`{name}`, median wall", wall * 1000, "ms")
+    figure(
+        "CPU at start-up: a command that loads one group / `provision --help` (all groups)",
+        one[1] / every[1],
+        "×",
+    )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Fleet heartbeat benchmark (issue 17, "Fleet scale"): 10,000 nodes heartbeating every 30 s (≈ 333 beats/s)
+"""Fleet heartbeat benchmark: 10,000 nodes heartbeating every 30 s (≈ 333 beats/s)
 against ONE control plane (`provision serve`, TLS, a throw-away PostgreSQL cluster), every K-th beat of a
 node carrying a TPM2 quote the server verifies. Goal: p99 < 50 ms.
 
@@ -58,6 +58,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 
 from bench.beat_client import CLIENTS, BeatClient, BeatError, Target
+from bench.harness import options_from_argv, sigterm_unwinds, tree_cpu_s
+from bench.results import figure
 from contracts.attestation import ATTESTED_PCRS
 from contracts.jobs import JobsActual
 from contracts.messages import QuoteMessage, to_wire
@@ -239,35 +241,6 @@ def seed(url: str, count: int, every: int) -> list[SimNode]:
 
 
 # ---------------------------------------------------------------- CPU from /proc
-
-
-def _children() -> dict[int, list[int]]:
-    tree: dict[int, list[int]] = collections.defaultdict(list)
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            tree[int(stat.rsplit(")", 1)[1].split()[1])].append(int(entry.name))
-    return tree
-
-
-def tree_cpu_s(root: int) -> float:
-    """CPU seconds (user + system) of a process and all its descendants so far, those that have ended
-    included (a process's cutime and cstime hold the children it reaped: PostgreSQL's backends that
-    ended during a run, whose CPU was missing from the figure before)."""
-    tree, total, todo = _children(), 0.0, [root]
-    tick = os.sysconf("SC_CLK_TCK")
-    while todo:
-        pid = todo.pop()
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += sum(int(f) for f in fields[11:15]) / tick  # utime, stime, cutime, cstime
-        todo += tree.get(pid, [])
-    return total
 
 
 # ---------------------------------------------------------------- SQL per beat, from PostgreSQL's statistics
@@ -642,7 +615,6 @@ def run(args: argparse.Namespace) -> None:
     )
     if cycle_s > 50:
         print("  warning: a node beats less often than every 50 s: its quote nonce (60 s) may expire")
-    from bench.bench_join_burst import sigterm_unwinds  # that module imports this one
 
     with ExitStack() as stack:
         stack.enter_context(sigterm_unwinds())  # the server and PostgreSQL stop on SIGTERM too
@@ -669,6 +641,7 @@ def run(args: argparse.Namespace) -> None:
         summary = asyncio.run(_load(args, nodes, cp.url, cp.verify, cp.process.pid, postmaster, url, tmp))
         uow = unit_of_work_ms(url, tmp / "home", nodes)
         if uow is not None:
+            figure("the heartbeat's unit of work alone, in process (the machine's speed)", uow, "ms")
             summary.append(
                 f"  the heartbeat's unit of work alone, in process (no HTTP, TLS or ASGI; steady beats): "
                 f"{uow:.2f} ms CPU per beat"
@@ -756,6 +729,12 @@ def _report(
         f"  p99 / {GOAL_P99_MS:.0f} ms goal = {p99 / GOAL_P99_MS:.2f} ({SOURCE_NOTE})",
         _budget(len(lat), cpu),
     ]
+    how = "a new TLS connection per beat" if args.connection_per_beat else "kept connections"
+    how += f", {args.workers} workers" if args.workers > 1 else ", one process pinned to one core"
+    run = f"{args.nodes:,} nodes at {args.rate:.0f} beats/s, {how}"
+    figure(f"heartbeats, {run}: p99", p99, "ms", target=GOAL_P99_MS)
+    figure("the same: beats answered", len(lat) / elapsed, "/s", target=args.rate, bound="≥")
+    figure("the same: server CPU per beat", 1000 * cpu[0] / max(1, len(lat)), "ms")
     return lines
 
 
@@ -772,12 +751,6 @@ def _budget(answered: int, cpu: list[float]) -> str:
         f"leaving the server {max(0.0, 1000 * left / rate):.2f} ms per beat at 100 % busy "
         f"(it used {server_ms:.2f})"
     )
-
-
-def options_from_argv(argv: Sequence[str]) -> list[str]:
-    """The options after the module names: `python -m bench fleet_heartbeats --nodes 200` hands every
-    benchmark the whole command line (bench/__main__.py), whose names come first."""
-    return list(next((argv[i:] for i, a in enumerate(argv) if a.startswith("--")), []))
 
 
 def main(argv: Sequence[str] | None = None) -> None:

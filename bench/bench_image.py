@@ -14,6 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.results import figure
 from image_builder import build, manifest, rootfs, vm
 from image_builder.plan import BuildConfig
 from image_builder.settings import BuilderSettings
@@ -93,6 +94,8 @@ def main() -> None:
             f"→ {rebuild_s / TARGET_REBUILD_S:.2f}× of target; {cold_s / rebuild_s:.1f}× faster than cold"
         )
         print(f"   steps: {again['_timings']}")
+        figure("image: cold build incl. debootstrap", cold_s, "s")
+        figure("image: cached rebuild", rebuild_s, "s", target=TARGET_REBUILD_S)
         print(
             f"image raw:                                {raw / MB:7.1f} MB  "
             f"(allocated {allocated / MB:.1f} MB)"
@@ -103,6 +106,9 @@ def main() -> None:
             f"→ {zst / MB / TARGET_COMPRESSED_MB:.2f}× of target; ratio {zst / raw:.2f}"
         )
         print(f"UKI:                                      {uki / MB:7.1f} MB  ({uki / raw:.3f} of the image)")
+        figure("image size, raw", raw / MB, "MB")
+        figure("image size, zstd -3", zst / MB, "MB", target=TARGET_COMPRESSED_MB)
+        figure("UKI size", uki / MB, "MB")
         from provisioner.lab.swtpm import create_vendor_ca, provision_swtpm
 
         tpm = provision_swtpm(t / "tpm", create_vendor_ca(t / "ca"))
@@ -118,3 +124,4 @@ def main() -> None:
             f"TCG power-on → banner (USB boot):         {banner_s:7.1f} s   "
             f"kernel+userspace {banner_s - kernel_s:.1f} s"
         )
+        figure("TCG boot (no KVM), power-on → banner", banner_s, "s")

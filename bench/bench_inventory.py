@@ -16,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.results import figure
 from tests.fixtures.umockdev import build_testbed, minion_executable
 
 TARGET_S = 1.0
@@ -75,6 +76,9 @@ def main() -> None:
     warm = statistics.median(figures["warm"])
     cold = figures["import_and_first"]
     print(f"   machine: {figures['gpus']} GPUs, {figures['drives']} drives, {figures['rules']} rules checked")
+    shape = f"{figures['gpus']} GPUs and {figures['drives']} drives"
+    figure(f"inventory + check, {shape}, warm", warm * 1000, "ms", target=TARGET_S * 1000)
+    figure(f"inventory + check, {shape}, first call incl. imports", cold * 1000, "ms", target=TARGET_S * 1000)
     print(
         f"   inventory+check, first call incl. imports: {cold * 1000:.1f} ms "
         f"(target {TARGET_S * 1000:.0f} ms, ratio {TARGET_S / cold:.1f}x under)"

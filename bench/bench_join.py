@@ -26,6 +26,8 @@ from typing import Any
 
 import httpx
 
+from bench.results import figure
+
 os.environ.setdefault("TSS2_LOG", "all+none")
 
 LATENCY_JOINS = int(os.environ.get("RIGBASE_BENCH_JOINS", "20"))
@@ -107,7 +109,7 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
-def main() -> None:
+def main() -> None:  # noqa: C901, PLR0915
     from tests.fixtures.control_plane import start_control_plane
 
     cache = Path(os.environ.get("RIGBASE_BENCH_CACHE", "/tmp/rigbase-bench-swtpm"))
@@ -149,6 +151,13 @@ def main() -> None:
                 f"join latency (join start -> maintenance, playbook excluded), {LATENCY_JOINS} joins: "
                 f"p50 {p50 * 1000:.0f} ms, p95 {p95 * 1000:.0f} ms, max {max(latencies) * 1000:.0f} ms"
             )
+            figure(
+                f"join latency on swtpm, start → maintenance, {LATENCY_JOINS} joins, p50",
+                p50 * 1000,
+                "ms",
+                target=P50_TARGET_S * 1000,
+            )
+            figure("the same, p95", p95 * 1000, "ms")
             print(
                 f"  p50 / {P50_TARGET_S:.0f} s target = {p50 / P50_TARGET_S:.2f}; "
                 f"p50 / Keylime's {KEYLIME_S:.0f} s = {p50 / KEYLIME_S:.2f}"
@@ -181,7 +190,7 @@ def main() -> None:
                 gate.wait()
                 try:
                     results[m.minion_id] = m.join()
-                except Exception as exc:  # noqa: BLE001 - reported below
+                except Exception as exc:
                     results[m.minion_id] = f"{type(exc).__name__}: {exc}"
 
             threads = [threading.Thread(target=go, args=(m,)) for m in minions]
@@ -209,6 +218,12 @@ def main() -> None:
                 f"{states.count('maintenance')}/{len(added)}, "
                 f"others pending {len(pending)}/{BURST - len(added)}, "
                 f"errors {len(errors)}{' (' + errors[0] + ')' if errors else ''}"
+            )
+            figure(
+                f"join burst: {BURST} minions, each with its own swtpm, all settled",
+                settled,
+                "s",
+                target=BURST_TARGET_S,
             )
             print(
                 f"  all answered in {answered:.1f} s, all settled in {settled:.1f} s; "

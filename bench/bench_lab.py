@@ -16,6 +16,8 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+from bench.results import figure
+
 REPO = Path(__file__).resolve().parents[1]
 PROVISION = Path(sys.executable).parent / "provision"
 NODES = 2
@@ -64,6 +66,12 @@ def main() -> None:
                 f"({'warm: cached root' if warm else 'cold: debootstrap included'}): {up_s:.1f} s"
             )
             print(f"lab up again (everything up, nothing to do): {again_s:.2f} s")
+            figure(
+                f"`provision lab up --nodes {NODES}` ({'warm' if warm else 'cold: debootstrap included'})",
+                up_s,
+                "s",
+            )
+            figure("`provision lab up` again, nothing to do", again_s, "s")
             print(
                 "node     start->adopted  adopted->enrolling  enrolling->provisioning  "
                 "playbook  adopted->maintenance"
@@ -91,3 +99,4 @@ def main() -> None:
         finally:
             down_s, _ = _run(home, "lab", "down", "--yes")
             print(f"lab down: {down_s:.1f} s")
+            figure("`provision lab down`", down_s, "s")

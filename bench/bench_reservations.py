@@ -16,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.results import figure
 from provisioner.lab.netns import Lab, Netns, add_upnp_router
 from tests.fixtures.netns import REPO, AgentProcess, start_avahi
 
@@ -119,6 +120,8 @@ def bench_names(lab: Lab) -> None:
     moves, avahi_moves = bench_move(lab, lan, node, node_addr, peer, peer_addr)
     p50, base = statistics.median(latencies), statistics.median(baseline)
     print(f"assign → resolvable by a LAN peer     {_stats(latencies)}")
+    figure("reservation assign → name resolvable by a LAN peer, p50", p50, "ms", target=NAME_TARGET_MS)
+    figure("move A → B, zeroconf resolver sees B, worst", max(moves), "ms", target=MOVE_TARGET_MS)
     print(f"zeroconf default register (3 probes) {_stats(baseline)}")
     print(
         f"   target p50 < {NAME_TARGET_MS:.0f} ms: {p50 / NAME_TARGET_MS:.2f}× the budget; "
@@ -200,6 +203,7 @@ def bench_upnp(lab: Lab) -> None:
         router.stop()
     p50 = statistics.median(cached)
     print(f"UPnP map, cached IGD URL             {_stats(cached)}")
+    figure("UPnP mapping with a cached IGD URL, p50", p50, "ms", target=UPNP_TARGET_MS)
     print(f"UPnP map, SSDP discovery first       {_stats(discovering)}")
     print(
         f"   target < {UPNP_TARGET_MS:.0f} ms: {p50 / UPNP_TARGET_MS:.2f}× the budget; "

@@ -16,6 +16,10 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from contracts.errors import InvalidInput
 from contracts.regional import StorageMode
 
+# The port a control plane listens on unless told otherwise: `provision serve`, the lab's LAN address and
+# the QEMU guests' forwarded control plane all use it, so a bundle's URL names it.
+CONTROL_PLANE_PORT: Final = 8470
+
 BUNDLE_VERSION: Final = 1
 # Every bundle the control plane writes carries these; a bundle without one of them cannot be used.
 REQUIRED_KEYS: tuple[str, ...] = (

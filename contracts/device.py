@@ -14,10 +14,10 @@ from typing import Final
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from contracts.catalogue import device_models
 from contracts.jobs import ByteCount, DatastoreAccess, ExitCode, Mount, WorkerRunState
 
 # The catalogue keys of regions/jetson.yaml `models`, in catalogue order (a test keeps the two equal).
-DEVICE_MODELS: Final[tuple[str, ...]] = ("agx-xavier", "xavier-nx", "agx-orin", "orin-nx", "orin-nano")
 
 # "R35.4.1": Jetson Linux release R<major>.<revision> as /etc/nv_tegra_release spells it
 L4T_RELEASE_PATTERN: Final[str] = r"R\d+\.\d+(\.\d+)?"
@@ -36,7 +36,7 @@ class DeviceReport(BaseModel):
     # `model` and `model_name` are this contract's words, not pydantic's reserved `model_` namespace
     model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
 
-    model: str = Field(description="catalogue key, one of DEVICE_MODELS")
+    model: str = Field(description="catalogue key: a model of regions/jetson.yaml")
     model_name: str = Field(description="product name from the catalogue, e.g. 'NVIDIA Jetson AGX Orin'")
     device_tree_model: str = Field(description="/proc/device-tree/model as the carrier board sets it")
     module: str | None = Field(
@@ -57,8 +57,8 @@ class DeviceReport(BaseModel):
     @field_validator("model")
     @classmethod
     def _known_model(cls, value: str) -> str:
-        if value not in DEVICE_MODELS:
-            raise ValueError(f"unknown device model '{value}'; one of {', '.join(DEVICE_MODELS)}")
+        if value not in (models := device_models()):
+            raise ValueError(f"unknown device model '{value}'; one of {', '.join(models)}")
         return value
 
     @field_validator("l4t_release")
@@ -83,7 +83,7 @@ class DeviceReport(BaseModel):
 # contracts/heartbeat.py.
 DEVICE_LOG_ROUTE: Final = "/v1/nodes/{node_id}/device/logs"
 # Inside the inference container (docs/devices.md "What the container gets"); the output path under both
-# cloudbender.txt's name and rigbase's own.
+# the product rules' name and rigbase's own.
 MODEL_PATH: Final = "/opt/ml/model"
 CHECKPOINTS_PATH: Final = "/opt/ml/checkpoints"
 OUTPUT_PATH_ENV: Final[tuple[str, ...]] = ("TRAINML_OUTPUT_PATH", "RIGBASE_OUTPUT_PATH")

@@ -55,7 +55,7 @@ def _take(blob: bytes, fmt: str, off: int, what: str) -> tuple[int, ...]:
         raise EventLogError(f"the event log ends inside {what} at byte {off}") from None
 
 
-def parse_event_log(blob: bytes) -> list[Event]:
+def parse_event_log(blob: bytes) -> list[Event]:  # noqa: C901
     """Every TCG_PCR_EVENT2 record of a crypto-agile log, in order. EventLogError when it is not one."""
     if len(blob) > MAX_EVENT_LOG_BYTES:
         raise EventLogError(f"the event log is {len(blob)} bytes, more than {MAX_EVENT_LOG_BYTES}")

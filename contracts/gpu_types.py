@@ -8,45 +8,27 @@ from __future__ import annotations
 
 import difflib
 import re
+from enum import StrEnum
 from typing import Final
 
-# The GPU types a job may ask for: the `model` names of the GPU catalogue regions/gpus.yaml, which is what a
-# node reports for its GPUs (a test keeps the two equal). Catalogue order.
-GPU_TYPES: Final[tuple[str, ...]] = (
-    "GTX 1060",
-    "RTX 2060 Super",
-    "RTX 2070 Super",
-    "RTX 2080 Ti",
-    "RTX 3090",
-    "RTX A4000",
-    "RTX A6000",
-    "T4",
-    "P100",
-    "V100",
-    "A100 40GB",
-    "A100 80GB",
-    "H100 80GB",
-    "H200 141GB",
-    "L4",
-    "RTX 4090",
-    "RTX 4080",
-    "RTX 4070",
-    "RTX 6000 Ada",
-    "L40S",
-    "L40",
-    "A10",
-    "A40",
-    "H100 NVL",
-    "B200",
-    "MI210",
-    "MI250/MI250X",
-    "MI300X",
-    "Radeon Pro W7900",
-)
+from contracts import catalogue
 
+
+class GpuClass(StrEnum):
+    """A GPU's fee class (regions/gpus.yaml `class`; docs/product-rules.md "Usage fee"): what the node
+    reports of its GPUs and what billing charges by."""
+
+    DEVELOPMENT = "development"  # GeForce, Radeon
+    PROFESSIONAL = "professional"  # Quadro / RTX A-series, Radeon Pro
+    DATACENTER = "datacenter"  # Tesla and successors (A100, H100 …), Radeon Instinct
+
+
+# The GPU types a job may ask for: the `model` names of the GPU catalogue regions/gpus.yaml, which is what a
+# node reports for its GPUs. Catalogue order.
+GPU_TYPES: Final[tuple[str, ...]] = catalogue.gpu_models()
 # The AMD types of the catalogue (vendor 1002); the others are NVIDIA's. A file format that names no GPU type
 # but means CUDA (OpenPAI) asks for the NVIDIA ones.
-AMD_GPU_TYPES: Final = frozenset({"MI210", "MI250/MI250X", "MI300X", "Radeon Pro W7900"})
+AMD_GPU_TYPES: Final[frozenset[str]] = catalogue.amd_gpu_models()
 NVIDIA_GPU_TYPES: Final[tuple[str, ...]] = tuple(t for t in GPU_TYPES if t not in AMD_GPU_TYPES)
 
 # Other spellings, compared after `gpu_key()` (so "A100 (80GB)", "A100-80G", "NVIDIA A100-SXM4-80GB" and

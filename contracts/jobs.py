@@ -23,9 +23,10 @@ from enum import StrEnum
 from pathlib import PurePosixPath
 from typing import Annotated, Final
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from contracts.errors import InvalidInput
+from contracts.messages import ControlPlaneMessage, MinionMessage
 from contracts.regional import DatastoreType, Protocol, check_datastore, requested_parts
 
 LOG_ROUTE: Final = "/v1/nodes/{node_id}/jobs/{job_id}/workers/{worker}/logs"
@@ -74,19 +75,7 @@ class WorkerRunState(StrEnum):
 ENDED: Final = frozenset({WorkerRunState.EXITED, WorkerRunState.STOPPED, WorkerRunState.FAILED_TO_START})
 
 
-class _Answer(BaseModel):
-    """Sent by the control plane: a newer control plane may add fields an older minion ignores."""
-
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-
-class _Sent(BaseModel):
-    """Sent by the minion: the control plane refuses unknown fields."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class Mount(_Answer):
+class Mount(ControlPlaneMessage):
     """One bind mount into a worker's container."""
 
     source_kind: MountSource
@@ -121,7 +110,7 @@ class Mount(_Answer):
         return self
 
 
-class DatastoreAccess(_Answer):
+class DatastoreAccess(ControlPlaneMessage):
     """How the node mounts a datastore root that a mount names (the same fields as `provision datastore
     add`; the password only for SMB). Sent only for datastores that this node's workers mount."""
 
@@ -141,7 +130,7 @@ class DatastoreAccess(_Answer):
         return self
 
 
-class ReservationBinding(_Answer):
+class ReservationBinding(ControlPlaneMessage):
     """The regional port reservation a worker serves: the node publishes `port` (host port = container
     port) while the worker runs, and answers for `hostname`.local over mDNS."""
 
@@ -150,7 +139,7 @@ class ReservationBinding(_Answer):
     protocol: Protocol = Protocol.TCP
 
 
-class WorkerAssignment(_Answer):
+class WorkerAssignment(ControlPlaneMessage):
     """One container the node must run (or stop)."""
 
     job_id: JobId
@@ -188,7 +177,7 @@ class WorkerAssignment(_Answer):
         return (self.job_id, self.worker)
 
 
-class JobsDesired(_Answer):
+class JobsDesired(ControlPlaneMessage):
     """desired["jobs"]: every worker this node must run, and how to reach the datastores they mount."""
 
     workers: list[WorkerAssignment] = Field(default_factory=list, max_length=MAX_WORKERS_PER_NODE)
@@ -202,7 +191,7 @@ class JobsDesired(_Answer):
         return self
 
 
-class WorkerReport(_Sent):
+class WorkerReport(MinionMessage):
     """What the node observes of one worker."""
 
     job_id: JobId
@@ -216,14 +205,14 @@ class WorkerReport(_Sent):
     log_eof: bool = False  # the whole output was acked (the container ended)
 
 
-class JobsActual(_Sent):
+class JobsActual(MinionMessage):
     """actual["jobs"] in a heartbeat."""
 
     workers: list[WorkerReport] = Field(default_factory=list, max_length=MAX_WORKERS_PER_NODE)
     message: str | None = Field(None, max_length=MESSAGE_MAX)  # e.g. "podman is not installed"
 
 
-class LogChunk(_Sent):
+class LogChunk(MinionMessage):
     """POST LOG_ROUTE body (node credential)."""
 
     offset: ByteCount
@@ -240,7 +229,7 @@ class LogChunk(_Sent):
         return value
 
 
-class LogAck(_Answer):
+class LogAck(ControlPlaneMessage):
     """The answer to a LogChunk: bytes held contiguously from offset 0 (may be below the chunk's end when
     an earlier chunk is missing: the minion then resends from `acked`)."""
 

@@ -26,7 +26,7 @@ class ManifestError(InvalidInput):
     default_code = "manifest_invalid"
 
 
-class _Section(BaseModel):
+class _KeptSection(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True)
 
 
@@ -37,19 +37,19 @@ class ImageManifest(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True, populate_by_name=True)
 
     schema_: Literal["rigbase.image-manifest/1"] = Field(alias="schema")
-    builder: _Section | None = None
-    image: _Section | None = None
-    targets: dict[str, _Section] | None = None  # "usb" (the image above), "gce" with --target gce
-    uki: _Section | None = None
-    kernel: _Section | None = None
-    verity: _Section | None = None
+    builder: _KeptSection | None = None
+    image: _KeptSection | None = None
+    targets: dict[str, _KeptSection] | None = None  # "usb" (the image above), "gce" with --target gce
+    uki: _KeptSection | None = None
+    kernel: _KeptSection | None = None
+    verity: _KeptSection | None = None
     pe_hashes: dict[str, str] | None = None
-    pcr4: _Section | None = None
-    pcr11: list[_Section] | None = None
-    pcr12: _Section | None = None
-    region: _Section | None = None
-    packages: list[_Section] | None = None
-    inputs: _Section | None = None
+    pcr4: _KeptSection | None = None
+    pcr11: list[_KeptSection] | None = None
+    pcr12: _KeptSection | None = None
+    region: _KeptSection | None = None
+    packages: list[_KeptSection] | None = None
+    inputs: _KeptSection | None = None
 
 
 def canonical(manifest: dict[str, Any]) -> bytes:

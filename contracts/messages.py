@@ -111,19 +111,19 @@ def bounded_report(value: dict[str, Any]) -> dict[str, Any]:
 Report = Annotated[dict[str, Any], AfterValidator(bounded_report)]
 
 
-class _Sent(BaseModel):
+class MinionMessage(BaseModel):
     """A message the minion sends: the control plane refuses unknown fields."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class _Answer(BaseModel):
+class ControlPlaneMessage(BaseModel):
     """A message the control plane sends: minions ignore fields they do not know."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
 
-class JoinRequest(_Sent):
+class JoinRequest(MinionMessage):
     """POST /v1/join body."""
 
     version: Literal[1] = PROTOCOL_VERSION
@@ -136,7 +136,7 @@ class JoinRequest(_Sent):
     requirements: Report = Field(default_factory=dict)
 
 
-class JoinChallenge(_Answer):
+class JoinChallenge(ControlPlaneMessage):
     """POST /v1/join response (201): the credential challenge and the nonce to quote over."""
 
     version: Literal[1] = PROTOCOL_VERSION
@@ -162,7 +162,7 @@ def bounded_event_log(value: bytes) -> bytes:
 EventLog = Annotated[B64Bytes, AfterValidator(bounded_event_log)]
 
 
-class QuoteMessage(_Sent):
+class QuoteMessage(MinionMessage):
     """A quote and the PCR values it covers (join proof and continuous attestation). PCRs in index order.
     `event_log`: the firmware's TCG event log (binary_bios_measurements), which the verifier replays for
     PCR 4 (docs/join-protocol.md, "Boot path (PCR 4)"); None where the node has none (older minions,
@@ -182,7 +182,7 @@ class QuoteMessage(_Sent):
         return data
 
 
-class ProofRequest(_Sent):
+class ProofRequest(MinionMessage):
     """POST /v1/join/{join_id}/proof body."""
 
     version: Literal[1] = PROTOCOL_VERSION
@@ -190,7 +190,7 @@ class ProofRequest(_Sent):
     quote: QuoteMessage
 
 
-class JoinResult(_Answer):
+class JoinResult(ControlPlaneMessage):
     """POST /v1/join/{join_id}/proof response: 200 with the node credential once joined, 202 while pending.
     `state` is `pending` or the node's state."""
 
@@ -202,7 +202,7 @@ class JoinResult(_Answer):
     heartbeat_interval_s: float
 
 
-class KeyJoinRequest(_Sent):
+class KeyJoinRequest(MinionMessage):
     """POST /v1/join body of a device without a TPM (contracts/device_key.py): its device key instead of
     an EK and AK. Accepted only in regions that allow devices without a TPM."""
 
@@ -214,7 +214,7 @@ class KeyJoinRequest(_Sent):
     requirements: Report = Field(default_factory=dict)
 
 
-class KeyJoinChallenge(_Answer):
+class KeyJoinChallenge(ControlPlaneMessage):
     """POST /v1/join response (201) to a KeyJoinRequest: the nonce to sign."""
 
     version: Literal[1] = PROTOCOL_VERSION
@@ -223,7 +223,7 @@ class KeyJoinChallenge(_Answer):
     expires_at: datetime
 
 
-class KeyProofRequest(_Sent):
+class KeyProofRequest(MinionMessage):
     """POST /v1/join/{join_id}/proof body of a device-key join: the ECDSA-SHA256 signature (DER) over
     contracts.device_key.join_message(join_id, minion_id, nonce, report_digest)."""
 
@@ -231,7 +231,7 @@ class KeyProofRequest(_Sent):
     signature: B64Bytes
 
 
-class HeartbeatRequest(_Sent):
+class HeartbeatRequest(MinionMessage):
     """POST /v1/nodes/{node_id}/heartbeat body (node credential auth). Fields left out are not sent
     (`to_wire`): `quote` only answers a `quote_nonce`, inventory and requirements only when re-reported.
     A device that joined with a device key answers the nonce with `key_signature` (DER ECDSA over
@@ -248,7 +248,7 @@ class HeartbeatRequest(_Sent):
         return self.model_dump(mode="json", exclude_none=True)
 
 
-class HeartbeatResponse(_Answer):
+class HeartbeatResponse(ControlPlaneMessage):
     """The heartbeat's answer: the node's state, its desired state and, every K beats, a nonce (base64) the
     next beat must quote over (continuous attestation)."""
 

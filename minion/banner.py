@@ -76,7 +76,7 @@ def read_minion_id(tcti: str | None) -> tuple[str | None, str | None]:
         return None, f"the TPM identity reader is not installed ({exc})"
     try:
         value = minion_id(tcti)
-    except Exception as exc:  # noqa: BLE001 - any failure means no usable TPM; the banner still renders
+    except Exception as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return None, reason
     if not isinstance(value, str) or not is_minion_id(value):

@@ -61,6 +61,6 @@ def shutdown() -> list[str]:
         fn = SHUTDOWN.pop()
         try:
             fn()
-        except Exception as exc:  # noqa: BLE001 - one failing cleanup must not skip the others
+        except Exception as exc:
             errors.append(f"{getattr(fn, '__name__', fn)}: {exc}")
     return errors

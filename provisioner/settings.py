@@ -14,9 +14,10 @@ from typing import Annotated
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from contracts.bundle import CONTROL_PLANE_PORT
 from contracts.errors import InvalidInput, plain_validation_message
 
-DEFAULT_PORT = 8470
+DEFAULT_PORT = CONTROL_PLANE_PORT
 # One heartbeat every 30 s: three missed beats (90 s, ONLINE_WINDOW) before a node shows offline.
 DEFAULT_HEARTBEAT_S = 30.0
 # Continuous attestation: a fresh quote every K-th heartbeat (about every 5 minutes at 30 s).

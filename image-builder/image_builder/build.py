@@ -146,7 +146,7 @@ def stage_ansible(stage: Path, collections: Path) -> None:
         staging.put(stage, f"{node_ansible.NODE_COLLECTIONS}/{rel}", src.read_bytes(), mode)
 
 
-def build(cfg: BuildConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
+def build(cfg: BuildConfig, log: Callable[[str], None] = print) -> dict[str, Any]:  # noqa: PLR0915
     """Build the image; returns the manifest dict (also written, signed, to cfg.output)."""
     bundle_raw, bundle = read_bundle(cfg.bundle)
     key = manifest.load_private_key(cfg.key)

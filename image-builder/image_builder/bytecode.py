@@ -2,9 +2,8 @@
 
 The root is read-only (dm-verity), so Python can never write a __pycache__ there: without bytecode in the
 image, every Python process on a node (the minion at each start, `ansible-playbook`, and each Ansible module
-it runs) compiles everything it imports from source, every time. That was most of a finalize's time:
-measured under emulation, one Ansible module run took 7.1-8.7 s with nothing compiled and 3.6-3.8 s with the
-standard library compiled; natively, a seven-task play took 12.6 s against 5.6 s (docs/image-builder.md).
+it runs) compiles everything it imports from source, every time: most of a finalize's time on a slow CPU,
+and about half of it natively (docs/image-builder.md, "Bytecode").
 
 So the stage is compiled here, in the tree's own interpreter (chroot), into hash-based pycs (PEP 552) that
 carry no timestamps. Unchecked: Python trusts them without reading the source, which is right on a root

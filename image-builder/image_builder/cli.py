@@ -16,11 +16,11 @@ from typing import Annotated
 
 import typer
 
-from image_builder.cli_render import OneLineErrors, detail, fail, print_json, progress
+from image_builder.cli_render import UsageErrorsOnOneLine, detail, fail, print_json, progress
 from image_builder.settings import BuilderSettings
 
 app = typer.Typer(
-    cls=OneLineErrors,
+    cls=UsageErrorsOnOneLine,
     help="Build rigbase's TPM-measured USB boot media.",
     no_args_is_help=True,
     rich_markup_mode=None,

@@ -53,7 +53,7 @@ def _usage_line(exc: Exception) -> str:
     return f"error: {message.rstrip('.')}: see `{where} --help`"
 
 
-class OneLineErrors(TyperGroup):
+class UsageErrorsOnOneLine(TyperGroup):
     """The command group whose usage errors are one line on stderr (exit 2), like every other error."""
 
     def main(

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from contracts.bundle import CONTROL_PLANE_PORT
+
 log = logging.getLogger(__name__)
 
 OVMF_CODE = Path("/usr/share/OVMF/OVMF_CODE_4M.fd")
@@ -27,7 +29,7 @@ OVMF_VARS = Path("/usr/share/OVMF/OVMF_VARS_4M.fd")
 #: With `control_plane_port`, the guest reaches the host's control plane at this address and port (a QEMU
 #: user-network guestfwd; nothing else leaves the guest: restrict=on).
 GUEST_CONTROL_PLANE = "10.0.2.100"
-GUEST_CONTROL_PLANE_PORT = 8470
+GUEST_CONTROL_PLANE_PORT = CONTROL_PLANE_PORT
 
 #: As a GCE VM (`gce_disk`): the user network is GCE's link-local one, so the metadata server is where the
 #: image's /etc/hosts says (169.254.169.254:80, as on Compute Engine) and the control plane is beside it.
@@ -325,8 +327,8 @@ class Machine:
     def through_firmware(self, start: int, stall: float = 300, timeout: float = 600) -> None:
         """After a reboot (the guest's own or system_reset()), wait until the firmware has started the boot
         loader (`BdsDxe: starting`). Under TCG, OVMF after a warm reset with an installed NVMe drive is slow
-        and erratic: 7-12 s from power-on to the boot loader, 62-72 s after a warm reset here, once over
-        5 min, and once (CI, 2026-11-28) `BdsDxe: loading` and then nothing for 600 s. A firmware that has
+        and erratic: seconds from power-on to the boot loader, about a minute after a warm reset, sometimes
+        over 5 min, and it has been seen to print `BdsDxe: loading` and then nothing. A firmware that has
         not started the boot loader after `stall` seconds gets one power cycle, as an operator would give a
         hung machine; then it has `timeout` seconds."""
         try:

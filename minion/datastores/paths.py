@@ -30,7 +30,7 @@ __all__ = ["join_under_root", "normalize_root", "open_in_root", "requested_parts
 MAX_SYMLINKS = 40  # the kernel's own limit (ELOOP)
 
 
-def open_in_root(root_dir: Path, requested: str) -> tuple[int, PurePosixPath]:
+def open_in_root(root_dir: Path, requested: str) -> tuple[int, PurePosixPath]:  # noqa: C901
     """Open `requested` inside the real tree at `root_dir`; returns (O_PATH fd, path relative to root).
 
     The caller owns the descriptor. A missing component raises NotFound; a symlink loop InvalidInput.

@@ -2,7 +2,7 @@
 with the jobs' podman runner (minion/jobs/worker.py) and report it under actual["device_config"].
 
 One container at a time, named like a job worker (job id DEVICE_JOB, worker 0). Its generation is the
-deploy's plus the boot it started in (BOOT_ID_PATH), which gives cloudbender.txt's rule without a restart
+deploy's plus the boot it started in (BOOT_ID_PATH), which gives the product rules' rule without a restart
 policy: after a reboot the generation is new, so the container starts again; when its command exits in
 the same boot the generation is the same and the worker's saved outcome (`exited`, its code) stands, so
 it is not restarted until the next deploy. A restarted minion adopts a container that still runs.
@@ -45,7 +45,7 @@ from minion.jobs.agent import runtime_for
 from minion.jobs.logs import ControlPlaneLogs, entry_bytes, post_chunk
 from minion.jobs.mounts import unbind_all
 from minion.jobs.podman import LABEL_GENERATION, LABEL_JOB, Container, PodmanError
-from minion.jobs.worker import Runtime, Worker
+from minion.jobs.worker import ContainerRuntime, Worker
 from minion.join.client import ControlPlane
 from minion.settings import ContainerSettings
 
@@ -105,7 +105,7 @@ class DeviceLogs(ControlPlaneLogs):
 
 @dataclass
 class DeviceAgent:
-    rt: Runtime
+    rt: ContainerRuntime
     boot_id: Callable[[], str]
     accelerator: str | None = ACCELERATOR
     devices: Callable[[], list[str]] = media_devices

@@ -136,7 +136,7 @@ class FinalizeAgent:
             with self.lock:
                 self.running, self.message = None, f"finalize postponed: {exc}"
             return
-        except Exception as exc:  # noqa: BLE001 - a bug here must still end in a reported, failed outcome
+        except Exception as exc:
             log.exception("finalize of generation %s crashed", work.generation)
             result = RunResult(
                 FinalizeOutcome(ok=False, message=f"the minion's finalize crashed: {exc}"[:1000])

@@ -11,12 +11,12 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
-import signal
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Final
+
+from contracts.processes import process_start_time, terminate
 
 log = logging.getLogger(__name__)
 
@@ -25,16 +25,6 @@ STOP_GRACE_SECONDS: Final = 5.0
 
 class RunBusy(RuntimeError):
     """Another finalize run holds this state directory's lock."""
-
-
-def process_start_time(pid: int) -> int | None:
-    """The process's start time in clock ticks (field 22 of /proc/PID/stat); None once it is gone or a
-    zombie. With the pid it names one process for good: a reused pid has another start time."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()  # comm may hold ")"
-    except OSError:
-        return None
-    return None if fields[0] == "Z" else int(fields[19])
 
 
 def record_pid(pid_file: Path, pid: int) -> None:
@@ -54,16 +44,13 @@ def stop_leftover(pid_file: Path) -> bool:
     found = process_start_time(pid) == start
     if found:
         log.warning("stopping leftover ansible-playbook %d from an interrupted finalize", pid)
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(os.getpgid(pid), sig)
-            except ProcessLookupError:
-                break
-            deadline = time.monotonic() + STOP_GRACE_SECONDS
-            while time.monotonic() < deadline and process_start_time(pid) == start:
-                time.sleep(0.1)
-            if process_start_time(pid) != start:
-                break
+        terminate(
+            lambda sig: os.killpg(os.getpgid(pid), sig),
+            lambda: process_start_time(pid) == start,
+            grace_s=STOP_GRACE_SECONDS,
+            kill_wait_s=STOP_GRACE_SECONDS,
+            poll_s=0.1,
+        )
     pid_file.unlink(missing_ok=True)
     return found
 

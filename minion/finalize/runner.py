@@ -149,7 +149,7 @@ def ansible_env(data_dir: Path, collections: Path, *, local: bool) -> dict[str, 
     return env
 
 
-def run_work(
+def run_work(  # noqa: C901
     work: FinalizeWork,
     project: Path,
     paths: FinalizePaths,

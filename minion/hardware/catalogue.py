@@ -1,26 +1,20 @@
 """The GPU catalogue (regions/gpus.yaml): facts about a GPU that its PCI id implies.
 
-Looked up in this order: the file the settings name ($RIGBASE_GPU_CATALOGUE, minion/settings.py), the
-source tree's regions/gpus.yaml (development and tests), /usr/share/rigbase/gpus.yaml (where the boot
-image installs it). A missing catalogue is not
+Looked up in this order: the file the settings name ($RIGBASE_GPU_CATALOGUE, minion/settings.py), then
+where contracts/catalogue.py finds catalogue files (the source tree, a wheel install, /usr/share/rigbase,
+where the boot image installs it). A missing catalogue is not
 fatal: GPUs are still counted, just without name, VRAM and form factor, and the inventory says why.
 """
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from minion.hardware.model import FormFactor, GpuClass
-
-_CANDIDATES = (
-    Path(__file__).resolve().parents[2] / "regions" / "gpus.yaml",
-    # a wheel install ships regions/*.yaml as data files under <prefix>/share/rigbase (pyproject.toml)
-    Path(sys.prefix) / "share" / "rigbase" / "gpus.yaml",
-    Path("/usr/share/rigbase/gpus.yaml"),
-)
+from contracts.catalogue import CatalogueMissing, catalogue_file
+from contracts.gpu_types import GpuClass
+from minion.hardware.model import FormFactor
 
 
 @dataclass(frozen=True)
@@ -36,21 +30,12 @@ class CatalogueEntry:
     sources: dict[str, str]
 
 
-class CatalogueMissing(FileNotFoundError):
-    pass
-
-
 def catalogue_path(override: Path | None = None) -> Path:
     """`override` (MinionSettings.gpu_catalogue) when given, else the first catalogue found."""
-    if override is not None:
-        return override
-    for candidate in _CANDIDATES:
-        if candidate.is_file():
-            return candidate
-    raise CatalogueMissing(
-        "no GPU catalogue found; set RIGBASE_GPU_CATALOGUE or install regions/gpus.yaml "
-        "as /usr/share/rigbase/gpus.yaml"
-    )
+    try:
+        return catalogue_file("gpus.yaml", override)
+    except CatalogueMissing as exc:
+        raise CatalogueMissing(f"{exc}, or set RIGBASE_GPU_CATALOGUE") from None
 
 
 @lru_cache(maxsize=4)

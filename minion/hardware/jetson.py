@@ -15,7 +15,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from contracts.device import DEVICE_MODELS, DeviceReport
+from contracts.catalogue import device_models
+from contracts.device import DeviceReport
 from minion.hardware import hostfiles, jetson_catalogue
 from minion.hardware.jetson_catalogue import JetsonCatalogue, JetsonModel, Soc, Variant
 
@@ -104,7 +105,7 @@ def l4t_release(host_root: Path | None) -> str | None:
 def _unsupported(shown: str, compatible: list[str], why: str) -> UnsupportedJetson:
     return UnsupportedJetson(
         f"unsupported Jetson model '{shown}' ({why}; compatible: {', '.join(compatible)}); supported "
-        f"models: {', '.join(DEVICE_MODELS)} (regions/jetson.yaml)"
+        f"models: {', '.join(device_models())} (regions/jetson.yaml)"
     )
 
 

@@ -1,29 +1,20 @@
 """The Jetson catalogue (regions/jetson.yaml): the facts a Jetson's device tree implies.
 
-Found like the GPU catalogue (catalogue.py): the source tree's regions/jetson.yaml (development and
-tests), <prefix>/share/rigbase/jetson.yaml (a wheel install), /usr/share/rigbase/jetson.yaml. Only a
+Found where every catalogue file is (contracts/catalogue.py). Only a
 machine whose device tree says Tegra reads it, so a compute node never needs the file.
 """
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from contracts.catalogue import CatalogueMissing, catalogue_file
 from contracts.device import DeviceTpm
 
-_CANDIDATES = (
-    Path(__file__).resolve().parents[2] / "regions" / "jetson.yaml",
-    Path(sys.prefix) / "share" / "rigbase" / "jetson.yaml",
-    Path("/usr/share/rigbase/jetson.yaml"),
-)
-
-
-class JetsonCatalogueMissing(FileNotFoundError):
-    pass
+JetsonCatalogueMissing = CatalogueMissing  # no regions/jetson.yaml where catalogue files are found
 
 
 @dataclass(frozen=True)
@@ -74,12 +65,7 @@ class JetsonCatalogue:
 
 
 def catalogue_path() -> Path:
-    for candidate in _CANDIDATES:
-        if candidate.is_file():
-            return candidate
-    raise JetsonCatalogueMissing(
-        "no Jetson catalogue found; install regions/jetson.yaml as /usr/share/rigbase/jetson.yaml"
-    )
+    return catalogue_file("jetson.yaml")
 
 
 @lru_cache(maxsize=4)

@@ -16,17 +16,10 @@ from functools import lru_cache
 from typing import Any
 
 from contracts.device import DeviceReport
+from contracts.gpu_types import GpuClass
 from minion.hardware.units import pcie_generation
 
 SCHEMA_VERSION = 1
-
-
-class GpuClass(StrEnum):
-    """Fee classes of docs/product-rules.md "Usage fee"."""
-
-    DATACENTER = "datacenter"
-    PROFESSIONAL = "professional"
-    DEVELOPMENT = "development"
 
 
 class FormFactor(StrEnum):

@@ -43,7 +43,7 @@ class Measurement:
 
 
 @dataclass(frozen=True)
-class Rule:
+class RequirementRule:
     id: str
     applies: Applies
     summary: str  # the requirement in one line, for docs and `minion check` tables
@@ -330,31 +330,33 @@ def _network_10gbe(inv: Inventory) -> Measurement:
     )
 
 
-RULES: tuple[Rule, ...] = (
-    Rule("gpu-single-model", Applies.ALWAYS, "All GPUs are the same model.", _gpu_single_model),
-    Rule("nvme-count", Applies.ALWAYS, "At least 2 NVMe drives.", _nvme_count),
-    Rule(
+RULES: tuple[RequirementRule, ...] = (
+    RequirementRule("gpu-single-model", Applies.ALWAYS, "All GPUs are the same model.", _gpu_single_model),
+    RequirementRule("nvme-count", Applies.ALWAYS, "At least 2 NVMe drives.", _nvme_count),
+    RequirementRule(
         "nvme-capacity",
         Applies.ALWAYS,
         "Total NVMe >= 1 TB per 2 GPUs, rounded up (decimal TB).",
         _nvme_capacity,
     ),
-    Rule("tpm2", Applies.ALWAYS, "A TPM 2.0 (or firmware TPM 2.0) is present.", _tpm2),
-    Rule("memory-vs-vram", Applies.PUBLIC_JOBS, "RAM >= 2 x total GPU memory.", _memory_vs_vram),
-    Rule("pcie-lanes", Applies.PUBLIC_JOBS, ">= 8 PCIe lanes per GPU (not for SXM GPUs).", _pcie_lanes),
-    Rule(
+    RequirementRule("tpm2", Applies.ALWAYS, "A TPM 2.0 (or firmware TPM 2.0) is present.", _tpm2),
+    RequirementRule("memory-vs-vram", Applies.PUBLIC_JOBS, "RAM >= 2 x total GPU memory.", _memory_vs_vram),
+    RequirementRule(
+        "pcie-lanes", Applies.PUBLIC_JOBS, ">= 8 PCIe lanes per GPU (not for SXM GPUs).", _pcie_lanes
+    ),
+    RequirementRule(
         "cpu-cores-per-gpu",
         Applies.PUBLIC_JOBS,
         ">= 2 physical cores per PCIe 3.0 GPU, >= 4 per PCIe 4.0+ GPU.",
         _cpu_cores_per_gpu,
     ),
-    Rule(
+    RequirementRule(
         "sata-drives",
         Applies.LOCAL_STORAGE,
         ">= 3 SATA drives of >= 2 TB (SSD or 7200 rpm HDD).",
         _sata_drives,
     ),
-    Rule("network-10gbe", Applies.CENTRAL_STORAGE, "A NIC of >= 10 Gb/s.", _network_10gbe),
+    RequirementRule("network-10gbe", Applies.CENTRAL_STORAGE, "A NIC of >= 10 Gb/s.", _network_10gbe),
 )
 
 

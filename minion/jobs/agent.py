@@ -38,7 +38,7 @@ from minion.jobs.gpus import GpuPool
 from minion.jobs.logs import ControlPlaneLogs, LogTransport
 from minion.jobs.mounts import unbind_all
 from minion.jobs.podman import LABEL_GENERATION, LABEL_JOB, LABEL_WORKER, Container, Podman, PodmanError
-from minion.jobs.worker import Runtime, Worker
+from minion.jobs.worker import ContainerRuntime, Worker
 from minion.settings import ContainerSettings
 
 log = logging.getLogger(__name__)
@@ -58,9 +58,9 @@ def owner_of(root: Path) -> str:
         return owner
 
 
-def runtime_for(settings: ContainerSettings, root: Path, transport: LogTransport) -> Runtime:
+def runtime_for(settings: ContainerSettings, root: Path, transport: LogTransport) -> ContainerRuntime:
     """The podman, GPUs and log transport the workers under `root` share (its own owner label)."""
-    return Runtime(
+    return ContainerRuntime(
         podman=Podman(settings),
         settings=settings,
         gpus=GpuPool(settings.cdi_spec_dirs, settings.gpu_kind),
@@ -78,7 +78,7 @@ def _key_of(container: Container) -> Key | None:
 
 @dataclass
 class JobsAgent:
-    rt: Runtime
+    rt: ContainerRuntime
     workers: dict[Key, Worker] = field(default_factory=dict)
     retiring: list[Worker] = field(default_factory=list)  # replaced generations, still ending
     found: dict[Key, Container] | None = None  # our containers at the first handle (adoption)

@@ -36,7 +36,7 @@ MESSAGE_MAX: Final = 1000
 
 
 @dataclass(frozen=True)
-class Runtime:
+class ContainerRuntime:
     """What every worker of one agent shares."""
 
     podman: Podman
@@ -66,7 +66,7 @@ def disk_used(path: str) -> int:
 class Worker:
     def __init__(
         self,
-        rt: Runtime,
+        rt: ContainerRuntime,
         assignment: WorkerAssignment,
         access: dict[str, DatastoreAccess],
         found: Container | None = None,
@@ -140,7 +140,7 @@ class Worker:
                 self._clean_up()
             if self.state in ENDED:  # not when the minion stopped while the container runs on
                 self._ship_rest()
-        except Exception as exc:  # noqa: BLE001 - a bug must end in a reported failure, not a silent thread
+        except Exception as exc:
             log.exception("worker %s crashed", self.name)
             if self.state not in ENDED:
                 self._set(WorkerRunState.FAILED_TO_START, message=f"the minion's job runner crashed: {exc}")
@@ -259,7 +259,7 @@ class Worker:
             log.warning("removing %s: %s", self.name, exc)
         try:
             unbind_all(self.dir)
-        except Exception as exc:  # noqa: BLE001 - an unmount failure must not keep the GPUs held
+        except Exception as exc:
             log.warning("unmounting the data of %s: %s", self.name, exc)
         self.rt.gpus.release(self.key)
         self.cleaned.set()

@@ -154,7 +154,7 @@ class ReservationAgent:
             while not self._stop.wait(interval_s):
                 try:
                     self.renew()
-                except Exception:  # noqa: BLE001 - a renewal failure must not kill the thread
+                except Exception:
                     log.exception("UPnP lease renewal failed")
 
         self._renewer = threading.Thread(target=loop, name="upnp-renewer", daemon=True)

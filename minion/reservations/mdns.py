@@ -160,7 +160,7 @@ class MdnsPublisher:
             self._entries[res.name] = entry
         try:
             self._run(self._async_publish(entry))
-        except Exception as exc:  # noqa: BLE001 - any zeroconf/socket failure becomes reported state
+        except Exception as exc:
             log.warning("mDNS publish of %s failed: %s", res.fqdn, exc)
             entry.state, entry.reason = MdnsState.ERROR, f"mDNS publish failed: {exc}"
         return entry.state
@@ -243,7 +243,7 @@ class MdnsPublisher:
 
         try:
             self._run(_goodbye())
-        except Exception as exc:  # noqa: BLE001 - a vanished address must not block unassign
+        except Exception as exc:
             log.warning("mDNS goodbye for %s failed: %s", entry.reservation.fqdn, exc)
 
     # -- reporting -------------------------------------------------------------------------------

@@ -102,7 +102,7 @@ class UpnpMapper:
                 client.selectigd(self.igd_url)  # type: ignore[attr-defined]
                 self._upnp = client
                 return client
-            except Exception as exc:  # noqa: BLE001 - a stale cache falls back to discovery
+            except Exception as exc:
                 log.info("cached IGD %s did not answer (%s); discovering again", self.igd_url, exc)
         client = self._new_client()
         if client.discover() == 0:  # type: ignore[attr-defined]
@@ -120,7 +120,7 @@ class UpnpMapper:
                 if self._new_client().selectigd(url) == control_url:  # type: ignore[attr-defined]
                     self._write_cache(url)
                     return
-            except Exception:  # noqa: BLE001 - just not this path
+            except Exception:
                 continue
         log.info("IGD root description URL not found under %s; SSDP will run again next time", parts.netloc)
 
@@ -149,7 +149,7 @@ class UpnpMapper:
                 self.lease_s,
             )
             external_ip = client.externalipaddress()  # type: ignore[attr-defined]
-        except Exception as exc:  # noqa: BLE001 - miniupnpc reports every SOAP error as Exception
+        except Exception as exc:
             state, template = UPNP_ERRORS.get(str(exc), (UpnpState.ERROR, "UPnP error: {error}"))
             if state is UpnpState.HELD_BY_OTHER_HOST and res.name in self._stale:
                 # Our own old mapping, not another host's: transient, so left unsettled and retried.
@@ -178,7 +178,7 @@ class UpnpMapper:
             try:
                 self.igd().deleteportmapping(res.port, res.protocol.value.upper())  # type: ignore[attr-defined]
                 return True
-            except Exception as exc:  # noqa: BLE001 - the lease expires on its own anyway
+            except Exception as exc:
                 log.warning("removing UPnP mapping for port %s failed: %s", res.port, exc)
                 return False
 

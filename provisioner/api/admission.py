@@ -5,7 +5,7 @@ says why the bound is needed at all).
 Waiting units of work are admitted in arrival order, except that a request finishing what an earlier
 request of the same client began (FIRST: a join's proof) goes before any that begins new work: a proof
 must arrive within its nonce's lifetime (60 s), and in a burst of 1,000 joins the proofs queued behind
-every later step 1 and 650 of them expired (issue 17). Serving the proofs first, each step 1 that was
+every later step 1 and 650 of them expired. Serving the proofs first, each step 1 that was
 answered is followed by its proof within the time the proofs ahead of it take."""
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ dependency commits, and between those two it needs the shared worker-thread pool
 after a dependency that queried, then FastAPI's response validation of a sync handler). Without a bound,
 a burst fills every worker thread with requests waiting for a connection while the connections are
 held by requests waiting for a worker thread: nothing moves until the pool's 30 s timeout answers 500
-(a join burst of 200 minions stalled that way, issue 17). With at most min(pool, threads - reserve)
+(a join burst of 200 minions stalled that way). With at most min(pool, threads - reserve)
 units of work admitted, each gets its connection and its threads; the rest wait on the event loop,
 holding neither."""
 
@@ -89,9 +89,8 @@ JOIN_TOKEN = HTTPBearer(
 Credentials = HTTPAuthorizationCredentials | None
 
 # Dependencies that only read the request are `async def`: FastAPI runs a plain `def` dependency in the
-# worker-thread pool, and the two such hops of an operator request took GET /v1/regions (in process) from
-# 5.5-6.9 ms to 4.2-4.9 ms when they went (issue 17's node page). Those that query the store stay `def`:
-# their I/O blocks.
+# worker-thread pool, and each such hop costs an operator request a thread switch. Those that query the
+# store stay `def`: their I/O blocks.
 
 
 def _value(credentials: Credentials) -> str | None:

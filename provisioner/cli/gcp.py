@@ -162,7 +162,7 @@ QUOTA_COLUMNS = [
     ("gpu", "GPU"),
     ("gpus", "GPUS LIMIT/USED/FREE (METRIC)"),
     ("cpus", "FREE CPUS (METRIC) ÷ PER GPU"),
-    ("ssd", "FREE LOCAL SSD GB ÷ 375"),
+    ("ssd", "FREE LOCAL SSD GB ÷ PER JOB"),
     ("runnable_jobs", "RUNNABLE JOBS"),
     ("limited_by", "LIMITED BY"),
 ]
@@ -177,7 +177,9 @@ def quota_table(gpus: list[dict[str, Any]], err: bool = False) -> None:
             "cpus": (
                 f"{_n(g['cpus_free'])} ({g['cpu_metric']}) ÷ {g['cpus_per_gpu']} = {g['jobs_by_cpus']:.4g}"
             ),
-            "ssd": f"{_n(g['local_ssd_free_gb'])} ÷ 375 = {g['jobs_by_local_ssd']:.4g}",
+            "ssd": (
+                f"{_n(g['local_ssd_free_gb'])} ÷ {g['local_ssd_gb_per_job']} = {g['jobs_by_local_ssd']:.4g}"
+            ),
             "runnable_jobs": g["runnable_jobs"],
             "limited_by": g["limited_by"],
         }

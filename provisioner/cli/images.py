@@ -229,7 +229,7 @@ def _send(pub: dict, path: Path, size: int, say: Any) -> int:
 
 
 @app.command("publish")
-def publish(
+def publish(  # noqa: C901
     manifest: Annotated[
         Path, typer.Argument(dir_okay=False, help="DIR/manifest.json of a build made with --target gce.")
     ],

@@ -83,7 +83,7 @@ def _tune_gc() -> None:
     gc.set_threshold(20_000, 20, 50)
 
 
-def run_control_plane(
+def run_control_plane(  # noqa: C901, PLR0915
     settings: Settings,
     host: str | None,
     port: int,

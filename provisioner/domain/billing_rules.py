@@ -5,7 +5,8 @@ facts and posts what it returns, so every number of the docs is a test of this m
 
 Money is `Decimal`, never float, at a fixed scale of 6 decimal places (one millionth of a credit, "a
 micro"); the store keeps integer micros (`to_micros`), so sums are exact on SQLite and PostgreSQL alike.
-Each charge is rounded once, half up, to that scale (`credits`). The seed's numbers are all exact at it:
+Each charge is rounded once, half up, to that scale (`credits`). The product rules' numbers are all exact at
+it:
 (2.78 − 0.25) ÷ 2 = 1.265 per GPU-hour; 15 × 15 ÷ 30 = 7.5 per day. A 31-day month rounds:
 15 × 10 ÷ 31 = 4.838710.
 
@@ -30,6 +31,8 @@ from decimal import ROUND_HALF_UP, Decimal
 from enum import StrEnum
 from functools import lru_cache
 from typing import Any, Final
+
+from contracts.gpu_types import GpuClass
 
 # ------------------------------------------------------------------------------- money
 
@@ -60,36 +63,30 @@ def from_micros(micros: int) -> Decimal:
 # ------------------------------------------------------------------------------- the fees
 
 
-class GpuClass(StrEnum):
-    """The catalogue's fee class (regions/gpus.yaml `class`)."""
-
-    DEVELOPMENT = "development"  # GeForce, Radeon
-    PROFESSIONAL = "professional"  # Quadro / RTX A-series, Radeon Pro
-    DATACENTER = "datacenter"  # Tesla and successors (A100, H100 …), Radeon Instinct
-
-
-# credits per GPU per hour, charged to the owner of the job's project (seed: "Usage Fee")
+# credits per GPU per hour, charged to the owner of the job's project (product rules: "Usage Fee")
 USAGE_FEE_PER_GPU_HOUR: Final[Mapping[GpuClass, Decimal]] = {
     GpuClass.DEVELOPMENT: Decimal("0.05"),
     GpuClass.PROFESSIONAL: Decimal("0.10"),
     GpuClass.DATACENTER: Decimal("0.25"),
 }
-CPU_ONLY_USAGE_FEE: Final = Decimal("0")  # the seed lists fees for GPUs only
+CPU_ONLY_USAGE_FEE: Final = Decimal("0")  # the product rules list fees for GPUs only
 # a GPU type the catalogue does not know pays the highest class's fee rather than none
 UNKNOWN_GPU_CLASS: Final = GpuClass.DATACENTER
 
 # credits per worker per hour, whatever its GPUs, charged to the job's creator when the job is federated
-# (seed: "Federated Training/Inference Fee"); notebooks are neither and pay none
+# (product rules: "Federated Training/Inference Fee"); notebooks are neither and pay none
 FEDERATED_FEE_PER_WORKER_HOUR: Final[Mapping[str, Decimal]] = {
     "inference": Decimal("1.85"),
     "endpoint": Decimal("1.85"),
     "training": Decimal("2.65"),
 }
 
-# the region owner's share of (public price − usage fee) (seed: "splits the remaining credits evenly")
+# the region owner's share of (public price − usage fee) (product rules: "splits the remaining credits
+# evenly")
 EARNINGS_SHARE: Final = Decimal("0.5")
 
-# public price per GPU-hour until the operator sets one (`provision price set`); the seed prices only the
+# public price per GPU-hour until the operator sets one (`provision price set`); the product rules price only
+# the
 # A100 ("other trainML customers will pay 2.78 credits per hour per GPU"), both catalogue models of it.
 # A GPU type with no price here or in the store is sold at its usage fee: its owner earns nothing.
 DEFAULT_PUBLIC_PRICE_PER_GPU_HOUR: Final[Mapping[str, Decimal]] = {

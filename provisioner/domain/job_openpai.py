@@ -34,7 +34,7 @@ def is_openpai(doc: Mapping[str, Any]) -> bool:
     return "taskRoles" in doc or "jobName" in doc
 
 
-def to_rigbase(doc: Mapping[str, Any]) -> Converted:
+def to_rigbase(doc: Mapping[str, Any]) -> Converted:  # noqa: C901
     errors: list[tuple[FieldPath, str]] = []
     notes: list[str] = []
     for key, what in (("jobName", "the job's name"), ("image", "the Docker image, e.g. ubuntu:22.04")):

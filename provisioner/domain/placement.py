@@ -29,7 +29,7 @@ from typing import Any, NamedTuple, Protocol
 from provisioner.domain.states import NodeState
 
 
-class Source(StrEnum):
+class CandidateSource(StrEnum):
     """Where a candidate comes from; each kind is one `CapacitySource`."""
 
     NODE = "node"  # an enrolled node of a region (physical or lab)
@@ -338,7 +338,7 @@ def _cpu_job_key(c: Candidate) -> tuple[int, int, str, str]:
     return (c.gpus_free, -(c.vcpus if c.vcpus_free is None else c.vcpus_free), c.name, c.id)
 
 
-def _check(
+def _check(  # noqa: C901
     request: PlacementRequest, candidates: Iterable[Candidate]
 ) -> tuple[list[Candidate], list[Candidate], list[Candidate], list[Rejection]]:
     """One pass: fits in own regions, fits elsewhere (both in input order), rejected and their reasons."""
@@ -480,7 +480,7 @@ def refusal_at_create(request: PlacementRequest, candidates: Sequence[Candidate]
 
 class CapacitySource(Protocol):
     """A kind of capacity placement can choose from. Nodes are one source; the GCP jobs issue adds
-    ephemeral cloud nodes as another, each answering with Candidates (source=Source.GCP)."""
+    ephemeral cloud nodes as another, each answering with Candidates (source=CandidateSource.GCP)."""
 
     def candidates(self, request: PlacementRequest) -> Iterable[Candidate]: ...
 

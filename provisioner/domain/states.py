@@ -111,7 +111,7 @@ NODE_TRANSITIONS: dict[NodeState, frozenset[NodeState]] = {
 }
 
 # A device is a node with the same lifecycle less the maintenance step: new → enrolling → provisioning →
-# active as soon as its finalize completes (cloudbender.txt "Devices": it "will automatically enter the
+# active as soon as its finalize completes (docs/product-rules.md, "Devices": it "will automatically enter the
 # Active state"), errored with a reason, removed. It takes no jobs, so there is nothing to drain: no state
 # leads to maintenance (its row stays, unreachable, so the table covers every state).
 DEVICE_TRANSITIONS: dict[NodeState, frozenset[NodeState]] = {

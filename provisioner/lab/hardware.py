@@ -138,7 +138,7 @@ def _expand(items: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
     return [item for item in (items or []) for _ in range(int(item.get("count", 1)))]
 
 
-def record_text(profile: dict[str, Any]) -> str:
+def record_text(profile: dict[str, Any]) -> str:  # noqa: C901
     rec = _Record()
     bus = GPU_BUS
     for gpu in _expand(profile.get("gpus")):

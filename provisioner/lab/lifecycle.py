@@ -62,9 +62,9 @@ from provisioner.lab.topology import (
     REGION,
     STORAGE_NODE,
     DevicePlan,
+    HostRole,
     LabPlan,
     NodePlan,
-    Role,
     address,
     netns_name,
 )
@@ -188,7 +188,7 @@ class _FixedNames(netns.Lab):
         self.state = state
 
     def netns(self, role: str) -> netns.Netns:
-        return _create_netns(self.state, netns_name(Role(role)))
+        return _create_netns(self.state, netns_name(HostRole(role)))
 
 
 def _create_netns(state: LabState, name: str) -> netns.Netns:
@@ -198,10 +198,10 @@ def _create_netns(state: LabState, name: str) -> netns.Netns:
     return ns.create()
 
 
-def _ensure_network(plan: LabPlan, state: LabState, progress: Progress) -> netns.VirtualLan:
+def _ensure_network(plan: LabPlan, state: LabState, progress: Progress) -> netns.VirtualLan:  # noqa: C901
     recorded = [n for n in state.namespaces if n in plan.namespaces() or NAME_PATTERN.match(n)]
     if any(not netns.Netns(n).exists() for n in recorded) or (
-        netns_name(Role.LAN) in state.namespaces and len(state.lan_members) < len(recorded) - 1
+        netns_name(HostRole.LAN) in state.namespaces and len(state.lan_members) < len(recorded) - 1
     ):
         # after a reboot (/run/netns is a tmpfs) or a crash mid-attach: rebuild the whole LAN
         progress("rebuilding the lab network (some namespaces were missing)")
@@ -209,14 +209,14 @@ def _ensure_network(plan: LabPlan, state: LabState, progress: Progress) -> netns
         for node in state.nodes.values():
             node.minion = None
         state.miniupnpd = None
-    lan_ns = netns.Netns(netns_name(Role.LAN))
+    lan_ns = netns.Netns(netns_name(HostRole.LAN))
     if lan_ns.name not in state.namespaces:
         _create_netns(state, lan_ns.name)
         lan_ns.ip("link", "add", "br0", "type", "bridge")
         lan_ns.ip("link", "set", "br0", "type", "bridge", "mcast_snooping", "0")  # a plain switch
         lan_ns.ip("link", "set", "br0", "up")
     lan = netns.VirtualLan(lan_ns, LAN_CIDR, members=dict(state.lan_members))
-    members: list[tuple[str, int]] = [(netns_name(Role.CP), 2), (netns_name(Role.CLIENT), 3)]
+    members: list[tuple[str, int]] = [(netns_name(HostRole.CP), 2), (netns_name(HostRole.CLIENT), 3)]
     members += [(p.netns, int(p.address.rsplit(".", 1)[1])) for p in plan.member_plans()]
     made = []
     for name, host in members:
@@ -227,17 +227,17 @@ def _ensure_network(plan: LabPlan, state: LabState, progress: Progress) -> netns
         state.lan_members = dict(lan.members)
         state.save()
         made.append(name)
-    if plan.upnp and netns_name(Role.ROUTER) not in state.lan_members:
+    if plan.upnp and netns_name(HostRole.ROUTER) not in state.lan_members:
         router = netns.add_upnp_router(_FixedNames(state), lan, lab_dir() / "router")
         state.lan_members = dict(lan.members)
         state.miniupnpd = Proc.of("miniupnpd", router.process.pid) if router.process else None
         state.save()
-        for name in [netns_name(Role.CLIENT)] + [p.netns for p in plan.member_plans()]:
+        for name in [netns_name(HostRole.CLIENT)] + [p.netns for p in plan.member_plans()]:
             netns.Netns(name).add_route("default", via=router.lan_ip)
-        made += [netns_name(Role.ROUTER), netns_name(Role.WAN)]
+        made += [netns_name(HostRole.ROUTER), netns_name(HostRole.WAN)]
     elif plan.upnp:
         for name in made:  # nodes added to a lab that already has its router
-            netns.Netns(name).add_route("default", via=address(Role.ROUTER))
+            netns.Netns(name).add_route("default", via=address(HostRole.ROUTER))
     if made:
         progress(f"network: {', '.join(made)} on {LAN_CIDR} (bridge in {lan_ns.name})")
     return lan
@@ -246,7 +246,7 @@ def _ensure_network(plan: LabPlan, state: LabState, progress: Progress) -> netns
 def _delete_namespaces(state: LabState | None) -> list[str]:
     names = set(state.namespaces if state else [])
     names |= {n for n in netns.list_namespaces(NETNS_PREFIX) if NAME_PATTERN.match(n)}
-    for name in sorted(names, key=lambda n: n == netns_name(Role.LAN)):  # the bridge last
+    for name in sorted(names, key=lambda n: n == netns_name(HostRole.LAN)):  # the bridge last
         netns.Netns(name).delete()
     if state:
         state.namespaces, state.lan_members = [], {}
@@ -261,7 +261,7 @@ def _listen_in(ns_name: str, host: str, port: int) -> socket.socket:
         try:
             netns.setns(netns.NETNS_DIR / ns_name)
             box["sock"] = socket.create_server((host, port))
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+        except BaseException as exc:
             box["error"] = exc
 
     t = threading.Thread(target=make)
@@ -303,16 +303,16 @@ def _ensure_control_plane(state: LabState, progress: Progress) -> None:
         return
     if state.serve:
         state.serve.stop()
-    lan_sock = _listen_in(netns_name(Role.CP), address(Role.CP), CP_PORT)
+    lan_sock = _listen_in(netns_name(HostRole.CP), address(HostRole.CP), CP_PORT)
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k not in CLIENT_VARIABLES}
     # RIGBASE_PUBLIC_URL: the URL finalize writes into each node's minion.yaml (the LAN one, not loopback)
     env |= {
         "RIGBASE_HOME": state.home,
         "TSS2_LOG": "all+none",
-        "RIGBASE_PUBLIC_URL": f"https://{address(Role.CP)}:{CP_PORT}",
+        "RIGBASE_PUBLIC_URL": f"https://{address(HostRole.CP)}:{CP_PORT}",
     }
-    log = open(lab_dir() / "serve.log", "ab")  # noqa: SIM115 - handed to the server process
+    log = open(lab_dir() / "serve.log", "ab")
     try:
         proc = subprocess.Popen(
             [
@@ -328,7 +328,7 @@ def _ensure_control_plane(state: LabState, progress: Progress) -> None:
                 str(lan_sock.fileno()),
                 # the certificate names the LAN address minions dial (and loopback, always)
                 "--advertise",
-                address(Role.CP),
+                address(HostRole.CP),
             ],
             pass_fds=[lan_sock.fileno()],
             env=env,
@@ -341,7 +341,7 @@ def _ensure_control_plane(state: LabState, progress: Progress) -> None:
         lan_sock.close()
         log.close()
     state.serve = Proc.of("serve", proc.pid)
-    state.host_url, state.lan_url = f"https://127.0.0.1:{port}", f"https://{address(Role.CP)}:{CP_PORT}"
+    state.host_url, state.lan_url = f"https://127.0.0.1:{port}", f"https://{address(HostRole.CP)}:{CP_PORT}"
     state.save()
     deadline = time.monotonic() + 60
     while not _healthy(state.host_url, _ca(state)):
@@ -804,7 +804,7 @@ def status(home: Path | None = None) -> dict[str, Any]:
     }
 
 
-def down(*, progress: Progress = _quiet, home: Path | None = None) -> dict[str, Any]:
+def down(*, progress: Progress = _quiet, home: Path | None = None) -> dict[str, Any]:  # noqa: C901
     """Remove everything the lab made. Safe to run on a half-built or crashed lab, and twice."""
     home = home or default_home()
     state = LabState.load(home)

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from contracts.processes import terminate
+
 PREFIX = "rigbase-"
 NETNS_DIR = Path("/run/netns")
 MULTICAST_NET = "224.0.0.0/4"
@@ -117,7 +119,7 @@ class Netns:
             try:
                 setns(self.path)
                 payload = pickle.dumps((True, fn(*args, **kwargs)))
-            except BaseException as exc:  # noqa: BLE001 - everything must travel back to the parent
+            except BaseException as exc:
                 payload = pickle.dumps((False, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
             with os.fdopen(write_fd, "wb") as out:
                 out.write(payload)
@@ -163,22 +165,18 @@ class Netns:
         out = _ip("netns", "pids", self.name) if self.exists() else ""
         return [int(p) for p in out.split()]
 
+    def _signal_all(self, sig: int) -> None:
+        for pid in self.pids():
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
     def delete(self) -> None:
         """Kill whatever still runs inside, then delete the namespace (and every interface in it)."""
         if not self.exists():
             return
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            pids = self.pids()
-            if not pids:
-                break
-            for pid in pids:
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
-            deadline = time.monotonic() + 2
-            while self.pids() and time.monotonic() < deadline:
-                time.sleep(0.02)
+        terminate(self._signal_all, lambda: bool(self.pids()), grace_s=2.0)
         _ip("netns", "delete", self.name)
 
 
@@ -358,7 +356,7 @@ def add_upnp_router(
             rules=rules,
         )
     )
-    log = open(state_dir / "miniupnpd.log", "w")  # noqa: SIM115 - owned by the daemon for its lifetime
+    log = open(state_dir / "miniupnpd.log", "w")
     # its own session: the lab's router outlives the `provision lab up` that started it (and its terminal)
     proc = router.popen(
         ["miniupnpd", "-f", str(conf), "-d", "-P", str(state_dir / "miniupnpd.pid")],

@@ -62,7 +62,7 @@ class RootfsSpec:
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def apt_mirror(suite: str = "bookworm", sources: tuple[Path, ...] = APT_SOURCES) -> str:
+def apt_mirror(suite: str = "bookworm", sources: tuple[Path, ...] = APT_SOURCES) -> str:  # noqa: C901
     """The Debian mirror this machine's apt uses for `suite` (deb822 .sources or one-line .list).
 
     Labs behind a local mirror or proxy then build roots from the same place the host installs from."""

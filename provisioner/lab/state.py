@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from contracts.processes import process_start_time, terminate
 from provisioner.settings import Settings
 
 STATE_VERSION = 1
@@ -62,16 +61,6 @@ def release_machine(home: Path) -> None:
         OWNER_PATH.unlink(missing_ok=True)
 
 
-def process_start_time(pid: int) -> int | None:
-    """The process's start time in clock ticks (field 22 of /proc/PID/stat); None once it is gone or a
-    zombie. With the pid it names one process for good: a reused pid has another start time."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()  # comm may hold ")"
-    except OSError:
-        return None
-    return None if fields[0] == "Z" else int(fields[19])
-
-
 @dataclass
 class Proc:
     """A process the lab started: `kind` (serve, swtpm, minion, miniupnpd), pid and its start time."""
@@ -90,16 +79,7 @@ class Proc:
 
     def stop(self, timeout: float = 5.0) -> None:
         """SIGTERM (a minion says goodbye on its way out), SIGKILL after `timeout`."""
-        for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 2.0)):
-            if not self.alive():
-                return
-            try:
-                os.kill(self.pid, sig)
-            except ProcessLookupError:
-                return
-            deadline = time.monotonic() + wait
-            while self.alive() and time.monotonic() < deadline:
-                time.sleep(0.02)
+        terminate(lambda sig: os.kill(self.pid, sig), self.alive, grace_s=timeout)
 
 
 @dataclass

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import time
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from contracts.errors import Unavailable
+from contracts.processes import terminate
 
 _TOOLS = ("swtpm", "swtpm_setup", "swtpm_localca")
 _START_TIMEOUT_S = 5.0
@@ -218,13 +218,9 @@ class Swtpm:
         """Stop the process (SIGTERM, then SIGKILL after 5 s); the TPM state stays on disk."""
         pid = self.pid()
         if pid is not None:
-            os.kill(pid, signal.SIGTERM)
-            deadline = time.monotonic() + _STOP_TIMEOUT_S
-            while _alive(pid):
-                if time.monotonic() > deadline:
-                    os.kill(pid, signal.SIGKILL)
-                    break
-                time.sleep(0.005)
+            terminate(
+                lambda sig: os.kill(pid, sig), lambda: _alive(pid), grace_s=_STOP_TIMEOUT_S, poll_s=0.005
+            )
         for leftover in (self.socket, self.ctrl_socket, self.pid_file):
             leftover.unlink(missing_ok=True)
 

@@ -21,9 +21,13 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 
+from contracts.bundle import CONTROL_PLANE_PORT
+
 NETNS_PREFIX = "rigbase-lab-"
 LAN_CIDR = ipaddress.IPv4Network("10.77.0.0/24")
-CP_PORT = 8470  # the control plane's port on the lab LAN (the host loopback port is picked free)
+CP_PORT = (
+    CONTROL_PLANE_PORT  # the control plane's port on the lab LAN (the host loopback port is picked free)
+)
 MIN_NODES, MAX_NODES, DEFAULT_NODES = 1, 16, 2
 NODE_HOST_BASE = 10  # node K is .(10+K)
 REGION = "lab"
@@ -51,7 +55,7 @@ HEARTBEAT_SECONDS = 2
 JOIN_RETRY_SECONDS = 1
 
 
-class Role(StrEnum):
+class HostRole(StrEnum):
     LAN = "lan"  # the bridge
     CP = "cp"
     CLIENT = "client"
@@ -62,19 +66,19 @@ class Role(StrEnum):
 
 
 # host numbers on the LAN of the fixed members (the bridge namespace has no address)
-HOSTS = {Role.ROUTER: 1, Role.CP: 2, Role.CLIENT: 3}
+HOSTS = {HostRole.ROUTER: 1, HostRole.CP: 2, HostRole.CLIENT: 3}
 
 # exactly the names a lab makes: `lab down` deletes these and nothing else, so namespaces of tests
 # (rigbase-<tag>-<role>-<random>) or other tools are never touched
 NAME_PATTERN = re.compile(rf"^{NETNS_PREFIX}(lan|cp|client|router|wan|node\d+|device\d+)$")
 
 
-def netns_name(role: Role, k: int | None = None) -> str:
-    return f"{NETNS_PREFIX}{role.value}{k if role in (Role.NODE, Role.DEVICE) else ''}"
+def netns_name(role: HostRole, k: int | None = None) -> str:
+    return f"{NETNS_PREFIX}{role.value}{k if role in (HostRole.NODE, HostRole.DEVICE) else ''}"
 
 
-def address(role: Role, k: int | None = None) -> str:
-    bases = {Role.NODE: NODE_HOST_BASE, Role.DEVICE: DEVICE_HOST_BASE}
+def address(role: HostRole, k: int | None = None) -> str:
+    bases = {HostRole.NODE: NODE_HOST_BASE, HostRole.DEVICE: DEVICE_HOST_BASE}
     host = bases[role] + k if role in bases and k is not None else HOSTS[role]
     return str(LAN_CIDR.network_address + host)
 
@@ -90,11 +94,11 @@ class NodePlan:
 
     @property
     def netns(self) -> str:
-        return netns_name(Role.NODE, self.k)
+        return netns_name(HostRole.NODE, self.k)
 
     @property
     def address(self) -> str:
-        return address(Role.NODE, self.k)
+        return address(HostRole.NODE, self.k)
 
     @property
     def profile(self) -> str:
@@ -113,11 +117,11 @@ class DevicePlan:
 
     @property
     def netns(self) -> str:
-        return netns_name(Role.DEVICE, self.k)
+        return netns_name(HostRole.DEVICE, self.k)
 
     @property
     def address(self) -> str:
-        return address(Role.DEVICE, self.k)
+        return address(HostRole.DEVICE, self.k)
 
     @property
     def profile(self) -> str:
@@ -150,8 +154,10 @@ class LabPlan:
     def storage_mode(self) -> str:
         return "central" if self.devices else "local"
 
-    def fixed_namespaces(self) -> list[tuple[Role, str]]:
-        roles = [Role.LAN, Role.CP, Role.CLIENT] + ([Role.ROUTER, Role.WAN] if self.upnp else [])
+    def fixed_namespaces(self) -> list[tuple[HostRole, str]]:
+        roles = [HostRole.LAN, HostRole.CP, HostRole.CLIENT] + (
+            [HostRole.ROUTER, HostRole.WAN] if self.upnp else []
+        )
         return [(r, netns_name(r)) for r in roles]
 
     def namespaces(self) -> list[str]:
@@ -159,4 +165,4 @@ class LabPlan:
 
     @property
     def cp_lan_url(self) -> str:
-        return f"https://{address(Role.CP)}:{CP_PORT}"
+        return f"https://{address(HostRole.CP)}:{CP_PORT}"

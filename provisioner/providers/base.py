@@ -12,6 +12,7 @@ module that needs them, so `provision --help` stays instant."""
 from __future__ import annotations
 
 import enum
+import functools
 import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
@@ -99,6 +100,17 @@ class EventWatch(Protocol):
     def running(self) -> bool: ...
 
 
+class Feature(enum.StrEnum):
+    """What a provider can do beyond holding regions of the operator's own machines. The services ask a
+    driver `supports(feature)` (as SkyPilot asks a cloud) and never compare a provider's name."""
+
+    BOOTSTRAP = "bootstrap"  # enabling it makes things in the operator's account (its reconciler's work)
+    REGION_NODE = "region-node"  # it runs a machine of its own for each region (GCP: the storage node)
+    VMS = "vms"  # it rents VMs: burst compute for jobs and permanent compute nodes
+    QUOTA = "quota"  # its regions have quota and capacity to read (`provision region quota`)
+    PUBLISHED_IMAGE = "published-image"  # its VMs boot a rigbase image published to it
+
+
 class ProviderDriver(ABC):
     """Base of every provider driver; the store's `Provider` row is what an operator enabled with it.
     Subclasses are stateless: state lives in the store."""
@@ -106,6 +118,10 @@ class ProviderDriver(ABC):
     kind: ClassVar[str]
     title: ClassVar[str]
     payment_modes: ClassVar[tuple[str, ...]] = ("credits",)
+    features: ClassVar[frozenset[Feature]] = frozenset()
+
+    def supports(self, feature: Feature) -> bool:
+        return feature in self.features
 
     @abstractmethod
     def validate_config(self, raw: Mapping[str, Any]) -> ProviderConfig:
@@ -178,3 +194,9 @@ def provider_for(kind: str) -> ProviderDriver:
         raise InvalidInput(f"unknown provider '{kind}': choose one of {', '.join(sorted(REGISTRY))}")
     module, cls = target.split(":")
     return getattr(importlib.import_module(module), cls)()
+
+
+@functools.cache
+def kinds_supporting(feature: Feature) -> tuple[str, ...]:
+    """The registered provider kinds whose driver supports `feature`."""
+    return tuple(kind for kind in REGISTRY if provider_for(kind).supports(feature))

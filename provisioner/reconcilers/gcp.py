@@ -100,7 +100,7 @@ def bootstrap_step(sessions: sessionmaker[Session]) -> None:
                     ProviderState.REMOVED,
                     f"teardown complete ({len(gone)} deleted)",
                 )
-        except Exception as exc:  # noqa: BLE001 - any failure is the provider's reason, retried on `remove`
+        except Exception as exc:
             reason = _one_line(
                 f"{'bootstrap' if state == ProviderState.NEW else 'teardown'} failed: {_describe(exc)}"
             )
@@ -185,7 +185,7 @@ def storage_nodes_step(sessions: sessionmaker[Session]) -> None:
     for region_id in ids:
         try:
             _reconcile_one(sessions, region_id)
-        except Exception:  # noqa: BLE001 - one region's failure must not stop the others
+        except Exception:
             log.exception("gcp storage node of region %s: pass failed, retrying next pass", region_id)
 
 
@@ -229,7 +229,7 @@ def _images_step(sessions: sessionmaker[Session]) -> None:
         try:
             with session_scope(sessions) as s:
                 image_publish.refresh(s, pub_id, actor=ACTOR)
-        except Exception:  # noqa: BLE001 - one image's failure must not stop the others
+        except Exception:
             log.exception("image publication %s: pass failed, retrying next pass", pub_id)
 
 

@@ -75,7 +75,7 @@ def burst_step(sessions: sessionmaker[Session]) -> None:
     for vm_id in ids:
         try:
             reconcile_vm(sessions, ctx, vm_id)
-        except Exception:  # noqa: BLE001 - one VM's failure must not stop the others
+        except Exception:
             log.exception("burst VM %s: pass failed, retrying next pass", vm_id)
     refresh_quotas(sessions, ctx)  # after the VMs: a job's insert never waits behind ten quota reads
     if time.monotonic() - _clock.last_reap >= REAP_PERIOD_S:
@@ -112,7 +112,7 @@ def refresh_quotas(
     for region_id, gcp_region in stale:
         try:
             read = quota.fetch(ctx, gcp_region, cat)
-        except Exception as exc:  # noqa: BLE001 - the old read stays; the error is shown with its age
+        except Exception as exc:
             with session_scope(sessions) as s:
                 row = s.get(GcpQuotaCache, region_id) or GcpQuotaCache(
                     region_id=region_id, quotas={}, bookings=0
@@ -285,7 +285,7 @@ def reap(sessions: sessionmaker[Session], ctx: GcpContext, prefix: str) -> list[
             continue
         try:
             compute_node.delete(ctx, inst.name, (inst.zone,))
-        except Exception:  # noqa: BLE001 - one stray's failure must not stop the others
+        except Exception:
             log.exception("reaping %s failed; retrying next pass", inst.name)
             continue
         reaped.append(inst.name)

@@ -61,7 +61,7 @@ class Leadership:
                 elif self._acquire():
                     log.info("this process now runs the reconcilers (pid %d)", os.getpid())
                     self.leading.set()
-            except Exception:  # noqa: BLE001 - a lost database connection: step down, try again later
+            except Exception:
                 log.warning("reconciler leadership lost or not acquirable; retrying", exc_info=True)
                 self._release()
             self._stop.wait(self.retry_s)
@@ -85,7 +85,7 @@ class Leadership:
         path = self._sqlite_lock_path()
         if path is None:
             return True  # an in-memory store belongs to this process alone
-        fh = open(path, "a")  # noqa: SIM115 - held open for as long as this process leads
+        fh = open(path, "a")
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -108,7 +108,7 @@ class Leadership:
                 # its session, and the lock, alive (tests/provisioner/test_leader.py)
                 self._conn.invalidate()
                 self._conn.close()
-            except Exception:  # noqa: BLE001 - already broken
+            except Exception:
                 pass
             self._conn = None
         if self._file is not None:

@@ -115,7 +115,7 @@ class ReconcilerLoop:
                 continue  # another process leads; check again (and stop promptly when asked)
             try:
                 rec.fn(self.sessions)
-            except Exception:  # noqa: BLE001 - one failing pass must not kill the loop; the next retries
+            except Exception:
                 log.exception("reconciler %s failed; retrying in %.0f s", rec.name, rec.period_s)
             rec.wake.wait(rec.period_s)
             rec.wake.clear()

@@ -1,4 +1,4 @@
-"""Store models: accounts and projects (issue 12). Who owns what: every operator token belongs to an
+"""Store models: accounts and projects. Who owns what: every operator token belongs to an
 account (api_tokens.account_id), every region to the account that created it (regions.account_id), and
 every job to a project of an account.
 

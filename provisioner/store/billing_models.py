@@ -1,4 +1,4 @@
-"""Store models of billing (issue 14): the append-only double-entry ledger and the public GPU price list.
+"""Store models of billing: the append-only double-entry ledger and the public GPU price list.
 
 Each `LedgerEntry` moves `amount_micros` (credits × 10^6, an integer: exact on both backends; see
 domain/billing_rules.py for the scale) from `payer` (the account) to `payee` (the counter-account). A

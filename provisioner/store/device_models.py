@@ -1,4 +1,4 @@
-"""Store models of device configurations (issue 15, "Device configurations").
+"""Store models of device configurations.
 
 A configuration is named per region and keeps every revision: an update adds one, so a device goes on
 running the revision it was deployed with until it is deployed again. The configuration's keys

@@ -10,8 +10,8 @@ never wait for the writer.
 PostgreSQL's pool pings a connection that sat idle for PING_AFTER_IDLE_S before handing it out, so a
 restarted database does not fail the first request after it (a dead connection is replaced, not used). It
 does not ping a connection that was in use a moment ago: under a fleet's heartbeats every connection is
-reused within milliseconds, and a ping per checkout was one of a steady beat's five round trips (issue 17,
-"Fleet scale"). A database that dies and comes back within that window fails the one request that meets a
+reused within milliseconds, and a ping per checkout was one of a steady beat's five round trips. A database
+that dies and comes back within that window fails the one request that meets a
 dead connection; SQLAlchemy then replaces every connection of the pool."""
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     """An engine for `url`; raises InvalidInput for a URL SQLAlchemy cannot parse or drive."""
     try:
         parsed = make_url(url)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         raise InvalidInput(
             f"database URL '{url}' is not valid: use sqlite:///PATH or postgresql://USER@HOST/DB"
         ) from exc
@@ -127,7 +127,7 @@ def pool_capacity(engine: Engine) -> int | None:
     bound (a pool with unlimited overflow, or one that opens a connection per checkout)."""
     pool = engine.pool
     if isinstance(pool, QueuePool):  # SQLite files and PostgreSQL; QueuePool has no public overflow bound
-        overflow: int = pool._max_overflow  # noqa: SLF001
+        overflow: int = pool._max_overflow
         return None if overflow < 0 else pool.size() + overflow
     return None
 

@@ -12,7 +12,7 @@ from datetime import datetime
 from sqlalchemy import JSON, BigInteger, ForeignKey, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
-from provisioner.store.models import Base, Region, UTCDateTime, new_id, utcnow
+from provisioner.store.models import Base, Provider, Region, UTCDateTime, new_id, utcnow
 
 
 class ImageKey(Base):
@@ -99,3 +99,4 @@ class ImagePublication(Base):
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
 
     manifest: Mapped[RegisteredManifest] = relationship()
+    provider: Mapped[Provider] = relationship(lazy="joined")

@@ -1,4 +1,4 @@
-"""Store models of jobs (issue 12): the job (its spec, project, locked price and placement), one row per
+"""Store models of jobs: the job (its spec, project, locked price and placement), one row per
 worker (a container on a node, with its own state and exit code) and the worker's log, stored as the
 chunks the minion ships (idempotent by byte offset, so a resend after a restart of either side adds
 nothing twice). A job's history is the audit trail (kinds `job` and `job_worker`), like every resource."""

@@ -1,4 +1,4 @@
-"""Store models: reservations and datastores (regional resources, issue 7).
+"""Store models: reservations and datastores (regional resources).
 
 A reservation keeps what the operator wants (`state`: unassigned/assigned, `node_id`) apart from
 what the assigned node reports (`actual_*`), so `reservation show` can print both and a stale
@@ -52,7 +52,7 @@ class Reservation(Base):
     hostname: Mapped[str] = mapped_column(String(63))
     port: Mapped[int] = mapped_column(Integer)
     protocol: Mapped[str] = mapped_column(String(8))
-    # the router maps the port (UPnP, nodes with UPnP on only) when true; LAN-only by default (issue 12)
+    # the router maps the port (UPnP, nodes with UPnP on only) when true; LAN-only by default
     expose_wan: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false(), nullable=False)
     # desired (domain.states.ReservationState); change it only via services.reservations.transition
     state: Mapped[str] = mapped_column(String(16))

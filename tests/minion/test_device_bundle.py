@@ -1,4 +1,4 @@
-"""The Jetson device bundle (issue 15, "Installation on JetPack"): `image-builder device-bundle` builds it,
+"""The Jetson device bundle: `image-builder device-bundle` builds it,
 its install.sh installs it into an arm64 Debian tree, and the installed aarch64 minion runs there under
 qemu-user emulation: CPython 3.11 for aarch64 from Debian, the bundle's own aarch64 wheels.
 

@@ -3,7 +3,8 @@ desired-state handler (minion/devices/agent.py) the way tests/minion/test_jobs_p
 same tiny image, the same CDI spec whose "GPU" is /dev/null (here the Jetson accelerator, by CDI name),
 and logs to a real HTTP server on loopback that speaks the device log route (LogChunk/LogAck by offset).
 
-What cloudbender.txt asks: the configuration's env and keys, the accelerator and the video devices, the
+What the product rules (docs/product-rules.md) asks: the configuration's env and keys, the accelerator and
+the video devices, the
 model mounted read-only and the datastore path at TRAINML_OUTPUT_PATH; an exit is reported with its code
 and last lines and NOT restarted (not by more heartbeats, not by a restarted minion), but a reboot (a new
 boot id) starts it again; a running container is adopted by a restarted minion, a new deploy replaces it

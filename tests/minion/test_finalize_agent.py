@@ -177,7 +177,7 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, *args: Any) -> None:
         pass
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         self.server.auth.append(self.headers.get("Authorization", ""))
         if self.path != BUNDLE_ROUTE.format(digest=BUNDLE.digest):
             self.send_error(404)
@@ -187,7 +187,7 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(self.server.bundle)
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers["Content-Length"]))
         assert self.path == REPORT_ROUTE.format(node_id="node-1")
         self.server.reports.append(FinalizeReport.model_validate_json(body))

@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
+from contracts.gpu_types import GpuClass
 from minion.hardware import catalogue, hostfiles
-from minion.hardware.model import FormFactor, GpuClass, InvalidInventory, Inventory
+from minion.hardware.model import FormFactor, InvalidInventory, Inventory
 from minion.hardware.units import parse_link_speed, pcie_generation
 from tests.fixtures.umockdev import Testbed, load_profile, minion_executable, profile_names
 

@@ -13,7 +13,8 @@ import yaml
 import zxingcpp
 from typer.testing import CliRunner
 
-from contracts.device import DEVICE_MODELS, DeviceReport, DeviceTpm
+from contracts.catalogue import device_models
+from contracts.device import DeviceReport, DeviceTpm
 from minion.cli import app
 from minion.hardware import jetson, jetson_catalogue
 from minion.hardware.inventory import collect
@@ -83,12 +84,12 @@ def test_each_model_is_recognised_with_its_facts(make_host: MakeHost, name: str)
 
 
 def test_every_model_has_a_profile() -> None:
-    assert sorted(p.stem for p in PROFILES.glob("*.yaml")) == sorted(DEVICE_MODELS)
+    assert sorted(p.stem for p in PROFILES.glob("*.yaml")) == sorted(device_models())
 
 
 def test_catalogue_matches_the_contract_and_is_consistent() -> None:
     catalogue = jetson_catalogue.load(CATALOGUE)
-    assert tuple(catalogue.models) == DEVICE_MODELS
+    assert tuple(catalogue.models) == device_models()
     modules = [m for model in catalogue.models.values() for v in model.variants for m in v.modules]
     assert len(modules) == len(set(modules)), "a module part number may name one variant only"
     assert {s.key: s.chip_id for s in catalogue.socs.values()} == {"tegra194": 0x19, "tegra234": 0x23}

@@ -160,7 +160,7 @@ class LogServer:
 
     def __init__(self, take: Take, port: int = 0, route: re.Pattern[str] = ROUTE) -> None:
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            def do_POST(self) -> None:
                 match = route.match(self.path)
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 if not match or self.headers.get("Authorization") != "Bearer cred-1":

@@ -9,7 +9,7 @@ from tests.fixtures.netns import AgentProcess, MdnsLan, resolve, start_avahi
 JUPYTER = {"name": "nb", "hostname": "jupyter", "port": 8888}
 
 
-def _service_port(ns, lan_address: str, instance: str) -> int | None:  # noqa: ANN001
+def _service_port(ns, lan_address: str, instance: str) -> int | None:
     def lookup() -> int | None:
         from zeroconf import IPVersion, Zeroconf
 

@@ -55,7 +55,7 @@ def region_lab(tmp_path: Path, tpm_vendor_ca: VendorCA) -> Iterator[Any]:
         yield cp
 
 
-def test_minion_run_joins_heartbeats_and_stops_on_sigterm(
+def test_minion_run_joins_heartbeats_and_stops_on_sigterm(  # noqa: PLR0915
     tmp_path: Path,
     swtpm: Swtpm,
     tpm_vendor_ca: VendorCA,

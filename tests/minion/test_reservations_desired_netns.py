@@ -34,7 +34,7 @@ from tests.fixtures.netns import REPO, MdnsLan
 from tests.fixtures.postgres import seed_sqlite
 
 ACTOR = "operator:test"
-MOVE_WITHIN_S = 2.0  # issue 7: a resolver on the LAN sees the new address within 2 s
+MOVE_WITHIN_S = 2.0  # a resolver on the LAN sees the new address within 2 s
 
 
 class Minion:

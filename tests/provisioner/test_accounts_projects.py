@@ -1,4 +1,4 @@
-"""Accounts and projects (issue 12), against the real `provision serve` and the real CLI: the first admin
+"""Accounts and projects, against the real `provision serve` and the real CLI: the first admin
 token belongs to the root account `default` with its default project; the root admin creates an account and
 its tokens (admin, member); each account sees only its own projects (another account's project answers 404
 with the body of a missing one, for every project route); members manage projects but not tokens or

@@ -1,5 +1,6 @@
 """The real `provision billing …` and `provision price …` CLI (subprocess) against a real control plane:
-the seed's A100 example before any job runs, the price list and `price set` (root admins only, one-line
+the product rules' A100 example before any job runs, the price list and `price set` (root admins only,
+one-line
 refusals), balances and the ledger (--account, --job, --since, --json) of entries posted to its store."""
 
 from __future__ import annotations

@@ -3,7 +3,8 @@ PostgreSQL, with the billing clock walked by hand: each (account, day) that is o
 the devices services/devices/device_days.py counts, and a repeated pass adds nothing.
 
 Devices are added and removed through the nodes service; the node rows and removal lines carry the wall
-clock, so the test moves them back to a fixed week of November 2026 (a 30-day month, the seed's), the way
+clock, so the test moves them back to a fixed week of November 2026 (a 30-day month, the product rules'), the
+way
 tests/provisioner/test_devices.py does."""
 
 from __future__ import annotations
@@ -91,8 +92,9 @@ def test_the_reconciler_charges_each_complete_day_once_from_the_devices_of_that_
     manual.set(datetime(2026, 11, 17, 0, 30, tzinfo=UTC))
     assert reconciler.run_once(sessions) == 1
     assert reconciler.run_once(sessions) == 0  # a repeated pass adds nothing
-    assert _fees(sessions, account) == {"2026-11-16": (Decimal("5"), Decimal("10"))}  # seed: 10 → 5 a day
-    # seed: start with 10, remove 5 → 5 that day and 2.5 on later days
+    # product rules: 10 → 5 a day
+    assert _fees(sessions, account) == {"2026-11-16": (Decimal("5"), Decimal("10"))}
+    # product rules: start with 10, remove 5 → 5 that day and 2.5 on later days
     _remove_devices(sessions, ten[:5], datetime(2026, 11, 17, 10, tzinfo=UTC))
     manual.set(datetime(2026, 11, 19, 0, 5, tzinfo=UTC))
     assert reconciler.run_once(sessions) == 2  # the 17th and the 18th, in one pass
@@ -109,7 +111,8 @@ def test_the_reconciler_charges_each_complete_day_once_from_the_devices_of_that_
 def test_seed_add_5_and_add_and_remove_5_times_through_the_store(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The seed's two other examples through the nodes service and the reconciler: start with 10, add 5 →
+    """The product rules' two other examples through the nodes service and the reconciler: start with 10, add
+    5 →
     7.5 that day; start with 10, add and remove a device 5 times → 7.5 that day and 5 on later days."""
     sessions: sessionmaker[Session] = store.sessions  # type: ignore[assignment]
     account = _edge_region(sessions)

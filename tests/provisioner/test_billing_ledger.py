@@ -265,7 +265,7 @@ def test_device_days_post_once_per_account_and_day(store: Store, world: World) -
 def test_price_set_is_the_public_price_and_refuses_below_the_usage_fee(store: Store, world: World) -> None:
     sessions: sessionmaker[Session] = store.sessions  # type: ignore[assignment]
     with sessions() as s:
-        assert prices.price_for(s, "A100 40GB") == Decimal("2.78")  # the seed's default
+        assert prices.price_for(s, "A100 40GB") == Decimal("2.78")  # the product rules' default
         assert prices.price_for(s, "RTX 3090") == Decimal("0.05")  # no price yet: its usage fee
         assert prices.price_for(s, None) == 0
     with sessions.begin() as s:

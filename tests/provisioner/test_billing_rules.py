@@ -1,4 +1,5 @@
-"""The billing rules of docs/billing.md, each seed example (cloudbender "Billing and Credits") as a named
+"""The billing rules of docs/billing.md, each example of the product rules (docs/product-rules.md, "Billing
+and Credits") as a named
 test with its exact numbers, and properties: metering a run in any split of ticks gives the same
 entries, and the ledger of any run balances to zero across accounts."""
 
@@ -13,9 +14,9 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from contracts.gpu_types import GPU_TYPES
+from contracts.gpu_types import GPU_TYPES, GpuClass
 from provisioner.domain import billing_rules as rules
-from provisioner.domain.billing_rules import GpuClass, JobFacts, Rule
+from provisioner.domain.billing_rules import JobFacts, Rule
 from provisioner.domain.clock import ManualClock
 from tests.fixtures.control_plane import ROOT
 
@@ -40,7 +41,7 @@ def test_classes_come_from_the_catalogue_for_every_gpu_type() -> None:
     classes = rules.gpu_classes(yaml.safe_load((ROOT / "regions" / "gpus.yaml").read_text()))
     assert set(classes) == set(GPU_TYPES)
     assert classes["RTX 3090"] == GpuClass.DEVELOPMENT  # GeForce
-    assert classes["RTX A6000"] == GpuClass.PROFESSIONAL  # the seed's "Quadro/RTX A6000"
+    assert classes["RTX A6000"] == GpuClass.PROFESSIONAL  # the product rules' "Quadro/RTX A6000"
     assert classes["Radeon Pro W7900"] == GpuClass.PROFESSIONAL  # Radeon Pro
     assert classes["A100 40GB"] == GpuClass.DATACENTER  # Tesla line
     assert classes["MI300X"] == GpuClass.DATACENTER  # Radeon Instinct
@@ -66,7 +67,7 @@ def test_money_is_decimal_at_six_places_never_float() -> None:
         rules.credits(1.265)  # type: ignore[arg-type]
 
 
-# ------------------------------------------------------------------------------- the seed's examples
+# ------------------------------------------------------------------------------- the product rules' examples
 
 
 def test_seed_a100_at_2_78_earns_1_265_per_gpu_hour() -> None:

@@ -1,5 +1,5 @@
-"""salt-key's flow through the real `provision` against a real server and minions with their own swtpm
-(issue 18, item 2): `node accept MINION_ID --name`, `node accept --all-passing` (confirmation listing what
+"""salt-key's flow through the real `provision` against a real server and minions with their own swtpm: `node
+accept MINION_ID --name`, `node accept --all-passing` (confirmation listing what
 it adopts), `node reject` (joins refused with `join_minion_rejected`, audited) and `node unreject`."""
 
 from __future__ import annotations
@@ -8,16 +8,16 @@ import json
 from collections.abc import Callable
 
 from tests.fixtures.control_plane import ControlPlane
-from tests.provisioner.test_join_http import Minion, cli, cp, minion, token  # noqa: F401 - fixtures
+from tests.provisioner.test_join_http import Minion, cli, cp, minion, token
 
 __all__ = ["cp", "minion"]
 
 
-def _pending_ids(cp: ControlPlane) -> set[str]:  # noqa: F811 - the fixture's name
+def _pending_ids(cp: ControlPlane) -> set[str]:
     return {p["minion_id"] for p in json.loads(cli(cp, "node", "pending", "--json").stdout)}
 
 
-def test_accept_one_and_all_passing(cp: ControlPlane, minion: Callable[..., Minion]) -> None:  # noqa: F811
+def test_accept_one_and_all_passing(cp: ControlPlane, minion: Callable[..., Minion]) -> None:
     one, two, three = minion(), minion(), minion()
     jt = token(cp)
     for m in (one, two, three):
@@ -54,7 +54,7 @@ def test_accept_one_and_all_passing(cp: ControlPlane, minion: Callable[..., Mini
     assert not _pending_ids(cp) & {two.minion_id, three.minion_id}
 
 
-def test_reject_refuses_joins_until_unreject(cp: ControlPlane, minion: Callable[..., Minion]) -> None:  # noqa: F811
+def test_reject_refuses_joins_until_unreject(cp: ControlPlane, minion: Callable[..., Minion]) -> None:
     m = minion()
     jt = token(cp)
     assert m.join(jt).status_code == 202 and m.minion_id in _pending_ids(cp)

@@ -1,4 +1,4 @@
-"""The CLI's output conventions through the real `provision` against a real server (issue 18, item 4):
+"""The CLI's output conventions through the real `provision` against a real server:
 `-o table|wide|json|yaml` (and `--json`) on lists and shows, `--watch`, the node list's filters, its order
 (region, then name), its AGE / LAST SEEN / GPUS columns, a default table that fits 120 columns without
 ever cutting an id or a name."""

@@ -1,4 +1,4 @@
-"""One CLI style for the three programs (issue 18, item 8), through the real executables: `--version`
+"""One CLI style for the three programs, through the real executables: `--version`
 (the client's, and for `provision` the server's when it answers), `-h`, shell completion, usage errors as
 one `error: …` line with exit 2, and no pydantic wording in messages."""
 

@@ -1,4 +1,4 @@
-"""Through the real `provision` against a real server (issue 18, items 3 and 7): `--wait` prints the id
+"""Through the real `provision` against a real server: `--wait` prints the id
 first and, on a timeout, says whether the minion ever called and the full next command; join tokens show
 `expired`, one can be revoked by id, `region bundle` says until when its media enrol nodes and writes to
 stdout with `-o -`; `-` reads stdin where a file is read."""

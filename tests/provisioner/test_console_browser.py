@@ -18,7 +18,7 @@ import pytest
 
 from tests.fixtures.control_plane import ControlPlane
 from tests.fixtures.finalize import finish_finalize
-from tests.provisioner.test_join_http import Minion, api, cp, minion, token, wait_state  # noqa: F401
+from tests.provisioner.test_join_http import Minion, api, cp, minion, token, wait_state
 
 webdriver = pytest.importorskip("selenium.webdriver")
 from selenium.common.exceptions import WebDriverException  # noqa: E402
@@ -120,9 +120,9 @@ def flash(driver: WebDriver) -> str:
     return str(found[0].text) if found else f"(no message on {driver.current_url}: {text(driver)[:300]})"
 
 
-def test_an_operator_adopts_a_minion_and_activates_it_in_the_browser(
-    cp: ControlPlane,  # noqa: F811
-    minion: Callable[..., Minion],  # noqa: F811
+def test_an_operator_adopts_a_minion_and_activates_it_in_the_browser(  # noqa: PLR0915
+    cp: ControlPlane,
+    minion: Callable[..., Minion],
     browser: WebDriver,
     tmp_path: Path,
 ) -> None:

@@ -20,17 +20,17 @@ import pytest
 from provisioner.services.devices import device_deployments as deployments
 from provisioner.services.fleet import nodes
 from tests.provisioner import test_console_browser
-from tests.provisioner.test_console_browser import Screens, browser, flash, follow, live_text  # noqa: F401
+from tests.provisioner.test_console_browser import Screens, browser, flash, follow, live_text
 from tests.provisioner.test_console_pages import api
 from tests.provisioner.test_devices import ORIN_NX
 from tests.provisioner.test_jobs_api import Fleet, running_fleet
 
 pytest.importorskip("selenium.webdriver")  # as test_console_browser.py: skipped without selenium
-from selenium.webdriver.common.by import By  # noqa: E402
-from selenium.webdriver.common.keys import Keys  # noqa: E402
-from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
-from selenium.webdriver.support.select import Select  # noqa: E402
-from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support.select import Select
+from selenium.webdriver.support.ui import WebDriverWait
 
 __all__ = ["browser"]
 
@@ -90,9 +90,9 @@ def _row(browser: WebDriver, name: str) -> str:
     return live_text(browser, f'#devices tr[data-node="{name}"]')
 
 
-def test_an_operator_adds_configures_deploys_and_removes_a_device_in_the_browser(
+def test_an_operator_adds_configures_deploys_and_removes_a_device_in_the_browser(  # noqa: PLR0915
     fleet: Fleet,
-    browser: WebDriver,  # noqa: F811
+    browser: WebDriver,
     tmp_path: Path,
 ) -> None:
     shots = Screens(browser, tmp_path)

@@ -14,15 +14,15 @@ import pytest
 
 from provisioner.domain.states import NodeState
 from tests.provisioner import test_console_browser
-from tests.provisioner.test_console_browser import Screens, browser, flash, follow, live_text  # noqa: F401
+from tests.provisioner.test_console_browser import Screens, browser, flash, follow, live_text
 from tests.provisioner.test_console_pages import SPEC
 from tests.provisioner.test_jobs_api import Fleet, mine, report, running_fleet
 
 pytest.importorskip("selenium.webdriver")  # as test_console_browser.py: skipped without selenium
-from selenium.webdriver.common.by import By  # noqa: E402
-from selenium.webdriver.common.keys import Keys  # noqa: E402
-from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
-from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support.ui import WebDriverWait
 
 __all__ = ["browser"]
 
@@ -39,7 +39,7 @@ def fleet(tmp_path: Path) -> Iterator[Fleet]:
 
 def test_submit_then_the_job_page_follows_the_log_and_the_grid_updates_itself(
     fleet: Fleet,
-    browser: WebDriver,  # noqa: F811
+    browser: WebDriver,
     tmp_path: Path,
 ) -> None:
     shots = Screens(browser, tmp_path)

@@ -251,7 +251,7 @@ def test_the_devices_grid_lists_device_nodes(fleet: Fleet) -> None:
         assert "No device configuration in this region" in grid and "Set Device Config" not in grid
 
 
-def test_set_device_config_and_deploy_from_the_devices_grid(fleet: Fleet) -> None:
+def test_set_device_config_and_deploy_from_the_devices_grid(fleet: Fleet) -> None:  # noqa: PLR0915
     with browser(fleet.cp) as client:
         sign_in(client, fleet.cp.token)
         token = csrf_of(client.get("/"))

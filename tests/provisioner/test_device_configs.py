@@ -1,4 +1,4 @@
-"""Device configurations, deploys, status and logs (issue 15, "Device configurations") in the control plane.
+"""Device configurations, deploys, status and logs in the control plane.
 
 Over HTTP with a real `provision serve`, a real swtpm minion joined as an Orin NX device (the attested join
 of tests/provisioner/test_join_http.py) and the real `provision device-config` / `provision device` CLI:
@@ -83,7 +83,7 @@ def one_line_refusal(cp: ControlPlane, *args: str, words: str) -> None:
     assert words in out.stderr, out.stderr
 
 
-def test_configs_deploys_status_and_logs(cp: ControlPlane, minion: Callable[[], Minion]) -> None:
+def test_configs_deploys_status_and_logs(cp: ControlPlane, minion: Callable[[], Minion]) -> None:  # noqa: PLR0915
     storage, device = minion(), minion()
     join_storage(cp, storage)
     add_node(cp, device, "cam-1", "device")

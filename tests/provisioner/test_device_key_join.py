@@ -1,4 +1,4 @@
-"""Devices without a TPM (issue 15, "Identity and join"): a Jetson Xavier joins with a device key, only in
+"""Devices without a TPM: a Jetson Xavier joins with a device key, only in
 a region that opts in (docs/join-protocol.md "Devices without a TPM").
 
 Over HTTP with a real `provision serve`, the real `minion id|join --device-key` CLI (its key file in a
@@ -130,7 +130,7 @@ def beat_until_asked(cp: ControlPlane, node: dict[str, Any]) -> str:
     raise AssertionError("no nonce asked for in 4 heartbeats")
 
 
-def test_a_xavier_joins_with_its_device_key_only_where_the_region_allows_it(
+def test_a_xavier_joins_with_its_device_key_only_where_the_region_allows_it(  # noqa: PLR0915
     cp: ControlPlane, minion: Callable[[], Any], tmp_path: Path
 ) -> None:
     ensure_storage(cp, minion)

@@ -1,8 +1,8 @@
-"""Devices in the control plane (issue 15, "Devices"): a device is a node whose service is `device`.
+"""Devices in the control plane: a device is a node whose service is `device`.
 
 Over HTTP with a real `provision serve`, real swtpm minions (the attested join of tests/provisioner/
 test_join_http.py) and the real `provision device` CLI: refused in a local-storage region with
-cloudbender.txt's reason and nothing stored; added in a central region, it joins, gets the device
+the product rules' reason and nothing stored; added in a central region, it joins, gets the device
 playbook, and enters active as soon as its finalize completes (no maintenance step); show, list, remove,
 history. On each store (SQLite, PostgreSQL), through the services: the refusals leave no row, and
 device-days count every device that existed on a day, added and removed ones included."""
@@ -131,7 +131,8 @@ def test_refused_in_a_local_storage_region_and_before_the_storage_node_is_active
         )
     assert answer.status_code == 409 and answer.json()["code"] == "device_region_local_storage", answer.text
     assert answer.json()["message"] == LOCAL_REFUSAL
-    # a central region takes devices once its storage node serves (cloudbender.txt: "configured with a
+    # a central region takes devices once its storage node serves (the product rules (docs/product-rules.md):
+    # "configured with a
     # centralized storage node"); until then the refusal says what to add first
     early = cli(cp, "device", "add", "cam-e", "--region", "edge", "--minion-id", "d" * 32, ok=False)
     assert early.returncode == 1 and "has no storage node yet: add it first" in early.stderr

@@ -1,4 +1,4 @@
-"""Federated jobs (issue 14 "Federated fee", docs/accounts.md "Sharing a project"): a project's owner
+"""Federated jobs: a project's owner
 shares it with another account, whose member creates a job in it as OWNER/PROJECT. The job is the
 project's (the owner's private regions and usage-fee price apply), its creator is the sharee: the creator
 sees the jobs it created there, the owner every job of its project, a third account nothing (404).

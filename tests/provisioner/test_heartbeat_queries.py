@@ -1,4 +1,4 @@
-"""Issue 17 ("Fleet scale"): what one heartbeat asks the store. 10,000 nodes beat ≈ 333 times a second, so
+"""What one heartbeat asks the store. 10,000 nodes beat ≈ 333 times a second, so
 each beat must ask a question once: the credential's node comes with its region and provider in ONE query,
 and the reservations assigned to the node are read once for both the reporter (what the node says it
 serves) and the contributor (what it must serve). Counts statements, not time, on both stores; the nodes

@@ -1,4 +1,4 @@
-"""Issue 17: a heartbeat's quote is checked before anything the heartbeat reports is stored. A beat that
+"""A heartbeat's quote is checked before anything the heartbeat reports is stored. A beat that
 answers a quote request with a forged quote must change nothing but what the refusal records (the audit
 line, the node errored, the nonce spent): not the inventory, requirements, finalize report, heartbeat
 time or beat count. A real `provision serve` (SQLite, TLS), a real swtpm-joined node, the minion's own

@@ -56,7 +56,7 @@ def join(m: Minion, token: str) -> Any:
     return m.prove(first.json(), token)
 
 
-def test_register_and_join_against_manifest(cp: ControlPlane, tmp_path: Path, make_swtpm: Any) -> None:
+def test_register_and_join_against_manifest(cp: ControlPlane, tmp_path: Path, make_swtpm: Any) -> None:  # noqa: PLR0915
     builder, stranger = Builder(tmp_path / "builder"), Builder(tmp_path / "stranger")
     good_tpm: Swtpm = make_swtpm()
     bad_tpm: Swtpm = make_swtpm()

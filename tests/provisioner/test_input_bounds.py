@@ -1,4 +1,4 @@
-"""Input an attacker or a careless operator sends is refused whole (issue 17, defects 7-10): names and
+"""Input an attacker or a careless operator sends is refused whole: names and
 addresses with a trailing newline or a control character, TTLs too long for a date, free text of a
 megabyte, a bundle URL that is not http(s); each answers a one-line 4xx and stores nothing. Also: the
 store's files are the owner's only, and a second `serve` leaves a live server's client config alone."""

@@ -1,6 +1,6 @@
 """The job spec (contracts/jobspec.py) and its three file formats (provisioner/domain/job_formats.py).
 
-The examples in tests/provisioner/jobspecs/ are the seeds' own (ChainOpera Launch's hello-world job.yaml,
+The examples in tests/provisioner/jobspecs/ are the formats' own (ChainOpera Launch's hello-world job.yaml,
 OpenPAI's tensorflow-cifar10 JSON) plus rigbase specs that use every field of the job configuration. Every
 rule is checked for the field path and, for YAML, the line named in its error. Pure functions: no server."""
 

@@ -1,5 +1,4 @@
-"""A burst of simultaneous requests against a real `provision serve` never stalls on its own store
-(issue 17, the join burst that never finished).
+"""A burst of simultaneous requests against a real `provision serve` never stalls on its own store.
 
 The cause: a request's unit of work holds a pooled connection (on SQLite, the write lock) from its first
 query until the `Db` dependency commits, and between the two it needs the shared worker-thread pool

@@ -317,7 +317,7 @@ def test_refused_wrong_activated_secret(cp: ControlPlane, minion: Callable[..., 
     )
     assert "attestation_wrong_secret" in str(api(cp, "GET", "/v1/nodes/secret-1/history"))
     # anyone knowing the EK could cause this, so it errors nothing; and since only a verified proof
-    # starts a join (issue 17), the node has not moved at all (it used to show enrolling)
+    # starts a join, the node has not moved at all (it used to show enrolling)
     assert node_state(cp, "secret-1")["state"] == "new"
 
 
@@ -505,7 +505,7 @@ def test_pinned_ek_joins_without_certificate_only_with_that_ek(
     assert forged.status_code == 403 and forged.json()["code"] == "attestation_pinned_ek_mismatch"
 
 
-# ---------------------------------------------------------------- issue 17: proven reports, bounded quotes
+# ---------------------------------------------------------------- proven reports, bounded quotes
 
 H100S = {"gpus": [{"model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559}] * 8}
 

@@ -1,5 +1,5 @@
-"""Nothing a request says about a minion is stored before its proof of possession succeeds (issue 17, defect
-2): a refused step 1 of a join — failing requirements, a bad join token, a malformed body — or a proof its
+"""Nothing a request says about a minion is stored before its proof of possession succeeds: a refused step 1
+of a join — failing requirements, a bad join token, a malformed body — or a proof its
 TPM did not make leaves an attested pending minion exactly as it was; the refusal is only in the audit
 trail. Real `provision serve` (SQLite), real swtpms, the minion's own message builders."""
 

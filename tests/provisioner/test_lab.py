@@ -29,7 +29,7 @@ from provisioner.lab.state import (
     machine_owner,
     state_path,
 )
-from provisioner.lab.topology import NAME_PATTERN, NETNS_PREFIX, LabPlan, Role, address, netns_name
+from provisioner.lab.topology import NAME_PATTERN, NETNS_PREFIX, HostRole, LabPlan, address, netns_name
 from tests.fixtures.leftovers import processes_naming
 from tests.fixtures.rootfs import rootfs_cache_dir
 
@@ -113,7 +113,7 @@ def test_plan_names_and_addresses_are_fixed_and_only_the_labs_names_match() -> N
         ("node-2", "10.77.0.12"),
         ("node-3", "10.77.0.13"),
     ]
-    assert address(Role.CP) == "10.77.0.2" and plan.cp_lan_url == "https://10.77.0.2:8470"
+    assert address(HostRole.CP) == "10.77.0.2" and plan.cp_lan_url == "https://10.77.0.2:8470"
     assert all(NAME_PATTERN.match(n) for n in plan.namespaces())
     # namespaces of tests (netns.Lab: rigbase-<tag>-<role>-<random>) are never the lab's to delete
     for other in ("rigbase-lab-lan-1a2b3c", "rigbase-t-node-ffffff", "rigbase-lab-nodex", "lab-node1"):
@@ -152,7 +152,7 @@ def test_state_survives_a_round_trip_and_never_trusts_a_reused_pid(tmp_path: Pat
     state = LabState(
         home=str(tmp_path),
         serve=me,
-        namespaces=[netns_name(Role.LAN)],
+        namespaces=[netns_name(HostRole.LAN)],
         nodes={"node-1": LabNodeRecord(1, "node-1", "rigbase-lab-node1", "10.77.0.11", minion_id="ab" * 16)},
     )
     state.save()
@@ -218,7 +218,7 @@ def test_down_needs_yes_without_a_terminal(tmp_path: Path) -> None:
 
 def test_down_cleans_leftovers_of_a_crashed_up_and_up_refuses_them(lab_home: Path) -> None:
     """A `lab up` killed before it wrote its state: a namespace and a process still inside it."""
-    stray = netns.Netns(netns_name(Role.CLIENT)).create()
+    stray = netns.Netns(netns_name(HostRole.CLIENT)).create()
     (lab_home / "lab").mkdir()
     sleeper = stray.popen(["sleep", "300"], start_new_session=True)
     try:
@@ -244,8 +244,8 @@ def test_a_lab_of_another_home_is_named_and_once_that_home_is_gone_any_homes_dow
     its processes found by that home's path."""
     other = tmp_path / "other-home"
     claim_machine(other)
-    LabState(home=str(other), namespaces=[netns_name(Role.CLIENT)]).save()
-    leftover = netns.Netns(netns_name(Role.CLIENT)).create()
+    LabState(home=str(other), namespaces=[netns_name(HostRole.CLIENT)]).save()
+    leftover = netns.Netns(netns_name(HostRole.CLIENT)).create()
     # a process of that lab on the host (as `provision serve` and swtpm run), naming its lab directory
     survivor = subprocess.Popen(
         [sys.executable, "-c", "import time; time.sleep(300)", str(other / "lab" / "serve")],
@@ -318,7 +318,7 @@ def test_two_nodes_join_reach_maintenance_and_down_leaves_nothing(cached_lab_hom
     assert {n["name"] for n in listed} == {"node-1", "node-2"}
     # over TLS, with the certificate of the lab's CA for its LAN address; plain HTTP gets no answer
     ca = lab_home / "tls" / "ca.pem"
-    probe = netns.Netns(netns_name(Role.CLIENT)).run(
+    probe = netns.Netns(netns_name(HostRole.CLIENT)).run(
         [
             sys.executable,
             "-c",
@@ -327,7 +327,7 @@ def test_two_nodes_join_reach_maintenance_and_down_leaves_nothing(cached_lab_hom
         ]
     )
     assert probe.stdout.strip() == "200", probe.stderr
-    plain = netns.Netns(netns_name(Role.CLIENT)).run(
+    plain = netns.Netns(netns_name(HostRole.CLIENT)).run(
         [sys.executable, "-c", "import httpx; httpx.get('http://10.77.0.2:8470/healthz')"], check=False
     )
     assert plain.returncode != 0

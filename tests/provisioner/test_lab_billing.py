@@ -1,4 +1,4 @@
-"""Billing of jobs that really ran (issue 14 "Jobs driven through the real job lifecycle in the lab"):
+"""Billing of jobs that really ran:
 `provision lab up` with one node, whose minion runs each job as a podman container; the server's metering
 reconciler (every minute, on the wall clock) posts each job's partial hour once it stopped. What the
 ledger holds must be what domain.billing_rules says for the run the control plane recorded: the job's

@@ -1,4 +1,4 @@
-"""Request limits of a real server (issue 17, defects 3-6): body caps and auth before the body (413/401),
+"""Request limits of a real server: body caps and auth before the body (413/401),
 bounded node reports (422), a node list that survives what is already stored, escaped and bounded audit
 reasons, and per-source rate limits on failed authentications (429). Different sources are different
 127.0.0.x addresses: the client binds its end of the connection there."""

@@ -19,12 +19,12 @@ from provisioner.domain.placement import (
     TEXTS,
     TRANSIENT,
     Candidate,
+    CandidateSource,
     Fleet,
     Placement,
     PlacementRequest,
     Rejection,
     Snapshot,
-    Source,
     place,
     place_from,
     place_queue,
@@ -39,7 +39,7 @@ OWN, OTHER = "acc_own", "acc_other"
 def node(name: str = "n1", **over: Any) -> Candidate:
     """A candidate that fits `job()`; each test changes what it is about."""
     fields: dict[str, Any] = {
-        "source": Source.NODE,
+        "source": CandidateSource.NODE,
         "id": f"id-{name}",
         "name": name,
         "region": "lab",
@@ -413,7 +413,7 @@ class CloudCapacity:
         for gpu_type in sorted(request.gpu_types):
             yield node(
                 f"gcp-{gpu_type.lower()}",
-                source=Source.GCP,
+                source=CandidateSource.GCP,
                 provider="gcp",
                 region="us-central1",
                 gpu_type=gpu_type,
@@ -425,7 +425,7 @@ def test_other_capacity_sources_compete_on_the_same_rules() -> None:
     fleet = Snapshot([node("own", price_per_gpu_hour=3.0), node("t4", gpu_type="T4")])
     placement = place_from(job(gpu_types=frozenset({"A100", "H100"})), [fleet, CloudCapacity()])
     assert [c.name for c in placement.ranked] == ["gcp-a100", "gcp-h100", "own"]
-    assert placement.chosen is not None and placement.chosen.source == Source.GCP
+    assert placement.chosen is not None and placement.chosen.source == CandidateSource.GCP
     limited = place_from(job(max_price=1.5), [fleet, CloudCapacity()])
     assert limited.chosen is None and Rejection.OVER_MAX_PRICE in limited.counts()
 

@@ -27,7 +27,7 @@ MID = [f"{i:032x}" for i in range(1, 20)]
 
 
 @pytest.fixture
-def seeded(store: Store, tmp_path, monkeypatch: pytest.MonkeyPatch) -> Store:  # noqa: ANN001
+def seeded(store: Store, tmp_path, monkeypatch: pytest.MonkeyPatch) -> Store:
     monkeypatch.setenv("RIGBASE_HOME", str(tmp_path / "home"))  # the secrets key lives here
     with store.sessions.begin() as s:  # type: ignore[attr-defined]
         providers.enable(s, "physical", {}, actor=ACTOR)

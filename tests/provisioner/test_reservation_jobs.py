@@ -1,4 +1,4 @@
-"""A job's reservation moves with the job (issue 12), in the store on SQLite AND PostgreSQL: while the job's
+"""A job's reservation moves with the job, in the store on SQLite AND PostgreSQL: while the job's
 worker 0 is placed on a node, that node's desired state carries the reservation exactly as an operator
 assignment would (so its minion publishes HOST.local); a re-placement moves it to the new node, a stop takes
 it off; `reservation show` names the job and the node and trusts a report only from the node serving it

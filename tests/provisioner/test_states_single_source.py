@@ -66,7 +66,7 @@ def _literals(node: ast.AST | None) -> Iterator[ast.Constant]:
             yield from _literals(arg)
 
 
-def _hits(tree: ast.Module) -> Iterator[tuple[int, str]]:
+def _hits(tree: ast.Module) -> Iterator[tuple[int, str]]:  # noqa: C901
     module_level = {id(n) for n in tree.body}
     for node in ast.walk(tree):
         if isinstance(node, ast.Compare):

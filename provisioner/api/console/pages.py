@@ -20,6 +20,7 @@ from provisioner.api.console.render import ConsoleRoute, page, reading, set_cook
 from provisioner.api.console.session import SIGNIN_COOKIE, SIGNIN_MAX_AGE_S
 from provisioner.api.schemas import NodeOut
 from provisioner.domain.states import NODE_AWAITING_MINION, NodeState, Service
+from provisioner.providers.base import Feature, provider_for
 from provisioner.services.cloud import gcp as gcp_service
 from provisioner.services.data import datastores
 from provisioner.services.devices import device_configs as config_service
@@ -149,10 +150,8 @@ def region_quota(request: Request, ref: str, who: SignedIn) -> Response:
         region = visibility.region(session, who.principal, ref)
         gcp_region = str((region.settings or {}).get("gcp_region") or region.name)
         problem, table = None, None
-        if region.provider.kind != "gcp":
-            problem = (
-                f"region '{region.name}' is a {region.provider.kind} region: only GCP regions have quotas"
-            )
+        if not provider_for(region.provider.kind).supports(Feature.QUOTA):
+            problem = f"region '{region.name}' is a {region.provider.kind} region, which has no quota"
         else:
             try:
                 table = gcp_service.region_quota(session, gcp_region).to_json()

@@ -22,6 +22,7 @@ from contracts.errors import RigbaseError
 from provisioner.api.console.forms import CSRF_FIELD, CsrfRefused, SignInRequired, Who, signer_of
 from provisioner.api.console.session import FLASH_COOKIE, SESSION_COOKIE
 from provisioner.api.errors import http_status
+from provisioner.providers.base import Feature, provider_for
 
 HERE: Final = Path(__file__).parent
 TEMPLATES: Final = Jinja2Templates(directory=str(HERE / "templates"))
@@ -49,6 +50,14 @@ def _when(value: datetime | None) -> str:
 
 
 TEMPLATES.env.filters["when"] = _when
+
+
+def _has_quota(kind: str) -> bool:
+    """Whether regions of this provider kind have a quota page (the driver says, not its name)."""
+    return provider_for(kind).supports(Feature.QUOTA)
+
+
+TEMPLATES.env.tests["with_quota"] = _has_quota
 
 
 def secure(request: Request) -> bool:

@@ -106,7 +106,7 @@ class DeployIn(BaseModel):
     latest: bool = Field(False, description="deploy the configuration's latest revision")
 
 
-class StatusOut(BaseModel):
+class DeviceStatusOut(BaseModel):
     device: str
     device_id: str
     region: str
@@ -173,38 +173,40 @@ def remove(ref: str, session: Db, actor: Operator, region: str | None = None) ->
 @router.post("/v1/device-configs/{ref}/deploy")
 def deploy_config(
     ref: str, body: DeployIn, session: Db, actor: Operator, region: str | None = None
-) -> Page[StatusOut]:
+) -> Page[DeviceStatusOut]:
     """Deploy every device set to this configuration."""
     deps = deployments.deploy_all(session, ref, region=region, latest=body.latest, actor=actor)
     return Page(items=[_status(session, d.node) for d in sorted(deps, key=lambda d: d.node.name)])
 
 
-def _status(session: Session, node: Any) -> StatusOut:
-    return StatusOut(**deployments.status(session, node))
+def _status(session: Session, node: Any) -> DeviceStatusOut:
+    return DeviceStatusOut(**deployments.status(session, node))
 
 
 @router.put("/v1/nodes/{ref}/device-config")
 def set_config(
     ref: str, body: SetConfigIn, session: Db, actor: Operator, region: str | None = None
-) -> StatusOut:
+) -> DeviceStatusOut:
     dep = deployments.set_config(session, ref, body.config, region=region, actor=actor)
     return _status(session, dep.node)
 
 
 @router.post("/v1/nodes/{ref}/deploy")
-def deploy(ref: str, body: DeployIn, session: Db, actor: Operator, region: str | None = None) -> StatusOut:
+def deploy(
+    ref: str, body: DeployIn, session: Db, actor: Operator, region: str | None = None
+) -> DeviceStatusOut:
     dep = deployments.deploy(session, ref, region=region, latest=body.latest, actor=actor)
     return _status(session, dep.node)
 
 
 @router.get("/v1/nodes/{ref}/device-status")
-def device_status(ref: str, session: Db, region: str | None = None) -> StatusOut:
+def device_status(ref: str, session: Db, region: str | None = None) -> DeviceStatusOut:
     """Configuration Status (revision, when deployed) and Inference Status (what the minion reports)."""
     return _status(session, deployments.device(session, ref, region))
 
 
 @router.get("/v1/device-status")
-def list_status(session: Db, region: str | None = None) -> Page[StatusOut]:
+def list_status(session: Db, region: str | None = None) -> Page[DeviceStatusOut]:
     """The status of every device that has a configuration."""
     return Page(items=[_status(session, d.node) for d in deployments.list_deployments(session, region)])
 

@@ -72,7 +72,7 @@ class PublicationOut(BaseModel):
         return cls(
             id=row.id,
             image_id=row.manifest_id,
-            provider=image_publish.PROVIDERS[0],
+            provider=row.provider.kind,
             target=row.target,
             state=row.state,
             reason=row.reason,

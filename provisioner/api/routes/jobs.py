@@ -17,6 +17,7 @@ from provisioner.api.deps import Db, NodeCredential, Principal
 from provisioner.api.errors import NODE_ERRORS, documented
 from provisioner.api.schemas import EventOut, Page
 from provisioner.domain.placement_rows import match_rows
+from provisioner.providers.base import Feature, provider_for
 from provisioner.services.billing import ledger
 from provisioner.services.cloud import gcp_capacity
 from provisioner.services.jobs import job_logs
@@ -133,7 +134,7 @@ class MatchRowOut(BaseModel):
     selected: bool
 
 
-class RejectedOut(BaseModel):
+class PlacementRejectedOut(BaseModel):
     node: str
     region: str
     reason: str = Field(description="the rejection's kind, e.g. wrong_gpu_type, maintenance, offline")
@@ -149,7 +150,7 @@ class PlacementOut(BaseModel):
     pinned_region: str | None
     pinned_by: str | None
     matches: list[MatchRowOut]
-    rejected: list[RejectedOut]
+    rejected: list[PlacementRejectedOut]
     rejected_total: int
     # GCP region of a match → seconds since its quota was read (None: never): placement works from the
     # cached read (refreshed every 60 s), so the operator sees how old the capacity it offers is
@@ -166,7 +167,7 @@ class PlacementOut(BaseModel):
             pinned_by=sub.pinned.because,
             matches=[MatchRowOut(**row.__dict__) for row in match_rows(first)],
             rejected=[
-                RejectedOut(node=c.name, region=c.region, reason=r.value, message=m)
+                PlacementRejectedOut(node=c.name, region=c.region, reason=r.value, message=m)
                 for c, r, m in rejected[:REJECTED_SHOWN]
             ],
             rejected_total=len(rejected),
@@ -211,7 +212,7 @@ def create(body: JobIn, session: Db, principal: Principal) -> JobCreatedOut:
 def dry_run(body: JobIn, session: Db, principal: Principal) -> PlacementOut:
     """Where the job would run now and why every other candidate does not fit; stores nothing."""
     out = PlacementOut.of(service.create(session, principal, _spec(body), project=body.project, dry_run=True))
-    shown = {m.region for m in out.matches if m.provider == "gcp"}
+    shown = {m.region for m in out.matches if provider_for(m.provider).supports(Feature.QUOTA)}
     if shown:
         ages = gcp_capacity.cache_age_s(session)
         out.gcp_quota_age_s = {name: ages.get(name) for name in sorted(shown)}

@@ -1,4 +1,4 @@
-"""The Google Cloud provider (issue 5): `GcpProvider` plus the call points the services and reconcilers use.
+"""The Google Cloud provider: `GcpProvider` plus the call points the services and reconcilers use.
 
 One module per concern: credentials (key validation), catalogue (regions/ data), capacity (the quota
 rule), quota (`region quota`), clients (every Google client, endpoint-overridable), permissions
@@ -20,6 +20,7 @@ from provisioner.domain.health import RegionHealthView
 from provisioner.domain.states import ONLINE_WINDOW, NodeState
 from provisioner.providers.base import (
     EventWatch,
+    Feature,
     NodeEvent,
     PlannedAction,
     Progress,
@@ -29,6 +30,7 @@ from provisioner.providers.base import (
     RegionNodeSpec,
 )
 from provisioner.providers.gcp import bootstrap, catalogue, credentials, naming, storage_node
+from provisioner.providers.gcp.capacity import LOCAL_SSD_PARTITION_GB
 from provisioner.providers.gcp.clients import Endpoints, GcpContext
 from provisioner.providers.gcp.events import EventConsumer
 
@@ -39,6 +41,7 @@ RUNNING_STATUSES = frozenset({"RUNNING", "PROVISIONING", "STAGING"})  # Compute'
 
 class GcpProvider(ProviderDriver):
     kind: ClassVar[str] = "gcp"
+    features: ClassVar[frozenset[Feature]] = frozenset(Feature)
     title: ClassVar[str] = "Google Cloud"
     # on demand only (docs/product-rules.md "Google Cloud provider"); the payment mode is how the
     # operator pays rigbase's fees, same choices as physical
@@ -129,7 +132,8 @@ class GcpProvider(ProviderDriver):
                 "create",
                 "instance",
                 spec_name,
-                f"{sc.machine_type}, {sc.local_ssds} × 375 GB local SSD ({sc.cache_gb} GB cache), "
+                f"{sc.machine_type}, {sc.local_ssds} × {LOCAL_SSD_PARTITION_GB} GB local SSD "
+                f"({sc.cache_gb} GB cache), "
                 "Shielded VM + vTPM, "
                 f"first free zone of {', '.join(settings['zones'])}",
             )

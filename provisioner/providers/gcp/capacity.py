@@ -63,6 +63,7 @@ class GpuCapacity:
     jobs_by_cpus: float
     local_ssd_metric: str
     local_ssd_free_gb: float
+    local_ssd_gb_per_job: int
     jobs_by_local_ssd: float
     runnable_jobs: int
     limited_by: Limit
@@ -133,6 +134,7 @@ def gpu_capacity(gpu: GpuType, quotas: Mapping[str, Quota], preemptible: bool = 
         jobs_by_cpus=factors[Limit.CPUS],
         local_ssd_metric=metrics.local_ssd,
         local_ssd_free_gb=ssd_free,
+        local_ssd_gb_per_job=LOCAL_SSD_PARTITION_GB,
         jobs_by_local_ssd=factors[Limit.LOCAL_SSD],
         runnable_jobs=math.floor(factors[limited_by]),
         limited_by=limited_by,

@@ -6,13 +6,13 @@ time."""
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 import yaml
 
+from contracts.catalogue import catalogue_dir
 from contracts.errors import InvalidInput
 
 GPU_COUNTS = (1, 2, 4, 8)  # what every GPU machine family offers per VM
@@ -90,17 +90,9 @@ class Catalogue:
         return [gpu for name, gpu in self.gpus.items() if name in offered]
 
 
-def regions_dir() -> Path:
-    """The shipped catalogue: regions/ at the repository root (source checkouts, editable installs), else
-    <prefix>/share/rigbase where a wheel install puts regions/*.yaml (pyproject.toml data-files). The
-    settings' `regions_dir` (RIGBASE_REGIONS_DIR) replaces it through GcpProvider(regions_dir=...)."""
-    source = Path(__file__).resolve().parents[3] / "regions"
-    return source if source.is_dir() else Path(sys.prefix) / "share" / "rigbase"
-
-
 @lru_cache(maxsize=4)
 def load(directory: Path | None = None) -> Catalogue:
-    base = directory or regions_dir()
+    base = directory or catalogue_dir()
     gpus_doc = yaml.safe_load((base / "gcp-gpus.yaml").read_text())
     regions_doc = yaml.safe_load((base / "gcp-regions.yaml").read_text())
     gpus = {

@@ -80,7 +80,7 @@ def find(ctx: GcpContext, owned: Owned) -> Instance | None:
     return None
 
 
-def create(
+def create(  # noqa: C901
     ctx: GcpContext,
     owned: Owned,
     recipe: Recipe,

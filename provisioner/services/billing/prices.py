@@ -1,6 +1,7 @@
 """The public price list: credits per GPU-hour a customer pays for a GPU type on another account's region
 (docs/billing.md "Public jobs"). The operator's price (`provision price set`, table gpu_prices) wins; else
-the default of domain/billing_rules.py (the seed's A100 at 2.78); else the GPU's usage fee, at which its
+the default of domain/billing_rules.py (the product rules' A100 at 2.78); else the GPU's usage fee, at which
+its
 region owner earns nothing. A price is never below the usage fee of its class (the owner would owe).
 
 The jobs service locks `price_for(session, gpu_type)` into a job at create (docs/jobs.md "Price")."""
@@ -12,31 +13,27 @@ from decimal import Decimal, InvalidOperation
 from functools import lru_cache
 from pathlib import Path
 
-import yaml
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from contracts import catalogue
 from contracts.errors import InvalidInput, NotFound
-from contracts.gpu_types import GPU_TYPES, resolve_gpu_type
+from contracts.gpu_types import GPU_TYPES, GpuClass, resolve_gpu_type
 from provisioner.domain import billing_rules as rules
-from provisioner.domain.billing_rules import GpuClass
 from provisioner.domain.roles import Action, Principal
 from provisioner.domain.text import printable
-from provisioner.providers.gcp.catalogue import regions_dir
 from provisioner.store.billing_models import GpuPrice
 
 
 @lru_cache(maxsize=4)
 def _classes_in(directory: Path) -> dict[str, GpuClass]:
-    # libyaml's loader where PyYAML was built with it: the catalogue is read on the first metering tick
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    return rules.gpu_classes(yaml.load((directory / "gpus.yaml").read_text(), Loader=loader))  # noqa: S506
+    return rules.gpu_classes(catalogue.read(directory / "gpus.yaml"))
 
 
 @lru_cache(maxsize=1)
 def _classes() -> dict[str, GpuClass]:
     """The shipped catalogue's classes, read once per process (metering asks for every job)."""
-    return _classes_in(regions_dir())
+    return _classes_in(catalogue.catalogue_dir())
 
 
 def gpu_class_of(gpu_type: str | None) -> GpuClass | None:

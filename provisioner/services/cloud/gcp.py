@@ -29,7 +29,7 @@ from provisioner.services.regions import regions as region_service
 from provisioner.store.gcp_models import GcpBootstrap, GcpStorageNode
 from provisioner.store.models import Node, Provider, Region
 
-KIND = "gcp"
+KIND = GcpProvider.kind
 VM_KIND = "storage_vm"  # audit kind of a storage node VM's status changes
 
 

@@ -1,7 +1,7 @@
 """Burst VMs: a job worker placed on GCP capacity gets its own ephemeral VM (docs/gcp.md "Burst compute
 for jobs"). This module is the store side; reconcilers/gcp_burst.py calls Google.
 
-- `materialise` (called by services.jobs when placement chose a Source.GCP candidate): books the region's
+- `materialise` (called by services.jobs when placement chose a GCP candidate): books the region's
   capacity (services.gcp_capacity.book), then writes, in the placing transaction, a `nodes` row named
   like the VM (state new, the placeholder minion_id of a VM whose EK is not known yet) and a
   `gcp_burst_vms` row (pending) per worker; the worker is assigned to that node like to any node, so the
@@ -29,7 +29,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from contracts.errors import InvalidInput, RuleViolation
-from provisioner.domain.placement import Candidate, Source
+from provisioner.domain.placement import Candidate, CandidateSource
 from provisioner.domain.states import (
     BURST_VM_TRANSITIONS,
     JOB_DONE,
@@ -41,6 +41,7 @@ from provisioner.domain.states import (
     Service,
     WorkerState,
 )
+from provisioner.providers.base import Feature
 from provisioner.providers.gcp import catalogue, naming
 from provisioner.providers.gcp.compute_node import local_ssds_for
 from provisioner.services.cloud import gcp_capacity
@@ -55,7 +56,6 @@ from provisioner.store.job_models import Job
 from provisioner.store.models import Node, Region, new_id
 
 KIND = "burst_vm"  # audit kind of a burst VM's state changes
-KIND_GCP = "gcp"  # the provider whose regions take VMs
 _RESERVATION = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")  # Compute's resource name rule
 
 
@@ -91,7 +91,7 @@ def materialise(
 ) -> tuple[list[Candidate], str | None]:
     """`chosen` with every GCP candidate replaced by the node of a new burst VM (module docstring), or
     (chosen, why) when the region's capacity is gone since the snapshot: then nothing is written."""
-    on_gcp = [(i, c) for i, c in enumerate(chosen) if c.source == Source.GCP]
+    on_gcp = [(i, c) for i, c in enumerate(chosen) if c.source == CandidateSource.GCP]
     if not on_gcp:
         return list(chosen), None
     for cid, workers in Counter(c.id for _, c in on_gcp).items():
@@ -104,7 +104,7 @@ def materialise(
     disk_gb = int((job.spec.get("resources") or {}).get("disk_size") or 0)
     for index, cand in on_gcp:
         node = _make(session, job, index, cand, attempt=attempt, disk_gb=disk_gb, actor=actor)
-        out[index] = replace(cand, source=Source.NODE.value, id=node.id, name=node.name)
+        out[index] = replace(cand, source=CandidateSource.NODE.value, id=node.id, name=node.name)
     session.flush()
     wake_after_commit(session, Wake.GCP_BURST)
     return out, None
@@ -168,7 +168,7 @@ def add_compute_node(
     make and cost. Every check runs before the first write."""
     names.dns_label("node", name)
     reg = region_service.get(session, region)
-    if reg.provider.kind != KIND_GCP:
+    if not runtime_of(session).provider(reg.provider.kind).supports(Feature.VMS):
         raise RuleViolation(
             f"region '{reg.name}' is a {reg.provider.kind} region: --gpu-type adds a VM to a GCP region; "
             "add your own machines with --minion-id",

@@ -1,4 +1,4 @@
-"""GCP capacity as placement candidates (the `Source.GCP` capacity source of services.job_placement).
+"""GCP capacity as placement candidates (the `CandidateSource.GCP` capacity source of services.job_placement).
 
 Per GCP region rigbase runs (provider enabled, region not errored or leaving) and per GPU type the region
 offers to jobs, one on-demand candidate and, where the catalogue has a Spot price, one Spot candidate:
@@ -29,7 +29,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from provisioner.domain import billing_rules
-from provisioner.domain.placement import Candidate, Source
+from provisioner.domain.placement import Candidate, CandidateSource
 from provisioner.domain.states import (
     BURST_VM_LIVE,
     REGION_SETTLED_BAD,
@@ -37,6 +37,7 @@ from provisioner.domain.states import (
     NodeState,
     ProviderState,
 )
+from provisioner.providers.base import Feature, kinds_supporting
 from provisioner.providers.gcp import catalogue
 from provisioner.providers.gcp.capacity import LOCAL_SSD_PARTITION_GB, Quota, metrics_for
 from provisioner.providers.gcp.capacity import gpu_capacity as capacity_rule
@@ -44,7 +45,6 @@ from provisioner.services.billing import prices
 from provisioner.store.gcp_models import GcpBurstVm, GcpQuotaCache
 from provisioner.store.models import Provider, Region
 
-KIND = "gcp"
 STOCKOUT_COOLDOWN = timedelta(minutes=10)
 ON_DEMAND, SPOT = "on-demand", "spot"
 
@@ -57,6 +57,7 @@ class GcpRegionView:
     name: str
     account_id: str | None
     public_jobs: bool
+    provider: str  # the region's provider kind
     gcp_region: str
     quotas: dict[str, Quota]
     fetched_at: datetime | None
@@ -93,13 +94,14 @@ def regions(session: Session) -> list[GcpRegionView]:
             Region.account_id,
             Region.public_jobs,
             Region.settings,
+            Provider.kind,
             GcpQuotaCache.quotas,
             GcpQuotaCache.fetched_at,
         )
         .join(Provider, Provider.id == Region.provider_id)
         .outerjoin(GcpQuotaCache, GcpQuotaCache.region_id == Region.id)
         .where(
-            Provider.kind == KIND,
+            Provider.kind.in_(kinds_supporting(Feature.QUOTA)),
             Provider.state == ProviderState.ENABLED,
             Region.state.not_in([s.value for s in REGION_SETTLED_BAD]),
         )
@@ -110,11 +112,12 @@ def regions(session: Session) -> list[GcpRegionView]:
             name=name,
             account_id=account_id,
             public_jobs=bool(public_jobs),
+            provider=provider,
             gcp_region=str((settings or {}).get("gcp_region") or name),
             quotas=_quotas_from(quotas),
             fetched_at=fetched_at,
         )
-        for region_id, name, account_id, public_jobs, settings, quotas, fetched_at in rows
+        for region_id, name, account_id, public_jobs, settings, provider, quotas, fetched_at in rows
     ]
 
 
@@ -299,13 +302,13 @@ def _build(
                 gone = (view.region_id, gpu.name, spot) in stocked_out
                 out.append(
                     Candidate(
-                        source=Source.GCP.value,
+                        source=CandidateSource.GCP.value,
                         id=candidate_id(view.region_id, gpu.name, model),
                         name=f"{gpu.machine_type} {model}",
                         region=view.name,
                         region_account_id=view.account_id,
                         region_public_jobs=view.public_jobs,
-                        provider=KIND,
+                        provider=view.provider,
                         gpu_type=gpu.job_gpu_type,
                         gpus_total=free,
                         gpus_free=0 if gone else free,
@@ -360,6 +363,7 @@ def book(
         name=region.name,
         account_id=region.account_id,
         public_jobs=bool(region.public_jobs),
+        provider=region.provider.kind,
         gcp_region=str((region.settings or {}).get("gcp_region") or region.name),
         quotas=quotas_of(row),
         fetched_at=row.fetched_at,

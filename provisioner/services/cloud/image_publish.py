@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from contracts.errors import Conflict, InvalidInput, NotFound, RuleViolation
 from provisioner.domain.states import PUBLICATION_TRANSITIONS, PublicationState
-from provisioner.providers.base import ProvisionFailed
+from provisioner.providers.base import Feature, ProvisionFailed, kinds_supporting
 from provisioner.providers.gcp import images as gcp_images
 from provisioner.providers.gcp import naming
 from provisioner.services.cloud import gcp
@@ -36,7 +36,6 @@ from provisioner.store.models import Provider, Region
 
 KIND = "image_publication"
 TARGET = "gce"
-PROVIDERS = ("gcp",)  # the providers whose VMs boot a published rigbase image
 REASON_MAX = 500
 
 
@@ -74,8 +73,9 @@ def _crc32c(value: str) -> str:
 
 
 def _provider_for(session: Session, row: RegisteredManifest, provider: str) -> Provider:
-    if provider not in PROVIDERS:
-        raise InvalidInput(f"--provider {provider}: images are published to {', '.join(PROVIDERS)} only")
+    publishing = kinds_supporting(Feature.PUBLISHED_IMAGE)
+    if provider not in publishing:
+        raise InvalidInput(f"--provider {provider}: images are published to {', '.join(publishing)} only")
     prov = gcp.enabled_provider(session)
     if row.region.provider_id != prov.id:
         raise RuleViolation(
@@ -145,7 +145,7 @@ def start(
         url = None
         if have != (int(target["size"]), crc32c):
             url = gcp_images.upload_session(ctx, bucket, obj, size=int(target["size"]), crc32c=crc32c)
-    except Exception as exc:  # noqa: BLE001 - Cloud Storage's refusal, said in one line
+    except Exception as exc:
         raise Conflict(
             f"Cloud Storage refused the upload to gs://{bucket}: {str(exc).splitlines()[0][:300]}",
             code="image_upload_refused",

@@ -43,7 +43,7 @@ class Runtime:
         if settings.regions_dir is not None:
             from provisioner.providers.gcp import GcpProvider
 
-            built["gcp"] = GcpProvider(regions_dir=settings.regions_dir)
+            built[GcpProvider.kind] = GcpProvider(regions_dir=settings.regions_dir)
         return cls(
             settings=settings,
             sealer=Sealer(settings.secret_key),

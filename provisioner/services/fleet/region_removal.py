@@ -10,8 +10,8 @@ from sqlalchemy.orm import Session
 
 from contracts.errors import Conflict
 from provisioner.domain.states import NodeState, RegionState
-from provisioner.providers.base import provider_for
-from provisioner.services.common.wakeups import REGION_WORK, wake_after_commit
+from provisioner.providers.base import Feature, provider_for
+from provisioner.services.common.wakeups import FEATURE_WORK, wake_after_commit
 from provisioner.services.data import datastores as datastore_service
 from provisioner.services.fleet import nodes as node_service
 from provisioner.services.regions import regions as region_service
@@ -66,7 +66,7 @@ def remove(
         node_service.transition(session, node, NodeState.REMOVED, actor=actor, reason=why)
     if made:
         # its reconciler deletes what it made, then → removed (woken once this removal is committed)
-        wake_after_commit(session, REGION_WORK[region.provider.kind])
+        wake_after_commit(session, FEATURE_WORK[Feature.REGION_NODE])
         return region
     # physical regions own nothing outside the store, so removal completes at once
     region_service.transition(session, region, RegionState.REMOVED, actor=actor)

@@ -37,7 +37,7 @@ from provisioner.store.models import Node, Region
 ACTOR = "gcp:events"
 
 
-def apply_event(sessions: sessionmaker[Session], event: NodeEvent) -> None:
+def apply_event(sessions: sessionmaker[Session], event: NodeEvent) -> None:  # noqa: C901
     """One instance event → store. Raising makes the consumer nack, so Pub/Sub redelivers it."""
     with session_scope(sessions) as s:
         burst = gcp_burst.live_by_instance(s, event.instance)

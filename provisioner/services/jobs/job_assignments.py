@@ -234,7 +234,7 @@ def desired_for_node(session: Session, node: Node) -> dict[str, Any]:
     ).model_dump(mode="json")
 
 
-def _apply_report(session: Session, node: Node, worker: JobWorker, report: WorkerReport, actor: str) -> None:
+def _apply_report(session: Session, node: Node, worker: JobWorker, report: WorkerReport, actor: str) -> None:  # noqa: C901
     worker.reported_at = datetime.now(UTC)
     if report.gpu_indices:
         worker.gpu_indices = list(report.gpu_indices)

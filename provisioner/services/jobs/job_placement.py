@@ -20,7 +20,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from provisioner.domain import billing_rules
-from provisioner.domain.placement import Candidate, PlacementRequest, Source
+from provisioner.domain.placement import Candidate, CandidateSource, PlacementRequest
 from provisioner.domain.states import WORKER_ON_NODE, NodeState, Service, is_online
 from provisioner.services.billing import prices
 from provisioner.services.cloud import gcp_capacity
@@ -83,7 +83,7 @@ def priced_for(candidates: Iterable[Candidate], account_id: str) -> list[Candida
     the account pays Google for it whoever owns the region."""
     return [
         replace(c, price_per_gpu_hour=usage_fee_of(c))
-        if c.region_account_id == account_id and c.source != Source.GCP
+        if c.region_account_id == account_id and c.source != CandidateSource.GCP
         else c
         for c in candidates
     ]
@@ -95,7 +95,8 @@ def allowed(candidates: Iterable[Candidate], request: PlacementRequest) -> list[
     return [
         c
         for c in candidates
-        if c.source != Source.GCP or (request.gpu_count == 1 and (request.preemptible or not c.preemptible))
+        if c.source != CandidateSource.GCP
+        or (request.gpu_count == 1 and (request.preemptible or not c.preemptible))
     ]
 
 
@@ -143,7 +144,7 @@ def candidate_of(
     failing = failed_rules(node.requirements or {})
     region = node.region
     return Candidate(
-        source=Source.NODE.value,
+        source=CandidateSource.NODE.value,
         id=node.id,
         name=node.name,
         region=region.name,
@@ -180,7 +181,7 @@ def node_candidates(session: Session, now: datetime | None = None) -> list[Candi
 
 
 # The capacity sources placement chooses from, each giving its candidates from the store: the seam of
-# domain.placement.CapacitySource on the store's side. GCP burst capacity (Source.GCP candidates, from the
+# domain.placement.CapacitySource on the store's side. GCP burst capacity (GCP candidates, from the
 # cached quota: services.gcp_capacity) competes with owned nodes; ranking, rejections, match table are shared.
 SOURCES: list[Callable[[Session], Iterable[Candidate]]] = [node_candidates, gcp_capacity.gcp_candidates]
 

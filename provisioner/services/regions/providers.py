@@ -10,10 +10,10 @@ from sqlalchemy.orm import Session
 
 from contracts.errors import Conflict, InvalidInput, NotFound
 from provisioner.domain.states import PROVIDER_TRANSITIONS, ProviderState, RegionState
-from provisioner.providers.base import REGISTRY, ProviderConfig, provider_for
+from provisioner.providers.base import REGISTRY, Feature, ProviderConfig, provider_for
 from provisioner.services.common import lifecycle
 from provisioner.services.common.runtime import runtime_of
-from provisioner.services.common.wakeups import PROVIDER_WORK, wake_after_commit
+from provisioner.services.common.wakeups import FEATURE_WORK, wake_after_commit
 from provisioner.store.models import Provider, Region, new_id
 
 KIND = "provider"
@@ -59,7 +59,7 @@ def enable(session: Session, kind: str, raw: Mapping[str, Any], *, actor: str) -
     if not impl.plan_enable(config):
         transition(session, provider, ProviderState.ENABLED, actor=actor)
     else:
-        wake_after_commit(session, PROVIDER_WORK[kind])
+        wake_after_commit(session, FEATURE_WORK[Feature.BOOTSTRAP])
     return provider
 
 
@@ -111,7 +111,7 @@ def remove(session: Session, ref: str, *, actor: str) -> Provider:
             transition(
                 session, provider, ProviderState.REMOVING, actor=actor, reason="removal requested by operator"
             )
-        wake_after_commit(session, PROVIDER_WORK[provider.kind])
+        wake_after_commit(session, FEATURE_WORK[Feature.BOOTSTRAP])
         return provider
     transition(session, provider, ProviderState.REMOVED, actor=actor, reason="removed by operator")
     return provider

@@ -361,7 +361,7 @@ def _import_check(fake: FakeCompute, source: str) -> str | None:
     bucket, _, obj = source[len(prefix) :].partition("/")
     url = f"{fake.storage_url}/storage/v1/b/{bucket}/o/{quote(obj, safe='')}?alt=media"
     try:
-        with urllib.request.urlopen(url, timeout=30) as resp:  # noqa: S310 - the local emulator
+        with urllib.request.urlopen(url, timeout=30) as resp:
             with tarfile.open(fileobj=gzip.GzipFile(fileobj=resp), mode="r|") as tar:
                 members = [(m.name, m.size) for m in tar]
     except (urllib.error.URLError, OSError, tarfile.TarError) as exc:

@@ -1,4 +1,4 @@
-"""Burst compute for jobs (issue 13, "Ephemeral compute for jobs"), in-process: the real store on SQLite,
+"""Burst compute for jobs, in-process: the real store on SQLite,
 the real google-cloud-compute client against the Compute REST fake, one reconciler pass at a time.
 
 Placement offers a GCP region's cached quota as candidates next to owned nodes; a job placed there gets a
@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from contracts.jobspec import JobSpec
 from provisioner.attestation.refusals import Refusal, RefusalCode
-from provisioner.domain.placement import Source
+from provisioner.domain.placement import CandidateSource
 from provisioner.domain.placement_rows import match_rows
 from provisioner.domain.roles import Principal, Role
 from provisioner.domain.states import BurstVmState, JobState, NodeState
@@ -137,7 +137,9 @@ def test_placement_offers_the_cached_quota_as_candidates_without_calling_google(
     calls = sum(fake_compute.fake.calls.values())
     with session_scope(store) as s:
         offered = {
-            c.name: c for c in job_placement.snapshot(s) if c.source == Source.GCP and c.gpu_type == "T4"
+            c.name: c
+            for c in job_placement.snapshot(s)
+            if c.source == CandidateSource.GCP and c.gpu_type == "T4"
         }
     assert sum(fake_compute.fake.calls.values()) == calls, "placement never calls Google"
     on_demand, spot = offered["n1-standard-8 on-demand"], offered["n1-standard-8 spot"]
@@ -326,7 +328,7 @@ def test_two_jobs_racing_for_the_last_gpu_never_make_two_vms(
             barrier.wait()
             with session_scope(store) as s:
                 jobs.place_waiting(s, s.get_one(Job, job_id), actor="test", candidates=list(stale))
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=place, args=(j,)) for j in (a, b)]
@@ -539,7 +541,7 @@ def test_burst_vms_take_one_gpu_workers_and_spot_only_when_preemptible() -> None
 
     def cand(spot: bool) -> Candidate:
         return Candidate(
-            source=Source.GCP.value,
+            source=CandidateSource.GCP.value,
             id=f"gcp/r/T4/{'spot' if spot else 'on-demand'}",
             name="n1-standard-8",
             region="us-central1",

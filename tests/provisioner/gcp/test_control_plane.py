@@ -96,7 +96,7 @@ def publish(
     return ok(cp, "image", "publish", str(manifest), "--provider", "gcp", "--wait").stdout.strip()
 
 
-def test_operator_walkthrough(
+def test_operator_walkthrough(  # noqa: PLR0915
     gcp_world: dict[str, Any], key_file: Path, tmp_path: Path, gcp_ctx: Any, gce_archive: Path
 ) -> None:
     fake, prefix = gcp_world["compute"], gcp_world["prefix"]

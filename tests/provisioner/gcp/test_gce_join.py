@@ -1,4 +1,4 @@
-"""A real minion joins as a VM rigbase made in GCP (issue 13): a real `provision serve` with the GCP fakes
+"""A real minion joins as a VM rigbase made in GCP: a real `provision serve` with the GCP fakes
 and the Cloud Storage emulator; the region created, its image published and a job created with the real
 `provision` CLI; the Compute fake gives the VM the EK of a real swtpm (whose PCR 4 holds the boot path its
 event log describes); a loopback metadata server serves that VM's metadata as Compute holds it; and the

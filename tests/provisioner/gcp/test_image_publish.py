@@ -1,4 +1,4 @@
-"""`provision image publish --provider gcp` at the service level (issue 13, "One image, two targets"): the
+"""`provision image publish --provider gcp` at the service level: the
 real store, the real google-cloud-storage client against gcp-storage-emulator, the client side of the
 resumable upload protocol, and images.insert on the Compute fake, whose import reads the uploaded archive
 back from the emulator. The CLI end to end is in test_control_plane.py's walkthrough."""

@@ -1,5 +1,4 @@
-"""Permanent GCP compute nodes (issue 13: `provision node add NAME --region us-central1 --gpu-type A100
---gpu-count 1 [--reservation R]`), in-process: the real store, the real google-cloud-compute client
+"""Permanent GCP compute nodes, in-process: the real store, the real google-cloud-compute client
 against the Compute REST fake, one gcp-burst pass at a time. The VM has the shape of its GPU count, uses
 only the named reservation, boots the region's published image, gets its EK pinned, is never reaped, and
 goes when its node is removed; every refusal leaves nothing behind."""

@@ -1,6 +1,5 @@
 """nodes.heartbeats: the beat counter moves from node_attestations onto the node row, so a steady heartbeat
-writes one row (the node's report and its count) instead of two (issue 17, "Fleet scale": at 333 beats/s
-the second UPDATE was a fifth of the beat's statements). The quote schedule and its grace still count
+writes one row (the node's report and its count) instead of two. The quote schedule and its grace still count
 beats: `node_attestations.quote_asked_beat` now compares with `nodes.heartbeats`.
 
 Revision ID: 0025_beat_count_on_node
