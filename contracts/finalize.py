@@ -118,8 +118,8 @@ class FinalizeStatus(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    generation: Sha256Hex | None
-    running: bool
+    generation: Sha256Hex | None  # the last generation applied
+    running: Sha256Hex | None  # the generation running now
     state: FinalizeRunState
     message: str | None
     facts: Report | None

@@ -36,7 +36,7 @@ def test_mechanical_check(name: str, cmd: list[str]) -> None:
 
 # The functions over pyproject.toml's complexity and statement budgets today, each exempted by a noqa pragma
 # on its `def` line. The counts only go down: split one and lower its number here; a new one fails ruff.
-OVER_BUDGET = {"C901": 18, "PLR0915": 12}
+OVER_BUDGET = {"C901": 16, "PLR0915": 12}
 
 
 @pytest.mark.parametrize("rule", sorted(OVER_BUDGET))

@@ -149,7 +149,7 @@ def ansible_env(data_dir: Path, collections: Path, *, local: bool) -> dict[str, 
     return env
 
 
-def run_work(  # noqa: C901
+def run_work(
     work: FinalizeWork,
     project: Path,
     paths: FinalizePaths,
@@ -164,38 +164,14 @@ def run_work(  # noqa: C901
     the tasks tagged `skip_tags` (BOOT_SKIP_TAGS at boot). Raises process.RunBusy when another run holds
     the lock; every other failure is a failed outcome."""
     started = time.monotonic()
-    if refusal := not_a_node(host_root):
-        return _failed(refusal)
-    if host_root is not None and not (host_root / "usr/bin/python3").exists():
-        return _failed(f"{host_root} has no usr/bin/python3: --host-root must be a node root to chroot into")
-    if not (project / work.playbook).is_file():
-        return _failed(f"the playbook bundle has no {work.playbook}")
-    try:
-        coll = find_collections(collections)
-    except CollectionsMissing as exc:
-        return _failed(str(exc))
+    coll = _ready_to_run(work, project, host_root, collections)
+    if isinstance(coll, str):
+        return _failed(coll)
     import ansible_runner  # heavy: keep `minion --help` fast
 
     data_dir = paths.runner
     (data_dir / "tmp").mkdir(parents=True, exist_ok=True, mode=0o700)
-    failure: list[FinalizeEvent] = []
-
-    def handle(raw: dict[str, Any]) -> bool:
-        pid = raw.get("pid")
-        if pid and not paths.pid_file.exists():
-            record_pid(paths.pid_file, int(pid))
-        event = to_event(raw)
-        if event is None:
-            return True
-        if event.status in FAILING and not failure:
-            failure.append(event)
-        if on_event is not None:
-            try:
-                on_event(event)
-            except Exception:  # a report that fails to queue must not abort a half-done play
-                log.exception("finalize event callback failed")
-        return True  # keep the event in the artifacts too
-
+    events = _Events(paths, on_event)
     env = ansible_env(data_dir, coll, local=host_root is None)
     with exclusive(paths.lock):
         stop_leftover(paths.pid_file)
@@ -206,7 +182,7 @@ def run_work(  # noqa: C901
             inventory=inventory_for(host_root, module_interpreter(env["PATH"])),
             extravars=extravars_for(work, host_root),
             envvars=env,
-            event_handler=handle,
+            event_handler=events.handle,
             ident=time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6],
             rotate_artifacts=ARTIFACTS_KEPT,
             suppress_env_files=True,
@@ -215,14 +191,60 @@ def run_work(  # noqa: C901
             skip_tags=skip_tags,
         )
         paths.pid_file.unlink(missing_ok=True)
-    seconds = round(time.monotonic() - started, 3)
+    return _result(runner, events.failure, timeout, round(time.monotonic() - started, 3), host_root)
+
+
+def _ready_to_run(
+    work: FinalizeWork, project: Path, host_root: Path | None, collections: Path | None
+) -> Path | str:
+    """Where community.general is, or why the play cannot run here."""
+    if refusal := not_a_node(host_root):
+        return refusal
+    if host_root is not None and not (host_root / "usr/bin/python3").exists():
+        return f"{host_root} has no usr/bin/python3: --host-root must be a node root to chroot into"
+    if not (project / work.playbook).is_file():
+        return f"the playbook bundle has no {work.playbook}"
+    try:
+        return find_collections(collections)
+    except CollectionsMissing as exc:
+        return str(exc)
+
+
+class _Events:
+    """ansible-runner's event handler: the play's pid for a later run to stop, each task event to
+    `on_event`, and the first failing task."""
+
+    def __init__(self, paths: FinalizePaths, on_event: Callable[[FinalizeEvent], None] | None) -> None:
+        self.paths, self.on_event = paths, on_event
+        self.failure: FinalizeEvent | None = None
+
+    def handle(self, raw: dict[str, Any]) -> bool:
+        pid = raw.get("pid")
+        if pid and not self.paths.pid_file.exists():
+            record_pid(self.paths.pid_file, int(pid))
+        event = to_event(raw)
+        if event is None:
+            return True
+        if event.status in FAILING and self.failure is None:
+            self.failure = event
+        if self.on_event is not None:
+            try:
+                self.on_event(event)
+            except Exception:  # a report that fails to queue must not abort a half-done play
+                log.exception("finalize event callback failed")
+        return True  # keep the event in the artifacts too
+
+
+def _result(
+    runner: Any, failure: FinalizeEvent | None, timeout: int | None, seconds: float, host_root: Path | None
+) -> RunResult:
     artifact_dir = Path(runner.config.artifact_dir)
     changed = sum((runner.stats or {}).get("changed", {}).values())
     facts = read_facts(host_root)
     if runner.status == "successful" and runner.rc == 0:
         return RunResult(FinalizeOutcome(ok=True, changed=changed, seconds=seconds), facts, artifact_dir)
-    if failure:
-        task, message = failure[0].task, failure[0].message or "the task failed without a message"
+    if failure is not None:
+        task, message = failure.task, failure.message or "the task failed without a message"
     elif runner.status == "timeout":
         task, message = None, f"the playbook ran longer than {timeout} s and was stopped"
     else:  # no task failed: a syntax error, a missing collection, ansible-playbook not found

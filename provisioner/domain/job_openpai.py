@@ -34,9 +34,40 @@ def is_openpai(doc: Mapping[str, Any]) -> bool:
     return "taskRoles" in doc or "jobName" in doc
 
 
-def to_rigbase(doc: Mapping[str, Any]) -> Converted:  # noqa: C901
+def to_rigbase(doc: Mapping[str, Any]) -> Converted:
     errors: list[tuple[FieldPath, str]] = []
     notes: list[str] = []
+    checked, env = _read_top_level(doc, errors, notes)
+    if errors:
+        raise RuleErrors(errors)
+    origin: dict[FieldPath, FieldPath] = {
+        ("name",): ("jobName",),
+        ("environment", "image"): ("image",),
+        ("environment", "env"): ("jobEnvs",),
+        ("workers",): ("taskRoles",),
+        ("resources",): ("taskRoles",),
+    }
+    resources = _resources(doc, checked, origin, errors, notes)
+    if errors:
+        raise RuleErrors(errors)
+    workers = _workers(checked, origin, notes)
+    name = dns_name(str(doc["jobName"]))
+    if name != doc["jobName"]:
+        notes.append(f"name {name!r} from jobName {doc['jobName']!r} (a rigbase name is a DNS label)")
+    data: dict[str, Any] = {
+        "name": name,
+        "type": JobType.TRAINING.value,
+        "resources": resources,
+        "workers": workers,
+        "environment": {"image": doc["image"], "env": dict(env)},
+    }
+    return Converted(data=data, origin=origin, notes=notes)
+
+
+def _read_top_level(
+    doc: Mapping[str, Any], errors: list[tuple[FieldPath, str]], notes: list[str]
+) -> tuple[list[dict[str, Any]], Any]:
+    """The checked task roles and the job's environment; what is missing or wrong goes to `errors`."""
     for key, what in (("jobName", "the job's name"), ("image", "the Docker image, e.g. ubuntu:22.04")):
         if not isinstance(doc.get(key), str) or not str(doc.get(key)).strip():
             errors.append(((key,), f"required: {what}"))
@@ -49,16 +80,17 @@ def to_rigbase(doc: Mapping[str, Any]) -> Converted:  # noqa: C901
     if not isinstance(env, Mapping):
         errors.append((("jobEnvs",), "must be a mapping of variable names to values"))
     notes += [f"{key}: not a rigbase setting, ignored" for key in doc if key not in KNOWN]
-    if errors:
-        raise RuleErrors(errors)
+    return checked, env
 
-    origin: dict[FieldPath, FieldPath] = {
-        ("name",): ("jobName",),
-        ("environment", "image"): ("image",),
-        ("environment", "env"): ("jobEnvs",),
-        ("workers",): ("taskRoles",),
-        ("resources",): ("taskRoles",),
-    }
+
+def _resources(
+    doc: Mapping[str, Any],
+    checked: list[dict[str, Any]],
+    origin: dict[FieldPath, FieldPath],
+    errors: list[tuple[FieldPath, str]],
+    notes: list[str],
+) -> dict[str, Any]:
+    """One worker's resources: every role's GPUs (which must agree) and the widest role's CPUs."""
     gpus = checked[0]["gpuNumber"]
     for index, role in enumerate(checked[1:], start=1):
         if role["gpuNumber"] != gpus:
@@ -74,9 +106,6 @@ def to_rigbase(doc: Mapping[str, Any]) -> Converted:  # noqa: C901
     if gpus:
         resources["gpu_types"] = _gpu_types(doc, errors, notes)
         origin[("resources", "gpu_types")] = ("gpuType",)
-    if errors:
-        raise RuleErrors(errors)
-
     widest = max(range(len(checked)), key=lambda i: checked[i]["cpuNumber"])
     cpus = checked[widest]["cpuNumber"]
     resources["cpu_count"] = -(-cpus // CPU_STEP) * CPU_STEP
@@ -86,7 +115,13 @@ def to_rigbase(doc: Mapping[str, Any]) -> Converted:  # noqa: C901
             f"resources.cpu_count = {resources['cpu_count']}: the largest cpuNumber, a multiple of 4"
         )
     notes.append("memoryMB not kept: rigbase sizes each worker's memory from its share of the node")
+    return resources
 
+
+def _workers(
+    checked: list[dict[str, Any]], origin: dict[FieldPath, FieldPath], notes: list[str]
+) -> list[str]:
+    """One worker per task (taskNumber) of each task role, in order."""
     workers: list[str] = []
     for index, role in enumerate(checked):
         for _ in range(role["taskNumber"]):
@@ -94,17 +129,7 @@ def to_rigbase(doc: Mapping[str, Any]) -> Converted:  # noqa: C901
             workers.append(role["command"])
     if len(workers) > 1:
         notes.append(f"{len(workers)} workers: one per task (taskNumber) of each task role, in order")
-    name = dns_name(str(doc["jobName"]))
-    if name != doc["jobName"]:
-        notes.append(f"name {name!r} from jobName {doc['jobName']!r} (a rigbase name is a DNS label)")
-    data: dict[str, Any] = {
-        "name": name,
-        "type": JobType.TRAINING.value,
-        "resources": resources,
-        "workers": workers,
-        "environment": {"image": doc["image"], "env": dict(env)},
-    }
-    return Converted(data=data, origin=origin, notes=notes)
+    return workers
 
 
 def _role(index: int, role: Any, errors: list[tuple[FieldPath, str]], notes: list[str]) -> dict[str, Any]:

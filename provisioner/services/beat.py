@@ -7,15 +7,14 @@ reservations agent with the node's UPnP setting already applied."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any, Final
 
 from sqlalchemy.orm import Session
 
 from contracts.heartbeat_keys import HeartbeatKey
-from contracts.messages import HeartbeatRequest, HeartbeatResponse
 from provisioner.services.common.desired_state import Contributor, CouldFind, HeartbeatKeys, Reporter
-from provisioner.services.common.heartbeat_timing import HeartbeatTiming
 from provisioner.services.devices import device_deployments
 from provisioner.services.fleet import finalize, heartbeat
 from provisioner.services.jobs import job_assignments
@@ -45,19 +44,8 @@ SKIPPABLE_READS: Final[Mapping[str, CouldFind]] = {
 KEYS: Final = HeartbeatKeys(CONTRIBUTORS, REPORTERS, SKIPPABLE_READS)
 
 
-def beat(
-    session: Session,
-    node_id: str,
-    credential: str | None,
-    body: HeartbeatRequest,
-    *,
-    observed_address: str | None = None,
-    timing: HeartbeatTiming = HeartbeatTiming(),
-) -> HeartbeatResponse:
-    """One heartbeat (provisioner/services/fleet/heartbeat.py) with every domain's keys."""
-    return heartbeat.beat(
-        session, node_id, credential, body, keys=KEYS, observed_address=observed_address, timing=timing
-    )
+# One heartbeat (services/fleet/heartbeat.py) with every domain's keys.
+beat: Final = functools.partial(heartbeat.beat, keys=KEYS)
 
 
 def desired_for(session: Session, node: Any) -> dict[str, Any]:
