@@ -39,6 +39,7 @@ from provisioner.store.migrate import upgrade
 from tests.fixtures.gcp import PROJECT, make_sa_key
 from tests.provisioner.gcp.fake_compute import FakeCompute, FakeComputeServer
 from tests.provisioner.gcp.fake_compute import quota as q
+from tests.provisioner.gcp.published import publish_image
 
 PLACEMENT_TARGET_MS = 10.0
 INSERT_TARGET_S = 1.0
@@ -79,6 +80,8 @@ def _world() -> Iterator[tuple[sessionmaker[Session], FakeCompute]]:
                     dry_run=False,
                     actor="bench",
                 )
+        for region in regions:  # a burst VM boots its region's published rigbase image
+            publish_image(sessions, region, Path(tmp) / "keys" / region)
         ctx, _prefix = burst_reconciler._context(sessions)
         assert ctx is not None
         burst_reconciler.refresh_quotas(sessions, ctx)

@@ -106,6 +106,7 @@ def _bench_wait(wait_max_s: float, op_duration_s: float) -> None:
         zones=("us-central1-a",),
         storage_class=storage_node.storage_class("small"),
         bundle={"version": 1},
+        image=f"projects/{fake.project}/global/images/family/rigbase-bench",
     )
     with FakeComputeServer(fake) as server:
         ctx = GcpContext.anonymous(fake.project, Endpoints(compute=server.url))

@@ -4,9 +4,11 @@ the ratio, the load average while it ran), the machine once at the top, and each
 
 from __future__ import annotations
 
+import pkgutil
 from pathlib import Path
 from typing import Any
 
+import bench
 from bench.results import RESULTS, load_all
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "performance.md"
@@ -53,10 +55,26 @@ def render(runs: list[dict[str, Any]]) -> str:
         "|---|---|---|---|---|---|",
     ]
     lines += [_row(run, fig) for run in runs for fig in run["figures"]]
+    missing = sorted(set(_benches()) - {r["bench"] for r in runs})
+    if missing:
+        lines += [
+            "",
+            "Not recorded yet (no `bench/results/` file): "
+            + ", ".join(f"`{name}`" for name in missing)
+            + "; `.venv/bin/python -m bench NAME` measures one.",
+        ]
     lines += ["", "## How each bench measures", ""]
     for run in runs:
         lines += [f"### {run['bench']}", "", run["method"], ""]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _benches() -> list[str]:
+    return [
+        m.name.removeprefix("bench_")
+        for m in pkgutil.iter_modules(bench.__path__)
+        if m.name.startswith("bench_")
+    ]
 
 
 def main() -> None:

@@ -8,6 +8,7 @@ job may ask for or a device may report are read from it, never copied into code.
 from __future__ import annotations
 
 import sys
+from enum import StrEnum
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,15 @@ CATALOGUE_DIRS: tuple[Path, ...] = (
     Path(sys.prefix) / "share" / "rigbase",
     Path("/usr/share/rigbase"),
 )
+
+
+class GpuClass(StrEnum):
+    """A GPU's fee class (regions/gpus.yaml `class`; docs/product-rules.md "Usage fee"): what the node
+    reports of its GPUs and what billing charges by."""
+
+    DEVELOPMENT = "development"  # GeForce, Radeon
+    PROFESSIONAL = "professional"  # Quadro / RTX A-series, Radeon Pro
+    DATACENTER = "datacenter"  # Tesla and successors (A100, H100 …), Radeon Instinct
 
 
 class CatalogueMissing(FileNotFoundError):

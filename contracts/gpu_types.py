@@ -8,20 +8,9 @@ from __future__ import annotations
 
 import difflib
 import re
-from enum import StrEnum
 from typing import Final
 
 from contracts import catalogue
-
-
-class GpuClass(StrEnum):
-    """A GPU's fee class (regions/gpus.yaml `class`; docs/product-rules.md "Usage fee"): what the node
-    reports of its GPUs and what billing charges by."""
-
-    DEVELOPMENT = "development"  # GeForce, Radeon
-    PROFESSIONAL = "professional"  # Quadro / RTX A-series, Radeon Pro
-    DATACENTER = "datacenter"  # Tesla and successors (A100, H100 …), Radeon Instinct
-
 
 # The GPU types a job may ask for: the `model` names of the GPU catalogue regions/gpus.yaml, which is what a
 # node reports for its GPUs. Catalogue order.

@@ -12,8 +12,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from contracts.catalogue import CatalogueMissing, catalogue_file
-from contracts.gpu_types import GpuClass
+from contracts.catalogue import CatalogueMissing, GpuClass, catalogue_file
 from minion.hardware.model import FormFactor
 
 

@@ -15,8 +15,8 @@ from enum import StrEnum
 from functools import lru_cache
 from typing import Any
 
+from contracts.catalogue import GpuClass
 from contracts.device import DeviceReport
-from contracts.gpu_types import GpuClass
 from minion.hardware.units import pcie_generation
 
 SCHEMA_VERSION = 1

@@ -32,7 +32,7 @@ from enum import StrEnum
 from functools import lru_cache
 from typing import Any, Final
 
-from contracts.gpu_types import GpuClass
+from contracts.catalogue import GpuClass
 
 # ------------------------------------------------------------------------------- money
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from contracts.gpu_types import GpuClass
+from contracts.catalogue import GpuClass
 from minion.hardware import catalogue, hostfiles
 from minion.hardware.model import FormFactor, InvalidInventory, Inventory
 from minion.hardware.units import parse_link_speed, pcie_generation
@@ -343,3 +344,33 @@ def test_current_gpus_classify_from_the_catalogue(
     inv = Inventory.from_json(profile_inventory(name))
     assert {(g.model, g.gpu_class, g.form_factor) for g in inv.gpus} == {(model, gpu_class, form_factor)}
     assert all(g.sources["gpu_class"] == "catalogue" for g in inv.gpus)
+
+
+_WITHOUT_CATALOGUE = """
+import sys
+from contracts import catalogue
+catalogue.CATALOGUE_DIRS = ()  # no catalogue file anywhere, as on an image or a device that ships none
+sys.argv = ["minion", *sys.argv[1:]]
+from minion.cli import main
+main()
+"""
+
+
+def test_the_minion_checks_its_hardware_with_no_catalogue_file_anywhere(umockdev_testbed: Make) -> None:
+    """A node without regions/gpus.yaml (a device bundle ships only jetson.yaml) still reports every rule:
+    nothing the minion imports reads the catalogue at import, and a missing one is a note, not a crash."""
+    testbed = umockdev_testbed("mixed-models")
+    argv = [
+        sys.executable,
+        "-c",
+        _WITHOUT_CATALOGUE,
+        "check",
+        "--json",
+        "--host-root",
+        str(testbed.host_root),
+    ]
+    result = subprocess.run(testbed.command(*argv), capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode in (0, 1) and result.stdout, result.stderr
+    report = json.loads(result.stdout)
+    assert {r["rule"] for r in report["rules"]} >= {"gpu-single-model", "nvme-count", "tpm2"}, report
+    assert "contracts.gpu_types" not in result.stderr

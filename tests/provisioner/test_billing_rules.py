@@ -14,7 +14,8 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from contracts.gpu_types import GPU_TYPES, GpuClass
+from contracts.catalogue import GpuClass
+from contracts.gpu_types import GPU_TYPES
 from provisioner.domain import billing_rules as rules
 from provisioner.domain.billing_rules import JobFacts, Rule
 from provisioner.domain.clock import ManualClock

@@ -17,8 +17,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from contracts import catalogue
+from contracts.catalogue import GpuClass
 from contracts.errors import InvalidInput, NotFound
-from contracts.gpu_types import GPU_TYPES, GpuClass, resolve_gpu_type
+from contracts.gpu_types import GPU_TYPES, resolve_gpu_type
 from provisioner.domain import billing_rules as rules
 from provisioner.domain.roles import Action, Principal
 from provisioner.domain.text import printable
