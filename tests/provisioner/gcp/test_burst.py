@@ -499,7 +499,7 @@ def test_in_flight_counts_only_what_the_quota_read_does_not_count_yet() -> None:
         [vm(read - timedelta(seconds=1)), vm(read + timedelta(seconds=1)), vm(None)], read, cat, quotas
     )
     assert held == {"NVIDIA_T4_GPUS": 2, "CPUS": 16, "LOCAL_SSD_TOTAL_GB": 1500}
-    view = gcp_capacity.GcpRegionView("r", "us-central1", None, False, "us-central1", quotas, read)
+    view = gcp_capacity.GcpRegionView("r", "us-central1", None, False, "gcp", "us-central1", quotas, read)
     assert gcp_capacity.runnable(view, cat.gpus["T4"], {}) == 1
     assert gcp_capacity.runnable(view, cat.gpus["T4"], {"NVIDIA_T4_GPUS": 1}) == 0
 
@@ -531,7 +531,7 @@ def test_spot_vms_in_flight_hold_the_preemptible_quota_and_spot_candidates_count
     )
     held = gcp_capacity.in_flight([spot], read, cat, quotas)
     assert held == {"PREEMPTIBLE_NVIDIA_T4_GPUS": 1, "PREEMPTIBLE_CPUS": 8, "PREEMPTIBLE_LOCAL_SSD_GB": 375}
-    view = gcp_capacity.GcpRegionView("r", "us-central1", None, False, "us-central1", quotas, read)
+    view = gcp_capacity.GcpRegionView("r", "us-central1", None, False, "gcp", "us-central1", quotas, read)
     assert gcp_capacity.runnable(view, cat.gpus["T4"], held, preemptible=True) == 2
     assert gcp_capacity.runnable(view, cat.gpus["T4"], held) == 1  # on-demand: untouched
 
