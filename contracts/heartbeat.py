@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from functools import cache
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from pydantic import TypeAdapter
 
@@ -16,6 +16,8 @@ from contracts.finalize import FinalizeStatus, FinalizeWork
 from contracts.heartbeat_keys import HeartbeatKey
 from contracts.jobs import JobsActual, JobsDesired
 from contracts.reservations import ReservationRefusal, ReservationSpec, ReservationStatus
+
+Side = Literal["desired", "actual"]  # HeartbeatResponse.desired or HeartbeatRequest.actual
 
 __all__ = ["ACTUAL", "DESIRED", "HeartbeatKey", "UnknownKey", "parse_actual", "parse_desired"]
 
@@ -44,11 +46,11 @@ class UnknownKey(ValueError):
 
 
 @cache
-def _adapter(side: str, key: HeartbeatKey) -> TypeAdapter[Any]:
+def _adapter(side: Side, key: HeartbeatKey) -> TypeAdapter[Any]:
     return TypeAdapter((DESIRED if side == "desired" else ACTUAL)[key])
 
 
-def _parse(side: str, values: Mapping[str, Any]) -> dict[HeartbeatKey, Any]:
+def _parse(side: Side, values: Mapping[str, Any]) -> dict[HeartbeatKey, Any]:
     parsed: dict[HeartbeatKey, Any] = {}
     for name, value in values.items():
         try:
@@ -69,6 +71,6 @@ def parse_actual(actual: Mapping[str, Any]) -> dict[HeartbeatKey, Any]:
     return _parse("actual", actual)
 
 
-def dump(side: str, key: HeartbeatKey, value: Any) -> Any:
+def dump(side: Side, key: HeartbeatKey, value: Any) -> Any:
     """A parsed value back to its JSON form, as it travels."""
     return _adapter(side, key).dump_python(value, mode="json")

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from minion.hardware import catalogue, devices, hostfiles, jetson, jetson_catalogue, nvml
+from contracts.catalogue import CatalogueMissing
+from minion.hardware import catalogue, devices, hostfiles, jetson, nvml
 from minion.hardware.model import FormFactor, Gpu, Inventory
 from minion.hardware.units import GIB
 
@@ -36,7 +37,7 @@ def collect(host_root: Path | None = None, catalogue_file: Path | None = None) -
     gpus = [_merge(g, nvml_facts.get(g.pci_address), entries, notes) for g in pci_gpus]
     try:
         device = jetson.recognise(host_root, notes=notes)
-    except (jetson.UnsupportedJetson, jetson_catalogue.JetsonCatalogueMissing) as exc:
+    except (jetson.UnsupportedJetson, CatalogueMissing) as exc:
         device = None  # still a machine with an inventory; the note says why it is no device
         notes.append(str(exc))
     return Inventory(

@@ -43,7 +43,7 @@ def recognise(
 ) -> DeviceReport | None:
     """This machine's Jetson, None when it is not one. `notes` collects what was guessed and why.
 
-    Raises UnsupportedJetson for an unknown or inconsistent Jetson, JetsonCatalogueMissing when the
+    Raises UnsupportedJetson for an unknown or inconsistent Jetson, CatalogueMissing when the
     catalogue cannot be found (only asked for on a Tegra)."""
     notes = notes if notes is not None else []
     compatible = _device_tree_strings(host_root, "compatible")

@@ -11,10 +11,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from contracts.catalogue import CatalogueMissing, catalogue_file
+from contracts.catalogue import catalogue_file
 from contracts.device import DeviceTpm
-
-JetsonCatalogueMissing = CatalogueMissing  # no regions/jetson.yaml where catalogue files are found
 
 
 @dataclass(frozen=True)
