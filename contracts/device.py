@@ -15,6 +15,7 @@ from typing import Final
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from contracts.catalogue import device_models
+from contracts.images import RegistryImage
 from contracts.jobs import ByteCount, DatastoreAccess, ExitCode, Mount, WorkerRunState
 
 # The catalogue keys of regions/jetson.yaml `models`, in catalogue order (a test keeps the two equal).
@@ -112,7 +113,7 @@ class DeviceInference(BaseModel):
     config_id: str = Field(pattern=r"^[A-Za-z0-9_]{1,32}$")
     revision: int = Field(ge=1)
     generation: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,48}$")
-    image: str = Field(pattern=r"^[^\s]{1,512}$")
+    image: RegistryImage
     command: str = Field(min_length=1, max_length=64 * 1024)
     env: dict[str, str] = Field(default_factory=dict, repr=False)
     mounts: list[Mount] = Field(default_factory=list, max_length=34)

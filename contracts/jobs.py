@@ -26,6 +26,7 @@ from typing import Annotated, Final
 from pydantic import Field, field_validator, model_validator
 
 from contracts.errors import InvalidInput
+from contracts.images import RegistryImage
 from contracts.messages import ControlPlaneMessage, MinionMessage
 from contracts.regional import DatastoreType, Protocol, check_datastore, requested_parts
 
@@ -146,7 +147,7 @@ class WorkerAssignment(ControlPlaneMessage):
     job_name: str = Field(min_length=1, max_length=63)
     worker: WorkerNumber
     generation: Generation
-    image: str = Field(pattern=r"^[^\s]{1,512}$")
+    image: RegistryImage
     command: str = Field(min_length=1, max_length=MAX_COMMAND)  # run with `/bin/sh -c` in the container
     env: dict[EnvName, Annotated[str, Field(max_length=MAX_ENV_VALUE)]] = Field(
         default_factory=dict, max_length=MAX_ENV

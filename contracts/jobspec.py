@@ -31,6 +31,7 @@ from pydantic import (
 from contracts.errors import InvalidInput, plain_validation_message
 from contracts.gpu_types import GPU_TYPES, resolve_gpu_type
 from contracts.identity import DNS_LABEL_PATTERN
+from contracts.images import RegistryImage
 from contracts.jobs import INPUT_PATH, MAX_COMMAND, MAX_ENV, MAX_ENV_VALUE, OUTPUT_PATH
 from contracts.regional import requested_parts
 
@@ -202,12 +203,11 @@ DEFAULT_IMAGE: Final = "docker.io/library/python:3.12-slim"
 
 
 class Environment(_Section):
-    image: str = Field(
+    image: RegistryImage = Field(
         DEFAULT_IMAGE,
         min_length=1,
         max_length=512,
-        pattern=r"^[^\s]+$",
-        description="OCI image of every worker",
+        description="OCI image of every worker: a registry reference (contracts/images.py)",
     )
     env: dict[_EnvName, Annotated[str, Field(max_length=MAX_ENV_VALUE)]] = Field(
         default_factory=dict, max_length=MAX_ENV, description="environment variables, shared by all workers"

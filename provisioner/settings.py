@@ -99,8 +99,13 @@ class Settings(BaseSettings):
     regions_dir: Path | None = Field(
         None, description="catalogue data (regions/*.yaml) instead of the shipped"
     )
+    # X-Forwarded-For and X-Forwarded-Proto are believed only from these peers (HAProxy in front of
+    # the control plane): from any other client they could be set to dodge, or aim, the rate limits
+    trusted_proxies: tuple[str, ...] = Field(
+        (), description="addresses (or CIDRs) of reverse proxies whose X-Forwarded-* headers are trusted"
+    )
 
-    @field_validator("advertise", mode="before")
+    @field_validator("advertise", "trusted_proxies", mode="before")
     @classmethod
     def _comma_separated(cls, value: object) -> object:
         """RIGBASE_ADVERTISE=cp.example,192.0.2.10 (the flag is repeated instead)."""

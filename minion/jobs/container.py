@@ -24,6 +24,25 @@ class EnvRefused(Exception):
     """An environment value podman's env file cannot carry."""
 
 
+# Toward Kubernetes' Pod Security "restricted" level (docs/minion-jobs.md, "What a job can reach"): every
+# capability dropped but those a package install (apt, pip) needs as the container's root, no privilege
+# gained through setuid binaries, and podman's default seccomp profile (never turned off here).
+KEPT_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "SETUID", "SETGID", "KILL")
+HARDENING = (
+    "--cap-drop=all",
+    f"--cap-add={','.join(KEPT_CAPABILITIES)}",
+    "--security-opt=no-new-privileges",
+)
+
+
+def pull_policy(image: str) -> list[str]:
+    """A registry image is pulled on every start (only its manifest when the layers are here), so the
+    registry decides, with this job's credentials, whether the job may have it: another tenant's private
+    image cached on the node is not a way in. A `localhost/` image is the node's own (never in a
+    registry) and runs as it is."""
+    return [] if image.startswith("localhost/") else ["--pull=always"]
+
+
 def container_name(owner: str, job_id: str, worker: int) -> str:
     return f"rigbase-{owner}-{job_id}-{worker}"
 
@@ -78,7 +97,7 @@ class RunPlan:
             LABEL_GENERATION: a.generation,
             LABEL_GPUS: ",".join(str(g) for g in self.gpus),
         }
-        args = ["run", "--detach", "--init", "--name", self.name]
+        args = ["run", "--detach", "--init", "--name", self.name, *HARDENING, *pull_policy(a.image)]
         for key, value in labels.items():
             args += ["--label", f"{key}={value}"]
         args += ["--log-driver", "k8s-file", "--log-opt", f"path={self.log_path}"]
@@ -98,4 +117,5 @@ class RunPlan:
             args += ["--device", device]
         for bound in self.bound:
             args += ["--volume", bound.volume()]
-        return [*args, "--entrypoint", "/bin/sh", a.image, "-c", a.command]
+        # `--` ends podman's options: nothing after it (the image, the command) is read as one
+        return [*args, "--entrypoint", "/bin/sh", "--", a.image, "-c", a.command]

@@ -3,8 +3,9 @@ unreachable database with one line), then wires routers. The settings are the on
 loaded once (provisioner/settings.py); the app keeps them on app.state and gives its services and
 reconcilers what they need through the runtime it attaches to its sessions (services/common/runtime.py).
 
-Adding a router is one line in OPERATOR_ROUTERS (operator bearer token required on every route) or
-in OPEN_ROUTERS (routes that authenticate differently, e.g. minions with node credentials).
+Adding a router is one line in FLEET_ROUTERS (regions and what is in them: the unit of work sees only the
+caller's account's regions, and a change needs an admin), OPERATOR_ROUTERS (account-scoped by their
+services) or OPEN_ROUTERS (routes that authenticate differently, e.g. minions with node credentials).
 The OpenAPI document at /openapi.json is the API's description (there are no /docs or /redoc pages):
 each route's security scheme comes from the credential it reads (provisioner/api/deps.py), and its
 error responses from the tables in provisioner/api/errors.py."""
@@ -21,7 +22,7 @@ from fastapi import Depends, FastAPI
 from sqlalchemy import Engine
 
 from provisioner.api import console, errors, links
-from provisioner.api.deps import require_operator
+from provisioner.api.deps import FleetScope, require_operator
 from provisioner.api.limits import RequestLimits
 from provisioner.api.routes import (
     accounts,
@@ -50,7 +51,8 @@ from provisioner.settings import Settings
 from provisioner.store.engine import make_engine, make_sessionmaker
 from provisioner.store.migrate import upgrade
 
-OPERATOR_ROUTERS = [
+# the fleet: regions and what is in them, scoped to the caller's account (api/deps.py fleet_principal)
+FLEET_ROUTERS = [
     providers.router,
     regions.router,
     nodes.router,
@@ -59,13 +61,16 @@ OPERATOR_ROUTERS = [
     gcp.router,
     enrollment.router,
     images.router,
+    devices.router,
+    status.router,
+]
+# account-scoped by their services (projects, jobs, tokens, billing)
+OPERATOR_ROUTERS = [
     tokens.router,
     accounts.router,
     projects.router,
     jobs.router,
     billing.router,
-    devices.router,
-    status.router,
 ]
 # join token / node credential auth of their own
 OPEN_ROUTERS: list = [join.router, finalize.router, jobs.node_router, devices.node_router]
@@ -148,5 +153,9 @@ def create_app(
         app.include_router(router)
     for router in OPERATOR_ROUTERS:
         app.include_router(router, dependencies=[Depends(require_operator)], responses=errors.OPERATOR_ERRORS)
+    for router in FLEET_ROUTERS:
+        app.include_router(
+            router, dependencies=[Depends(require_operator), FleetScope], responses=errors.OPERATOR_ERRORS
+        )
     console.mount(app)  # the operator's console at / (after the API: its 404 page never shadows /v1)
     return app

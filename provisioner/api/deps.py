@@ -24,9 +24,11 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from provisioner.api.admission import admitted as admitted  # for routes running their own unit of work
+from provisioner.domain.roles import Action
 from provisioner.domain.roles import Principal as PrincipalValue
 from provisioner.services.accounts import accounts
 from provisioner.services.common.heartbeat_timing import HeartbeatTiming
+from provisioner.store.row_scope import scope_to_account
 
 
 async def unit_of_work_slot(request: Request) -> AsyncIterator[None]:
@@ -133,3 +135,29 @@ async def require_operator(principal: Annotated[PrincipalValue, Depends(require_
 Operator = Annotated[str, Depends(require_operator)]
 # account-scoped routes (projects, jobs, tokens): the caller's account and role
 Principal = Annotated[PrincipalValue, Depends(require_principal)]
+
+
+# What only reads: a region's members may do it; anything else is its admins' (Action.MANAGE_FLEET).
+READS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def fleet_principal(request: Request, session: Db, principal: Principal) -> PrincipalValue:
+    """The caller of a fleet route (regions and what is in them): its unit of work sees only its own
+    account's regions (every region for a root admin; store/row_scope.py), and a change needs an admin."""
+    scope_to_account(session, principal.account_scope())
+    if request.method not in READS:
+        principal.require(Action.MANAGE_FLEET)
+    return principal
+
+
+def trust_principal(principal: Principal) -> PrincipalValue:
+    """The caller of a trust-root route (TPM vendor CAs, image-builder keys, providers, rejections): an
+    admin of the root account, since what it trusts or spends holds for every account's regions."""
+    principal.require(Action.MANAGE_TRUST)
+    return principal
+
+
+# applied to every fleet router in the app factory; a route that names it gets the principal
+Fleet = Annotated[PrincipalValue, Depends(fleet_principal)]
+FleetScope = Depends(fleet_principal)
+TrustRoot = Depends(trust_principal)

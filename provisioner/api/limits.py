@@ -11,15 +11,23 @@ An ASGI middleware, so it acts before any body is read:
 Every refusal is the API's one-line JSON {code, message}. Failed authentications are counted from the
 status the app answers (POLICIES[...].failures), so a well-behaved client never spends from its budget.
 
+A failure budget never refuses a request that authenticates: a bearer credential the app accepted lately
+(kept as its SHA-256, in a bounded table) passes an address's empty budget, so bad tokens sent from a
+node's or an operator's address cannot lock its valid ones out. Only what cannot be told from a guess
+waits.
+
 The counters live in this process's memory: each `provision serve` process (and each restart) counts on
-its own, and they key on the TCP peer address (behind a proxy, every client shares the proxy's)."""
+its own, and they key on the TCP peer address as uvicorn gives it: X-Forwarded-For counts only from the
+proxies named in `trusted_proxies` (provisioner/settings.py), so a client cannot rotate or aim it."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
@@ -77,11 +85,14 @@ class Auth(Enum):
         self.form = re.compile(rf"Bearer {re.escape(prefix)}[A-Za-z0-9_-]{{20,100}}")
 
 
-# Statuses that count as a failed authentication from the source address.
-AUTH_FAILED: Final = frozenset({401, 403})
+# Statuses that count as a failed authentication from the source address: a 403 is an authenticated caller
+# whose role is too weak (or a node whose attestation failed, which the join routes count below).
+AUTH_FAILED: Final = frozenset({401})
 # The join routes are what an unauthenticated client reaches; a malformed join is refused AND audited,
 # so it counts too (a flood of them would otherwise write one audit row each).
-JOIN_FAILED: Final = AUTH_FAILED | {422}
+JOIN_FAILED: Final = AUTH_FAILED | {403, 422}
+# the console's sign-in answers a wrong token with a redirect back to the sign-in page (303)
+SIGNIN_FAILED: Final = frozenset({303})
 
 
 @dataclass(frozen=True)
@@ -94,6 +105,7 @@ class Policy:
     auth: Auth | None
     failures: frozenset[int] = AUTH_FAILED
     join_attempt: bool = False  # spends from the source's join-attempt budget
+    guarded: bool = False  # no bearer header, but answers count and an empty budget refuses (sign-in)
 
 
 def _path(pattern: str) -> re.Pattern[str]:
@@ -124,6 +136,9 @@ POLICIES: Final[tuple[Policy, ...]] = (
     Policy("POST", _path(r"/v1/images"), 8 * MiB, Auth.OPERATOR),
     # Other operator routes carry names, PEM certificates, service-account keys: a few KiB at most.
     Policy(None, _path(r"/v1/.*"), 1 * MiB, Auth.OPERATOR),
+    # the console's sign-in form: a token guessed there spends from the same budget (redirected back
+    # to /signin on a refusal, to the next page on success)
+    Policy("POST", _path(r"/signin"), 16 * KiB, None, SIGNIN_FAILED, guarded=True),
     # /healthz, /openapi.json and unknown routes: public, and no body worth reading.
     Policy(None, _path(r".*"), 64 * KiB, None),
 )
@@ -188,6 +203,34 @@ def _refusal(status: int, code: str, message: str, headers: dict[str, str] | Non
     ]
 
 
+@dataclass
+class GoodCredentials:
+    """The SHA-256 of bearer headers the app accepted lately (least recently seen dropped first): such a
+    request passes an empty failure budget. A credential answered 401 later (revoked, expired) leaves."""
+
+    max_size: int = 50_000
+    _seen: OrderedDict[bytes, None] = field(default_factory=OrderedDict)
+
+    @staticmethod
+    def digest(header: str) -> bytes | None:
+        return hashlib.sha256(header.encode("latin-1")).digest() if header else None
+
+    def knows(self, digest: bytes | None) -> bool:
+        if digest is None or digest not in self._seen:
+            return False
+        self._seen.move_to_end(digest)
+        return True
+
+    def accepted(self, digest: bytes) -> None:
+        self._seen[digest] = None
+        self._seen.move_to_end(digest)
+        if len(self._seen) > self.max_size:
+            self._seen.popitem(last=False)
+
+    def refused(self, digest: bytes) -> None:
+        self._seen.pop(digest, None)
+
+
 class _TooLarge(Exception):
     pass
 
@@ -199,6 +242,7 @@ class RequestLimits:
         self.app = app
         self.failures = Buckets(settings.auth_failures_burst, settings.auth_failures_per_minute)
         self.joins = Buckets(settings.join_attempts_burst, settings.join_attempts_per_minute)
+        self.good = GoodCredentials()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -207,7 +251,8 @@ class RequestLimits:
         policy = policy_for(scope["method"], scope["path"])
         source = scope["client"][0] if scope.get("client") else "unknown"
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        refusal = self._refusal(policy, source, headers)
+        credential = GoodCredentials.digest(headers.get("authorization", ""))
+        refusal = self._refusal(policy, source, headers, credential)
         if refusal is not None:
             for message in refusal:
                 await send(message)
@@ -218,13 +263,16 @@ class RequestLimits:
             for message in _too_large(policy):
                 await send(message)
             return
-        await self.app(scope, _replay(body, receive), self._counting(send, policy, source))
+        await self.app(scope, _replay(body, receive), self._counting(send, policy, source, credential))
 
-    def _refusal(self, policy: Policy, source: str, headers: dict[str, str]) -> list[Message] | None:
+    def _refusal(
+        self, policy: Policy, source: str, headers: dict[str, str], credential: bytes | None
+    ) -> list[Message] | None:
         """What to answer without reading the body, or None to go on."""
-        if policy.auth is not None or policy.join_attempt:
+        if policy.auth is not None or policy.join_attempt or policy.guarded:
             wait = self.failures.retry_after(source)
-            if wait is not None:
+            # a bearer credential proves itself only where the route reads it (not at the sign-in form)
+            if wait is not None and not (policy.auth is not None and self.good.knows(credential)):
                 return _rate_limited("failed authentications", wait)
         if policy.join_attempt:
             wait = self.joins.retry_after(source)
@@ -258,13 +306,30 @@ class RequestLimits:
                 break
         return b"".join(chunks)
 
-    def _counting(self, send: Send, policy: Policy, source: str) -> Send:
+    def _counting(self, send: Send, policy: Policy, source: str, credential: bytes | None) -> Send:
         async def counted(message: Message) -> None:
-            if message["type"] == "http.response.start" and message["status"] in policy.failures:
-                self.failures.spend(source)
+            if message["type"] == "http.response.start":
+                if _failed(policy, message):
+                    self.failures.spend(source)
+                if credential is not None and policy.auth is not None:
+                    if message["status"] == 401:
+                        self.good.refused(credential)
+                    elif message["status"] not in policy.failures:
+                        self.good.accepted(credential)
             await send(message)
 
         return counted
+
+
+def _failed(policy: Policy, start: Message) -> bool:
+    """Whether the app's answer is a failed authentication for this route."""
+    if start["status"] not in policy.failures:
+        return False
+    if not policy.guarded:
+        return True
+    # the sign-in redirects both ways: back to /signin is the refusal
+    location = dict(start.get("headers") or []).get(b"location", b"")
+    return location.startswith(b"/signin") or b"://" in location and b"/signin" in location
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

@@ -65,8 +65,8 @@ MESSAGES: dict[RefusalCode, str] = {
         "The endorsement key is not a standard RSA-2048 EK ({detail}); this TPM cannot join."
     ),
     RefusalCode.ek_untrusted_ca: (
-        "The EK certificate does not chain to a trusted TPM vendor CA ({detail}); add the vendor's CA "
-        "with `provision tpm-ca add` if you trust it."
+        "The EK certificate does not chain to a trusted TPM vendor CA ({detail}); if you trust the vendor, "
+        "a root admin adds its CA with `provision tpm-ca add`."
     ),
     RefusalCode.ek_certificate_missing: (
         "The TPM has no EK certificate and this region does not accept EKs without one; enable that "

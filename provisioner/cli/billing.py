@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import sys
+import uuid
 from datetime import datetime
 from decimal import Decimal
 from enum import StrEnum
@@ -206,7 +207,9 @@ def credit(
 ) -> None:
     """Credit (or --debit) an account by hand: a top-up, a correction (admins of the root account)."""
     signed = f"-{amount}" if debit else amount
-    answer = connect().post("/v1/billing/credits", {"account": account, "amount": signed, "memo": memo})
+    # one key per command: the client's retries of this POST credit once
+    body = {"account": account, "amount": signed, "memo": memo, "idempotency_key": uuid.uuid4().hex}
+    answer = connect().post("/v1/billing/credits", body)
     if render.machine(answer, render.chosen(json_out)):
         return
     print(answer["key"])

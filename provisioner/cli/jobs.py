@@ -4,6 +4,7 @@ Jobs are named by name (the newest of that name) or id, always within this token
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from pathlib import Path
@@ -141,8 +142,16 @@ def print_match_table(placement: dict[str, Any]) -> None:
         con.print(f"Not matched ({placement['rejected_total']}):")
         for r in placement["rejected"]:
             con.print(f"  {r['node']} ({r['region']}): {r['message']}", soft_wrap=True)
+    _print_price(con, placement)
+
+
+def _print_price(con: Any, placement: dict[str, Any]) -> None:
+    """The price the job would pay: fixed when it is placed, by the rules of the region it lands in."""
+    if placement.get("price_per_gpu_hour") is not None:
+        con.print(f"Placed now, the job pays {placement['price_per_gpu_hour']} credits per GPU-hour.")
     if placement["waiting_reason"]:
         con.print(f"The job would wait: {placement['waiting_reason']}", soft_wrap=True)
+        con.print("A waiting job pays the price of the region it is placed in, when it is.")
 
 
 def _ask(question: str) -> bool:
@@ -251,8 +260,14 @@ def logs(
         int | None, typer.Option("--worker", "-w", min=0, help="Only this worker (default: every worker).")
     ] = None,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the job ends.")] = False,
+    raw: Annotated[
+        bool,
+        typer.Option("--raw", help="Print the output as the node sent it, escape sequences included."),
+    ] = False,
 ) -> None:
-    """A job's output (stdout and stderr of each worker, in order); --follow waits for more until the end."""
+    """A job's output (stdout and stderr of each worker, in order); --follow waits for more until the end.
+    Control characters the node sent (escape sequences that could rewrite the terminal) are shown as
+    visible text, e.g. \\x1b, unless --raw is given; tabs, line breaks and carriage returns stay."""
     client = connect()
     job = client.get(f"/v1/jobs/{name}")
     workers = [worker] if worker is not None else [w["index"] for w in job["workers"]]
@@ -269,7 +284,7 @@ def logs(
             if index in done:
                 continue
             page = client.get(f"/v1/jobs/{job['id']}/logs", worker=index, offset=offsets[index])
-            _print_log(page["data"], f"[worker {index}] " if prefix else "")
+            _print_log(page["data"], f"[worker {index}] " if prefix else "", raw=raw)
             offsets[index] = page["next_offset"]
             if page["complete"] or (not follow and page["next_offset"] == page["offset"]):
                 done.add(index)
@@ -279,9 +294,21 @@ def logs(
             time.sleep(FOLLOW_EVERY_S)
 
 
-def _print_log(data: str, prefix: str) -> None:
+# C0 and C1 control characters but tab, line feed and carriage return (progress bars redraw a line with
+# it): ESC starts every terminal escape sequence
+_CONTROLS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+
+
+def visible(data: str) -> str:
+    """Control characters as text (`\\x1b`), so a log cannot move the cursor, retitle or recolour."""
+    return _CONTROLS.sub(lambda m: f"\\x{ord(m.group()):02x}", data)
+
+
+def _print_log(data: str, prefix: str, *, raw: bool = False) -> None:
     if not data:
         return
+    if not raw:
+        data = visible(data)
     if prefix:
         data = "".join(prefix + line for line in data.splitlines(keepends=True))
     sys.stdout.write(data)

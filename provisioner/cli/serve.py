@@ -160,7 +160,14 @@ def run_control_plane(  # noqa: C901, PLR0915
         if tls
         else {}
     )
-    options = {"log_level": "warning", "timeout_graceful_shutdown": SHUTDOWN_GRACE_S, **ssl_files}
+    options = {
+        "log_level": "warning",
+        "timeout_graceful_shutdown": SHUTDOWN_GRACE_S,
+        # uvicorn believes X-Forwarded-For from 127.0.0.1 unless told otherwise: only named proxies
+        "proxy_headers": bool(settings.trusted_proxies),
+        "forwarded_allow_ips": ",".join(settings.trusted_proxies) or None,
+        **ssl_files,
+    }
     if workers > 1:
         if fds or providers:
             raise CliError("--workers cannot be combined with --fd (the lab) or injected providers")

@@ -24,6 +24,13 @@ class Action(StrEnum):
     SHARE_PROJECTS = "share projects with other accounts"
     RUN_JOBS = "create and stop jobs"
     SELL_CAPACITY = "sell a region's spare capacity to public jobs"
+    MANAGE_FLEET = (
+        "create regions and change a region's nodes, datastores, reservations, join tokens, images "
+        "and device configurations"
+    )
+    MANAGE_TRUST = (
+        "change the fleet's trust roots (TPM vendor CAs, image-builder keys), providers and rejections"
+    )
 
 
 # The roles that may take each action within their own account ...
@@ -36,9 +43,13 @@ ALLOWED: dict[Action, frozenset[Role]] = {
     Action.RUN_JOBS: frozenset({Role.ADMIN, Role.MEMBER}),
     # other accounts' jobs then run on the account's machines, paid for in credits: admins decide
     Action.SELL_CAPACITY: frozenset({Role.ADMIN}),
+    # a region belongs to its account: its members see it (read-only), its admins manage it
+    Action.MANAGE_FLEET: frozenset({Role.ADMIN}),
+    # a trust root or a provider is trusted (or spends) for every region of every account
+    Action.MANAGE_TRUST: frozenset({Role.ADMIN}),
 }
 # ... and the actions that reach beyond it, so only the root account's admins take them
-ROOT_ONLY: frozenset[Action] = frozenset({Action.MANAGE_ACCOUNTS})
+ROOT_ONLY: frozenset[Action] = frozenset({Action.MANAGE_ACCOUNTS, Action.MANAGE_TRUST})
 
 
 @dataclass(frozen=True)

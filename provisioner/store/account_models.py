@@ -82,3 +82,13 @@ class ProjectShare(Base):
 
     project: Mapped[Project] = relationship(lazy="joined")
     account: Mapped[Account] = relationship(lazy="joined")
+
+
+class ConsoleSessionEnd(Base):
+    """A console session signed out before its cookie expires (`until`): refused by every API process,
+    also after a restart. Rows past `until` are deleted at the next sign-out."""
+
+    __tablename__ = "console_session_ends"
+
+    sid: Mapped[str] = mapped_column(String(64), primary_key=True)
+    until: Mapped[datetime] = mapped_column(UTCDateTime, index=True)

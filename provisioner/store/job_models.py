@@ -78,6 +78,9 @@ class JobWorker(Base):
     log_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
     log_complete: Mapped[bool] = mapped_column(Boolean, default=False)
     reported_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # when the control plane recorded its end (services.jobs.transition_worker): the log-shipping window
+    # runs from here, whatever the node reports afterwards
+    ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
     version: Mapped[int] = mapped_column(Integer, nullable=False)

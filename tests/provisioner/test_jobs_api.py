@@ -347,7 +347,7 @@ def test_a_job_waits_with_the_reason_and_is_placed_when_capacity_frees(fleet: Fl
     assert big["state"] == "starting"
     queued = create(fleet, spec("next-in-line", gpus=2)).json()
     assert queued["state"] == "waiting" and "too few free GPUs" in queued["reason"]
-    assert queued["price_per_gpu_hour"] == 0.05  # locked at create: the price where it will fit
+    assert queued["price_per_gpu_hour"] is None  # no price while it waits: the region it lands in decides
     fleet.reconcile()
     assert job(fleet, queued["id"])["state"] == "waiting"
     (w,) = mine(fleet.heartbeat("gpu-1"), big["id"])
@@ -355,6 +355,7 @@ def test_a_job_waits_with_the_reason_and_is_placed_when_capacity_frees(fleet: Fl
     fleet.reconcile()
     placed = job(fleet, queued["id"])
     assert placed["state"] == "starting" and placed["node"] == "gpu-1"
+    assert placed["price_per_gpu_hour"] == 0.05  # fixed at placement, by gpu-1's region's rules
     with fleet.http() as http:
         assert http.post(f"/v1/jobs/{queued['id']}/stop").status_code == 200
         assert http.post(f"/v1/jobs/{h100['id']}/stop").json()["state"] == "stopped"

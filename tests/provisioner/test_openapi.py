@@ -91,13 +91,18 @@ def test_there_are_no_public_docs_pages(api_server: ControlPlane, page: str) -> 
 def test_no_operator_route_answers_a_minion_routes_method_and_path() -> None:
     """The app tries the minion's routes first (the heartbeat is most of a fleet's traffic); that order
     may change no answer, so no operator route may match a method and path a minion route matches."""
-    from provisioner.api.app import OPEN_ROUTERS, OPERATOR_ROUTERS
+    from provisioner.api.app import FLEET_ROUTERS, OPEN_ROUTERS, OPERATOR_ROUTERS
 
     def concrete(path: str) -> str:  # a path the route itself matches, each parameter filled in
         return re.sub(r"\{[^}]+\}", "x1", path)
 
     minion = [(route, m) for router in OPEN_ROUTERS for route in router.routes for m in route.methods]
-    operator = [(route, m) for router in OPERATOR_ROUTERS for route in router.routes for m in route.methods]
+    operator = [
+        (route, m)
+        for router in OPERATOR_ROUTERS + FLEET_ROUTERS
+        for route in router.routes
+        for m in route.methods
+    ]
     assert len(minion) >= 7 and len(operator) >= 90
     clashes = [
         (m, a.path, b.path)

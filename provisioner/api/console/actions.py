@@ -1,6 +1,8 @@
 """The console's actions (POST): each form button calls the service the matching API route calls, with
 the signed-in operator as the actor, in one unit of work (render.perform). A refusal is the API's own
-one-line message, shown on the page the form was on; nothing is changed."""
+one-line message, shown on the page the form was on; nothing is changed. Every fleet action needs an
+admin token (a member's console reads its account's regions, as its API token does), and enabling a
+provider a root admin (provisioner/domain/roles.py)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from provisioner.api.console.forms import (
     RawForm,
     SignInRequired,
     Who,
+    end_session,
     principal_of_row,
     signer_of,
 )
@@ -33,6 +36,7 @@ from provisioner.api.console.render import (
     set_cookie,
 )
 from provisioner.api.console.session import SESSION_COOKIE, SESSION_MAX_AGE_S, SIGNIN_COOKIE
+from provisioner.domain.roles import Action
 from provisioner.domain.states import Service
 from provisioner.services.accounts import tokens
 from provisioner.services.data import datastores
@@ -73,6 +77,12 @@ def sign_in(request: Request, form: RawForm) -> Response:
 def sign_out(request: Request, posted: Posted) -> Response:
     who, _ = posted
     signer_of(request).end(who.session)
+    session: Session = request.app.state.sessions()
+    try:
+        end_session(session, who.session)
+        session.commit()
+    finally:
+        session.close()
     response = redirect(request, "/signin", "ok", "signed out")
     clear_cookie(response, request, SESSION_COOKIE)
     return response
@@ -86,6 +96,7 @@ def enable_provider(request: Request, posted: Posted) -> Response:
     who, form = posted
 
     def work(session: Session) -> Done:
+        who.principal.require(Action.MANAGE_TRUST)
         kind = form.required("kind", "provider")
         if kind != "physical":  # GCP needs a service-account key: `provision provider enable gcp`
             raise InvalidInput(
@@ -104,6 +115,7 @@ def create_region(request: Request, posted: Posted) -> Response:
     who, form = posted
 
     def work(session: Session) -> Done:
+        who.principal.require(Action.MANAGE_FLEET)
         region = regions.create(
             session,
             form.required("name", "region name"),
@@ -127,6 +139,7 @@ def download_bundle(request: Request, ref: str, posted: Posted) -> Response:
     settings = request.app.state.runtime.settings
     session: Session = request.app.state.sessions()
     try:
+        who.principal.require(Action.MANAGE_FLEET)
         region = visibility.region(session, who.principal, ref)
         url = check_control_plane_url(form.required("control_plane_url", "control plane URL"))
         if not form.flag("allow_loopback"):
@@ -167,6 +180,7 @@ def add_node(request: Request, posted: Posted) -> Response:
     back = local_path(form.get("back"), "/pending")
 
     def work(session: Session) -> Done:
+        who.principal.require(Action.MANAGE_FLEET)
         region = visibility.region(session, who.principal, form.required("region"))
         node = nodes.add(
             session,
@@ -193,6 +207,7 @@ def toggle_maintenance(request: Request, ref: str, posted: Posted) -> Response:
     back = local_path(form.get("back"), f"/nodes/{ref}")
 
     def work(session: Session) -> Done:
+        who.principal.require(Action.MANAGE_FLEET)
         node = visibility.node(session, who.principal, ref)
         node = nodes.maintenance(session, node.id, form.get("mode") or "toggle", actor=who.principal.actor)
         return Done(f"node {node.name} is {node.state}")
@@ -205,6 +220,7 @@ def remove_node(request: Request, ref: str, posted: Posted) -> Response:
     who, form = posted
 
     def work(session: Session) -> Done:
+        who.principal.require(Action.MANAGE_FLEET)
         node = visibility.node(session, who.principal, ref)
         region_id = node.region_id
         nodes.remove(session, node.id, actor=who.principal.actor, force=form.flag("force"))
@@ -218,6 +234,7 @@ def replace_node(request: Request, ref: str, posted: Posted) -> Response:
     who, form = posted
 
     def work(session: Session) -> Done:
+        who.principal.require(Action.MANAGE_FLEET)
         old = visibility.node(session, who.principal, ref)
         new = nodes.replace(
             session, old.id, minion_id=form.required("minion_id", "new minion_id"), actor=who.principal.actor
@@ -237,6 +254,7 @@ def retry_node(request: Request, ref: str, posted: Posted) -> Response:
     who, form = posted
 
     def work(session: Session) -> Done:
+        who.principal.require(Action.MANAGE_FLEET)
         node = visibility.node(session, who.principal, ref)
         node = join_operator.retry(
             session, node.id, accept_pcrs=form.flag("accept_pcrs"), actor=who.principal.actor
@@ -264,6 +282,7 @@ def set_device_config(request: Request, ref: str, posted: Posted) -> Response:
     back = _device_region_page(request, who, ref)
 
     def work(session: Session) -> Done:
+        who.principal.require(Action.MANAGE_FLEET)
         node = visibility.node(session, who.principal, ref)
         dep = device_deployments.set_config(
             session, node.id, form.required("config", "device configuration"), actor=who.principal.actor
@@ -285,6 +304,7 @@ def deploy_device(request: Request, ref: str, posted: Posted) -> Response:
     back = _device_region_page(request, who, ref)
 
     def work(session: Session) -> Done:
+        who.principal.require(Action.MANAGE_FLEET)
         node = visibility.node(session, who.principal, ref)
         dep = device_deployments.deploy(
             session, node.id, latest=form.flag("latest"), actor=who.principal.actor
@@ -306,6 +326,7 @@ def add_datastore(request: Request, ref: str, posted: Posted) -> Response:
     who, form = posted
 
     def work(session: Session) -> Done:
+        who.principal.require(Action.MANAGE_FLEET)
         region = visibility.region(session, who.principal, ref)
         ds = datastores.add(
             session,
@@ -328,6 +349,7 @@ def remove_datastore(request: Request, ref: str, posted: Posted) -> Response:
     who, _ = posted
 
     def work(session: Session) -> Done:
+        who.principal.require(Action.MANAGE_FLEET)
         ds = visibility.datastore(session, who.principal, ref)
         region_id = ds.region_id
         datastores.remove(session, ds.id, actor=who.principal.actor)
@@ -344,6 +366,7 @@ def add_reservation(request: Request, ref: str, posted: Posted) -> Response:
     who, form = posted
 
     def work(session: Session) -> Done:
+        who.principal.require(Action.MANAGE_FLEET)
         region = visibility.region(session, who.principal, ref)
         rsv = reservations.add(
             session,
@@ -364,6 +387,7 @@ def assign_reservation(request: Request, ref: str, posted: Posted) -> Response:
     who, form = posted
 
     def work(session: Session) -> Done:
+        who.principal.require(Action.MANAGE_FLEET)
         rsv = visibility.reservation(session, who.principal, ref)
         node = visibility.node(session, who.principal, form.required("node", "node"))
         rsv = reservations.assign(session, rsv.id, node=node.id, actor=who.principal.actor)
@@ -377,6 +401,7 @@ def unassign_reservation(request: Request, ref: str, posted: Posted) -> Response
     who, form = posted
 
     def work(session: Session) -> Done:
+        who.principal.require(Action.MANAGE_FLEET)
         rsv = visibility.reservation(session, who.principal, ref)
         rsv = reservations.unassign(session, rsv.id, actor=who.principal.actor)
         return Done(f"reservation {rsv.name} unassigned")
@@ -389,6 +414,7 @@ def remove_reservation(request: Request, ref: str, posted: Posted) -> Response:
     who, _ = posted
 
     def work(session: Session) -> Done:
+        who.principal.require(Action.MANAGE_FLEET)
         rsv = visibility.reservation(session, who.principal, ref)
         region_id = rsv.region_id
         reservations.remove(session, rsv.id, actor=who.principal.actor)

@@ -14,15 +14,16 @@ from typing import Annotated
 from urllib.parse import parse_qs
 
 from fastapi import Depends, Request
+from sqlalchemy import delete
 from sqlalchemy.orm import Session
 
 from contracts.errors import InvalidInput, Unavailable
 from contracts.jobs import INT64_END
-from provisioner.api.console.session import SESSION_COOKIE, SessionValue, Signer
+from provisioner.api.console.session import SESSION_COOKIE, SESSION_MAX_AGE_S, SessionValue, Signer
 from provisioner.domain.roles import Principal
 from provisioner.domain.text import printable
 from provisioner.services.accounts import tokens
-from provisioner.store.account_models import Account
+from provisioner.store.account_models import Account, ConsoleSessionEnd
 from provisioner.store.models import ApiToken
 
 CSRF_FIELD = "csrf"
@@ -106,6 +107,15 @@ class Who:
     csrf: str
 
 
+def end_session(session: Session, value: SessionValue) -> None:
+    """Sign out: the session is refused from now on, by every process, after a restart too."""
+    now = datetime.now(UTC)
+    session.execute(delete(ConsoleSessionEnd).where(ConsoleSessionEnd.until < now))
+    until = datetime.fromtimestamp(value.issued_at + SESSION_MAX_AGE_S, UTC)
+    if session.get(ConsoleSessionEnd, value.sid) is None:
+        session.add(ConsoleSessionEnd(sid=value.sid, until=until))
+
+
 def _signed_in(request: Request) -> Who:
     signer = signer_of(request)
     value = signer.session(request.cookies.get(SESSION_COOKIE))
@@ -115,6 +125,8 @@ def _signed_in(request: Request) -> Who:
         )
     session: Session = request.app.state.sessions()
     try:
+        if session.get(ConsoleSessionEnd, value.sid) is not None:  # signed out, in any process
+            raise SignInRequired("your session ended: sign in again")
         row = session.get(ApiToken, value.token_id)
         if row is None or not row.token_sha256.startswith(value.fingerprint):
             raise SignInRequired("the token of your session was rotated or deleted: sign in with the new one")

@@ -3,8 +3,8 @@ admins, who run the fleet), and what lives in those regions (nodes, datastores, 
 minions, join refusals). Another account's region, or anything in it, answers the same NotFound as a
 missing one, with the API's wording (docs/accounts.md: "Other accounts look missing, not forbidden").
 
-The API's fleet routes accept any live token (docs/accounts.md); the console narrows them to the
-account, as the workloads issue asks of every view a user of one account opens."""
+The API's fleet routes get the same scope from the store (provisioner/store/row_scope.py); the console's
+pages, which read through several services at once, ask here."""
 
 from __future__ import annotations
 

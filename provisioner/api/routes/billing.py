@@ -210,6 +210,12 @@ class CreditIn(BaseModel):
     account: str = Field(max_length=63, description="the account's name or id")
     amount: str = Field(max_length=32, description='credits, e.g. "100" (a negative amount debits)')
     memo: str = Field(min_length=1, max_length=200, description="why: shown in the ledger")
+    idempotency_key: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9_-]{16,64}$",
+        description="a key of the caller's making (the CLI sends a fresh UUID per command): a retried POST "
+        "with it credits once",
+    )
 
 
 class CreditOut(BaseModel):
@@ -226,7 +232,9 @@ def credit(body: CreditIn, session: Db, principal: Principal) -> CreditOut:
     principal.require(Action.MANAGE_ACCOUNTS)
     name, account_id = _ledger_accounts(session, principal, body.account)
     amount = prices.parse_credits(body.amount, "amount")
-    entry = ledger.adjust(session, account_id, amount, body.memo, actor=principal.actor)
+    entry = ledger.adjust(
+        session, account_id, amount, body.memo, actor=principal.actor, idempotency_key=body.idempotency_key
+    )
     return CreditOut(
         account=name,
         account_id=account_id,

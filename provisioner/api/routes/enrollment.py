@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict
 
 from contracts.bundle import check_control_plane_url
 from provisioner.adapters import tls
-from provisioner.api.deps import Db, Operator
+from provisioner.api.deps import Db, Operator, TrustRoot
 from provisioner.api.schemas import NodeOut, Page, RegionOut
 from provisioner.domain.pages import REFUSALS_PAGE
 from provisioner.domain.states import MinionRejection, TrustState, join_token_state
@@ -166,35 +166,35 @@ def region_attestation(ref: str, body: RegionAttestationIn, session: Db, actor: 
     )
 
 
-@router.post("/v1/tpm-cas", status_code=201)
+@router.post("/v1/tpm-cas", status_code=201, dependencies=[TrustRoot])
 def add_ca(body: CaIn, session: Db, actor: Operator) -> Page[CaOut]:
     return Page(items=[CaOut.of(r) for r in tpm_cas.add(session, body.pem.encode(), actor=actor)])
 
 
-@router.get("/v1/tpm-cas")
+@router.get("/v1/tpm-cas", dependencies=[TrustRoot])
 def list_cas(session: Db) -> Page[CaOut]:
     return Page(items=[CaOut.of(r) for r in tpm_cas.list_all(session)])
 
 
-@router.delete("/v1/tpm-cas/{ref}")
+@router.delete("/v1/tpm-cas/{ref}", dependencies=[TrustRoot])
 def remove_ca(ref: str, session: Db, actor: Operator) -> CaOut:
     out = CaOut.of(tpm_cas.remove(session, ref, actor=actor))
     out.state = TrustState.REMOVED.value
     return out
 
 
-@router.post("/v1/rejected-minions", status_code=201)
+@router.post("/v1/rejected-minions", status_code=201, dependencies=[TrustRoot])
 def reject_minion(body: RejectIn, session: Db, actor: Operator) -> RejectedOut:
     """Refuse every join of this minion_id (audited) until it is unrejected; idempotent."""
     return RejectedOut.of(rejections.reject(session, body.minion_id, reason=body.reason, actor=actor))
 
 
-@router.get("/v1/rejected-minions")
+@router.get("/v1/rejected-minions", dependencies=[TrustRoot])
 def rejected_minions(session: Db) -> Page[RejectedOut]:
     return Page(items=[RejectedOut.of(r) for r in rejections.list_all(session)])
 
 
-@router.delete("/v1/rejected-minions/{minion_id}")
+@router.delete("/v1/rejected-minions/{minion_id}", dependencies=[TrustRoot])
 def unreject_minion(minion_id: str, session: Db, actor: Operator) -> dict[str, str]:
     """Let the minion join again: it shows as pending at its next attempt."""
     return {

@@ -10,13 +10,14 @@ from typing import Any
 from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
-from provisioner.api.deps import Db, Operator
+from provisioner.api.deps import Db, Operator, TrustRoot
 from provisioner.api.errors import documented
 from provisioner.api.schemas import NodeOut, ProviderOut, RegionOut
 from provisioner.services.cloud import gcp as service
 from provisioner.services.cloud import gcp_burst
 
-router = APIRouter(prefix="/v1/gcp", tags=["gcp"])
+# the fleet's own Google Cloud project: what it spends is every account's, so a root admin decides
+router = APIRouter(prefix="/v1/gcp", tags=["gcp"], dependencies=[TrustRoot])
 
 
 class GcpEnableIn(BaseModel):

@@ -12,7 +12,7 @@ from fastapi import APIRouter
 from pydantic import BaseModel
 
 from contracts.errors import InvalidInput
-from provisioner.api.deps import Db, Operator
+from provisioner.api.deps import Db, Operator, TrustRoot
 from provisioner.api.schemas import Page
 from provisioner.domain.states import ImageState, TrustState
 from provisioner.services.cloud import image_publish
@@ -144,18 +144,18 @@ def _b64(value: str, what: str) -> bytes:
         raise InvalidInput(f"{what} is not base64: send the file's bytes base64-encoded") from None
 
 
-@router.post("/v1/image-keys", status_code=201)
+@router.post("/v1/image-keys", status_code=201, dependencies=[TrustRoot])
 def trust_key(body: KeyIn, session: Db, actor: Operator) -> KeyOut:
     # PEM or base64 text as sent: the service (image_builder.manifest) reads both and words the refusal
     return KeyOut.of(images.trust_key(session, body.public_key.encode(), name=body.name, actor=actor))
 
 
-@router.get("/v1/image-keys")
+@router.get("/v1/image-keys", dependencies=[TrustRoot])
 def list_keys(session: Db) -> Page[KeyOut]:
     return Page(items=[KeyOut.of(k) for k in images.list_keys(session)])
 
 
-@router.delete("/v1/image-keys/{ref}")
+@router.delete("/v1/image-keys/{ref}", dependencies=[TrustRoot])
 def untrust_key(ref: str, session: Db, actor: Operator, force: bool = False) -> dict[str, Any]:
     key, removed = images.untrust_key(session, ref, force=force, actor=actor)
     out = KeyOut.of(key).model_dump(mode="json")

@@ -146,6 +146,11 @@ class PlacementOut(BaseModel):
     other one does not fit (closest misses first), and why the job would wait when nothing fits."""
 
     fits: bool
+    price_per_gpu_hour: float | None = Field(
+        None,
+        description="what the job pays per GPU-hour where it would be placed now, by that region's rules; "
+        "a job that waits gets the price of the region it is placed in when it is",
+    )
     waiting_reason: str | None
     pinned_region: str | None
     pinned_by: str | None
@@ -162,6 +167,7 @@ class PlacementOut(BaseModel):
         rejected = first.rejected
         return cls(
             fits=bool(sub.decision.chosen),
+            price_per_gpu_hour=sub.decision.chosen[0].price_per_gpu_hour if sub.decision.chosen else None,
             waiting_reason=sub.decision.reason,
             pinned_region=sub.pinned.region.name if sub.pinned.region is not None else None,
             pinned_by=sub.pinned.because,

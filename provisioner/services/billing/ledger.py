@@ -17,7 +17,7 @@ from sqlalchemy import Table, func, or_, select
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.orm import Session
 
-from contracts.errors import InvalidInput
+from contracts.errors import Conflict, InvalidInput
 from provisioner.domain import billing_rules as rules
 from provisioner.domain import clock
 from provisioner.domain.billing_rules import Rule, Subject
@@ -361,18 +361,28 @@ def usage(session: Session, account_id: str, period: str) -> list[UsageRow]:
 ADJUSTMENT_MAX: Decimal = Decimal("1000000")
 
 
-def adjust(session: Session, account_id: str, amount: Decimal, memo: str, *, actor: str) -> NewEntry:
+def adjust(
+    session: Session,
+    account_id: str,
+    amount: Decimal,
+    memo: str,
+    *,
+    actor: str,
+    idempotency_key: str | None = None,
+) -> NewEntry:
     """Credit (`amount` > 0) or debit (< 0) an account by hand: a top-up, a refund, a correction. One
     entry between the platform and the account, rule `adjustment`, its memo naming who and why. The
-    caller checks who may (admins of the root account)."""
+    caller checks who may (admins of the root account). A retry with the same `idempotency_key` posts
+    nothing and answers the first entry; the key with another account or amount is refused."""
     if amount == 0 or abs(amount) > ADJUSTMENT_MAX:
         raise InvalidInput(
             f"an adjustment must be a non-zero amount of at most {ADJUSTMENT_MAX} credits, got {amount}",
             code="invalid_credits",
         )
     credit = amount > 0
+    key = f"adjustment:{idempotency_key}" if idempotency_key else f"adjustment:{new_id('adj')}"
     entry = NewEntry(
-        key=f"adjustment:{new_id('adj')}",
+        key=key,
         rule=Rule.ADJUSTMENT,
         subject=Subject.ADJUSTMENT,
         payer=rules.PLATFORM if credit else account_id,
@@ -381,5 +391,15 @@ def adjust(session: Session, account_id: str, amount: Decimal, memo: str, *, act
         at=clock.now(),
         memo=f"{actor}: {memo}"[:500],
     )
-    post(session, [entry])
+    if post(session, [entry]) == 0:
+        first = session.scalar(select(LedgerEntry).where(LedgerEntry.key == key))
+        if first is None or (first.payer, first.payee, first.amount_micros) != (
+            entry.payer,
+            entry.payee,
+            rules.to_micros(entry.amount),
+        ):
+            raise Conflict(
+                f"idempotency key '{idempotency_key}' was used for another credit: use a new key",
+                code="idempotency_key_reused",
+            )
     return entry

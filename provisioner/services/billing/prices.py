@@ -8,10 +8,12 @@ The jobs service locks `price_for(session, gpu_type)` into a job at create (docs
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from functools import lru_cache
 from pathlib import Path
+from typing import Final
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -107,10 +109,21 @@ def price_for(session: Session, gpu_type: str | None) -> Decimal:
     return _row(gpu_type, session.get(GpuPrice, gpu_type)).price_per_gpu_hour
 
 
+# what an operator may type: no exponent (1e999999999 overflows the scale), no '_' or '+', ASCII digits only
+# (Decimal also reads full-width ones)
+PLAIN_DECIMAL: Final = re.compile(r"-?[0-9]{1,24}(\.[0-9]{1,24})?", re.ASCII)
+
+
 def parse_credits(text: str, what: str = "price") -> Decimal:
     """An amount an operator typed: a finite number with at most SCALE decimal places, at most AMOUNT_MAX
     either way. The size is checked before the scale: a number longer than Decimal's 28 digits cannot be
     put at the ledger's scale (InvalidOperation, which was a 500), nor held by the ledger."""
+    if not PLAIN_DECIMAL.fullmatch(text.strip()):
+        raise InvalidInput(
+            f"{what} '{printable(text, 40)}' is not a number of credits: write a plain decimal (digits 0-9, "
+            "an optional leading '-' and one '.'), e.g. 2.78",
+            code="invalid_credits",
+        )
     try:
         value = Decimal(text.strip())
         fits = value.is_finite() and abs(value) <= rules.AMOUNT_MAX and value == rules.credits(value)

@@ -17,6 +17,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from contracts import images
 from contracts.errors import Conflict, InvalidInput, RuleViolation
 from contracts.regional import check_one_line, requested_parts
 from provisioner.domain.states import DEVICE_CONFIG_TRANSITIONS, DatastoreState, DeviceConfigState, NodeState
@@ -31,7 +32,6 @@ from provisioner.store.regional_models import Datastore
 
 KIND = "device-config"
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
-IMAGE = re.compile(r"[^\s]{1,512}")
 # the names the container gets from rigbase itself (contracts/device.py): a configuration may not set them
 RESERVED_ENV = frozenset(
     {"TRAINML_OUTPUT_PATH", "RIGBASE_OUTPUT_PATH", "TRAINML_MODEL_PATH", "TRAINML_CHECKPOINT_PATH"}
@@ -113,8 +113,8 @@ def _datastore(session: Session, region_id: str, region: str, name: str) -> Data
 
 def _spec(session: Session, config_region_id: str, region: str, f: Fields) -> dict[str, Any]:
     """The checked spec of one revision (every field present)."""
-    if not f.image or not IMAGE.fullmatch(f.image):
-        raise InvalidInput("--image must name a container image, without spaces", code="invalid_image")
+    if not f.image or not images.is_registry_reference(f.image):
+        raise InvalidInput(f"--image {images.REFUSAL}", code="invalid_image")
     if not f.command or not f.command.strip():
         raise InvalidInput("--command must say what the container runs", code="invalid_command")
     if len(f.command) > MAX_COMMAND or "\0" in f.command:

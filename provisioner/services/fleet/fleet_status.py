@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 
 from provisioner.domain.states import NODE_READY, ONLINE_WINDOW, JoinOutcome, NodeState, RegionState
 from provisioner.services.fleet.pending import pending
+from provisioner.store import row_scope
 from provisioner.store.join_models import JoinToken
 from provisioner.store.models import AuditEvent, Node, Provider, Region
 
@@ -51,7 +52,7 @@ def status(session: Session, now: datetime | None = None) -> dict[str, Any]:
         live, soon = tokens.get(region_id, (0, 0))
         expiring = expires_at is not None and expires_at - now < EXPIRING_WITHIN
         tokens[region_id] = (live + 1, soon + int(expiring))
-    refused = session.scalar(
+    refused_stmt = (
         select(func.count())
         .select_from(AuditEvent)
         .where(
@@ -60,6 +61,9 @@ def status(session: Session, now: datetime | None = None) -> dict[str, Any]:
             AuditEvent.at >= now - REFUSALS_SINCE,
         )
     )
+    if (seen := row_scope.seen_minion_ids(session)) is not None:
+        refused_stmt = refused_stmt.where(AuditEvent.resource_id.in_(seen))
+    refused = session.scalar(refused_stmt)
     rows = []
     for r in regions:
         nodes = by_state.get(r.id, Counter())

@@ -31,6 +31,7 @@ from provisioner.services.common import audit, lifecycle, names
 from provisioner.services.common.errors import changed_meanwhile, flush
 from provisioner.services.regions import regional_lookup, reservations
 from provisioner.services.regions import regions as region_service
+from provisioner.store import row_scope
 from provisioner.store.join_models import NodeAttestation
 from provisioner.store.models import AuditEvent, Node, Region, new_id
 
@@ -158,6 +159,20 @@ def by_minion_id(session: Session, minion_id: str) -> Node | None:
 
 
 def _refuse_taken_minion_id(session: Session, minion_id: str) -> None:
+    """One live node per minion_id in the whole fleet; a holder in a region the caller cannot see is not
+    named (nor is its account)."""
+    held = session.execute(
+        select(Region.account_id)
+        .join(Node, Node.region_id == Region.id)
+        .where(Node.minion_id == minion_id, Node.state != NodeState.REMOVED)
+        .execution_options(**row_scope.UNSCOPED)
+    ).first()
+    if held is not None and not row_scope.sees(session, held.account_id):
+        raise Conflict(
+            f"minion_id {minion_id} is held by a node of another account: check the id on the banner, or "
+            "ask the fleet's operators (a root admin) to release it",
+            code="duplicate_minion_id",
+        )
     holder = by_minion_id(session, minion_id)
     if holder is not None:
         raise Conflict(
@@ -334,7 +349,9 @@ LIST_COLUMNS = (
 
 
 @functools.lru_cache(maxsize=256)
-def _page_statement(*, rows: int, removed: bool, region: bool, service: bool, after: bool) -> Executable:
+def _page_statement(
+    *, rows: int, removed: bool, region: bool, service: bool, after: bool, account: bool
+) -> Executable:
     """A list page's statement for one page size and combination of filters, built once with bound
     parameters (region_id, service, after): building and keying it anew took a tenth of a page's time.
     The size stays a literal: PostgreSQL plans a prepared `LIMIT $1` without knowing it is small."""
@@ -358,6 +375,8 @@ def _page_statement(*, rows: int, removed: bool, region: bool, service: bool, af
         stmt = stmt.where(Node.service == bindparam("service"))
     if after:
         stmt = stmt.where(Node.id > bindparam("after"))
+    if account:  # a Core statement: the session's row scope (store/row_scope.py) is applied here by hand
+        stmt = stmt.where(Region.account_id == bindparam("account_id"))
     return stmt
 
 
@@ -383,12 +402,15 @@ def list_page(
         params["service"] = _service(service).value
     if after:
         params["after"] = after
+    if (account_id := row_scope.scoped_account(session)) is not None:
+        params["account_id"] = account_id
     stmt = _page_statement(
         rows=limit + 1,
         removed=include_removed,
         region="region_id" in params,
         service="service" in params,
         after="after" in params,
+        account="account_id" in params,
     )
     # on the session's connection: plain rows, without the ORM's per-row loading work
     rows = list(session.connection().execute(stmt, params).all())

@@ -13,6 +13,7 @@ from provisioner.domain.states import JoinOutcome
 from provisioner.services.fleet import inventory_text
 from provisioner.services.fleet import nodes as node_service
 from provisioner.services.regions import regions as region_service
+from provisioner.store import row_scope
 from provisioner.store.join_models import PendingMinion
 from provisioner.store.models import AuditEvent, Region
 
@@ -69,6 +70,8 @@ def refusals(session: Session, *, minion_id: str | None = None, limit: int = 50)
     )
     if minion_id:
         stmt = stmt.where(AuditEvent.resource_id == minion_id)
+    if (seen := row_scope.seen_minion_ids(session)) is not None:
+        stmt = stmt.where(AuditEvent.resource_id.in_(seen))
     return [
         {
             "id": e.id,

@@ -31,9 +31,11 @@ from contracts.jobs import (
 )
 from contracts.jobspec import JobSpec
 from provisioner.domain.states import (
+    NODE_READY,
     WORKER_DONE,
     WORKER_ON_NODE,
     DatastoreState,
+    NodeState,
     ReservationState,
     WorkerState,
 )
@@ -78,7 +80,7 @@ def _known_to_node(node_id: Any, *shipping_since: Any) -> Any:
 # it); the worker's node is the beating node, already in the session, so it is not joined again.
 _WORKERS_ON = (
     select(JobWorker)
-    .where(_known_to_node(bindparam("node_id"), JobWorker.updated_at > bindparam("shipping_since")))
+    .where(_known_to_node(bindparam("node_id"), JobWorker.ended_at > bindparam("shipping_since")))
     .order_by(JobWorker.job_id, JobWorker.index)
     .options(lazyload("*"))
 )
@@ -214,9 +216,20 @@ def datastore_access(session: Session, region_id: str, names: set[str]) -> list[
     ]
 
 
+def needs_secrets(node: Node, worker: JobWorker, assignment: WorkerAssignment) -> bool:
+    """A worker's datastore passwords go only with an assignment that is starting or running (not one
+    being stopped, nor one listed only to ship its log) on a node in good standing (not errored)."""
+    return (
+        NodeState(node.state) in NODE_READY
+        and WorkerState(worker.state) in WORKER_ON_NODE
+        and not assignment.stop
+    )
+
+
 def desired_for_node(session: Session, node: Node) -> dict[str, Any]:
-    """Every worker placed on this node (stop: true for the ones to stop) and its datastores. A node in
-    maintenance keeps its running workers: maintenance takes no NEW jobs and lets running ones finish."""
+    """Every worker placed on this node (stop: true for the ones to stop) and the datastores of those that
+    need them (needs_secrets). A node in maintenance keeps its running workers: maintenance takes no NEW
+    jobs and lets running ones finish."""
     workers: list[WorkerAssignment] = []
     datastores: set[str] = set()
     for worker in _workers_on(session, node):
@@ -228,7 +241,8 @@ def desired_for_node(session: Session, node: Node) -> dict[str, Any]:
             )
             continue
         workers.append(assignment)
-        datastores |= {m.datastore for m in assignment.mounts if m.datastore is not None}
+        if needs_secrets(node, worker, assignment):
+            datastores |= {m.datastore for m in assignment.mounts if m.datastore is not None}
     return JobsDesired(
         workers=workers, datastores=datastore_access(session, node.region_id, datastores)
     ).model_dump(mode="json")

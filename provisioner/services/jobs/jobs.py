@@ -35,7 +35,6 @@ from sqlalchemy.orm import Session
 from contracts.errors import Conflict, InvalidInput, NotFound, RuleViolation
 from contracts.jobspec import JobSpec
 from provisioner.domain.placement import (
-    TRANSIENT,
     Candidate,
     Placement,
     PlacementRequest,
@@ -47,6 +46,7 @@ from provisioner.domain.states import (
     JOB_DONE,
     JOB_LIVE,
     JOB_TRANSITIONS,
+    WORKER_DONE,
     WORKER_ON_NODE,
     WORKER_TRANSITIONS,
     DatastoreState,
@@ -105,9 +105,21 @@ def transition_worker(
         reason=reason,
         resource_id=worker.job_id or worker.job.id,
     )
+    if to in WORKER_DONE:
+        worker.ended_at = datetime.now(UTC)
+    elif worker.ended_at is not None:  # placed again: a new run
+        worker.ended_at = None
 
 
 # ------------------------------------------------------------------------------- lookups
+
+
+def _sees(session: Session, principal: Principal, job: Job) -> bool:
+    """Whether the caller sees this job (_visible_to, for one row)."""
+    if job.account_id == principal.account_id:
+        return True
+    owner = session.scalar(select(Project.account_id).where(Project.id == job.project_id))
+    return owner == principal.account_id
 
 
 def _visible_to(account_id: str) -> Any:
@@ -312,14 +324,12 @@ def decide(request: PlacementRequest, candidates: Sequence[Candidate], workers: 
 
 
 def _locked_price(request: PlacementRequest, decision: Decision) -> float | None:
-    """The job's price per GPU-hour: the chosen node's; for a waiting job the cheapest node it could
-    run on once capacity frees (None: decided at its first placement)."""
+    """The job's price per GPU-hour when it is placed at once: the chosen node's, by its region's rules
+    (the owner's usage fee, or the public price). A job that waits gets none until it is placed: the
+    region it lands in decides, not one it might have run in (docs/billing.md)."""
     if request.gpu_count == 0:
         return 0.0
-    if decision.chosen:
-        return decision.chosen[0].price_per_gpu_hour
-    later = [c.price_per_gpu_hour for c, r in decision.first.reasons if r in TRANSIENT]
-    return min(later) if later else None
+    return decision.chosen[0].price_per_gpu_hour if decision.chosen else None
 
 
 def _assign(session: Session, job: Job, chosen: Sequence[Candidate], *, actor: str) -> None:
@@ -342,8 +352,8 @@ def _assign(session: Session, job: Job, chosen: Sequence[Candidate], *, actor: s
     job.node_id = chosen[0].id
     job.region_id = node.region_id if node is not None else None
     job.gpu_type = chosen[0].gpu_type
-    if job.price_per_gpu_hour is None:
-        job.price_per_gpu_hour = chosen[0].price_per_gpu_hour
+    # fixed when the job is placed, from the rules of the region it is placed in (as region_id is)
+    job.price_per_gpu_hour = chosen[0].price_per_gpu_hour
     where = ", ".join(sorted({f"{c.name} ({c.region})" for c in chosen}))
     transition(session, job, JobState.STARTING, actor=actor, reason=f"placed on {where}")
 
@@ -391,6 +401,11 @@ def create(
         .where(Job.state.in_(live))
         .limit(1)
     )
+    if clash is not None and not _sees(session, principal, clash):
+        # another account's job in a shared project: its state and owner stay unsaid
+        raise Conflict(
+            f"the job name '{name}' is taken in this project: choose another name", code="duplicate_name"
+        )
     if clash is not None:
         raise Conflict(
             f"job '{name}' is already {clash.state} in this account: choose another name, or `provision job "
