@@ -293,6 +293,22 @@ def test_a_worker_that_exits_0_with_its_limits_env_gpu_and_output_mount(
         subprocess.run(["umount", "--lazy", str(staging)], check=False)
 
 
+def test_a_job_runs_with_capabilities_dropped_and_no_new_privileges(
+    image: str, agents: Agents, store: LogStore
+) -> None:
+    """Tenancy finding 6: containers ran with podman's default capabilities and could gain privileges
+    through setuid binaries (docs/minion-jobs.md, "What a job can and cannot reach")."""
+    agent = agents()
+    a = worker("job-caps", "cat /proc/self/status")
+    until(agent, [a], ended_and_shipped)
+    status = dict(line.split(":", 1) for line in store.text("job-caps").splitlines() if ":" in line)
+    kept = int(status["CapEff"].strip(), 16)
+    # CHOWN 0, DAC_OVERRIDE 1, FOWNER 3, KILL 5, SETGID 6, SETUID 7: nothing else (no NET_RAW, SYS_CHROOT…)
+    assert kept == sum(1 << bit for bit in (0, 1, 3, 5, 6, 7)), hex(kept)
+    assert status["NoNewPrivs"].strip() == "1"
+    assert status["Seccomp"].strip() == "2", "podman's default seccomp profile is on"
+
+
 def test_exit_3_is_reported_and_two_workers_never_share_a_gpu(image: str, agents: Agents) -> None:
     agent = agents()
     pair = [worker("job-three", "sleep 4; exit 3", n, gpu_count=1) for n in (0, 1)]

@@ -1,8 +1,9 @@
 """The multi-tenant attack suite: two accounts on one real `provision serve`, real swtpm joins, each
 finding of the tenancy review tried as the attacker would and refused (docs/accounts.md, "Who may do
 what"). Account `alpha` owns a private region with a joined node, a datastore, a reservation, a device
-configuration and a join token; account `beta` (an admin token and a member token) attacks it. The job
-containers' side of the review (isolation on a shared node) is tests/minion/test_job_isolation.py."""
+configuration and a join token; account `beta` (an admin token and a member token) attacks it. The
+price a waiting job pays is tests/provisioner/test_jobs_api.py's (fixed at placement); the container
+flags run under real podman in tests/minion/test_jobs_podman.py."""
 
 from __future__ import annotations
 
