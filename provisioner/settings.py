@@ -101,7 +101,7 @@ class Settings(BaseSettings):
     )
     # X-Forwarded-For and X-Forwarded-Proto are believed only from these peers (HAProxy in front of
     # the control plane): from any other client they could be set to dodge, or aim, the rate limits
-    trusted_proxies: tuple[str, ...] = Field(
+    trusted_proxies: Annotated[tuple[str, ...], NoDecode] = Field(
         (), description="addresses (or CIDRs) of reverse proxies whose X-Forwarded-* headers are trusted"
     )
 

@@ -37,9 +37,10 @@ HARDENING = (
 
 def pull_policy(image: str) -> list[str]:
     """A registry image is pulled on every start (only its manifest when the layers are here), so the
-    registry decides, with this job's credentials, whether the job may have it: another tenant's private
-    image cached on the node is not a way in. A `localhost/` image is the node's own (never in a
-    registry) and runs as it is."""
+    registry decides whether it may be had: another tenant's private image cached on the node is not a
+    way in. (The pull carries no job's registry credentials yet: a private image runs only where the
+    node's own podman login reaches it.) A `localhost/` image is the node's own (never in a registry)
+    and runs as it is; a node that cannot reach the image's registry cannot start it."""
     return [] if image.startswith("localhost/") else ["--pull=always"]
 
 

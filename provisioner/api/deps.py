@@ -141,12 +141,18 @@ Principal = Annotated[PrincipalValue, Depends(require_principal)]
 READS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
-def fleet_principal(request: Request, session: Db, principal: Principal) -> PrincipalValue:
-    """The caller of a fleet route (regions and what is in them): its unit of work sees only its own
-    account's regions (every region for a root admin; store/row_scope.py), and a change needs an admin."""
+def enter_fleet(session: Session, principal: PrincipalValue, *, changes: bool) -> None:
+    """A unit of work on the fleet (regions and what is in them) as `principal`: it sees only its own
+    account's regions (every region for a root admin; store/row_scope.py), and a change needs an admin.
+    The API's fleet routes and the console's fleet actions both enter here."""
     scope_to_account(session, principal.account_scope())
-    if request.method not in READS:
+    if changes:
         principal.require(Action.MANAGE_FLEET)
+
+
+def fleet_principal(request: Request, session: Db, principal: Principal) -> PrincipalValue:
+    """The caller of a fleet route: applied to every fleet router in the app factory."""
+    enter_fleet(session, principal, changes=request.method not in READS)
     return principal
 
 
@@ -157,7 +163,5 @@ def trust_principal(principal: Principal) -> PrincipalValue:
     return principal
 
 
-# applied to every fleet router in the app factory; a route that names it gets the principal
-Fleet = Annotated[PrincipalValue, Depends(fleet_principal)]
 FleetScope = Depends(fleet_principal)
 TrustRoot = Depends(trust_principal)

@@ -327,9 +327,8 @@ def _failed(policy: Policy, start: Message) -> bool:
         return False
     if not policy.guarded:
         return True
-    # the sign-in redirects both ways: back to /signin is the refusal
-    location = dict(start.get("headers") or []).get(b"location", b"")
-    return location.startswith(b"/signin") or b"://" in location and b"/signin" in location
+    # the sign-in redirects both ways (api/console/render.redirect, a path): back to /signin is the refusal
+    return dict(start.get("headers") or []).get(b"location", b"").startswith(b"/signin")
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

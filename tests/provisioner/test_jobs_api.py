@@ -23,6 +23,7 @@ from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from contracts.jobs import LOG_ROUTE
@@ -36,8 +37,10 @@ from provisioner.reconcilers.loop import ReconcilerLoop
 from provisioner.services.common.runtime import Runtime, attach
 from provisioner.services.common.wakeups import Wake
 from provisioner.services.fleet import nodes
+from provisioner.services.jobs.job_assignments import LOG_TAIL_WINDOW
 from provisioner.settings import Settings
 from provisioner.store.engine import make_engine, make_sessionmaker
+from provisioner.store.job_models import JobWorker
 from provisioner.store.join_models import NodeAttestation
 from tests.fixtures.control_plane import ControlPlane, start_control_plane
 from tests.minion.test_jobs_podman import IMAGE, RUNTIME, image  # noqa: F401  (the image fixture)
@@ -444,6 +447,41 @@ def test_a_regional_resource_pins_the_job_and_refuses_a_gpu_type_not_there(fleet
     with fleet.http() as http:
         http.post(f"/v1/jobs/{pinned['id']}/stop")
     fleet.heartbeat("gpu-2", [report(w, "stopped", exit_code=0)])
+
+
+def test_datastore_passwords_go_only_with_running_work_on_a_node_in_good_standing(fleet: Fleet) -> None:
+    """Tenancy finding 4: an errored node kept receiving datastore passwords, and so did a node that
+    kept reporting a worker that had ended (the log window restarted with every report)."""
+    output = {"output": {"datastore": "results", "path": "/run-2"}}
+    pinned = create(fleet, spec("secret-t4", types=("T4",), data=output)).json()
+    (w,) = mine(fleet.heartbeat("gpu-2"), pinned["id"])
+    fleet.heartbeat("gpu-2", [report(w, "running")])
+    assert [d["name"] for d in fleet.heartbeat("gpu-2")["datastores"]] == ["results"]
+    with fleet.sessions.begin() as s:  # failed continuous attestation, as the heartbeat would mark it
+        nodes.get(s, "gpu-2").state = NodeState.ERRORED.value
+    try:
+        errored = fleet.heartbeat("gpu-2")
+        assert mine(errored, pinned["id"]) and errored["datastores"] == []
+    finally:
+        with fleet.sessions.begin() as s:
+            nodes.get(s, "gpu-2").state = NodeState.ACTIVE.value
+    # ended, its log not all shipped: listed (stop) to ship it, without the password, however often
+    # the node reports it again
+    fleet.heartbeat("gpu-2", [report(w, "exited", exit_code=0)])
+    for _ in range(3):
+        desired = fleet.heartbeat("gpu-2", [report(w, "exited", exit_code=0)])
+        (listed,) = mine(desired, pinned["id"])
+        assert listed["stop"] and desired["datastores"] == []
+    with fleet.sessions.begin() as s:  # the control plane's end, not the reports, starts the window
+        ended = s.scalar(select(JobWorker.ended_at).where(JobWorker.job_id == pinned["id"]))
+        assert ended is not None
+        s.execute(
+            update(JobWorker)
+            .where(JobWorker.job_id == pinned["id"])
+            .values(ended_at=ended - LOG_TAIL_WINDOW - timedelta(seconds=1))
+        )
+    again = fleet.heartbeat("gpu-2", [report(w, "exited", exit_code=0)])
+    assert not mine(again, pinned["id"]), "past the window from the recorded end: forgotten"
 
 
 def test_a_bad_spec_stores_nothing(fleet: Fleet) -> None:

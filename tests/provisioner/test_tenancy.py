@@ -2,8 +2,9 @@
 finding of the tenancy review tried as the attacker would and refused (docs/accounts.md, "Who may do
 what"). Account `alpha` owns a private region with a joined node, a datastore, a reservation, a device
 configuration and a join token; account `beta` (an admin token and a member token) attacks it. The
-price a waiting job pays is tests/provisioner/test_jobs_api.py's (fixed at placement); the container
-flags run under real podman in tests/minion/test_jobs_podman.py."""
+price a waiting job pays and the datastore passwords a node gets are tests/provisioner/test_jobs_api.py's
+(they need its nodes' heartbeats); the container flags run under real podman in
+tests/minion/test_jobs_podman.py."""
 
 from __future__ import annotations
 
@@ -432,36 +433,16 @@ def test_a_signed_out_console_session_stays_out_after_a_restart(tmp_path: Path) 
         assert answer.status_code == 303 and answer.headers["location"].startswith("/signin"), answer.text
 
 
-def test_secrets_go_only_with_running_assignments_on_nodes_in_good_standing() -> None:
-    """Finding 4: an errored node still got datastore passwords on every beat, and so did a node
-    shipping the log of a worker that had ended. The rule, row by row."""
-    from contracts.jobs import WorkerAssignment
-    from provisioner.services.jobs.job_assignments import needs_secrets
-    from provisioner.store.job_models import JobWorker
-    from provisioner.store.models import Node
-
-    def assignment(stop: bool) -> WorkerAssignment:
-        return WorkerAssignment(
-            job_id="job_1",
-            job_name="j",
-            worker=0,
-            generation="job_1.1",
-            image="localhost/x:1",
-            command="true",
-            cpus=1,
-            memory_mb=64,
-            stop=stop,
-            stop_grace_s=30,
-        )
-
-    cases = {
-        ("active", "running", False): True,
-        ("maintenance", "starting", False): True,
-        ("errored", "running", False): False,
-        ("active", "running", True): False,
-        ("active", "succeeded", True): False,
-        ("active", "failed", True): False,
-    }
-    for (node_state, worker_state, stop), expected in cases.items():
-        node, worker = Node(state=node_state), JobWorker(state=worker_state)
-        assert needs_secrets(node, worker, assignment(stop)) is expected, (node_state, worker_state, stop)
+def test_forwarded_for_counts_from_a_named_proxy(tmp_path: Path) -> None:
+    """Finding 5's other half: behind HAProxy (RIGBASE_TRUSTED_PROXIES names it) each client's own
+    address is counted, so one client's bad tokens spend its budget only."""
+    with start_control_plane(tmp_path / "home", env={"RIGBASE_TRUSTED_PROXIES": "127.0.0.0/8"}) as cp:
+        with cp.client() as proxy:
+            bad = {"Authorization": "Bearer rbo_" + "x" * 40}
+            guesser = [
+                proxy.get("/v1/regions", headers={**bad, "X-Forwarded-For": "198.51.100.7"}).status_code
+                for _ in range(60)
+            ]
+            assert 429 in guesser, "one client's guesses spend its budget"
+            other = proxy.get("/v1/regions", headers={**bad, "X-Forwarded-For": "198.51.100.8"})
+            assert other.status_code == 401, "another client behind the same proxy still has its own"

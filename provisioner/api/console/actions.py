@@ -36,6 +36,7 @@ from provisioner.api.console.render import (
     set_cookie,
 )
 from provisioner.api.console.session import SESSION_COOKIE, SESSION_MAX_AGE_S, SIGNIN_COOKIE
+from provisioner.api.deps import enter_fleet
 from provisioner.domain.roles import Action
 from provisioner.domain.states import Service
 from provisioner.services.accounts import tokens
@@ -115,7 +116,6 @@ def create_region(request: Request, posted: Posted) -> Response:
     who, form = posted
 
     def work(session: Session) -> Done:
-        who.principal.require(Action.MANAGE_FLEET)
         region = regions.create(
             session,
             form.required("name", "region name"),
@@ -128,7 +128,7 @@ def create_region(request: Request, posted: Posted) -> Response:
         session.flush()
         return Done(f"region {region.name} created", f"/regions/{region.id}")
 
-    return perform(request, "/", work)
+    return perform(request, "/", work, fleet=who.principal)
 
 
 @router.post("/regions/{ref}/bundle")
@@ -139,7 +139,7 @@ def download_bundle(request: Request, ref: str, posted: Posted) -> Response:
     settings = request.app.state.runtime.settings
     session: Session = request.app.state.sessions()
     try:
-        who.principal.require(Action.MANAGE_FLEET)
+        enter_fleet(session, who.principal, changes=True)
         region = visibility.region(session, who.principal, ref)
         url = check_control_plane_url(form.required("control_plane_url", "control plane URL"))
         if not form.flag("allow_loopback"):
@@ -180,7 +180,6 @@ def add_node(request: Request, posted: Posted) -> Response:
     back = local_path(form.get("back"), "/pending")
 
     def work(session: Session) -> Done:
-        who.principal.require(Action.MANAGE_FLEET)
         region = visibility.region(session, who.principal, form.required("region"))
         node = nodes.add(
             session,
@@ -198,7 +197,7 @@ def add_node(request: Request, posted: Posted) -> Response:
             f"/regions/{region.id}",
         )
 
-    return perform(request, back, work)
+    return perform(request, back, work, fleet=who.principal)
 
 
 @router.post("/nodes/{ref}/maintenance")
@@ -207,12 +206,11 @@ def toggle_maintenance(request: Request, ref: str, posted: Posted) -> Response:
     back = local_path(form.get("back"), f"/nodes/{ref}")
 
     def work(session: Session) -> Done:
-        who.principal.require(Action.MANAGE_FLEET)
         node = visibility.node(session, who.principal, ref)
         node = nodes.maintenance(session, node.id, form.get("mode") or "toggle", actor=who.principal.actor)
         return Done(f"node {node.name} is {node.state}")
 
-    return perform(request, back, work)
+    return perform(request, back, work, fleet=who.principal)
 
 
 @router.post("/nodes/{ref}/remove")
@@ -220,13 +218,12 @@ def remove_node(request: Request, ref: str, posted: Posted) -> Response:
     who, form = posted
 
     def work(session: Session) -> Done:
-        who.principal.require(Action.MANAGE_FLEET)
         node = visibility.node(session, who.principal, ref)
         region_id = node.region_id
         nodes.remove(session, node.id, actor=who.principal.actor, force=form.flag("force"))
         return Done(f"node {node.name} removed", f"/regions/{region_id}")
 
-    return perform(request, f"/nodes/{ref}/remove", work)
+    return perform(request, f"/nodes/{ref}/remove", work, fleet=who.principal)
 
 
 @router.post("/nodes/{ref}/replace")
@@ -234,7 +231,6 @@ def replace_node(request: Request, ref: str, posted: Posted) -> Response:
     who, form = posted
 
     def work(session: Session) -> Done:
-        who.principal.require(Action.MANAGE_FLEET)
         old = visibility.node(session, who.principal, ref)
         new = nodes.replace(
             session, old.id, minion_id=form.required("minion_id", "new minion_id"), actor=who.principal.actor
@@ -245,7 +241,7 @@ def replace_node(request: Request, ref: str, posted: Posted) -> Response:
             f"/nodes/{new.id}",
         )
 
-    return perform(request, f"/nodes/{ref}/replace", work)
+    return perform(request, f"/nodes/{ref}/replace", work, fleet=who.principal)
 
 
 @router.post("/nodes/{ref}/retry")
@@ -254,14 +250,13 @@ def retry_node(request: Request, ref: str, posted: Posted) -> Response:
     who, form = posted
 
     def work(session: Session) -> Done:
-        who.principal.require(Action.MANAGE_FLEET)
         node = visibility.node(session, who.principal, ref)
         node = join_operator.retry(
             session, node.id, accept_pcrs=form.flag("accept_pcrs"), actor=who.principal.actor
         )
         return Done(f"node {node.name} is {node.state}: its minion joins again at its next attempt")
 
-    return perform(request, f"/nodes/{ref}", work)
+    return perform(request, f"/nodes/{ref}", work, fleet=who.principal)
 
 
 # ------------------------------------------------------------------------------ devices
@@ -282,7 +277,6 @@ def set_device_config(request: Request, ref: str, posted: Posted) -> Response:
     back = _device_region_page(request, who, ref)
 
     def work(session: Session) -> Done:
-        who.principal.require(Action.MANAGE_FLEET)
         node = visibility.node(session, who.principal, ref)
         dep = device_deployments.set_config(
             session, node.id, form.required("config", "device configuration"), actor=who.principal.actor
@@ -293,7 +287,7 @@ def set_device_config(request: Request, ref: str, posted: Posted) -> Response:
             "runs it"
         )
 
-    return perform(request, back, work)
+    return perform(request, back, work, fleet=who.principal)
 
 
 @router.post("/nodes/{ref}/deploy")
@@ -304,7 +298,6 @@ def deploy_device(request: Request, ref: str, posted: Posted) -> Response:
     back = _device_region_page(request, who, ref)
 
     def work(session: Session) -> Done:
-        who.principal.require(Action.MANAGE_FLEET)
         node = visibility.node(session, who.principal, ref)
         dep = device_deployments.deploy(
             session, node.id, latest=form.flag("latest"), actor=who.principal.actor
@@ -315,7 +308,7 @@ def deploy_device(request: Request, ref: str, posted: Posted) -> Response:
             f"{dep.deployed_revision}: it starts at the device's next heartbeat"
         )
 
-    return perform(request, back, work)
+    return perform(request, back, work, fleet=who.principal)
 
 
 # ------------------------------------------------------------------------------ datastores
@@ -326,7 +319,6 @@ def add_datastore(request: Request, ref: str, posted: Posted) -> Response:
     who, form = posted
 
     def work(session: Session) -> Done:
-        who.principal.require(Action.MANAGE_FLEET)
         region = visibility.region(session, who.principal, ref)
         ds = datastores.add(
             session,
@@ -341,7 +333,7 @@ def add_datastore(request: Request, ref: str, posted: Posted) -> Response:
         )
         return Done(f"datastore {ds.name} added")
 
-    return perform(request, f"/regions/{ref}", work)
+    return perform(request, f"/regions/{ref}", work, fleet=who.principal)
 
 
 @router.post("/datastores/{ref}/remove")
@@ -349,13 +341,12 @@ def remove_datastore(request: Request, ref: str, posted: Posted) -> Response:
     who, _ = posted
 
     def work(session: Session) -> Done:
-        who.principal.require(Action.MANAGE_FLEET)
         ds = visibility.datastore(session, who.principal, ref)
         region_id = ds.region_id
         datastores.remove(session, ds.id, actor=who.principal.actor)
         return Done(f"datastore {ds.name} removed", f"/regions/{region_id}")
 
-    return perform(request, f"/datastores/{ref}/remove", work)
+    return perform(request, f"/datastores/{ref}/remove", work, fleet=who.principal)
 
 
 # ------------------------------------------------------------------------------ reservations
@@ -366,7 +357,6 @@ def add_reservation(request: Request, ref: str, posted: Posted) -> Response:
     who, form = posted
 
     def work(session: Session) -> Done:
-        who.principal.require(Action.MANAGE_FLEET)
         region = visibility.region(session, who.principal, ref)
         rsv = reservations.add(
             session,
@@ -379,7 +369,7 @@ def add_reservation(request: Request, ref: str, posted: Posted) -> Response:
         )
         return Done(f"reservation {rsv.name} added: assign it to a node")
 
-    return perform(request, f"/regions/{ref}", work)
+    return perform(request, f"/regions/{ref}", work, fleet=who.principal)
 
 
 @router.post("/reservations/{ref}/assign")
@@ -387,13 +377,12 @@ def assign_reservation(request: Request, ref: str, posted: Posted) -> Response:
     who, form = posted
 
     def work(session: Session) -> Done:
-        who.principal.require(Action.MANAGE_FLEET)
         rsv = visibility.reservation(session, who.principal, ref)
         node = visibility.node(session, who.principal, form.required("node", "node"))
         rsv = reservations.assign(session, rsv.id, node=node.id, actor=who.principal.actor)
         return Done(f"reservation {rsv.name} assigned to node {node.name}")
 
-    return perform(request, local_path(form.get("back"), "/"), work)
+    return perform(request, local_path(form.get("back"), "/"), work, fleet=who.principal)
 
 
 @router.post("/reservations/{ref}/unassign")
@@ -401,12 +390,11 @@ def unassign_reservation(request: Request, ref: str, posted: Posted) -> Response
     who, form = posted
 
     def work(session: Session) -> Done:
-        who.principal.require(Action.MANAGE_FLEET)
         rsv = visibility.reservation(session, who.principal, ref)
         rsv = reservations.unassign(session, rsv.id, actor=who.principal.actor)
         return Done(f"reservation {rsv.name} unassigned")
 
-    return perform(request, local_path(form.get("back"), "/"), work)
+    return perform(request, local_path(form.get("back"), "/"), work, fleet=who.principal)
 
 
 @router.post("/reservations/{ref}/remove")
@@ -414,10 +402,9 @@ def remove_reservation(request: Request, ref: str, posted: Posted) -> Response:
     who, _ = posted
 
     def work(session: Session) -> Done:
-        who.principal.require(Action.MANAGE_FLEET)
         rsv = visibility.reservation(session, who.principal, ref)
         region_id = rsv.region_id
         reservations.remove(session, rsv.id, actor=who.principal.actor)
         return Done(f"reservation {rsv.name} removed", f"/regions/{region_id}")
 
-    return perform(request, f"/reservations/{ref}/remove", work)
+    return perform(request, f"/reservations/{ref}/remove", work, fleet=who.principal)

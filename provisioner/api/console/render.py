@@ -21,7 +21,9 @@ from starlette.exceptions import HTTPException
 from contracts.errors import RigbaseError
 from provisioner.api.console.forms import CSRF_FIELD, CsrfRefused, SignInRequired, Who, signer_of
 from provisioner.api.console.session import FLASH_COOKIE, SESSION_COOKIE
+from provisioner.api.deps import enter_fleet
 from provisioner.api.errors import http_status
+from provisioner.domain.roles import Principal
 from provisioner.providers.base import Feature, provider_for
 
 HERE: Final = Path(__file__).parent
@@ -126,12 +128,17 @@ class Done:
     to: str | None = None
 
 
-def perform(request: Request, back: str, work: Callable[[Session], Done]) -> Response:
+def perform(
+    request: Request, back: str, work: Callable[[Session], Done], *, fleet: Principal | None = None
+) -> Response:
     """Run one action in its own unit of work. Success commits and shows the next page with the line
     saying what was done; a refusal rolls everything back and shows the page the form was on with the
-    API's own one-line message (no partial state, as in the API)."""
+    API's own one-line message (no partial state, as in the API). `fleet`: the action changes the fleet
+    as this principal, as the API's fleet routes do (api/deps.enter_fleet: scoped, admins only)."""
     session: Session = request.app.state.sessions()
     try:
+        if fleet is not None:
+            enter_fleet(session, fleet, changes=True)
         done = work(session)
         session.commit()
     except RigbaseError as exc:

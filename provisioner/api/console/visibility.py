@@ -3,8 +3,8 @@ admins, who run the fleet), and what lives in those regions (nodes, datastores, 
 minions, join refusals). Another account's region, or anything in it, answers the same NotFound as a
 missing one, with the API's wording (docs/accounts.md: "Other accounts look missing, not forbidden").
 
-The API's fleet routes get the same scope from the store (provisioner/store/row_scope.py); the console's
-pages, which read through several services at once, ask here."""
+The console's actions, like the API's fleet routes, also run scoped (api/deps.enter_fleet,
+store/row_scope.py); its pages read through these functions."""
 
 from __future__ import annotations
 

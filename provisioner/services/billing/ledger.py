@@ -373,7 +373,8 @@ def adjust(
     """Credit (`amount` > 0) or debit (< 0) an account by hand: a top-up, a refund, a correction. One
     entry between the platform and the account, rule `adjustment`, its memo naming who and why. The
     caller checks who may (admins of the root account). A retry with the same `idempotency_key` posts
-    nothing and answers the first entry; the key with another account or amount is refused."""
+    nothing (the answer carries the first entry's key); the key with another account or amount is
+    refused."""
     if amount == 0 or abs(amount) > ADJUSTMENT_MAX:
         raise InvalidInput(
             f"an adjustment must be a non-zero amount of at most {ADJUSTMENT_MAX} credits, got {amount}",

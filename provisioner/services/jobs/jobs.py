@@ -105,21 +105,11 @@ def transition_worker(
         reason=reason,
         resource_id=worker.job_id or worker.job.id,
     )
-    if to in WORKER_DONE:
+    if to in WORKER_DONE:  # final states (WORKER_TRANSITIONS): set once
         worker.ended_at = datetime.now(UTC)
-    elif worker.ended_at is not None:  # placed again: a new run
-        worker.ended_at = None
 
 
 # ------------------------------------------------------------------------------- lookups
-
-
-def _sees(session: Session, principal: Principal, job: Job) -> bool:
-    """Whether the caller sees this job (_visible_to, for one row)."""
-    if job.account_id == principal.account_id:
-        return True
-    owner = session.scalar(select(Project.account_id).where(Project.id == job.project_id))
-    return owner == principal.account_id
 
 
 def _visible_to(account_id: str) -> Any:
@@ -401,7 +391,10 @@ def create(
         .where(Job.state.in_(live))
         .limit(1)
     )
-    if clash is not None and not _sees(session, principal, clash):
+    seen = clash is not None and session.scalar(
+        select(Job.id).where(Job.id == clash.id, _visible_to(principal.account_id))
+    )
+    if clash is not None and not seen:
         # another account's job in a shared project: its state and owner stay unsaid
         raise Conflict(
             f"the job name '{name}' is taken in this project: choose another name", code="duplicate_name"
