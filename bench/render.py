@@ -40,8 +40,7 @@ def render(runs: list[dict[str, Any]]) -> str:
     lines = [
         "# Performance",
         "",
-        f"Measured on {machine['cpus']} cores ({machine['cpu']}), "
-        f"{machine['memory_gib']} GiB of memory:",
+        f"Measured on {machine['cpus']} cores ({machine['cpu']}), {machine['memory_gib']} GiB of memory:",
         "the machine kind of CI. `make bench` runs every `bench/bench_*.py` and writes this page from",
         "`bench/results/`; `.venv/bin/python -m bench NAME` runs one and writes the page again. Only the",
         "latest figures are kept (older ones are in git's history). A ratio is the figure divided by its",

@@ -218,7 +218,7 @@ class JobFacts:
     gpu_type: str | None
     gpu_class: GpuClass | None  # None: CPU-only
     gpus_per_worker: int
-    price_per_gpu_hour: Decimal  # locked at create; used on public capacity only
+    price_per_gpu_hour: Decimal  # fixed at placement; used on public capacity only
 
 
 @dataclass(frozen=True, slots=True)

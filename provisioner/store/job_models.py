@@ -29,7 +29,8 @@ class Job(Base):
     # the ONE lifecycle field (domain.states.JobState); change it only via services.jobs.transition
     state: Mapped[str] = mapped_column(String(16), index=True)
     reason: Mapped[str | None] = mapped_column(Text)
-    # credits per GPU-hour, locked at create (services.job_placement.price_of); None until placed once
+    # credits per GPU-hour, fixed at each placement from the region placed in (job_placement.price_of);
+    # None while it waits to be placed
     price_per_gpu_hour: Mapped[float | None] = mapped_column(Float)
     # a regional resource (datastore, reservation) or `region:` pins the job to this region
     pinned_region_id: Mapped[str | None] = mapped_column(ForeignKey("regions.id"))

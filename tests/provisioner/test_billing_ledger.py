@@ -368,10 +368,11 @@ def test_a_public_job_waits_for_credits_and_starts_once_topped_up(store: Store, 
         job = jobs.create(s, broke, _a100_job("broke-job")).job
         assert job is not None and job.state == "waiting", job
         assert job.reason is not None and "no credits" in job.reason and "balance" in job.reason
-        assert job.price_per_gpu_hour == 2.78  # the public price, locked while it waits
+        assert job.price_per_gpu_hour is None  # no price while it waits: the region it lands in decides
         ledger.adjust(s, broke.account_id, Decimal("5"), "top-up", actor=ACTOR)
         jobs.place_waiting(s, job, actor=ACTOR)
         assert job.state == "starting", job.reason
+        assert job.price_per_gpu_hour == 2.78  # the public price, fixed as it is placed
 
 
 def test_a_pass_over_its_memory_limit_reads_again_until_everything_is_posted(

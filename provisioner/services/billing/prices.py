@@ -137,7 +137,7 @@ def parse_credits(text: str, what: str = "price") -> Decimal:
 
 def set_price(session: Session, principal: Principal, gpu_type: str, price: Decimal) -> PriceRow:
     """Set a GPU type's public price (admins of the root account: it is what every customer pays).
-    Jobs already created keep the price they locked."""
+    Jobs already placed keep the price fixed at their placement."""
     principal.require(Action.MANAGE_ACCOUNTS)
     name = catalogue_type(gpu_type)
     fee = rules.usage_fee_per_gpu_hour(gpu_class_of(name))
