@@ -16,7 +16,7 @@ import json
 import shlex
 from collections.abc import Iterable, Sequence
 from enum import StrEnum
-from typing import Annotated, Any, Final
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import (
     BaseModel,
@@ -202,6 +202,19 @@ class Packages(_Section):
 DEFAULT_IMAGE: Final = "docker.io/library/python:3.12-slim"
 
 
+class SecretValue(_Section):
+    """An environment value sealed at rest (`HF_TOKEN: {value: hf_..., secret: true}`): the store keeps it
+    sealed, every answer shows the name only, and it goes to a node only with a running assignment."""
+
+    value: str | None = Field(
+        None,
+        max_length=MAX_ENV_VALUE,
+        repr=False,
+        description="the value; required when the job is submitted, absent from every answer",
+    )
+    secret: Literal[True]
+
+
 class Environment(_Section):
     image: RegistryImage = Field(
         DEFAULT_IMAGE,
@@ -209,8 +222,10 @@ class Environment(_Section):
         max_length=512,
         description="OCI image of every worker: a registry reference (contracts/images.py)",
     )
-    env: dict[_EnvName, Annotated[str, Field(max_length=MAX_ENV_VALUE)]] = Field(
-        default_factory=dict, max_length=MAX_ENV, description="environment variables, shared by all workers"
+    env: dict[_EnvName, Annotated[str, Field(max_length=MAX_ENV_VALUE)] | SecretValue] = Field(
+        default_factory=dict,
+        max_length=MAX_ENV,
+        description="environment variables, shared by all workers; a secret one as {value, secret: true}",
     )
     packages: Packages = Field(default_factory=Packages)
 
@@ -229,7 +244,7 @@ class Environment(_Section):
 
     @field_validator("env")
     @classmethod
-    def _not_reserved(cls, value: dict[str, str]) -> dict[str, str]:
+    def _not_reserved(cls, value: dict[str, Any]) -> dict[str, Any]:
         taken = [name for name in value if name.upper().startswith(RESERVED_ENV_PREFIX)]
         if taken:
             raise RuleErrors(

@@ -32,6 +32,8 @@ class Job(Base):
     # credits per GPU-hour, fixed at each placement from the region placed in (job_placement.price_of);
     # None while it waits to be placed
     price_per_gpu_hour: Mapped[float | None] = mapped_column(Float)
+    # the spec's secret environment values, sealed (services/jobs/job_secrets.py); the spec keeps names only
+    sealed_env: Mapped[str | None] = mapped_column(Text)
     # a regional resource (datastore, reservation) or `region:` pins the job to this region
     pinned_region_id: Mapped[str | None] = mapped_column(ForeignKey("regions.id"))
     # where it runs: worker 0's node and its region (each worker row names its own node)

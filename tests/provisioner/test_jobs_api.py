@@ -40,7 +40,7 @@ from provisioner.services.fleet import nodes
 from provisioner.services.jobs.job_assignments import LOG_TAIL_WINDOW
 from provisioner.settings import Settings
 from provisioner.store.engine import make_engine, make_sessionmaker
-from provisioner.store.job_models import JobWorker
+from provisioner.store.job_models import Job, JobWorker
 from provisioner.store.join_models import NodeAttestation
 from tests.fixtures.control_plane import ControlPlane, start_control_plane
 from tests.minion.test_jobs_podman import IMAGE, RUNTIME, image  # noqa: F401  (the image fixture)
@@ -450,11 +450,22 @@ def test_a_regional_resource_pins_the_job_and_refuses_a_gpu_type_not_there(fleet
 
 
 def test_datastore_passwords_go_only_with_running_work_on_a_node_in_good_standing(fleet: Fleet) -> None:
-    """Tenancy finding 4: an errored node kept receiving datastore passwords, and so did a node that
-    kept reporting a worker that had ended (the log window restarted with every report)."""
+    """Tenancy findings 4 and 12: an errored node kept receiving datastore passwords, and so did a node
+    that kept reporting a worker that had ended (the log window restarted with every report); a job's
+    environment values were stored in clear and returned by `job show`."""
     output = {"output": {"datastore": "results", "path": "/run-2"}}
-    pinned = create(fleet, spec("secret-t4", types=("T4",), data=output)).json()
+    body = spec("secret-t4", types=("T4",), data=output)
+    body["environment"]["env"] = {"PLAIN": "1", "HF_TOKEN": {"value": "hf_s3cret", "secret": True}}
+    pinned = create(fleet, body).json()
+    # finding 12: sealed at rest, never in an answer
+    assert pinned["spec"]["environment"]["env"] == {"PLAIN": "1", "HF_TOKEN": {"secret": True}}
+    assert "hf_s3cret" not in json.dumps(job(fleet, pinned["id"]))
+    with fleet.sessions() as s:
+        stored = s.scalar(select(Job).where(Job.id == pinned["id"]))
+        assert stored is not None and stored.sealed_env and "hf_s3cret" not in stored.sealed_env
+        assert "hf_s3cret" not in json.dumps(stored.spec)
     (w,) = mine(fleet.heartbeat("gpu-2"), pinned["id"])
+    assert w["env"]["HF_TOKEN"] == "hf_s3cret" and w["env"]["PLAIN"] == "1"
     fleet.heartbeat("gpu-2", [report(w, "running")])
     assert [d["name"] for d in fleet.heartbeat("gpu-2")["datastores"]] == ["results"]
     with fleet.sessions.begin() as s:  # failed continuous attestation, as the heartbeat would mark it
@@ -462,6 +473,7 @@ def test_datastore_passwords_go_only_with_running_work_on_a_node_in_good_standin
     try:
         errored = fleet.heartbeat("gpu-2")
         assert mine(errored, pinned["id"]) and errored["datastores"] == []
+        assert "HF_TOKEN" not in mine(errored, pinned["id"])[0]["env"]
     finally:
         with fleet.sessions.begin() as s:
             nodes.get(s, "gpu-2").state = NodeState.ACTIVE.value
@@ -471,7 +483,7 @@ def test_datastore_passwords_go_only_with_running_work_on_a_node_in_good_standin
     for _ in range(3):
         desired = fleet.heartbeat("gpu-2", [report(w, "exited", exit_code=0)])
         (listed,) = mine(desired, pinned["id"])
-        assert listed["stop"] and desired["datastores"] == []
+        assert listed["stop"] and desired["datastores"] == [] and "HF_TOKEN" not in listed["env"]
     with fleet.sessions.begin() as s:  # the control plane's end, not the reports, starts the window
         ended = s.scalar(select(JobWorker.ended_at).where(JobWorker.job_id == pinned["id"]))
         assert ended is not None

@@ -43,7 +43,7 @@ from provisioner.services.common import desired_state
 from provisioner.services.common.errors import flush
 from provisioner.services.common.runtime import runtime_of
 from provisioner.services.common.wakeups import Wake, wake_after_commit
-from provisioner.services.jobs import jobs
+from provisioner.services.jobs import job_secrets, jobs
 from provisioner.store.expressions import one_of
 from provisioner.store.job_models import Job, JobWorker
 from provisioner.store.models import Node
@@ -148,12 +148,23 @@ def _mounts(job: Job) -> list[Mount]:
     return out
 
 
-def _env(job: Job) -> dict[str, str]:
-    """The spec's variables plus the number of workers (the minion adds RIGBASE_JOB_NAME, _JOB_ID,
-    _WORKER and the data paths itself: minion/jobs/container.py)."""
-    env = {str(k): str(v) for k, v in ((job.spec.get("environment") or {}).get("env") or {}).items()}
+def _env(session: Session, job: Job, *, with_secrets: bool) -> dict[str, str]:
+    """The spec's variables (its secret ones `with_secrets` only) plus the number of workers (the minion
+    adds RIGBASE_JOB_NAME, _JOB_ID, _WORKER and the data paths itself: minion/jobs/container.py)."""
+    env = job_secrets.environment(session, job, with_secrets=with_secrets)
     env["RIGBASE_WORKERS"] = str(len(job.workers))
     return env
+
+
+def needs_secrets(node: Node, worker: JobWorker) -> bool:
+    """A worker's secrets (datastore passwords, secret environment values) go only with an assignment that
+    is starting or running (not one being stopped, nor one listed only to ship its log) on a node in good
+    standing (not errored)."""
+    return (
+        NodeState(node.state) in NODE_READY
+        and WorkerState(worker.state) in WORKER_ON_NODE
+        and not worker.stop_requested
+    )
 
 
 def assignment_of(session: Session, node: Node, worker: JobWorker) -> WorkerAssignment:
@@ -178,7 +189,7 @@ def assignment_of(session: Session, node: Node, worker: JobWorker) -> WorkerAssi
         generation=worker.generation or f"{job.id}.{job.placements}",
         image=str((job.spec.get("environment") or {}).get("image")),
         command=worker.command,
-        env=_env(job),
+        env=_env(session, job, with_secrets=needs_secrets(node, worker)),
         gpu_count=int(resources.get("gpu_count") or 0),
         cpus=cpus,
         memory_mb=memory_mb,
@@ -216,16 +227,6 @@ def datastore_access(session: Session, region_id: str, names: set[str]) -> list[
     ]
 
 
-def needs_secrets(node: Node, worker: JobWorker, assignment: WorkerAssignment) -> bool:
-    """A worker's datastore passwords go only with an assignment that is starting or running (not one
-    being stopped, nor one listed only to ship its log) on a node in good standing (not errored)."""
-    return (
-        NodeState(node.state) in NODE_READY
-        and WorkerState(worker.state) in WORKER_ON_NODE
-        and not assignment.stop
-    )
-
-
 def desired_for_node(session: Session, node: Node) -> dict[str, Any]:
     """Every worker placed on this node (stop: true for the ones to stop) and the datastores of those that
     need them (needs_secrets). A node in maintenance keeps its running workers: maintenance takes no NEW
@@ -241,7 +242,7 @@ def desired_for_node(session: Session, node: Node) -> dict[str, Any]:
             )
             continue
         workers.append(assignment)
-        if needs_secrets(node, worker, assignment):
+        if needs_secrets(node, worker):
             datastores |= {m.datastore for m in assignment.mounts if m.datastore is not None}
     return JobsDesired(
         workers=workers, datastores=datastore_access(session, node.region_id, datastores)

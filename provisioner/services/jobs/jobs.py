@@ -61,7 +61,7 @@ from provisioner.services.cloud import gcp_burst
 from provisioner.services.common import audit, lifecycle
 from provisioner.services.common.errors import flush
 from provisioner.services.common.wakeups import Wake, wake_after_commit
-from provisioner.services.jobs import job_placement
+from provisioner.services.jobs import job_placement, job_secrets
 from provisioner.store.account_models import Project
 from provisioner.store.job_models import Job, JobLogChunk, JobWorker
 from provisioner.store.models import Node, Region, new_id
@@ -406,13 +406,15 @@ def create(
             code="duplicate_name",
         )
     _reservation_free(session, spec, pinned)
+    stored, sealed_env = job_secrets.seal(session, spec)
     job = Job(
         id=new_id("job"),
         name=name,
         account_id=principal.account_id,  # the creator: billing_rules.is_federated compares it
         project_id=proj.id,
         type=str(spec.get("type")),
-        spec=dict(spec),
+        spec=stored,
+        sealed_env=sealed_env,
         pinned_region_id=pinned.region.id if pinned.region is not None else None,
         price_per_gpu_hour=_locked_price(request, decision),
         placements=0,
