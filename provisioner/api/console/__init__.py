@@ -4,8 +4,9 @@ Jinja2 templates, one stylesheet and one small script (live logs and grids; ever
 it), no build step. Sign-in takes an operator token
 (the one `provision token create` prints); the session cookie is signed, HttpOnly, SameSite=Strict and
 Secure over TLS (session.py). Every form carries a CSRF token (forms.py). Pages read, and buttons act,
-through the services the API routes call, as the signed-in token's principal, narrowed to its account
-(visibility.py). None of these routes is in the OpenAPI document.
+through the services the API routes call, as the signed-in token's principal, in units of work scoped
+to its account as the API's fleet routes are (store/row_scope.py). None of these routes is in the
+OpenAPI document.
 
 `mount(app)` adds the console to the control plane's app (provisioner/api/app.py)."""
 

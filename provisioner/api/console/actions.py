@@ -13,7 +13,6 @@ from sqlalchemy.orm import Session
 from contracts.bundle import EnrollmentBundle, check_control_plane_url, refuse_loopback
 from contracts.errors import InvalidInput, RigbaseError
 from provisioner.adapters import tls
-from provisioner.api.console import visibility
 from provisioner.api.console.forms import (
     CSRF_REFUSAL,
     CsrfRefused,
@@ -140,7 +139,7 @@ def download_bundle(request: Request, ref: str, posted: Posted) -> Response:
     session: Session = request.app.state.sessions()
     try:
         enter_fleet(session, who.principal, changes=True)
-        region = visibility.region(session, who.principal, ref)
+        region = regions.get(session, ref)
         url = check_control_plane_url(form.required("control_plane_url", "control plane URL"))
         if not form.flag("allow_loopback"):
             refuse_loopback(url, "tick 'single-host test'")
@@ -180,7 +179,7 @@ def add_node(request: Request, posted: Posted) -> Response:
     back = local_path(form.get("back"), "/pending")
 
     def work(session: Session) -> Done:
-        region = visibility.region(session, who.principal, form.required("region"))
+        region = regions.get(session, form.required("region"))
         node = nodes.add(
             session,
             form.required("name", "node name"),
@@ -206,7 +205,7 @@ def toggle_maintenance(request: Request, ref: str, posted: Posted) -> Response:
     back = local_path(form.get("back"), f"/nodes/{ref}")
 
     def work(session: Session) -> Done:
-        node = visibility.node(session, who.principal, ref)
+        node = nodes.get(session, ref)
         node = nodes.maintenance(session, node.id, form.get("mode") or "toggle", actor=who.principal.actor)
         return Done(f"node {node.name} is {node.state}")
 
@@ -218,7 +217,7 @@ def remove_node(request: Request, ref: str, posted: Posted) -> Response:
     who, form = posted
 
     def work(session: Session) -> Done:
-        node = visibility.node(session, who.principal, ref)
+        node = nodes.get(session, ref)
         region_id = node.region_id
         nodes.remove(session, node.id, actor=who.principal.actor, force=form.flag("force"))
         return Done(f"node {node.name} removed", f"/regions/{region_id}")
@@ -231,7 +230,7 @@ def replace_node(request: Request, ref: str, posted: Posted) -> Response:
     who, form = posted
 
     def work(session: Session) -> Done:
-        old = visibility.node(session, who.principal, ref)
+        old = nodes.get(session, ref)
         new = nodes.replace(
             session, old.id, minion_id=form.required("minion_id", "new minion_id"), actor=who.principal.actor
         )
@@ -250,7 +249,7 @@ def retry_node(request: Request, ref: str, posted: Posted) -> Response:
     who, form = posted
 
     def work(session: Session) -> Done:
-        node = visibility.node(session, who.principal, ref)
+        node = nodes.get(session, ref)
         node = join_operator.retry(
             session, node.id, accept_pcrs=form.flag("accept_pcrs"), actor=who.principal.actor
         )
@@ -265,8 +264,8 @@ def retry_node(request: Request, ref: str, posted: Posted) -> Response:
 def _device_region_page(request: Request, who: Who, ref: str) -> str:
     """The region page of a device the user may see, where its forms are and its refusals show. Looked up
     before the action, so another account's device is the console's 404 page, as on a GET, not a flash."""
-    with reading(request) as session:
-        return f"/regions/{visibility.node(session, who.principal, ref).region_id}"
+    with reading(request, fleet=who.principal) as session:
+        return f"/regions/{nodes.get(session, ref).region_id}"
 
 
 @router.post("/nodes/{ref}/device-config")
@@ -277,7 +276,7 @@ def set_device_config(request: Request, ref: str, posted: Posted) -> Response:
     back = _device_region_page(request, who, ref)
 
     def work(session: Session) -> Done:
-        node = visibility.node(session, who.principal, ref)
+        node = nodes.get(session, ref)
         dep = device_deployments.set_config(
             session, node.id, form.required("config", "device configuration"), actor=who.principal.actor
         )
@@ -298,7 +297,7 @@ def deploy_device(request: Request, ref: str, posted: Posted) -> Response:
     back = _device_region_page(request, who, ref)
 
     def work(session: Session) -> Done:
-        node = visibility.node(session, who.principal, ref)
+        node = nodes.get(session, ref)
         dep = device_deployments.deploy(
             session, node.id, latest=form.flag("latest"), actor=who.principal.actor
         )
@@ -319,7 +318,7 @@ def add_datastore(request: Request, ref: str, posted: Posted) -> Response:
     who, form = posted
 
     def work(session: Session) -> Done:
-        region = visibility.region(session, who.principal, ref)
+        region = regions.get(session, ref)
         ds = datastores.add(
             session,
             form.required("name", "datastore name"),
@@ -341,7 +340,7 @@ def remove_datastore(request: Request, ref: str, posted: Posted) -> Response:
     who, _ = posted
 
     def work(session: Session) -> Done:
-        ds = visibility.datastore(session, who.principal, ref)
+        ds = datastores.get(session, ref)
         region_id = ds.region_id
         datastores.remove(session, ds.id, actor=who.principal.actor)
         return Done(f"datastore {ds.name} removed", f"/regions/{region_id}")
@@ -357,7 +356,7 @@ def add_reservation(request: Request, ref: str, posted: Posted) -> Response:
     who, form = posted
 
     def work(session: Session) -> Done:
-        region = visibility.region(session, who.principal, ref)
+        region = regions.get(session, ref)
         rsv = reservations.add(
             session,
             form.required("name", "reservation name"),
@@ -377,8 +376,8 @@ def assign_reservation(request: Request, ref: str, posted: Posted) -> Response:
     who, form = posted
 
     def work(session: Session) -> Done:
-        rsv = visibility.reservation(session, who.principal, ref)
-        node = visibility.node(session, who.principal, form.required("node", "node"))
+        rsv = reservations.get(session, ref)
+        node = nodes.get(session, form.required("node", "node"))
         rsv = reservations.assign(session, rsv.id, node=node.id, actor=who.principal.actor)
         return Done(f"reservation {rsv.name} assigned to node {node.name}")
 
@@ -390,7 +389,7 @@ def unassign_reservation(request: Request, ref: str, posted: Posted) -> Response
     who, form = posted
 
     def work(session: Session) -> Done:
-        rsv = visibility.reservation(session, who.principal, ref)
+        rsv = reservations.get(session, ref)
         rsv = reservations.unassign(session, rsv.id, actor=who.principal.actor)
         return Done(f"reservation {rsv.name} unassigned")
 
@@ -402,7 +401,7 @@ def remove_reservation(request: Request, ref: str, posted: Posted) -> Response:
     who, _ = posted
 
     def work(session: Session) -> Done:
-        rsv = visibility.reservation(session, who.principal, ref)
+        rsv = reservations.get(session, ref)
         region_id = rsv.region_id
         reservations.remove(session, rsv.id, actor=who.principal.actor)
         return Done(f"reservation {rsv.name} removed", f"/regions/{region_id}")

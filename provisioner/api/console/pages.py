@@ -1,8 +1,8 @@
 """The console's pages (GET): sign-in, providers and regions, a region's dashboard (its devices with
 their configuration and inference status), pending minions, a node, join refusals, and the confirmation
 pages of removals (jobs: job_pages.py; billing: billing_pages.py). Each reads through the same services
-as the API routes of the same data (provisioner/api/routes/), narrowed to the user's account
-(provisioner/api/console/visibility.py)."""
+as the API routes of the same data (provisioner/api/routes/), in a unit of work scoped to the user's
+account as the API's fleet routes are (render.reading(fleet=…), store/row_scope.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from sqlalchemy.orm import Session
 
 from contracts.errors import RigbaseError
 from contracts.regional import StorageMode
-from provisioner.api.console import visibility
 from provisioner.api.console.forms import SignedIn, signer_of
 from provisioner.api.console.render import ConsoleRoute, page, reading, set_cookie
 from provisioner.api.console.session import SIGNIN_COOKIE, SIGNIN_MAX_AGE_S
@@ -25,7 +24,7 @@ from provisioner.services.cloud import gcp as gcp_service
 from provisioner.services.data import datastores
 from provisioner.services.devices import device_configs as config_service
 from provisioner.services.devices import device_deployments as deployment_service
-from provisioner.services.fleet import inventory_text
+from provisioner.services.fleet import inventory_text, pending
 from provisioner.services.fleet import nodes as node_service
 from provisioner.services.regions import providers, reservations
 from provisioner.services.regions import regions as region_service
@@ -102,8 +101,8 @@ def signin_page(request: Request, problem: str | None = None) -> Response:
 @router.get("/", response_class=HTMLResponse)
 def resources(request: Request, who: SignedIn) -> Response:
     """The Resources Dashboard: providers, and the regions of each with their node counts."""
-    with reading(request) as session:
-        shown = visibility.visible_regions(session, who.principal)
+    with reading(request, fleet=who.principal) as session:
+        shown = region_service.list_all(session)
         counts = {r.id: len(region_service.live_nodes(session, r)) for r in shown}
         return page(
             request,
@@ -119,8 +118,8 @@ def resources(request: Request, who: SignedIn) -> Response:
 
 @router.get("/regions/{ref}", response_class=HTMLResponse)
 def region_dashboard(request: Request, ref: str, who: SignedIn) -> Response:
-    with reading(request) as session:
-        region = visibility.region(session, who.principal, ref)
+    with reading(request, fleet=who.principal) as session:
+        region = region_service.get(session, ref)
         live = region_service.live_nodes(session, region)
         rows = [node_row(n) for n in live if n.service != Service.DEVICE]
         return page(
@@ -135,9 +134,7 @@ def region_dashboard(request: Request, ref: str, who: SignedIn) -> Response:
             assignable=[r for r in rows if r["service"] == Service.COMPUTE],
             datastores=datastores.list_all(session, region.id),
             reservations=reservations.list_all(session, region.id),
-            pending=[
-                p for p in visibility.pending_minions(session, who.principal) if p["region_id"] == region.id
-            ],
+            pending=[p for p in pending.pending(session) if p["region_id"] == region.id],
             central=region.storage_mode == StorageMode.CENTRAL,
             node_url=request.app.state.runtime.node_url(),
         )
@@ -146,8 +143,8 @@ def region_dashboard(request: Request, ref: str, who: SignedIn) -> Response:
 @router.get("/regions/{ref}/quota", response_class=HTMLResponse)
 def region_quota(request: Request, ref: str, who: SignedIn) -> Response:
     """A GCP region's quota and what it allows (services/gcp.region_quota, as `gcp quota` shows)."""
-    with reading(request) as session:
-        region = visibility.region(session, who.principal, ref)
+    with reading(request, fleet=who.principal) as session:
+        region = region_service.get(session, ref)
         gcp_region = str((region.settings or {}).get("gcp_region") or region.name)
         problem, table = None, None
         if not provider_for(region.provider.kind).supports(Feature.QUOTA):
@@ -164,14 +161,14 @@ def region_quota(request: Request, ref: str, who: SignedIn) -> Response:
 
 @router.get("/pending", response_class=HTMLResponse)
 def pending_minions(request: Request, who: SignedIn) -> Response:
-    with reading(request) as session:
-        return page(request, "pending.html", who, pending=visibility.pending_minions(session, who.principal))
+    with reading(request, fleet=who.principal) as session:
+        return page(request, "pending.html", who, pending=pending.pending(session))
 
 
 @router.get("/nodes/{ref}", response_class=HTMLResponse)
 def node_page(request: Request, ref: str, who: SignedIn) -> Response:
-    with reading(request) as session:
-        node = visibility.node(session, who.principal, ref, include_removed=True)
+    with reading(request, fleet=who.principal) as session:
+        node = node_service.get(session, ref, include_removed=True)
         shown = NodeOut.of(node).readable()
         _, events = node_service.history(session, node.id)
         requirements = shown.requirements or {}
@@ -186,9 +183,7 @@ def node_page(request: Request, ref: str, who: SignedIn) -> Response:
             rules=[r for r in requirements.get("rules") or [] if isinstance(r, dict)],
             requirements_ok=requirements.get("ok"),
             history=events,
-            refusals=[
-                r for r in visibility.refusals(session, who.principal) if r["minion_id"] == node.minion_id
-            ],
+            refusals=[r for r in pending.refusals(session, limit=200) if r["minion_id"] == node.minion_id],
             awaiting=node.state in NODE_AWAITING_MINION,
             removed=node.state == NodeState.REMOVED,
         )
@@ -225,8 +220,8 @@ def _confirm_removal(
 
 @router.get("/nodes/{ref}/remove", response_class=HTMLResponse)
 def confirm_node_removal(request: Request, ref: str, who: SignedIn) -> Response:
-    with reading(request) as session:
-        node = visibility.node(session, who.principal, ref)
+    with reading(request, fleet=who.principal) as session:
+        node = node_service.get(session, ref)
         text = (
             f"Remove {node.service} node '{node.name}' from region '{node.region.name}'? Its minion's "
             "credential stops working and the node leaves every grid; its history is kept."
@@ -236,15 +231,15 @@ def confirm_node_removal(request: Request, ref: str, who: SignedIn) -> Response:
 
 @router.get("/nodes/{ref}/replace", response_class=HTMLResponse)
 def replace_form(request: Request, ref: str, who: SignedIn) -> Response:
-    with reading(request) as session:
-        node = visibility.node(session, who.principal, ref)
+    with reading(request, fleet=who.principal) as session:
+        node = node_service.get(session, ref)
         return page(request, "replace.html", who, node=node)
 
 
 @router.get("/datastores/{ref}/remove", response_class=HTMLResponse)
 def confirm_datastore_removal(request: Request, ref: str, who: SignedIn) -> Response:
-    with reading(request) as session:
-        ds = visibility.datastore(session, who.principal, ref)
+    with reading(request, fleet=who.principal) as session:
+        ds = datastores.get(session, ref)
         text = (
             f"Remove datastore '{ds.name}' ({ds.type} {ds.address}:{ds.root}) from region "
             f"'{ds.region.name}'? Jobs no longer mount it; the data on the server is not touched."
@@ -254,8 +249,8 @@ def confirm_datastore_removal(request: Request, ref: str, who: SignedIn) -> Resp
 
 @router.get("/reservations/{ref}/remove", response_class=HTMLResponse)
 def confirm_reservation_removal(request: Request, ref: str, who: SignedIn) -> Response:
-    with reading(request) as session:
-        rsv = visibility.reservation(session, who.principal, ref)
+    with reading(request, fleet=who.principal) as session:
+        rsv = reservations.get(session, ref)
         text = (
             f"Remove reservation '{rsv.name}' ({rsv.hostname}.local:{rsv.port}/{rsv.protocol}) from "
             f"region '{rsv.region.name}'? Its node stops publishing it."
@@ -265,5 +260,5 @@ def confirm_reservation_removal(request: Request, ref: str, who: SignedIn) -> Re
 
 @router.get("/refusals", response_class=HTMLResponse)
 def refusals(request: Request, who: SignedIn) -> Response:
-    with reading(request) as session:
-        return page(request, "refusals.html", who, refusals=visibility.refusals(session, who.principal))
+    with reading(request, fleet=who.principal) as session:
+        return page(request, "refusals.html", who, refusals=pending.refusals(session, limit=200))

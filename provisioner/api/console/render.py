@@ -110,10 +110,14 @@ def local_path(candidate: str, fallback: str = "/") -> str:
 
 
 @contextmanager
-def reading(request: Request) -> Iterator[Session]:
-    """A unit of work for a page: nothing it does is kept."""
+def reading(request: Request, *, fleet: Principal | None = None) -> Iterator[Session]:
+    """A unit of work for a page: nothing it does is kept. `fleet`: the page shows the fleet as this
+    principal sees it (api/deps.enter_fleet: its account's regions only, every region for a root admin),
+    so another account's region or anything in it is missing, as in the API."""
     session: Session = request.app.state.sessions()
     try:
+        if fleet is not None:
+            enter_fleet(session, fleet, changes=False)
         yield session
     finally:
         session.rollback()

@@ -48,6 +48,7 @@ def pending(session: Session, region: str | None = None) -> list[dict[str, Any]]
             {
                 "minion_id": row.minion_id,
                 "region": region_name,
+                "region_id": row.region_id,
                 "first_seen": row.first_seen,
                 "last_seen": row.last_seen,
                 "attested": row.attested,
