@@ -57,6 +57,24 @@ ExitCode = Annotated[int, Field(ge=-INT32_END, lt=INT32_END)]
 ByteCount = Annotated[int, Field(ge=0, lt=INT64_END)]
 EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")]
 
+# Each account's containers run in user namespaces that map their uids and gids 0..USERNS_SIZE-1 onto the
+# account's own host range, the same on every node: range N starts at USERNS_FIRST + N * USERNS_SIZE,
+# above every uid a host's own users and services get, and below 2**32 - 1 (the kernel's invalid id).
+USERNS_FIRST: Final = 2**30
+USERNS_SIZE: Final = 65536
+USERNS_SLOTS: Final = (2**32 - 1 - USERNS_FIRST) // USERNS_SIZE  # accounts a fleet can hold
+
+
+class UserNamespace(ControlPlaneMessage):
+    """The host range a worker's container maps its uids and gids 0..size-1 onto (docs/minion-jobs.md)."""
+
+    first: int = Field(ge=USERNS_FIRST, le=USERNS_FIRST + (USERNS_SLOTS - 1) * USERNS_SIZE)
+    size: int = Field(USERNS_SIZE, ge=1024, le=USERNS_SIZE)
+
+    @classmethod
+    def of_slot(cls, slot: int) -> UserNamespace:
+        return cls(first=USERNS_FIRST + slot * USERNS_SIZE)
+
 
 class MountSource(StrEnum):
     DATASTORE = "datastore"  # a regional datastore; `path` is below the datastore's root
@@ -163,6 +181,9 @@ class WorkerAssignment(ControlPlaneMessage):
     devices: list[Annotated[str, Field(pattern=r"^[^\s]{1,256}$")]] = Field(
         default_factory=list, max_length=64
     )
+    # a customer's job: the container's root is its account's host range, never the node's root. None:
+    # the node's own container (a device's inference), run as the node's root
+    userns: UserNamespace | None = None
     stop: bool = False
     stop_grace_s: int = Field(30, ge=0, le=3600)  # SIGTERM, then this long, then SIGKILL
 
@@ -178,11 +199,19 @@ class WorkerAssignment(ControlPlaneMessage):
         return (self.job_id, self.worker)
 
 
+class JobNetwork(ControlPlaneMessage):
+    """What a customer's job may reach past the internet (minion/jobs/network.py): its region's policy."""
+
+    lan: bool = False  # the private address ranges (datastores, peers, the LAN); never the node itself
+
+
 class JobsDesired(ControlPlaneMessage):
-    """desired["jobs"]: every worker this node must run, and how to reach the datastores they mount."""
+    """desired["jobs"]: every worker this node must run, how to reach the datastores they mount, and the
+    network its jobs get."""
 
     workers: list[WorkerAssignment] = Field(default_factory=list, max_length=MAX_WORKERS_PER_NODE)
     datastores: list[DatastoreAccess] = Field(default_factory=list, max_length=64)
+    network: JobNetwork = Field(default_factory=JobNetwork)
 
     @model_validator(mode="after")
     def _unique(self) -> JobsDesired:

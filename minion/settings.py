@@ -35,6 +35,8 @@ JOBS_OCI_RUNTIME_ENV = "RIGBASE_JOBS_OCI_RUNTIME"
 JOBS_CGROUP_MANAGER_ENV = "RIGBASE_JOBS_CGROUP_MANAGER"
 JOBS_ULIMITS_ENV = "RIGBASE_JOBS_ULIMITS"
 JOBS_NETWORK_ENV = "RIGBASE_JOBS_NETWORK"
+JOBS_OWN_NETWORK_ENV = "RIGBASE_JOBS_OWN_NETWORK"
+JOBS_SUBNET_ENV = "RIGBASE_JOBS_SUBNET"
 JOBS_CDI_SPEC_DIRS_ENV = "RIGBASE_JOBS_CDI_SPEC_DIRS"
 JOBS_GPU_KIND_ENV = "RIGBASE_JOBS_GPU_KIND"
 JOBS_DISK_QUOTA_ENV = "RIGBASE_JOBS_DISK_QUOTA"
@@ -69,7 +71,11 @@ class ContainerSettings:
     oci_runtime: str | None = None  # --runtime
     cgroup_manager: str | None = None  # --cgroup-manager
     ulimits: tuple[str, ...] = ()  # --ulimit each, e.g. ("nofile=1024:1024",); () = podman's defaults
-    network: str | None = None  # --network, e.g. ns:/run/netns/NAME (a lab node's namespace)
+    # --network for every container, e.g. ns:/run/netns/NAME (a lab node's namespace). None: customers'
+    # jobs run on the minion's own network, narrowed (minion/jobs/network.py), the node's own on podman's
+    network: str | None = None
+    jobs_network: str = "rigbase-jobs"
+    jobs_subnet: str = "10.89.0.0/24"
     # read to find the GPUs; passed to podman as --cdi-spec-dir only when set explicitly (podman >= 4.7)
     cdi_spec_dirs: tuple[Path, ...] = DEFAULT_CDI_SPEC_DIRS
     cdi_spec_dirs_explicit: bool = False
@@ -99,6 +105,8 @@ class ContainerSettings:
             cgroup_manager=environ.get(JOBS_CGROUP_MANAGER_ENV) or None,
             ulimits=tuple(u.strip() for u in ulimits.split(",") if u.strip()) if ulimits else (),
             network=environ.get(JOBS_NETWORK_ENV) or None,
+            jobs_network=environ.get(JOBS_OWN_NETWORK_ENV) or "rigbase-jobs",
+            jobs_subnet=environ.get(JOBS_SUBNET_ENV) or "10.89.0.0/24",
             cdi_spec_dirs=tuple(Path(d) for d in cdi.split(":") if d) if cdi else DEFAULT_CDI_SPEC_DIRS,
             cdi_spec_dirs_explicit=bool(cdi),
             gpu_kind=environ.get(JOBS_GPU_KIND_ENV) or "nvidia.com/gpu",

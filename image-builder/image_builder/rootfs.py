@@ -66,6 +66,7 @@ BASE_PACKAGES: tuple[str, ...] = (
     "golang-github-containers-common",
     "containernetworking-plugins",
     "iptables",
+    "nftables",  # the jobs network's narrowing (minion/jobs/network.py)
 )
 
 #: Debian's non-free NVIDIA driver stack for real GPU nodes (--with-nvidia).

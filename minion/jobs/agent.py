@@ -37,6 +37,7 @@ from minion import desired
 from minion.jobs.gpus import GpuPool
 from minion.jobs.logs import ControlPlaneLogs, LogTransport
 from minion.jobs.mounts import unbind_all
+from minion.jobs.network import JobsNetwork, NetworkRefused
 from minion.jobs.podman import LABEL_GENERATION, LABEL_JOB, LABEL_WORKER, Container, Podman, PodmanError
 from minion.jobs.worker import ContainerRuntime, Worker
 from minion.settings import ContainerSettings
@@ -83,10 +84,15 @@ class JobsAgent:
     retiring: list[Worker] = field(default_factory=list)  # replaced generations, still ending
     found: dict[Key, Container] | None = None  # our containers at the first handle (adoption)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    network: JobsNetwork | None = None  # the narrowed jobs network; None where settings.network is set
 
     @classmethod
     def create(cls, settings: ContainerSettings, state_dir: Path, transport: LogTransport) -> JobsAgent:
-        return cls(runtime_for(settings, state_dir / "jobs", transport))
+        rt = runtime_for(settings, state_dir / "jobs", transport)
+        own = (
+            None if settings.network else JobsNetwork(rt.podman, settings.jobs_network, settings.jobs_subnet)
+        )
+        return cls(rt, network=own)
 
     # -- the handler -----------------------------------------------------------------------------------
     def handle(self, value: Any) -> dict[str, Any]:
@@ -97,6 +103,11 @@ class JobsAgent:
         missing = self.rt.podman.missing()
         if missing:  # no retry helps: the workers fail, and the message says what to install
             return self.actual(missing, wanted.workers, WorkerRunState.FAILED_TO_START)
+        if self.network is not None and wanted.workers:
+            try:  # before any container starts on it; a no-op while the region's policy stays the same
+                self.network.ensure(wanted.network)
+            except NetworkRefused as exc:  # nothing starts unnarrowed; the next beat tries again
+                return self.actual(str(exc))
         with self.lock:
             if self.found is None:
                 try:

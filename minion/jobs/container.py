@@ -44,6 +44,16 @@ def pull_policy(image: str) -> list[str]:
     return [] if image.startswith("localhost/") else ["--pull=always"]
 
 
+def user_namespace(a: WorkerAssignment) -> list[str]:
+    """A customer's container in its own user namespace: its uids and gids 0..size-1 are its account's
+    host range (contracts.jobs.UserNamespace), so its root is no uid the node or another account has.
+    Rootful podman maps it itself (no /etc/subuid entry needed) and gives the image's files that range."""
+    if a.userns is None:
+        return []
+    mapping = f"0:{a.userns.first}:{a.userns.size}"
+    return [f"--uidmap={mapping}", f"--gidmap={mapping}"]
+
+
 def container_name(owner: str, job_id: str, worker: int) -> str:
     return f"rigbase-{owner}-{job_id}-{worker}"
 
@@ -72,6 +82,14 @@ def write_env_file(path: Path, env: dict[str, str]) -> None:
         out.writelines(f"{k}={v}\n" for k, v in env.items())
 
 
+def network_of(settings: ContainerSettings, a: WorkerAssignment) -> str | None:
+    """The configured network for every container; else a customer's job (one with a user namespace) on
+    the minion's narrowed jobs network (minion/jobs/network.py), the node's own container on podman's."""
+    if settings.network:
+        return settings.network
+    return settings.jobs_network if a.userns is not None else None
+
+
 def publishes_ports(settings: ContainerSettings) -> bool:
     """A container that joins an existing namespace (ns:…, host) already listens on the node's
     addresses; podman publishes ports only for a network of its own."""
@@ -98,15 +116,24 @@ class RunPlan:
             LABEL_GENERATION: a.generation,
             LABEL_GPUS: ",".join(str(g) for g in self.gpus),
         }
-        args = ["run", "--detach", "--init", "--name", self.name, *HARDENING, *pull_policy(a.image)]
+        args = [
+            "run",
+            "--detach",
+            "--init",
+            "--name",
+            self.name,
+            *HARDENING,
+            *user_namespace(a),
+            *pull_policy(a.image),
+        ]
         for key, value in labels.items():
             args += ["--label", f"{key}={value}"]
         args += ["--log-driver", "k8s-file", "--log-opt", f"path={self.log_path}"]
         args += ["--cpus", f"{a.cpus:g}", "--memory", f"{a.memory_mb}m", "--env-file", str(self.env_file)]
         for ulimit in settings.ulimits:
             args += ["--ulimit", ulimit]
-        if settings.network:
-            args += ["--network", settings.network]
+        if network := network_of(settings, a):
+            args += ["--network", network]
         if a.disk_gb and settings.disk_quota == "storage-opt":
             args += ["--storage-opt", f"size={a.disk_gb}G"]
         if a.reservation is not None and publishes_ports(settings):

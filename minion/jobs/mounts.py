@@ -10,11 +10,12 @@ the region cache directory as the root."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from contracts.errors import RigbaseError
-from contracts.jobs import DatastoreAccess, Mount, MountSource
+from contracts.jobs import DatastoreAccess, Mount, MountSource, UserNamespace
 from minion.datastores.mounts import DatastoreMount, bind_job_path, is_mountpoint, mount_root, umount
 from minion.settings import ContainerSettings
 
@@ -51,8 +52,21 @@ def _root_of(mount: Mount, settings: ContainerSettings, access: dict[str, Datast
     return staging
 
 
+def _give_to(host: Path, userns: UserNamespace) -> None:
+    """A writable path the node's root holds becomes the job's container root's, so a job in its user
+    namespace can write its output there. Only the directory itself, never what is in it; a path another
+    uid holds stays as it is (another account's output is not taken over: the job cannot write there)."""
+    held = host.stat()
+    if held.st_uid == 0:
+        os.chown(host, userns.first, userns.first if held.st_gid == 0 else held.st_gid)
+
+
 def bind_all(
-    mounts: list[Mount], worker_dir: Path, settings: ContainerSettings, access: dict[str, DatastoreAccess]
+    mounts: list[Mount],
+    worker_dir: Path,
+    settings: ContainerSettings,
+    access: dict[str, DatastoreAccess],
+    userns: UserNamespace | None = None,
 ) -> list[Bound]:
     """Every mount of a worker bound under WORKER_DIR/mounts; all or none (a failure undoes the rest)."""
     bound: list[Bound] = []
@@ -62,6 +76,8 @@ def bind_all(
             host = worker_dir / "mounts" / str(number)
             if not is_mountpoint(host):
                 bind_job_path(root, mount.path, host, read_only=mount.read_only)
+                if userns is not None and not mount.read_only:
+                    _give_to(host, userns)
             bound.append(Bound(host, mount.target, mount.read_only))
     except (RigbaseError, OSError) as exc:
         unbind_all(worker_dir)

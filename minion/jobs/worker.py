@@ -170,7 +170,7 @@ class Worker:
             return False
         try:
             self.gpu_indices = self.rt.gpus.take(self.key, a.gpu_count)
-            bound = bind_all(a.mounts, self.dir, self.rt.settings, self.access)
+            bound = bind_all(a.mounts, self.dir, self.rt.settings, self.access, a.userns)
             env_file = self.dir / "env"
             write_env_file(env_file, environment(a, self.gpu_indices))
             plan = RunPlan(

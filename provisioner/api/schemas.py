@@ -69,6 +69,9 @@ class RegionSettingsIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     public_jobs: bool | None = None
+    jobs_lan: bool | None = Field(
+        None, description="its jobs may reach the private address ranges (never the node or metadata server)"
+    )
 
 
 class RegionOut(BaseModel):
@@ -78,6 +81,7 @@ class RegionOut(BaseModel):
     provider_id: str
     storage_mode: str
     public_jobs: bool
+    jobs_lan: bool = Field(description="its jobs reach the LAN (docs/minion-jobs.md)")
     state: str
     reason: str | None
     settings: dict[str, Any]
@@ -96,6 +100,7 @@ class RegionOut(BaseModel):
             provider_id=r.provider_id,
             storage_mode=r.storage_mode,
             public_jobs=r.public_jobs,
+            jobs_lan=r.jobs_lan,
             state=r.state,
             reason=r.reason,
             settings=r.settings or {},

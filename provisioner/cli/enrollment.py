@@ -182,25 +182,36 @@ def update(
             help="Sell the region's spare capacity to other accounts' jobs for credits (docs/billing.md).",
         ),
     ] = None,
+    jobs_lan: Annotated[
+        bool | None,
+        typer.Option(
+            "--jobs-lan/--no-jobs-lan",
+            help="Let the region's jobs reach the LAN (its datastores and peers); never the node itself "
+            "or a cloud's metadata server (docs/minion-jobs.md).",
+        ),
+    ] = None,
     json_out: Json = False,
 ) -> None:
-    """Change a region's settings: attestation opt-ins, public jobs. Settings not named stay as they are."""
+    """Change a region's settings: attestation opt-ins, public jobs, the jobs' LAN. Settings not named stay
+    as they are."""
     attestation = {
         "allow_ek_without_cert": allow_ek_without_cert,
         "allow_devices_without_tpm": allow_devices_without_tpm,
     }
     attestation = {k: v for k, v in attestation.items() if v is not None}
-    if not attestation and public_jobs is None:
+    if not attestation and public_jobs is None and jobs_lan is None:
         raise typer.BadParameter(
             "name a setting to change: --allow-ek-without-cert/--require-ek-cert, "
-            "--allow-devices-without-tpm/--refuse-devices-without-tpm or --public-jobs/--no-public-jobs"
+            "--allow-devices-without-tpm/--refuse-devices-without-tpm, --public-jobs/--no-public-jobs "
+            "or --jobs-lan/--no-jobs-lan"
         )
     client = connect()
     out: dict[str, Any] = {}
     if attestation:
         out = client.post(f"/v1/regions/{region}/attestation", attestation)
-    if public_jobs is not None:
-        out = client.patch(f"/v1/regions/{region}", {"public_jobs": public_jobs})
+    patch = {k: v for k, v in {"public_jobs": public_jobs, "jobs_lan": jobs_lan}.items() if v is not None}
+    if patch:
+        out = client.patch(f"/v1/regions/{region}", patch)
     render.detail(out, as_json=json_out)
 
 

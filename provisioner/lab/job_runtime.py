@@ -17,8 +17,10 @@ module decides them for each lab node:
 - **GPUs through CDI.** Each node gets a CDI spec of its own kind (`rigbase-lab-node1.lab.rigbase.dev/gpu`)
   in /var/run/cdi (podman 4.3 reads only /etc/cdi and /var/run/cdi; /var/run is a tmpfs, gone after a
   reboot like the namespaces) with one device per GPU of the hardware profile, named by index as
-  `nvidia-ctk cdi generate` names them. There is no GPU here: each device is /dev/null, seen in the
-  container as /dev/nvidiaN. `lab down` removes the specs.
+  `nvidia-ctk cdi generate` names them. There is no GPU here: each device is /dev/null bound at
+  /dev/nvidiaN in the container (a bind mount, not a device node: a job's container has its own user
+  namespace, where runc binds a device from the host path of the same name, and the host has no
+  /dev/nvidiaN). `lab down` removes the specs.
 """
 
 from __future__ import annotations
@@ -114,11 +116,15 @@ def cdi_spec_path(netns: str, directory: Path = CDI_DIR) -> Path:
 
 
 def write_cdi_spec(netns: str, gpus: int, directory: Path = CDI_DIR) -> Path:
-    """The node's CDI spec: devices "0" … "N-1", each /dev/null seen as /dev/nvidiaN (no GPU here)."""
+    """The node's CDI spec: devices "0" … "N-1", each /dev/null bound at /dev/nvidiaN (no GPU here)."""
     devices = [
         {
             "name": str(index),
-            "containerEdits": {"deviceNodes": [{"path": f"/dev/nvidia{index}", "hostPath": "/dev/null"}]},
+            "containerEdits": {
+                "mounts": [
+                    {"hostPath": "/dev/null", "containerPath": f"/dev/nvidia{index}", "options": ["bind"]}
+                ]
+            },
         }
         for index in range(gpus)
     ]

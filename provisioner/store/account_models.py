@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import Boolean, ForeignKey, Index, String, UniqueConstraint, text
+from sqlalchemy import Boolean, ForeignKey, Index, Integer, String, UniqueConstraint, text
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from provisioner.store.models import Base, UTCDateTime, new_id, utcnow
@@ -31,6 +31,9 @@ class Account(Base):
     name: Mapped[str] = mapped_column(String(63), unique=True)
     # the account created at first start: its admin tokens may create accounts and other accounts' tokens
     root: Mapped[bool] = mapped_column(Boolean, default=False)
+    # the account's user namespace range on every node (contracts.jobs.UserNamespace.of_slot); set at
+    # creation and never reused (nullable in the store only because revision 0026 fills older rows in place)
+    uid_slot: Mapped[int] = mapped_column(Integer, nullable=True, unique=True, index=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 

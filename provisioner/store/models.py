@@ -27,6 +27,9 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(8)}"
 
 
+JOBS_LAN = "jobs_lan"  # Region.settings: its jobs reach the LAN (`provision region update --jobs-lan`)
+
+
 class UTCDateTime(TypeDecorator[datetime]):
     """Timezone-aware UTC timestamps on both backends (SQLite stores naive values)."""
 
@@ -123,6 +126,11 @@ class Region(Base):
     provider: Mapped[Provider] = relationship(back_populates="regions", lazy="joined")
     nodes: Mapped[list[Node]] = relationship(back_populates="region")
     __mapper_args__ = {"version_id_col": version}
+
+    @property
+    def jobs_lan(self) -> bool:
+        """Its jobs may reach the private address ranges (docs/minion-jobs.md), settings[JOBS_LAN]."""
+        return bool((self.settings or {}).get(JOBS_LAN))
 
 
 NODE_STORAGE_LIVE = text("service = 'storage' AND state != 'removed'")

@@ -29,6 +29,14 @@ from minion.join.client import ControlPlane, Enrollment
 from minion.settings import ContainerSettings
 from tests.minion.test_jobs_podman import KeyedLogStore, LogServer, gpu_kind, image, settings
 
+
+@pytest.fixture(scope="module")
+def jobs_network() -> tuple[str, str]:
+    """settings' jobs network: devices' containers never use it (they are the node's own), so nothing
+    makes it; named apart from test_jobs_podman's all the same."""
+    return "rigbase-jt-device", "10.231.5.0/24"
+
+
 __all__ = ["gpu_kind", "image", "settings"]
 
 ROUTE = re.compile(r"^/v1/nodes/node-1/device/logs$")
@@ -125,7 +133,7 @@ def test_exit_is_reported_with_its_last_lines_not_restarted_but_a_reboot_starts_
     try:
         command = (
             'echo "out=$TRAINML_OUTPUT_PATH rig=$RIGBASE_OUTPUT_PATH key=$API_TOKEN"; '
-            "[ -c /dev/video0 ] && echo has-video; [ -c /dev/rigbase-gpu0 ] && echo has-accelerator; "
+            '[ -c /dev/video0 ] && echo has-video; [ -c "$RIGBASE_TEST_GPU_DEV" ] && echo has-accelerator; '
             'cat /opt/ml/model/weights; echo found >> "$TRAINML_OUTPUT_PATH/r.txt"; exit 3'
         )
         desired = inference(

@@ -14,6 +14,7 @@ import os
 import re
 import secrets
 import shutil
+import stat
 import subprocess
 import tarfile
 import threading
@@ -25,16 +26,26 @@ from typing import Any, Generic, TypeVar
 
 import pytest
 
-from contracts.jobs import JobsActual, JobsDesired, LogAck, LogChunk, Mount, WorkerAssignment
+from contracts.jobs import (
+    JobNetwork,
+    JobsActual,
+    JobsDesired,
+    LogAck,
+    LogChunk,
+    Mount,
+    UserNamespace,
+    WorkerAssignment,
+)
 from minion.jobs.agent import JobsAgent
 from minion.jobs.container import RunPlan
 from minion.jobs.logs import ControlPlaneLogs
+from minion.jobs.network import JobsNetwork
 from minion.jobs.podman import LABEL_JOB, Podman
 from minion.join.client import ControlPlane, Enrollment
 from minion.settings import ContainerSettings
 
 IMAGE = "localhost/rigbase-jobs-test:1"
-TOOLS = ("sh", "sleep", "cat")
+TOOLS = ("sh", "sleep", "cat", "id", "chmod", "bash", "timeout")
 RUNTIME = {  # this machine kind: cgroups v1, no CAP_SYS_RESOURCE (docs/minion-jobs.md, "Settings")
     "oci_runtime": "runc",
     "cgroup_manager": "cgroupfs",
@@ -79,31 +90,54 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def gpu_kind() -> Iterator[str]:
-    """podman 4.3 reads CDI specs only from /etc/cdi and /var/run/cdi: a spec file of our own there."""
+    """podman 4.3 reads CDI specs only from /etc/cdi and /var/run/cdi: a spec file of our own there, for
+    two character devices of our own on the host (null and zero's numbers). Its paths are the host's, as
+    NVIDIA's are: in a user namespace runc cannot make device nodes and binds the host's path instead."""
     tag = secrets.token_hex(3)
     kind = f"jobs-test-{tag}.rigbase.dev/gpu"
+    nodes = [Path(f"/dev/rigbase-{tag}-gpu{index}") for index in (0, 1)]  # each module's own
+    for node, minor in zip(nodes, (3, 5), strict=True):
+        node.unlink(missing_ok=True)
+        os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(1, minor))
+        node.chmod(0o666)
     devices = [
         {
             "name": str(index),
             "containerEdits": {
-                "env": [f"RIGBASE_TEST_GPU={index}"],
-                "deviceNodes": [{"path": f"/dev/rigbase-gpu{index}", "hostPath": host}],
+                "env": [f"RIGBASE_TEST_GPU={index}", f"RIGBASE_TEST_GPU_DEV={node}"],
+                "deviceNodes": [{"path": str(node), "hostPath": str(node)}],
             },
         }
-        for index, host in enumerate(("/dev/null", "/dev/zero"))
+        for index, node in enumerate(nodes)
     ]
     spec = Path("/etc/cdi") / f"rigbase-jobs-test-{tag}.json"
     spec.parent.mkdir(exist_ok=True)
     spec.write_text(json.dumps({"cdiVersion": "0.5.0", "kind": kind, "devices": devices}))
     yield kind
     spec.unlink()
+    for node in nodes:
+        node.unlink(missing_ok=True)
+
+
+def jobs_network_named(name: str, subnet: str) -> Iterator[tuple[str, str]]:
+    """The narrowed jobs network customers' workers get (minion/jobs/network.py): each test module names
+    its own, so that test streams running side by side never share one; removed at the end."""
+    yield name, subnet
+    JobsNetwork(Podman(ContainerSettings(**RUNTIME)), name, subnet).remove()  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def jobs_network() -> Iterator[tuple[str, str]]:
+    yield from jobs_network_named("rigbase-jt-podman", "10.231.1.0/24")
 
 
 @pytest.fixture
-def settings(tmp_path: Path, gpu_kind: str) -> ContainerSettings:
+def settings(tmp_path: Path, gpu_kind: str, jobs_network: tuple[str, str]) -> ContainerSettings:
     (tmp_path / "cache").mkdir()
     return ContainerSettings(
         **RUNTIME,  # type: ignore[arg-type]
+        jobs_network=jobs_network[0],
+        jobs_subnet=jobs_network[1],
         cdi_spec_dirs=(Path("/etc/cdi"),),
         gpu_kind=gpu_kind,
         cache_dir=tmp_path / "cache",
@@ -226,18 +260,26 @@ def agents(settings: ContainerSettings, server: LogServer, tmp_path: Path) -> It
     cp.close()
 
 
+ACCOUNT_A, ACCOUNT_B = UserNamespace.of_slot(1), UserNamespace.of_slot(2)
+
+
 def worker(job: str, command: str, n: int = 0, **fields: Any) -> WorkerAssignment:
-    values: dict[str, Any] = {"cpus": 0.5, "memory_mb": 64, "stop_grace_s": 10} | fields
+    """A customer's worker, as the control plane sends it: in account A's user namespace unless told."""
+    values: dict[str, Any] = {"cpus": 0.5, "memory_mb": 64, "stop_grace_s": 10, "userns": ACCOUNT_A} | fields
     return WorkerAssignment(
         job_id=job, job_name=f"{job}-name", worker=n, generation="g1", image=IMAGE, command=command, **values
     )
 
 
 def until(
-    agent: JobsAgent, workers: list[WorkerAssignment], done: Callable[[JobsActual], bool], timeout: float = 20
+    agent: JobsAgent,
+    workers: list[WorkerAssignment],
+    done: Callable[[JobsActual], bool],
+    timeout: float = 20,
+    network: JobNetwork | None = None,
 ) -> JobsActual:
     """Heartbeat the agent (every 0.3 s, as the run loop would, only faster) until `done`."""
-    desired = JobsDesired(workers=workers).model_dump(mode="json")
+    desired = JobsDesired(workers=workers, network=network or JobNetwork()).model_dump(mode="json")
     deadline = time.monotonic() + timeout
     while True:
         actual = JobsActual.model_validate(agent.handle(desired))
@@ -266,7 +308,7 @@ def test_a_worker_that_exits_0_with_its_limits_env_gpu_and_output_mount(
             'gpu=$RIGBASE_TEST_GPU indices=$RIGBASE_GPU_INDICES secret=$TOKEN"; '
             "cat /sys/fs/cgroup/memory/memory.limit_in_bytes /sys/fs/cgroup/memory.max 2>/dev/null; "
             "cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us /sys/fs/cgroup/cpu.max 2>/dev/null; "
-            'echo "nofile=$(ulimit -n)"; [ -c /dev/rigbase-gpu0 ] && echo has-gpu0; '
+            'echo "nofile=$(ulimit -n)"; [ -c "$RIGBASE_TEST_GPU_DEV" ] && echo has-gpu0; '
             'echo result > "$RIGBASE_OUTPUT_PATH/result.txt"'
         )
         a = worker(
@@ -281,7 +323,7 @@ def test_a_worker_that_exits_0_with_its_limits_env_gpu_and_output_mount(
         agent = agents()
         actual = until(agent, [a], ended_and_shipped)
         report = actual.workers[0]
-        assert (report.state, report.exit_code, report.gpu_indices) == ("exited", 0, [0])
+        assert (report.state, report.exit_code, report.gpu_indices) == ("exited", 0, [0]), report.message
         out = store.text("job-ok")
         assert "name=job-ok-name worker=0 out=/opt/ml/output gpu=0 indices=0 secret=s3cret" in out
         assert "67108864" in out or "\n67108864\n" in out  # 64 MiB (cgroups v1) …
@@ -307,6 +349,61 @@ def test_a_job_runs_with_capabilities_dropped_and_no_new_privileges(
     assert kept == sum(1 << bit for bit in (0, 1, 3, 5, 6, 7)), hex(kept)
     assert status["NoNewPrivs"].strip() == "1"
     assert status["Seccomp"].strip() == "2", "podman's default seccomp profile is on"
+
+
+def test_each_accounts_jobs_run_in_its_own_user_namespace_and_keep_to_their_own_files(
+    image: str, agents: Agents, store: LogStore, settings: ContainerSettings, tmp_path: Path
+) -> None:
+    """Tenancy finding 6: containers ran as the node's uid 0. Now a job's root is its account's host range:
+    its output on the datastore is that range's, another account's job can neither read nor change it,
+    and a file only the node's root may read stays closed to every job."""
+    share, staging = tmp_path / "share", settings.datastore_dir / "shared"
+    for run in ("a", "b"):
+        (share / run).mkdir(parents=True)
+    (share / "node-only").write_text("the node's own\n")
+    (share / "node-only").chmod(0o600)
+    staging.mkdir(parents=True)
+    subprocess.run(["mount", "--bind", str(share), str(staging)], check=True)
+    try:
+
+        def output_to(run: str) -> list[Mount]:
+            return [
+                Mount(source_kind="datastore", datastore="shared", path=f"/{run}", target="/opt/ml/output")
+            ]
+
+        agent = agents()
+        first = worker(
+            "job-a",
+            "cat /proc/self/uid_map; id -u; "
+            "echo mine > /opt/ml/output/model.bin; chmod 600 /opt/ml/output/model.bin",
+            mounts=output_to("a"),
+        )
+        until(agent, [first], ended_and_shipped)
+        a_out = store.text("job-a")
+        assert re.search(rf"^\s*0\s+{ACCOUNT_A.first}\s+{ACCOUNT_A.size}$", a_out, re.M), a_out
+        assert "\n0\n" in f"\n{a_out}", "the job is root inside its namespace"
+        held = (share / "a" / "model.bin").stat()
+        assert (held.st_uid, held.st_gid) == (ACCOUNT_A.first, ACCOUNT_A.first)
+        assert (share / "a").stat().st_uid == ACCOUNT_A.first, "the output directory became the job's"
+
+        # account B's job, given A's output and the node's file (reaching them as a shared datastore would)
+        reach = [
+            Mount(source_kind="datastore", datastore="shared", path="/", target="/data", read_only=False),
+            *output_to("b"),
+        ]
+        probe = (
+            "cat /data/a/model.bin || echo read-refused; echo x > /data/a/model.bin || echo write-refused; "
+            "cat /data/node-only || echo node-file-refused; "
+            "echo theirs > /opt/ml/output/out.txt && echo wrote"
+        )
+        until(agent, [worker("job-b", probe, mounts=reach, userns=ACCOUNT_B)], ended_and_shipped)
+        b_out = store.text("job-b")
+        assert "read-refused" in b_out and "write-refused" in b_out and "node-file-refused" in b_out, b_out
+        assert "mine" not in b_out and "the node's own" not in b_out
+        assert "wrote" in b_out and (share / "b" / "out.txt").stat().st_uid == ACCOUNT_B.first
+        assert (share / "a" / "model.bin").read_text() == "mine\n"
+    finally:
+        subprocess.run(["umount", "--lazy", str(staging)], check=False)
 
 
 def test_exit_3_is_reported_and_two_workers_never_share_a_gpu(image: str, agents: Agents) -> None:

@@ -16,7 +16,11 @@ import httpx
 import pytest
 import sqlalchemy as sa
 from alembic import command
+from sqlalchemy.orm import Session
 
+from contracts.jobs import USERNS_FIRST, USERNS_SIZE, UserNamespace
+from provisioner.domain.roles import Principal, Role
+from provisioner.services.accounts import accounts
 from provisioner.store.migrate import alembic_config, upgrade
 from tests.fixtures.control_plane import ControlPlane, start_control_plane
 
@@ -214,8 +218,9 @@ def test_migration_gives_an_older_stores_tokens_and_regions_to_the_root_account(
         )
     upgrade(database_url, engine)
 
-    ((account_id, name, root),) = _sql(engine, "SELECT id, name, root FROM accounts")
+    ((account_id, name, root, uid_slot),) = _sql(engine, "SELECT id, name, root, uid_slot FROM accounts")
     assert name == "default" and root and account_id.startswith("acc_")
+    assert uid_slot == 0  # the first user namespace range on the nodes (contracts.jobs.UserNamespace)
     ((project_account, project_name, default),) = _sql(
         engine, "SELECT account_id, name, is_default FROM projects"
     )
@@ -263,3 +268,21 @@ def test_a_project_ref_with_a_newline_is_not_found_not_405(
             answer = c.request(method, path, json=body)
             assert answer.status_code == 404, (method, path, answer.status_code, answer.text)
             assert answer.json()["code"] == "project_not_found", answer.text
+
+
+def test_each_account_gets_a_user_namespace_range_of_its_own(tmp_path: Path) -> None:
+    """Tenancy finding 6: every account's containers map their uids onto the account's own host range
+    (contracts.jobs.UserNamespace), so the next account never gets a range an account already has."""
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    upgrade(url)
+    engine = sa.create_engine(url)
+    ((root_id,),) = _sql(engine, "SELECT id FROM accounts")
+    root = Principal(actor="operator:test", account_id=root_id, role=Role.ADMIN, root=True)
+    with Session(engine) as session, session.begin():
+        made = [accounts.create(session, root, name).uid_slot for name in ("acme", "globex")]
+    assert made == [1, 2]
+    ranges = [UserNamespace.of_slot(slot) for slot in (0, *made)]
+    assert [r.first for r in ranges] == [USERNS_FIRST + n * USERNS_SIZE for n in range(3)]
+    with pytest.raises(sa.exc.IntegrityError):  # the store refuses a range twice (two creations racing)
+        _sql(engine, f"UPDATE accounts SET uid_slot = 1 WHERE id = '{root_id}'")
+    engine.dispose()

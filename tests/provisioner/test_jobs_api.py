@@ -26,7 +26,7 @@ import pytest
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from contracts.jobs import LOG_ROUTE
+from contracts.jobs import LOG_ROUTE, USERNS_FIRST, USERNS_SIZE
 from minion.jobs.agent import JobsAgent
 from minion.jobs.logs import ControlPlaneLogs
 from minion.join.client import ControlPlane as MinionControlPlane
@@ -268,6 +268,8 @@ def test_a_job_runs_to_succeeded_through_heartbeats_with_its_logs(fleet: Fleet) 
     assert [w["worker"] for w in workers] == [0, 1] and all(not w["stop"] for w in workers)
     assert workers[0]["gpu_count"] == 1 and workers[0]["command"] == "echo worker 0"
     assert workers[0]["env"]["RIGBASE_WORKERS"] == "2" and workers[0]["cpus"] == 16.0
+    # the root account's jobs run in the first user namespace range on every node
+    assert all(w["userns"] == {"first": USERNS_FIRST, "size": USERNS_SIZE} for w in workers)
 
     fleet.heartbeat("gpu-1", [report(workers[0], "running", gpu_indices=[0]), report(workers[1], "starting")])
     assert job(fleet, job_id)["state"] == "starting"
@@ -591,7 +593,13 @@ def minion_agent(fleet: Fleet, node: str, tmp_path: Path) -> Iterator[JobsAgent]
     with fleet.cp.client() as http:
         _add_node(fleet, http, node, "lab-2", inventory([], threads=64, memory_gib=4))
     (tmp_path / "cache").mkdir()
-    settings = ContainerSettings(**RUNTIME, cache_dir=tmp_path / "cache", datastore_dir=tmp_path / "ds")  # type: ignore[arg-type]
+    settings = ContainerSettings(  # a jobs network of this module's own (tests/minion/test_jobs_podman.py)
+        **RUNTIME,  # type: ignore[arg-type]
+        cache_dir=tmp_path / "cache",
+        datastore_dir=tmp_path / "ds",
+        jobs_network="rigbase-jt-api",
+        jobs_subnet="10.231.2.0/24",
+    )
     client = MinionControlPlane(Enrollment(fleet.cp.url, None, ca_certificate=fleet.cp.ca.read_text()))
     ids = {"node_id": fleet.node_ids[node], "node_credential": fleet.credentials[node]}
     agent = JobsAgent.create(settings, tmp_path / "state", ControlPlaneLogs(client, lambda: ids))
@@ -600,6 +608,8 @@ def minion_agent(fleet: Fleet, node: str, tmp_path: Path) -> Iterator[JobsAgent]
     finally:
         agent.close(wait_s=5)
         client.close()
+        if agent.network is not None:
+            agent.network.remove()
 
 
 def drive(
@@ -700,3 +710,21 @@ def test_a_project_with_a_live_job_cannot_be_removed(fleet: Fleet) -> None:
         ]
         http.post(f"/v1/jobs/{waiting['id']}/stop")
         assert http.delete("/v1/projects/exp").status_code == 200
+
+
+def test_a_regions_jobs_reach_the_lan_only_once_its_admins_allow_it(fleet: Fleet) -> None:
+    """Tenancy finding 6: the node narrows its jobs' network (minion/jobs/network.py) by the region's
+    policy, which every heartbeat answer carries; the LAN is closed until the region's admins open it."""
+    assert fleet.heartbeat("gpu-1")["network"] == {"lan": False}
+    opened = fleet.cp.provision("region", "update", "lab-1", "--jobs-lan", "--json")
+    assert opened.returncode == 0, opened.stderr
+    assert json.loads(opened.stdout)["jobs_lan"] is True
+    assert fleet.heartbeat("gpu-1")["network"] == {"lan": True}
+    assert fleet.heartbeat("cpu-1")["network"] == {"lan": False}, "another region keeps its own policy"
+    with fleet.http(fleet.other_token) as other:  # another account's token: the region looks missing
+        assert other.patch("/v1/regions/lab-1", json={"jobs_lan": False}).status_code == 404
+    with fleet.http() as http:
+        nothing = http.patch("/v1/regions/lab-1", json={})
+        assert nothing.status_code == 422 and "nothing to change" in nothing.json()["message"]
+        assert http.patch("/v1/regions/lab-1", json={"jobs_lan": False}).json()["jobs_lan"] is False
+    assert fleet.heartbeat("gpu-1")["network"] == {"lan": False}

@@ -84,8 +84,8 @@ def test_each_node_gets_a_cdi_spec_of_its_own_kind_and_down_removes_only_the_lab
     data = json.loads(spec.read_text())
     assert data["kind"] == "rigbase-lab-node1.lab.rigbase.dev/gpu"
     assert [d["name"] for d in data["devices"]] == ["0", "1"]
-    assert data["devices"][1]["containerEdits"]["deviceNodes"] == [
-        {"path": "/dev/nvidia1", "hostPath": "/dev/null"}
+    assert data["devices"][1]["containerEdits"]["mounts"] == [
+        {"hostPath": "/dev/null", "containerPath": "/dev/nvidia1", "options": ["bind"]}
     ]
     assert [p.name for p in job_runtime.remove_cdi_specs(tmp_path)] == [
         "rigbase-lab-node1.json",

@@ -171,6 +171,7 @@ def _attacks(f: Fleet) -> list[tuple[str, str, Any]]:
         ("GET", "/v1/pending-minions?region=alpha-lab", None),
         ("DELETE", f"/v1/regions/{a['region']}?force=true", None),
         ("PATCH", f"/v1/regions/{a['region']}", {"public_jobs": True}),
+        ("PATCH", f"/v1/regions/{a['region']}", {"jobs_lan": True}),
         ("DELETE", f"/v1/datastores/{a['datastore']}", None),
         ("DELETE", f"/v1/reservations/{a['reservation']}", None),
         ("POST", f"/v1/reservations/{a['reservation']}/expose-wan", {"expose_wan": True}),

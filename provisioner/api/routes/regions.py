@@ -46,11 +46,15 @@ def show(ref: str, session: Db, provider: str | None = None) -> RegionOut:
 @router.patch("/{ref}")
 def update(ref: str, body: RegionSettingsIn, session: Db, principal: Principal) -> RegionOut:
     """Change what the body names; a field left out stays as it is."""
-    if body.public_jobs is None:
+    if body.public_jobs is None and body.jobs_lan is None:
         raise InvalidInput(
             "nothing to change: name a setting, e.g. `provision region update R --public-jobs`"
         )
-    return RegionOut.of(service.set_public_jobs(session, ref, body.public_jobs, principal=principal))
+    if body.public_jobs is not None:
+        region = service.set_public_jobs(session, ref, body.public_jobs, principal=principal)
+    if body.jobs_lan is not None:
+        region = service.set_jobs_lan(session, ref, body.jobs_lan, principal=principal)
+    return RegionOut.of(region)
 
 
 @router.delete("/{ref}")

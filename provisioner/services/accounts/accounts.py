@@ -7,10 +7,11 @@ one, never its contents."""
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from contracts.errors import Conflict, NotFound, Unavailable
+from contracts.jobs import USERNS_SLOTS
 from provisioner.domain.roles import Action, Principal, Role
 from provisioner.services.accounts import projects, tokens
 from provisioner.services.common import audit, names
@@ -62,6 +63,18 @@ def get_visible(session: Session, principal: Principal, ref: str) -> Account:
     return row
 
 
+def _next_uid_slot(session: Session) -> int:
+    """The next user namespace range, never one an account had (a removed account's files on a datastore
+    keep its uids). Two creations racing for one slot meet at the store's unique index."""
+    slot = int(session.scalar(select(func.coalesce(func.max(Account.uid_slot), -1))) or 0) + 1
+    if slot >= USERNS_SLOTS:
+        raise Conflict(
+            f"the fleet holds its most accounts ({USERNS_SLOTS}): every user namespace range is taken",
+            code="no_uid_range",
+        )
+    return slot
+
+
 def create(session: Session, principal: Principal, name: str) -> Account:
     """A new account with its default project. Only the root account's admins create accounts; the new
     account's first admin token is `provision token create NAME --account ACCOUNT --role admin`."""
@@ -69,7 +82,7 @@ def create(session: Session, principal: Principal, name: str) -> Account:
     names.dns_label(KIND, name)
     if session.scalar(select(Account.id).where(Account.name == name)):
         raise Conflict(f"account '{name}' already exists: choose another name", code="duplicate_name")
-    row = Account(name=name, root=False)
+    row = Account(name=name, root=False, uid_slot=_next_uid_slot(session))
     session.add(row)
     session.flush()
     audit.record(

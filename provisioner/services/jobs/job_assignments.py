@@ -20,11 +20,13 @@ from sqlalchemy.orm import Session, lazyload
 
 from contracts.jobs import (
     DatastoreAccess,
+    JobNetwork,
     JobsActual,
     JobsDesired,
     Mount,
     MountSource,
     ReservationBinding,
+    UserNamespace,
     WorkerAssignment,
     WorkerReport,
     WorkerRunState,
@@ -44,6 +46,7 @@ from provisioner.services.common.errors import flush
 from provisioner.services.common.runtime import runtime_of
 from provisioner.services.common.wakeups import Wake, wake_after_commit
 from provisioner.services.jobs import job_secrets, jobs
+from provisioner.store.account_models import Account
 from provisioner.store.expressions import one_of
 from provisioner.store.job_models import Job, JobWorker
 from provisioner.store.models import Node
@@ -167,6 +170,12 @@ def needs_secrets(node: Node, worker: JobWorker) -> bool:
     )
 
 
+def _userns(session: Session, job: Job) -> UserNamespace:
+    account = session.get(Account, job.account_id)
+    assert account is not None  # a foreign key
+    return UserNamespace.of_slot(account.uid_slot)
+
+
 def assignment_of(session: Session, node: Node, worker: JobWorker) -> WorkerAssignment:
     job = worker.job
     cpus, memory_mb = _share(node, job)
@@ -196,6 +205,7 @@ def assignment_of(session: Session, node: Node, worker: JobWorker) -> WorkerAssi
         disk_gb=int(resources.get("disk_size") or 0),
         mounts=_mounts(job),
         reservation=reservation if worker.index == 0 else None,  # one worker serves the endpoint
+        userns=_userns(session, job),
         # an ended worker listed only for its log: stop, never run again
         stop=worker.stop_requested or WorkerState(worker.state) in WORKER_DONE,
         stop_grace_s=STOP_GRACE_S,
@@ -245,7 +255,9 @@ def desired_for_node(session: Session, node: Node) -> dict[str, Any]:
         if needs_secrets(node, worker):
             datastores |= {m.datastore for m in assignment.mounts if m.datastore is not None}
     return JobsDesired(
-        workers=workers, datastores=datastore_access(session, node.region_id, datastores)
+        workers=workers,
+        datastores=datastore_access(session, node.region_id, datastores),
+        network=JobNetwork(lan=node.region.jobs_lan),
     ).model_dump(mode="json")
 
 

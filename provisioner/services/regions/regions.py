@@ -18,7 +18,7 @@ from provisioner.services.common import audit, lifecycle, names
 from provisioner.services.common.account_lookup import root_account
 from provisioner.services.common.runtime import runtime_of
 from provisioner.services.regions import providers as provider_service
-from provisioner.store.models import Node, Provider, Region, new_id
+from provisioner.store.models import JOBS_LAN, Node, Provider, Region, new_id
 
 KIND = "region"
 
@@ -117,28 +117,59 @@ def live_nodes(session: Session, region: Region) -> list[Node]:
     )
 
 
-def set_public_jobs(session: Session, ref: str, public_jobs: bool, *, principal: Principal) -> Region:
-    """Sell the region's spare capacity to other accounts' jobs, or stop (docs/billing.md "Public jobs").
-    Its account's admins decide (a root admin for any region); another account's region looks missing.
-    Jobs already placed keep running where they are: the setting is read when a job is placed."""
-    principal.require(Action.SELL_CAPACITY)
+def _owned(session: Session, ref: str, principal: Principal, action: Action) -> Region:
+    """The region, for its own account's admins (a root admin for any); another account's looks missing."""
+    principal.require(action)
     region = get(session, ref)
     scope = principal.account_scope()
     if scope is not None and region.account_id != scope:
         raise NotFound(
             f"{KIND} '{ref}' does not exist: see `provision {KIND} list`", code=f"{KIND}_not_found"
         )
+    return region
+
+
+def _noted(session: Session, region: Region, principal: Principal, reason: str) -> None:
+    """A changed setting, as a line in the region's audit trail."""
+    audit.note(
+        session,
+        kind=KIND,
+        resource_id=region.id,
+        name=region.name,
+        actor=principal.actor,
+        state=region.state,
+        reason=reason,
+    )
+    session.flush()
+
+
+def set_jobs_lan(session: Session, ref: str, jobs_lan: bool, *, principal: Principal) -> Region:
+    """Let the region's jobs reach the LAN (its datastores' and peers' addresses), or close it again; the
+    node itself and a cloud's metadata server stay closed either way. The region's admins decide; the
+    nodes apply it with their next heartbeat, to running jobs too."""
+    region = _owned(session, ref, principal, Action.MANAGE_FLEET)
+    if region.jobs_lan != jobs_lan:
+        region.settings = {**(region.settings or {}), JOBS_LAN: jobs_lan}
+        _noted(
+            session,
+            region,
+            principal,
+            "jobs " + ("may reach the LAN" if jobs_lan else "no longer reach the LAN"),
+        )
+    return region
+
+
+def set_public_jobs(session: Session, ref: str, public_jobs: bool, *, principal: Principal) -> Region:
+    """Sell the region's spare capacity to other accounts' jobs, or stop (docs/billing.md "Public jobs").
+    Its account's admins decide (a root admin for any region); another account's region looks missing.
+    Jobs already placed keep running where they are: the setting is read when a job is placed."""
+    region = _owned(session, ref, principal, Action.SELL_CAPACITY)
     if region.public_jobs != public_jobs:
         region.public_jobs = public_jobs
-        audit.note(
+        _noted(
             session,
-            kind=KIND,
-            resource_id=region.id,
-            name=region.name,
-            actor=principal.actor,
-            state=region.state,
-            reason="public jobs "
-            + ("allowed: spare capacity is sold" if public_jobs else "no longer allowed"),
+            region,
+            principal,
+            "public jobs " + ("allowed: spare capacity is sold" if public_jobs else "no longer allowed"),
         )
-        session.flush()
     return region
