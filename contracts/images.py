@@ -57,3 +57,25 @@ def _checked(value: str) -> str:
 
 # a pydantic field type for every wire and spec key that names an image
 RegistryImage = Annotated[str, AfterValidator(_checked)]
+
+
+DOCKER_HUB: Final = "docker.io"
+REGISTRY_HOST: Final = re.compile(_DOMAIN, re.ASCII)
+
+
+def registry_of(image: str) -> str:
+    """The registry host an image reference pulls from, as podman reads it: the first component when it
+    looks like a host (a dot, a port, or `localhost`), Docker Hub otherwise."""
+    first, _, rest = image.partition("/")
+    if rest and ("." in first or ":" in first or first == "localhost"):
+        return first
+    return DOCKER_HUB
+
+
+def _checked_host(value: str) -> str:
+    if not REGISTRY_HOST.fullmatch(value) or len(value) > 253:
+        raise ValueError(f"registry {value[:80]!r} must be a host[:port] such as ghcr.io or nvcr.io")
+    return value
+
+
+RegistryHost = Annotated[str, AfterValidator(_checked_host)]

@@ -26,7 +26,7 @@ from typing import Annotated, Final
 from pydantic import Field, field_validator, model_validator
 
 from contracts.errors import InvalidInput
-from contracts.images import RegistryImage
+from contracts.images import RegistryHost, RegistryImage
 from contracts.messages import ControlPlaneMessage, MinionMessage
 from contracts.regional import DatastoreType, Protocol, check_datastore, requested_parts
 
@@ -63,6 +63,15 @@ EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")]
 USERNS_FIRST: Final = 2**30
 USERNS_SIZE: Final = 65536
 USERNS_SLOTS: Final = (2**32 - 1 - USERNS_FIRST) // USERNS_SIZE  # accounts a fleet can hold
+
+
+class RegistryAuth(ControlPlaneMessage):
+    """The credentials a worker's image is pulled with: a registry key of its job's project. A secret:
+    sent only with an assignment that needs its secrets, used for the pull, never put in the container."""
+
+    registry: RegistryHost
+    username: str = Field(min_length=1, max_length=256)
+    password: str = Field(min_length=1, max_length=8192)
 
 
 class UserNamespace(ControlPlaneMessage):
@@ -184,6 +193,8 @@ class WorkerAssignment(ControlPlaneMessage):
     # a customer's job: the container's root is its account's host range, never the node's root. None:
     # the node's own container (a device's inference), run as the node's root
     userns: UserNamespace | None = None
+    # the job's own registry credentials for its image; None: an anonymous pull (never the node's own)
+    registry_auth: RegistryAuth | None = None
     stop: bool = False
     stop_grace_s: int = Field(30, ge=0, le=3600)  # SIGTERM, then this long, then SIGKILL
 

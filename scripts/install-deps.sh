@@ -27,6 +27,8 @@ APT_PACKAGES=(
   # job containers on the minion (minion/jobs/): rootful podman; runc for cgroups v1 hosts; catatonit for
   # `--init` so SIGTERM reaches the job's command
   podman runc catatonit
+  # a private registry for the pull-credentials test (the distribution project's; htpasswd for its users)
+  docker-registry apache2-utils
   # the Vagrant lab: `vagrant validate` of the top-level Vagrantfile (tests/test_vagrantfile.py)
   # (and its real `vagrant up` of one node VM: tests/image_builder/test_vagrant_up.py)
   vagrant vagrant-libvirt libvirt-daemon-system libvirt-daemon-driver-qemu

@@ -10,6 +10,8 @@ a restarted minion adopt it."""
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,13 +37,30 @@ HARDENING = (
 )
 
 
-def pull_policy(image: str) -> list[str]:
+def is_customers(a: WorkerAssignment) -> bool:
+    """A customer's job (the control plane gives it its account's user namespace), not a container of the
+    node's own (a device's inference)."""
+    return a.userns is not None
+
+
+def pull_policy(a: WorkerAssignment, auth_file: Path) -> list[str]:
     """A registry image is pulled on every start (only its manifest when the layers are here), so the
-    registry decides whether it may be had: another tenant's private image cached on the node is not a
-    way in. (The pull carries no job's registry credentials yet: a private image runs only where the
-    node's own podman login reaches it.) A `localhost/` image is the node's own (never in a registry)
-    and runs as it is; a node that cannot reach the image's registry cannot start it."""
-    return [] if image.startswith("localhost/") else ["--pull=always"]
+    registry decides whether this job may have it: another tenant's private image cached on the node is
+    not a way in. A customer's job pulls with its own credentials only (`--authfile`, its project's
+    registry key or none: an anonymous pull, never the node's own login); the node's own container with
+    the node's. A `localhost/` image is the node's own (never in a registry) and runs as it is; a node
+    that cannot reach the image's registry cannot start it."""
+    if a.image.startswith("localhost/"):
+        return []
+    return ["--pull=always", "--authfile", str(auth_file)] if is_customers(a) else ["--pull=always"]
+
+
+def auth_document(a: WorkerAssignment) -> str:
+    """containers-auth.json(5) with the job's registry key, or with none."""
+    auths: dict[str, dict[str, str]] = {}
+    if (key := a.registry_auth) is not None:
+        auths[key.registry] = {"auth": base64.b64encode(f"{key.username}:{key.password}".encode()).decode()}
+    return json.dumps({"auths": auths})
 
 
 def user_namespace(a: WorkerAssignment) -> list[str]:
@@ -76,10 +95,15 @@ def write_env_file(path: Path, env: dict[str, str]) -> None:
     bad = sorted(k for k, v in env.items() if "\n" in v or "\r" in v or "\0" in v)
     if bad:
         raise EnvRefused(f"environment variable(s) {', '.join(bad)} contain a line break; use one line each")
+    write_private(path, "".join(f"{k}={v}\n" for k, v in env.items()))
+
+
+def write_private(path: Path, text: str) -> None:
+    """A file only the node's root reads, created 0600 from the start (no chmod window)."""
     path.unlink(missing_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     with os.fdopen(fd, "w") as out:
-        out.writelines(f"{k}={v}\n" for k, v in env.items())
+        out.write(text)
 
 
 def network_of(settings: ContainerSettings, a: WorkerAssignment) -> str | None:
@@ -87,7 +111,7 @@ def network_of(settings: ContainerSettings, a: WorkerAssignment) -> str | None:
     the minion's narrowed jobs network (minion/jobs/network.py), the node's own container on podman's."""
     if settings.network:
         return settings.network
-    return settings.jobs_network if a.userns is not None else None
+    return settings.jobs_network if is_customers(a) else None
 
 
 def publishes_ports(settings: ContainerSettings) -> bool:
@@ -106,6 +130,7 @@ class RunPlan:
     bound: list[Bound]
     log_path: Path
     env_file: Path
+    auth_file: Path  # the customer's job's registry credentials (auth_document), beside the env file
 
     def args(self, settings: ContainerSettings) -> list[str]:
         a = self.assignment
@@ -124,7 +149,7 @@ class RunPlan:
             self.name,
             *HARDENING,
             *user_namespace(a),
-            *pull_policy(a.image),
+            *pull_policy(a, self.auth_file),
         ]
         for key, value in labels.items():
             args += ["--label", f"{key}={value}"]

@@ -20,7 +20,16 @@ from typing import Final
 
 from contracts.jobs import ENDED, DatastoreAccess, WorkerAssignment, WorkerReport, WorkerRunState
 from minion.durable import write_atomic
-from minion.jobs.container import EnvRefused, RunPlan, container_name, environment, write_env_file
+from minion.jobs.container import (
+    EnvRefused,
+    RunPlan,
+    auth_document,
+    container_name,
+    environment,
+    is_customers,
+    write_env_file,
+    write_private,
+)
 from minion.jobs.gpus import GpuPool, NotEnoughGpus
 from minion.jobs.logs import LogShipper, LogTransport, LogUnavailable
 from minion.jobs.mounts import MountRefused, bind_all, unbind_all
@@ -171,17 +180,27 @@ class Worker:
         try:
             self.gpu_indices = self.rt.gpus.take(self.key, a.gpu_count)
             bound = bind_all(a.mounts, self.dir, self.rt.settings, self.access, a.userns)
-            env_file = self.dir / "env"
+            env_file, auth_file = self.dir / "env", self.dir / "auth.json"
             write_env_file(env_file, environment(a, self.gpu_indices))
+            if is_customers(a):
+                write_private(auth_file, auth_document(a))
             plan = RunPlan(
-                self.name, self.rt.owner, a, self.gpu_indices, bound, self.dir / "output.log", env_file
+                self.name,
+                self.rt.owner,
+                a,
+                self.gpu_indices,
+                bound,
+                self.dir / "output.log",
+                env_file,
+                auth_file,
             )
             self.rt.podman.call(plan.args(self.rt.settings), timeout=RUN_TIMEOUT_S)
         except (NotEnoughGpus, MountRefused, EnvRefused, PodmanError) as exc:
             self._fail(WorkerRunState.FAILED_TO_START, str(exc))
             return False
-        finally:
-            (self.dir / "env").unlink(missing_ok=True)  # podman has read it; secrets stay off the disk
+        finally:  # podman has read them; secrets stay off the disk
+            (self.dir / "env").unlink(missing_ok=True)
+            (self.dir / "auth.json").unlink(missing_ok=True)
         self._set(WorkerRunState.RUNNING)
         return True
 

@@ -36,6 +36,7 @@ from provisioner.api.routes import (
     jobs,
     join,
     nodes,
+    project_keys,
     projects,
     providers,
     regions,
@@ -68,6 +69,7 @@ FLEET_ROUTERS = [
 OPERATOR_ROUTERS = [
     tokens.router,
     accounts.router,
+    project_keys.router,  # before projects: its /{ref:anypath} would take …/keys
     projects.router,
     jobs.router,
     billing.router,

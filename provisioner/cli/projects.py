@@ -4,12 +4,23 @@ project, and names a project shared with this account as OWNER/PROJECT."""
 
 from __future__ import annotations
 
+import stat
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from provisioner.cli import render
-from provisioner.cli.common import Json, Yes, group, output_options, remove_one, show_one
+from provisioner.cli.common import (
+    Json,
+    Yes,
+    group,
+    output_options,
+    read_input,
+    remove_one,
+    show_one,
+)
+from provisioner.cli.errors import EXIT_USAGE, fail
 from provisioner.cli.settings import connect
 
 app = group("Projects: where jobs belong, inside your account.")
@@ -77,3 +88,88 @@ def share(name: Name, account: Account, json_out: Json = False) -> None:
 def unshare(name: Name, account: Account, json_out: Json = False) -> None:
     """Stop sharing your project with an account: no new jobs of it there; its jobs there run on."""
     render.detail(connect().delete(f"/v1/projects/{name}/shares/{account}"), as_json=json_out)
+
+
+keys = group(
+    "A project's third-party keys: a private registry's credentials, used to pull its jobs' images. "
+    "The secret is stored encrypted and never shown again."
+)
+app.add_typer(keys, name="key")
+KEY_COLUMNS = [
+    ("kind", "KIND"),
+    ("registry", "REGISTRY"),
+    ("username", "USERNAME"),
+    ("updated_at", "UPDATED"),
+]
+Registry = Annotated[
+    str,
+    typer.Option("--registry", help="The registry's host[:port], as the image names it: ghcr.io, nvcr.io."),
+]
+
+
+def _read_secret(path: Path) -> str:
+    """The file's first line; a file others may read is refused (a secret at rest is yours alone)."""
+    if str(path) != "-":
+        try:
+            mode = path.stat().st_mode
+        except OSError as exc:
+            fail(
+                f"cannot read secret file {path} ({exc.strerror}): pass a file, or - for stdin",
+                exit_code=EXIT_USAGE,
+            )
+        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+            fail(
+                f"secret file {path} is readable by others: run `chmod 600 {path}` first",
+                exit_code=EXIT_USAGE,
+            )
+    lines = read_input(path, "a file holding the password or token", called="secret file").splitlines()
+    if not lines or not lines[0]:
+        fail(
+            f"secret file {path} is empty: put the password or token on its first line", exit_code=EXIT_USAGE
+        )
+    return lines[0]
+
+
+@keys.command("set")
+def key_set(
+    project: Name,
+    registry: Registry,
+    username: Annotated[str, typer.Option("--username", "-u", help="The registry's username (shown).")],
+    secret_file: Annotated[
+        Path,
+        typer.Option("--secret-file", help="File (mode 600) holding the password or token; - reads stdin."),
+    ],
+    json_out: Json = False,
+) -> None:
+    """Add the project's key for a registry, or replace it; prints its id. Your jobs in this project pull
+    images from that registry with it (never a federated job of another account)."""
+    body = {
+        "kind": "registry",
+        "registry": registry,
+        "username": username,
+        "secret": _read_secret(secret_file),
+    }
+    render.created(connect().put(f"/v1/projects/{project}/keys", body), as_json=json_out)
+
+
+@keys.command("list")
+@output_options
+def key_list(project: Name, json_out: Json = False) -> None:
+    """List the project's keys (never their secrets)."""
+    render.table(
+        connect().get(f"/v1/projects/{project}/keys")["items"],
+        KEY_COLUMNS,
+        as_json=json_out,
+        empty=f"no key yet: `provision project key set {project} --registry HOST -u USER --secret-file FILE`",
+    )
+
+
+@keys.command("remove")
+def key_remove(project: Name, registry: Registry, yes: Yes = False, json_out: Json = False) -> None:
+    """Remove the project's key for a registry: its jobs pull from there anonymously from now on."""
+    remove_one(
+        f"remove the {registry} key of project '{project}'?",
+        f"/v1/projects/{project}/keys/registry/{registry}",
+        yes=yes,
+        as_json=json_out,
+    )

@@ -127,6 +127,9 @@ class Client:
     def patch(self, path: str, body: dict[str, Any]) -> Any:
         return self.request("PATCH", path, json=body)
 
+    def put(self, path: str, body: dict[str, Any]) -> Any:
+        return self.request("PUT", path, json=body)
+
     def delete(self, path: str, **params: Any) -> Any:
         return self.request("DELETE", path, params={k: v for k, v in params.items() if v is not None})
 

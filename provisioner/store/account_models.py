@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import Boolean, ForeignKey, Index, Integer, String, UniqueConstraint, text
+from sqlalchemy import Boolean, ForeignKey, Index, Integer, String, Text, UniqueConstraint, text
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from provisioner.store.models import Base, UTCDateTime, new_id, utcnow
@@ -85,6 +85,27 @@ class ProjectShare(Base):
 
     project: Mapped[Project] = relationship(lazy="joined")
     account: Mapped[Account] = relationship(lazy="joined")
+
+
+class ProjectKey(Base):
+    """A third-party key of a project (services/accounts/project_keys.py): `kind` and `name` say what it
+    opens (a registry key: `registry` and the registry's host), `key_id` is its public half (a username,
+    an access key id), the secret half is sealed and never returned."""
+
+    __tablename__ = "project_keys"
+    __table_args__ = (
+        UniqueConstraint("project_id", "kind", "name", name="uq_project_keys_project_kind_name"),
+    )
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=lambda: new_id("key"))
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id"), index=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    name: Mapped[str] = mapped_column(String(253))
+    key_id: Mapped[str] = mapped_column(String(256))
+    sealed_secret: Mapped[str] = mapped_column(Text)
+    created_by: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
 
 
 class ConsoleSessionEnd(Base):

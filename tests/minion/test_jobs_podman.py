@@ -265,9 +265,15 @@ ACCOUNT_A, ACCOUNT_B = UserNamespace.of_slot(1), UserNamespace.of_slot(2)
 
 def worker(job: str, command: str, n: int = 0, **fields: Any) -> WorkerAssignment:
     """A customer's worker, as the control plane sends it: in account A's user namespace unless told."""
-    values: dict[str, Any] = {"cpus": 0.5, "memory_mb": 64, "stop_grace_s": 10, "userns": ACCOUNT_A} | fields
+    values: dict[str, Any] = {
+        "cpus": 0.5,
+        "memory_mb": 64,
+        "stop_grace_s": 10,
+        "userns": ACCOUNT_A,
+        "image": IMAGE,
+    } | fields
     return WorkerAssignment(
-        job_id=job, job_name=f"{job}-name", worker=n, generation="g1", image=IMAGE, command=command, **values
+        job_id=job, job_name=f"{job}-name", worker=n, generation="g1", command=command, **values
     )
 
 
@@ -529,7 +535,7 @@ def test_a_container_in_the_nodes_own_namespace_publishes_nothing(tmp_path: Path
     """A lab node's containers join its namespace (--network ns:…): the port is already the node's."""
     settings = ContainerSettings(network="ns:/run/netns/lab-node-1", **RUNTIME)  # type: ignore[arg-type]
     a = worker("job-ns", "true", reservation={"port": 8080, "hostname": "web"})
-    plan = RunPlan("c", "owner", a, [], [], tmp_path / "log", tmp_path / "env")
+    plan = RunPlan("c", "owner", a, [], [], tmp_path / "log", tmp_path / "env", tmp_path / "auth.json")
     args = plan.args(settings)
     assert "--publish" not in args and args[args.index("--network") + 1] == "ns:/run/netns/lab-node-1"
     assert args[args.index("--ulimit") + 1] == "nofile=1024:1024"

@@ -728,3 +728,54 @@ def test_a_regions_jobs_reach_the_lan_only_once_its_admins_allow_it(fleet: Fleet
         assert nothing.status_code == 422 and "nothing to change" in nothing.json()["message"]
         assert http.patch("/v1/regions/lab-1", json={"jobs_lan": False}).json()["jobs_lan"] is False
     assert fleet.heartbeat("gpu-1")["network"] == {"lan": False}
+
+
+def test_a_projects_registry_key_pulls_its_own_jobs_images_and_is_never_shown(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    """Tenancy finding 6 (and the project keys finding 12 names): a job's private image is pulled with
+    its project's registry key, which the node gets only with a worker that starts or runs; no answer
+    shows the secret, another account never reaches it, and a secret file others may read is refused."""
+    secret = tmp_path / "registry-token"
+    secret.write_text("hunter2-registry\n")
+    secret.chmod(0o644)
+    registry = "registry.example.com:5000"
+    key = ("project", "key", "set", "default", "--registry", registry, "-u", "robot", "--secret-file")
+    loose = fleet.cp.provision(*key, str(secret))
+    assert loose.returncode == 2 and f"chmod 600 {secret}" in loose.stderr, loose.stderr
+    secret.chmod(0o600)
+    made = fleet.cp.provision(*key, str(secret))
+    assert made.returncode == 0 and made.stdout.strip().startswith("key_"), made.stderr
+    bad = fleet.cp.provision(*key[:5], "not a host/", *key[6:], str(secret))
+    assert bad.returncode != 0 and "host[:port]" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+    listed = fleet.cp.provision("project", "key", "list", "default", "--json")
+    (shown,) = json.loads(listed.stdout)  # a list, as every `list --json`
+    assert (shown["registry"], shown["username"]) == (registry, "robot") and "hunter2" not in listed.stdout
+
+    private = create(fleet, spec("pulls-private", environment={"image": f"{registry}/team/train:1"})).json()
+    hub = {"image": "docker.io/library/python:3.12"}
+    public = create(fleet, spec("pulls-public", environment=hub)).json()
+    desired = fleet.heartbeat(private["node"])
+    (w,) = mine(desired, private["id"])
+    assert w["registry_auth"] == {"registry": registry, "username": "robot", "password": "hunter2-registry"}
+    (pw,) = mine(fleet.heartbeat(public["node"]), public["id"])
+    assert pw["registry_auth"] is None, "another registry's image gets no key"
+    with fleet.http() as http:
+        assert "hunter2" not in http.get(f"/v1/jobs/{private['id']}").text
+        assert "hunter2" not in http.get("/v1/projects/default/keys").text
+        our_default = http.get("/v1/projects/default").json()["id"]
+    with fleet.http(fleet.other_token) as other:  # another account: its own default has no key; ours is 404
+        assert other.get("/v1/projects/default/keys").json()["items"] == []
+        assert other.get(f"/v1/projects/{our_default}/keys").status_code == 404
+        assert other.delete(f"/v1/projects/{our_default}/keys/registry/{registry}").status_code == 404
+
+    # the worker ends: listed once more to ship its log, without the key
+    fleet.heartbeat(private["node"], [report(w, "exited", exit_code=0)])
+    assert all(a["registry_auth"] is None for a in mine(fleet.heartbeat(private["node"]), private["id"]))
+    removed = fleet.cp.provision("project", "key", "remove", "default", "--registry", registry, "--yes")
+    assert removed.returncode == 0, removed.stderr
+    with fleet.http() as http:
+        assert http.get("/v1/projects/default/keys").json()["items"] == []
+        http.post(f"/v1/jobs/{public['id']}/stop")
+    (pw,) = mine(fleet.heartbeat(public["node"]), public["id"])
+    fleet.heartbeat(public["node"], [report(pw, "stopped", exit_code=0)])

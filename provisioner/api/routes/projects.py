@@ -10,8 +10,8 @@ from datetime import datetime
 from fastapi import APIRouter
 from pydantic import BaseModel, Field
 from sqlalchemy.orm import Session
-from starlette.convertors import Convertor, register_url_convertor
 
+from provisioner.api import convertors  # noqa: F401  (registers {ref:anypath})
 from provisioner.api.deps import Db, Principal
 from provisioner.api.errors import documented
 from provisioner.api.schemas import Page
@@ -19,24 +19,6 @@ from provisioner.domain.roles import Principal as PrincipalValue
 from provisioner.services.accounts import accounts
 from provisioner.services.accounts import projects as service
 from provisioner.store.account_models import Project
-
-
-class _AnyPath(Convertor[str]):
-    """Starlette's `path` (`.*`) stops at a newline, so `GET /v1/projects/a%0Ab` matched only
-    `DELETE /{ref}` (`[^/]+` takes a newline) and answered an undocumented 405 (found by fuzzing). A ref
-    may hold a `/` (`OWNER/PROJECT`) and, decoded, any character; the service answers 404 for a ref that
-    names nothing."""
-
-    regex = "(?s:.*)"
-
-    def convert(self, value: str) -> str:
-        return value
-
-    def to_string(self, value: str) -> str:
-        return value
-
-
-register_url_convertor("anypath", _AnyPath())
 
 router = APIRouter(prefix="/v1/projects", tags=["projects"], responses=documented(403))
 

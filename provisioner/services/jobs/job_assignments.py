@@ -41,6 +41,7 @@ from provisioner.domain.states import (
     ReservationState,
     WorkerState,
 )
+from provisioner.services.accounts import project_keys
 from provisioner.services.common import desired_state
 from provisioner.services.common.errors import flush
 from provisioner.services.common.runtime import runtime_of
@@ -191,14 +192,16 @@ def assignment_of(session: Session, node: Node, worker: JobWorker) -> WorkerAssi
         )
         if rsv is not None:
             reservation = ReservationBinding(port=rsv.port, hostname=rsv.hostname, protocol=rsv.protocol)
+    image = str((job.spec.get("environment") or {}).get("image"))
+    secrets = needs_secrets(node, worker)
     return WorkerAssignment(
         job_id=job.id,
         job_name=job.name,
         worker=worker.index,
         generation=worker.generation or f"{job.id}.{job.placements}",
-        image=str((job.spec.get("environment") or {}).get("image")),
+        image=image,
         command=worker.command,
-        env=_env(session, job, with_secrets=needs_secrets(node, worker)),
+        env=_env(session, job, with_secrets=secrets),
         gpu_count=int(resources.get("gpu_count") or 0),
         cpus=cpus,
         memory_mb=memory_mb,
@@ -206,6 +209,7 @@ def assignment_of(session: Session, node: Node, worker: JobWorker) -> WorkerAssi
         mounts=_mounts(job),
         reservation=reservation if worker.index == 0 else None,  # one worker serves the endpoint
         userns=_userns(session, job),
+        registry_auth=project_keys.registry_auth(session, job, image) if secrets else None,
         # an ended worker listed only for its log: stop, never run again
         stop=worker.stop_requested or WorkerState(worker.state) in WORKER_DONE,
         stop_grace_s=STOP_GRACE_S,
