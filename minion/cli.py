@@ -27,6 +27,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "minion.join.commands",  # minion join, minion run
     "minion.finalize.commands",  # minion finalize apply-saved, minion finalize apply
     "minion.gce_commands",  # minion gce-bundle
+    "minion.gpu.commands",  # minion gpu cdi
 )
 
 EXIT_USAGE = 2

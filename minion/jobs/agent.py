@@ -34,6 +34,8 @@ from contracts.jobs import (
     WorkerRunState,
 )
 from minion import desired
+from minion.gpu import cdi
+from minion.gpu.keeper import CdiKeeper
 from minion.jobs.gpus import GpuPool
 from minion.jobs.logs import ControlPlaneLogs, LogTransport
 from minion.jobs.mounts import unbind_all
@@ -85,6 +87,7 @@ class JobsAgent:
     found: dict[Key, Container] | None = None  # our containers at the first handle (adoption)
     lock: threading.Lock = field(default_factory=threading.Lock)
     network: JobsNetwork | None = None  # the narrowed jobs network; None where settings.network is set
+    gpu_spec: CdiKeeper | None = None  # keeps the node's NVIDIA CDI spec in step with its driver
 
     @classmethod
     def create(cls, settings: ContainerSettings, state_dir: Path, transport: LogTransport) -> JobsAgent:
@@ -103,6 +106,8 @@ class JobsAgent:
         missing = self.rt.podman.missing()
         if missing:  # no retry helps: the workers fail, and the message says what to install
             return self.actual(missing, wanted.workers, WorkerRunState.FAILED_TO_START)
+        if self.gpu_spec is not None:
+            self.gpu_spec.refresh()  # a new driver or GPU is in the spec before a worker asks for it
         if self.network is not None and wanted.workers:
             try:  # before any container starts on it; a no-op while the region's policy stays the same
                 self.network.ensure(wanted.network)
@@ -207,6 +212,11 @@ def setup(ctx: Any) -> None:
     cp = ControlPlane(ctx.enrollment)
     settings = getattr(ctx, "jobs", None) or ContainerSettings()
     agent = JobsAgent.create(settings, ctx.state.path, ControlPlaneLogs(cp, lambda: ctx.node))
+    if settings.gpu_kind == cdi.KIND:  # the node's NVIDIA GPUs: the minion writes their CDI spec
+        agent.gpu_spec = CdiKeeper(settings.cdi_spec_dirs[-1], settings.cdi_spec_dirs)
+        if note := agent.gpu_spec.refresh():
+            log.info("GPUs: %s", note)
+        agent.rt.gpus.why_none = lambda: agent.gpu_spec.note if agent.gpu_spec else None
     desired.register(HeartbeatKey.JOBS, agent.handle)
     desired.on_shutdown(cp.close)
     desired.on_shutdown(agent.close)

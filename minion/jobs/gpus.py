@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,6 +61,7 @@ class GpuPool:
     spec_dirs: tuple[Path, ...]
     kind: str
     held: dict[WorkerKey, list[int]] = field(default_factory=dict)
+    why_none: Callable[[], str | None] = lambda: None  # why the node's spec is missing (the CdiKeeper's note)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def adopt(self, key: WorkerKey, indices: list[int]) -> None:
@@ -79,9 +80,10 @@ class GpuPool:
             free = [i for i in present if i not in busy]
             if len(free) < count:
                 where = ", ".join(str(d) for d in self.spec_dirs)
+                why = self.why_none() if not present else None
                 raise NotEnoughGpus(
                     f"needs {count} GPU(s) of CDI kind {self.kind}; {len(free)} of {len(present)} free "
-                    f"on this node (CDI specs in {where})"
+                    f"on this node (CDI specs in {where})" + (f": {why}" if why else "")
                 )
             self.held[key] = free[:count]
             return self.held[key]

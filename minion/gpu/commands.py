@@ -1,0 +1,56 @@
+"""`minion gpu cdi`: the CDI spec for this node's NVIDIA driver (minion/gpu/cdi.py), printed or written."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+gpu = typer.Typer(help="The node's NVIDIA GPUs as containers get them.", no_args_is_help=True)
+
+
+@gpu.command("cdi")
+def cdi_command(
+    host_root: Annotated[
+        Path,
+        typer.Option(
+            "--host-root",
+            help="Where the driver installation is (a mounted node tree); NVML is asked only for /.",
+        ),
+    ] = Path("/"),
+    output: Annotated[
+        Path | None,
+        typer.Option("--output", "-o", help="Write the spec to this file (atomically) instead of stdout."),
+    ] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="JSON instead of YAML.")] = False,
+) -> None:
+    """Print the spec `nvidia-ctk cdi generate` would write for this driver (hooks replaced by mounts)."""
+    from minion.gpu import cdi
+    from minion.gpu.driver import NoDriver, discover
+    from minion.gpu.nvml import driver_view
+
+    try:
+        driver = discover(host_root, nvml=driver_view() if host_root == Path("/") else None)
+    except NoDriver as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise typer.Exit(1) from None
+    document = cdi.spec(driver)
+    text = json.dumps(document, indent=1) + "\n" if json_out else cdi.render(document)
+    if output is None:
+        sys.stdout.write(text)
+        return
+    try:
+        tmp = output.with_name(f".{output.name}.tmp")
+        tmp.write_text(text)
+        tmp.replace(output)
+    except OSError as exc:
+        print(f"error: cannot write {output} ({exc.strerror}): pass a writable path", file=sys.stderr)
+        raise typer.Exit(1) from None
+    print(output)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(gpu, name="gpu")
