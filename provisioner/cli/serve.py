@@ -18,6 +18,8 @@ from provisioner.cli.common import CliError
 from provisioner.settings import DEFAULT_PORT, Settings
 
 if TYPE_CHECKING:  # pragma: no cover
+    import socket
+
     from provisioner.adapters.tls import ServerTls
     from provisioner.providers.base import ProviderDriver
 
@@ -83,7 +85,24 @@ def _tune_gc() -> None:
     gc.set_threshold(20_000, 20, 50)
 
 
-def run_control_plane(  # noqa: C901, PLR0915
+def _claim(host: str, port: int) -> socket.socket:
+    """The listening socket, or one line saying what holds the port (ports.holder)."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family)
+    except OSError as exc:
+        from provisioner.cli.ports import holder
+
+        held = holder(port)
+        why = f"held by {held}" if held else exc.strerror
+        raise CliError(
+            f"cannot listen on {host}:{port} ({why}): stop it, or pick another port with --port"
+        ) from None
+
+
+def run_control_plane(  # noqa: PLR0915
     settings: Settings,
     host: str | None,
     port: int,
@@ -105,10 +124,11 @@ def run_control_plane(  # noqa: C901, PLR0915
     from provisioner.services.accounts import tokens
     from provisioner.store.engine import make_sessionmaker, session_scope
 
-    settings.ensure_home()
-    client_config = settings.client_config
     if host is None:
         host = INSECURE_DEFAULT_HOST if settings.insecure_http else TLS_DEFAULT_HOST
+    listening = _claim(host, port)  # before anything is written: a busy port changes nothing on disk
+    settings.ensure_home()
+    client_config = settings.client_config
     try:
         tls = server_tls(settings, host)
         app = create_app(settings, reconcilers=settings.reconcilers, providers=providers)
@@ -171,6 +191,7 @@ def run_control_plane(  # noqa: C901, PLR0915
     if workers > 1:
         if fds or providers:
             raise CliError("--workers cannot be combined with --fd (the lab) or injected providers")
+        listening.close()  # uvicorn's workers bind it themselves
         # every worker loads the same settings: the ones given as flags go into the environment
         os.environ.update(settings.as_environment())
         app.state.engine.dispose()  # the workers open their own connections
@@ -184,15 +205,11 @@ def run_control_plane(  # noqa: C901, PLR0915
         )
         return
     _tune_gc()
-    if not fds:
-        uvicorn.run(app, host=host, port=port, **options)  # type: ignore[arg-type]
-        return
     # A listening socket keeps the network namespace it was created in, so one process can answer on
     # the host's loopback and, through an inherited socket, on a LAN that exists only in a namespace.
     import socket
 
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sockets = [socket.create_server((host, port), family=family), *(socket.socket(fileno=fd) for fd in fds)]
+    sockets = [listening, *(socket.socket(fileno=fd) for fd in fds)]
     uvicorn.Server(uvicorn.Config(app, **options)).run(sockets=sockets)  # type: ignore[arg-type]
 
 

@@ -1,8 +1,8 @@
 """HTTP client of the operator API. Where to connect: the settings' `url` / `token` (RIGBASE_URL /
 RIGBASE_TOKEN), else the client config that `provision serve` writes in the home (mode 0600). What to
-trust: RIGBASE_CA_CERT, else the control-plane CA the client config names (only that CA, not the system's
-trust store), else the system's (an operator's publicly trusted certificate). Every failure is one
-ControlPlaneError (provisioner/client/errors.py)."""
+trust: RIGBASE_CA_CERT, else the control-plane CA the client config names, whatever URL is used (only
+that CA, not the system's trust store), else the system's (an operator's publicly trusted certificate).
+Every failure is one ControlPlaneError (provisioner/client/errors.py)."""
 
 from __future__ import annotations
 
@@ -42,6 +42,23 @@ def read_client_config(path: Path) -> dict[str, str]:
         ) from exc
 
 
+def _nothing_configured(settings: Settings) -> str:
+    """Where to point the CLI: a running control plane's home when there is one, else how to start one."""
+    from provisioner.client.homes import running_homes
+
+    homes = [(home, pid) for home, pid in running_homes(settings.home) if home != settings.home]
+    if homes:
+        named = ", ".join(f"RIGBASE_HOME={home} (pid {pid})" for home, pid in homes[:5])
+        return (
+            f"no control plane configured in {settings.home}: one runs with {named}; "
+            "set that RIGBASE_HOME, or RIGBASE_URL and RIGBASE_TOKEN"
+        )
+    return (
+        f"no control plane configured: start one with `provision serve` (it writes "
+        f"{settings.client_config}) or set RIGBASE_URL and RIGBASE_TOKEN"
+    )
+
+
 def client_context(ca: Path | None) -> ssl.SSLContext | bool:
     """What an httpx client verifies with: only `ca` when given, else the system's trust store. Here
     rather than in adapters/tls.py, which issues certificates: importing that one loads `cryptography`,
@@ -69,7 +86,7 @@ class Client:
     @classmethod
     def from_settings(cls, settings: Settings) -> Client:
         """Where the settings point: their url and token when both are set, else the client config.
-        The client config's CA is trusted for the client config's URL only."""
+        The client config's CA is trusted whatever the URL (RIGBASE_CA_CERT replaces it)."""
         given = settings.token.get_secret_value() if settings.token else None
         saved = (
             read_client_config(settings.client_config)
@@ -79,11 +96,10 @@ class Client:
         url = settings.url or saved.get("url")
         token = given or saved.get("token")
         if not url:
-            raise ControlPlaneError(
-                f"no control plane configured: start one with `provision serve` (it "
-                f"writes {settings.client_config}) or set RIGBASE_URL and RIGBASE_TOKEN"
-            )
-        saved_ca = saved.get("ca") if url.rstrip("/") == saved.get("url", "").rstrip("/") else None
+            raise ControlPlaneError(_nothing_configured(settings))
+        # the URL and the CA are independent: RIGBASE_URL naming this home's control plane by another
+        # address (a LAN name, an advertised IP) still trusts the home's CA, and only it
+        saved_ca = saved.get("ca")
         ca = settings.ca_cert or (Path(saved_ca) if saved_ca else None)
         return cls(url, token, ca=ca)
 

@@ -8,6 +8,7 @@ import json
 import os
 import stat
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -268,3 +269,67 @@ def test_admin_token_is_stored_hashed_and_kept_across_restarts(tmp_path: Path) -
     engine.dispose()
     assert stored == [("admin", "admin", hashlib.sha256(first.token.encode()).hexdigest())]
     assert first.token.encode() not in b"".join(p.read_bytes() for p in home.glob("rigbase.db*"))
+
+
+def test_serve_on_a_busy_port_changes_nothing_and_says_what_holds_it(tmp_path: Path) -> None:
+    """Operator paper cut: serve printed "control plane on …", then uvicorn's error, and the home's
+    client.json had been pointed at whatever held the port."""
+    port = free_port()
+    squatter = subprocess.Popen(
+        [sys.executable, "-c", f"import socket, time; s = socket.create_server(('127.0.0.1', {port})); "
+         "print('up', flush=True); time.sleep(120)"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        assert squatter.stdout is not None and squatter.stdout.readline().strip() == "up"
+        home = tmp_path / "home"
+        home.mkdir()
+        before = '{"url": "https://127.0.0.1:8443", "token": "rb_keep"}\n'
+        (home / "client.json").write_text(before)
+        r = subprocess.run(
+            [str(PROVISION), "serve", "--insecure-http", "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "RIGBASE_HOME": str(home)},
+        )
+        assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert f"cannot listen on 127.0.0.1:{port} (held by pid {squatter.pid} (" in r.stderr
+        assert "--port" in r.stderr and "control plane on" not in r.stderr
+        assert sorted(p.name for p in home.iterdir()) == ["client.json"]  # no store, no CA, no token
+        assert (home / "client.json").read_text() == before
+    finally:
+        squatter.kill()
+        squatter.wait()
+
+
+def test_the_url_and_the_ca_are_independent_and_a_lost_home_is_named(
+    api_server: ControlPlane, tmp_path: Path
+) -> None:
+    """Operator paper cuts: RIGBASE_URL (the same server by another name) dropped the home's CA, so the
+    right server was called a possible impostor; and a shell without RIGBASE_HOME was invited to start a
+    second control plane."""
+    bare = {k: v for k, v in os.environ.items() if not k.startswith("RIGBASE_")}
+    by_name = api_server.url.replace("127.0.0.1", "localhost")
+    env = {
+        **bare,
+        "RIGBASE_HOME": str(api_server.home),
+        "RIGBASE_URL": by_name,
+        "RIGBASE_TOKEN": api_server.token,
+    }
+    listed = subprocess.run(
+        [str(PROVISION), "node", "list"], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert listed.returncode == 0, listed.stderr
+
+    lost = subprocess.run(
+        [str(PROVISION), "node", "list"],
+        capture_output=True,
+        text=True,
+        env={**bare, "RIGBASE_HOME": str(tmp_path / "elsewhere")},
+        timeout=60,
+    )
+    assert lost.returncode == 1 and len(lost.stderr.strip().splitlines()) == 1, lost.stderr
+    assert f"RIGBASE_HOME={api_server.home} (pid {api_server.process.pid})" in lost.stderr
+    assert "provision serve`" not in lost.stderr  # no second control plane suggested

@@ -195,12 +195,14 @@ def insecure(tmp_path: Path) -> Iterator[tuple[Path, int, Path]]:
 def test_insecure_http_binds_loopback_and_warns(insecure: tuple[Path, int, Path]) -> None:
     log, port, home = insecure
     deadline = time.monotonic() + 30
-    listening = ""
-    while time.monotonic() < deadline:
-        listening = subprocess.run(["ss", "-Hltn", f"sport = :{port}"], capture_output=True, text=True).stdout
-        if listening.strip():
-            break
+    while time.monotonic() < deadline:  # serve binds before it starts up: wait for the answer
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
         time.sleep(0.2)
+    listening = subprocess.run(["ss", "-Hltn", f"sport = :{port}"], capture_output=True, text=True).stdout
     # bound to loopback only, though no --host was given
     assert [line.split()[3] for line in listening.strip().splitlines()] == [f"127.0.0.1:{port}"]
     text = log.read_text()
