@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import inspect
 import io
+import stat
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -112,6 +113,25 @@ def read_input(path: Path, what: str, *, called: str = "") -> str:
         why = exc.strerror if isinstance(exc, OSError) else "not text"
         named = f"{called} {path}" if called else str(path)  # "password file /x": what the flag calls it
         fail(f"cannot read {named} ({why}): pass {what}, or - to read it from stdin", exit_code=EXIT_USAGE)
+
+
+def read_secret_file(path: Path, what: str, *, called: str) -> str:
+    """The first line of a file holding a secret (`-`: stdin). A file that others may read is refused
+    with the `chmod` to run: a secret at rest belongs to its owner alone."""
+    if str(path) != "-":
+        try:
+            mode = path.stat().st_mode
+        except OSError as exc:
+            fail(
+                f"cannot read {called} {path} ({exc.strerror}): pass {what}, or - for stdin",
+                exit_code=EXIT_USAGE,
+            )
+        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+            fail(f"{called} {path} is readable by others: run `chmod 600 {path}` first", exit_code=EXIT_USAGE)
+    lines = read_input(path, what, called=called).splitlines()
+    if not lines or not lines[0]:
+        fail(f"{called} {path} is empty: put the secret on its first line", exit_code=EXIT_USAGE)
+    return lines[0]
 
 
 def _watch(draw: Callable[[], None]) -> None:

@@ -15,7 +15,7 @@ from provisioner.cli.common import (
     Yes,
     group,
     output_options,
-    read_input,
+    read_secret_file,
     remove_one,
     show_one,
 )
@@ -34,11 +34,6 @@ COLUMNS = [
 ]
 
 
-def _read_password(path: Path) -> str:
-    """The first line of the file (a trailing newline is not part of the password)."""
-    return read_input(path, "a text file holding the password", called="password file").rstrip("\r\n")
-
-
 @app.command("add")
 def add(
     name: Annotated[str, typer.Argument(help="DNS label, unique in its region.")],
@@ -53,7 +48,7 @@ def add(
         Path | None,
         typer.Option(
             "--password-file",
-            help="File holding the SMB password (never on the command line); - reads stdin.",
+            help="File (mode 600) holding the SMB password (never on the command line); - reads stdin.",
         ),
     ] = None,
     json_out: Json = False,
@@ -66,7 +61,11 @@ def add(
         "address": address,
         "root": root,
         "username": username,
-        "password": _read_password(password_file) if password_file else None,
+        "password": read_secret_file(
+            password_file, "a text file holding the password", called="password file"
+        )
+        if password_file
+        else None,
     }
     render.created(connect().post("/v1/datastores", body), as_json=json_out)
 

@@ -4,7 +4,6 @@ project, and names a project shared with this account as OWNER/PROJECT."""
 
 from __future__ import annotations
 
-import stat
 from pathlib import Path
 from typing import Annotated
 
@@ -16,11 +15,10 @@ from provisioner.cli.common import (
     Yes,
     group,
     output_options,
-    read_input,
+    read_secret_file,
     remove_one,
     show_one,
 )
-from provisioner.cli.errors import EXIT_USAGE, fail
 from provisioner.cli.settings import connect
 
 app = group("Projects: where jobs belong, inside your account.")
@@ -107,29 +105,6 @@ Registry = Annotated[
 ]
 
 
-def _read_secret(path: Path) -> str:
-    """The file's first line; a file others may read is refused (a secret at rest is yours alone)."""
-    if str(path) != "-":
-        try:
-            mode = path.stat().st_mode
-        except OSError as exc:
-            fail(
-                f"cannot read secret file {path} ({exc.strerror}): pass a file, or - for stdin",
-                exit_code=EXIT_USAGE,
-            )
-        if mode & (stat.S_IRWXG | stat.S_IRWXO):
-            fail(
-                f"secret file {path} is readable by others: run `chmod 600 {path}` first",
-                exit_code=EXIT_USAGE,
-            )
-    lines = read_input(path, "a file holding the password or token", called="secret file").splitlines()
-    if not lines or not lines[0]:
-        fail(
-            f"secret file {path} is empty: put the password or token on its first line", exit_code=EXIT_USAGE
-        )
-    return lines[0]
-
-
 @keys.command("set")
 def key_set(
     project: Name,
@@ -147,7 +122,7 @@ def key_set(
         "kind": "registry",
         "registry": registry,
         "username": username,
-        "secret": _read_secret(secret_file),
+        "secret": read_secret_file(secret_file, "a file holding the password or token", called="secret file"),
     }
     render.created(connect().put(f"/v1/projects/{project}/keys", body), as_json=json_out)
 

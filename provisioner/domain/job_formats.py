@@ -8,7 +8,7 @@ file becomes, with what the conversion changed as comments. Pure: no I/O, no clo
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Final
@@ -43,8 +43,26 @@ class ParsedSpec:
     notes: list[str]  # what a conversion changed or dropped; empty for a rigbase spec
 
 
+# Formats people hand to `job create` that rigbase does not read, told in one line (their own fields would
+# otherwise come back as a list of unknown fields): a title, and what their top-level mapping holds.
+FOREIGN_FORMATS: Final[tuple[tuple[str, Callable[[Mapping[str, Any]], bool]], ...]] = (
+    ("a Kubernetes manifest", lambda doc: "apiVersion" in doc and "kind" in doc),
+    (
+        "a SkyPilot task YAML",
+        lambda doc: "run" in doc and "workers" not in doc and not job_launch.is_launch(doc),
+    ),
+)
+
+
 def detect(doc: Mapping[str, Any]) -> SpecFormat:
     """Which format a spec's top-level mapping is written in."""
+    for title, looks_like in FOREIGN_FORMATS:
+        if looks_like(doc):
+            *others, last = FORMAT_TITLES.values()
+            readable = f"{', '.join(others)} or {last}"
+            raise SpecError(
+                [f"this is {title}, which rigbase does not read: give {readable} (docs/job-spec.md)"]
+            )
     if "protocolVersion" in doc:
         raise SpecError(
             [

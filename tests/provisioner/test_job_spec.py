@@ -10,6 +10,7 @@ import json
 import os
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -579,3 +580,31 @@ def test_error_lines_cannot_be_forged_or_huge() -> None:
     ]
     (long,) = _errors(BASE.replace("RTX 3090", "R" * 100_000))
     assert len(long) < 1100 and long.endswith("chars)")
+
+
+@pytest.mark.parametrize(
+    ("text", "title"),
+    [
+        (
+            "apiVersion: batch/v1\nkind: Job\nmetadata: {name: pi}\nspec: {template: {}}\n",
+            "a Kubernetes manifest",
+        ),
+        (
+            "resources: {accelerators: 'A100:1'}\nsetup: pip install -r r.txt\nrun: python train.py\n",
+            "a SkyPilot task YAML",
+        ),
+    ],
+)
+def test_a_format_rigbase_does_not_read_is_named_in_one_line(text: str, title: str, tmp_path: Path) -> None:
+    """Operator paper cut: a Kubernetes manifest or a SkyPilot YAML came back as a list of unknown fields."""
+    spec = tmp_path / "job.yaml"
+    spec.write_text(text)
+    provision = Path(sys.executable).parent / "provision"
+    result = subprocess.run(
+        [str(provision), "job", "convert", "-f", str(spec)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.strip().splitlines() == [
+        f"error: this is {title}, which rigbase does not read: give a rigbase job spec, a ChainOpera Launch "
+        "job.yaml or an OpenPAI job JSON (docs/job-spec.md)"
+    ]

@@ -152,6 +152,7 @@ def test_datastore_walkthrough_password_never_returned(
     secret = tmp_path / "pw"
     secret.write_text(PASSWORD + "\n")
     secret.chmod(0o600)
+    secret.chmod(0o600)
     did = _ok(
         cp,
         "datastore",
@@ -214,6 +215,9 @@ def test_bad_input_is_one_line_and_changes_nothing(fleet: tuple[ControlPlane, St
     _ok(cp, "reservation", "add", "nb", "--region", "lab-1", "--hostname", "jupyter", "--port", "8888")
     pw = tmp_path / "pw"
     pw.write_text("x")
+    pw.chmod(0o600)
+    loose = tmp_path / "loose-pw"
+    loose.write_text("x")  # 0644: others may read it
     cases = [
         (
             2,
@@ -319,6 +323,27 @@ def test_bad_input_is_one_line_and_changes_nothing(fleet: tuple[ControlPlane, St
                 str(tmp_path / "missing"),
             ],
             "cannot read password file",
+        ),
+        (
+            2,
+            [
+                "datastore",
+                "add",
+                "d",
+                "--region",
+                "lab-1",
+                "--type",
+                "smb",
+                "--address",
+                "h",
+                "--root",
+                "/a",
+                "--username",
+                "u",
+                "--password-file",
+                str(loose),
+            ],
+            f"is readable by others: run `chmod 600 {loose}` first",
         ),
         (
             2,

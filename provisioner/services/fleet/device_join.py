@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from contracts.device import DeviceReport
+from contracts.errors import plain_validation_message
 from provisioner.domain.states import Service
 from provisioner.store.models import Node
 
@@ -32,7 +33,8 @@ def service_mismatch(node: Node, inventory: Mapping[str, Any] | None) -> str | N
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"]) or "device"
-            return f"device '{node.name}' reports an unreadable `device` section ({where}: {first['msg']})"
+            said = plain_validation_message(str(first["msg"]))
+            return f"device '{node.name}' reports an unreadable `device` section ({where}: {said})"
         return None
     if section is not None:
         return (
