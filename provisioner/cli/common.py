@@ -226,8 +226,23 @@ def show_one(path: str, *, as_json: bool, fields: Sequence[str] | None = None, *
 
 
 def remove_one(
-    question: str, path: str, *, yes: bool, as_json: bool, fields: Sequence[str] | None = None, **params: Any
+    question: str,
+    path: str,
+    *,
+    yes: bool,
+    as_json: bool,
+    fields: Sequence[str] | None = None,
+    kind: str | None = None,
+    verb: str = "removed",
+    **params: Any,
 ) -> None:
-    """`remove NAME`: confirm, DELETE, print what the server answered (the row, now `removed`)."""
+    """`remove NAME`: confirm, DELETE, and say it in one line (`-o json|yaml`: the row the server
+    answered, now `removed`)."""
     confirm(question, yes)
-    render.detail(connect().delete(path, **params), as_json=as_json, fields=fields)
+    row = connect().delete(path, **params)
+    if render.machine(row, render.chosen(as_json)) or not isinstance(row, dict):
+        return
+    kind = kind or path.strip("/").split("/")[1].removesuffix("s").replace("-", " ")  # /v1/nodes/x: node
+    name, state = row.get("name") or row.get("registry") or "", row.get("state")
+    done = state if state and state != "removed" else verb  # a region a provider still tears down: removing
+    print(f"{kind} '{name}' {done}" + (f" ({row['id']})" if row.get("id") else ""))

@@ -217,7 +217,7 @@ def remove(
     json_out: Json = False,
 ) -> None:
     """Remove a node (kept as `removed` in the history); the reservations it served become unassigned."""
-    params = {"region": region, **({"force": "true"} if force else {})}
+    params: dict[str, Any] = {"region": region, **({"force": "true"} if force else {})}
     remove_one(f"remove node '{name}'?", f"/v1/nodes/{name}", yes=yes, as_json=json_out, **params)
 
 

@@ -147,4 +147,5 @@ def key_remove(project: Name, registry: Registry, yes: Yes = False, json_out: Js
         f"/v1/projects/{project}/keys/registry/{registry}",
         yes=yes,
         as_json=json_out,
+        kind="registry key",
     )

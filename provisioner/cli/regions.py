@@ -95,6 +95,8 @@ def remove(
 ) -> None:
     """Remove a region (refused while it has nodes, reservations or datastores, unless --force)."""
     everything = " with all its nodes, reservations and datastores" if force else ""
+    # refused before it asks: the server answers the removal without making it
+    connect().delete(f"/v1/regions/{name}", force=force, provider=provider, dry_run=True)
     remove_one(
         f"remove region '{name}'{everything}?",
         f"/v1/regions/{name}",

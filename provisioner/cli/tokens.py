@@ -81,4 +81,11 @@ def rotate(name: str, ttl: Ttl = None, json_out: Json = False) -> None:
 @app.command("revoke")
 def revoke(name: str, yes: Yes = False, json_out: Json = False) -> None:
     """Revoke a token for good; requests with it are refused from the next one on."""
-    remove_one(f"revoke operator token '{name}'?", f"/v1/operator-tokens/{name}", yes=yes, as_json=json_out)
+    remove_one(
+        f"revoke operator token '{name}'?",
+        f"/v1/operator-tokens/{name}",
+        yes=yes,
+        as_json=json_out,
+        kind="operator token",
+        verb="revoked",
+    )

@@ -92,6 +92,13 @@ def test_walkthrough_with_tables_and_json(api_server: ControlPlane) -> None:
     _refused(api_server, "node", "remove", "gpu-1", exit_code=2)
     assert json.loads(_ok(api_server, "node", "show", "gpu-1", "--json"))["state"] == "new"
     _refused(api_server, "region", "remove", "lab-1", "--yes")
+    # refused before it asks (no --yes, no terminal: it would otherwise stop at the question, exit 2)
+    in_use = _refused(api_server, "region", "remove", "lab-1")
+    assert "still has" in in_use and "--force" in in_use
+    gpu_id = json.loads(_ok(api_server, "node", "show", "gpu-1", "--json"))["id"]
+    assert _ok(api_server, "node", "remove", "gpu-1", "--yes").splitlines() == [
+        f"node 'gpu-1' removed ({gpu_id})"
+    ]
     removed = json.loads(_ok(api_server, "region", "remove", "lab-1", "--force", "--yes", "--json"))
     assert removed["state"] == "removed"
     _ok(api_server, "region", "remove", "hub-1", "--force", "--yes")

@@ -59,6 +59,15 @@ def update(ref: str, body: RegionSettingsIn, session: Db, principal: Principal) 
 
 @router.delete("/{ref}")
 def remove(
-    ref: str, session: Db, actor: Operator, force: bool = False, provider: str | None = None
+    ref: str,
+    session: Db,
+    actor: Operator,
+    force: bool = False,
+    provider: str | None = None,
+    dry_run: bool = False,
 ) -> RegionOut:
-    return RegionOut.of(region_removal.remove(session, ref, force=force, provider=provider, actor=actor))
+    """`dry_run`: answer as the removal would (409 `region_in_use`, or the region), change nothing."""
+    removed = region_removal.remove(
+        session, ref, force=force, provider=provider, actor=actor, dry_run=dry_run
+    )
+    return RegionOut.of(removed)

@@ -26,10 +26,17 @@ def _shown(names: list[str]) -> str:
 
 
 def remove(
-    session: Session, ref: str, *, force: bool = False, provider: str | None = None, actor: str
+    session: Session,
+    ref: str,
+    *,
+    force: bool = False,
+    provider: str | None = None,
+    actor: str,
+    dry_run: bool = False,
 ) -> Region:
     """Refused while the region holds nodes, reservations or datastores; with `force` they are all
-    removed with it, in the caller's one transaction, each with its own history line."""
+    removed with it, in the caller's one transaction, each with its own history line. `dry_run`: the
+    same refusal, or the region as it is (nothing changes), so the CLI refuses before it asks."""
     region = region_service.get(session, ref, provider)
     # what the provider made for the region (the GCP storage node's VM, whose node row carries the
     # VM's name) goes with it, deleted by the provider's reconciler; other nodes need --force
@@ -53,6 +60,8 @@ def remove(
             f"remove them together with the region",
             code="region_in_use",
         )
+    if dry_run:
+        return region
     if RegionState(region.state) != RegionState.REMOVING:
         region_service.transition(
             session, region, RegionState.REMOVING, actor=actor, reason="removal requested by operator"
