@@ -99,6 +99,8 @@ def test_walkthrough_with_tables_and_json(api_server: ControlPlane) -> None:
     assert _ok(api_server, "node", "remove", "gpu-1", "--yes").splitlines() == [
         f"node 'gpu-1' removed ({gpu_id})"
     ]
+    gone = _refused(api_server, "node", "show", "gpu-1")
+    assert f"node 'gpu-1' was removed ({gpu_id})" in gone and f"provision node history {gpu_id}" in gone
     removed = json.loads(_ok(api_server, "region", "remove", "lab-1", "--force", "--yes", "--json"))
     assert removed["state"] == "removed"
     _ok(api_server, "region", "remove", "hub-1", "--force", "--yes")

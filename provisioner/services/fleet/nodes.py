@@ -15,7 +15,7 @@ from sqlalchemy import CursorResult, Executable, Text, bindparam, cast, inspect,
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
-from contracts.errors import Conflict, InvalidInput, RuleViolation
+from contracts.errors import Conflict, InvalidInput, NotFound, RuleViolation
 from contracts.regional import StorageMode
 from provisioner.domain.pages import NODES_PAGE
 from provisioner.domain.states import (
@@ -425,8 +425,16 @@ def get(session: Session, ref: str, region: str | None = None, *, include_remove
     if region:
         stmt = stmt.where(Node.region_id == region_service.get(session, region).id)
     found = list(session.scalars(stmt.where(Node.state != NodeState.REMOVED)))
-    if not found and include_removed:
-        found = list(session.scalars(stmt.order_by(Node.created_at.desc()).limit(1)))
+    if not found:
+        gone = session.scalars(stmt.order_by(Node.created_at.desc()).limit(1)).first()
+        if gone is not None and include_removed:
+            found = [gone]
+        elif gone is not None:  # a removed node is history, not nothing: say where to see it
+            raise NotFound(
+                f"node '{ref}' was removed ({gone.id}): see it with `provision node history {gone.id}`, "
+                "or `provision node list --removed`",
+                code="node_not_found",
+            )
     return names.one_named(
         found, kind=KIND, ref=ref, place=lambda n: n.region.name, scope="regions", option="--region"
     )
