@@ -213,10 +213,12 @@ def detail(obj: dict[str, Any], *, as_json: bool = False, fields: Sequence[str] 
         return
     if output is Output.WIDE:
         fields = None
+    shown = list(fields or obj)
     t = Table(box=None, show_header=False, pad_edge=False)
-    t.add_column(style="bold", no_wrap=True)
+    # a field's name is never cut, however long a value is (Rich would shrink the first column first)
+    t.add_column(style="bold", no_wrap=True, min_width=max((len(f) for f in shown), default=0))
     t.add_column(no_wrap=True, overflow="ignore")
-    for field in fields or list(obj):
+    for field in shown:
         t.add_row(field, _cell(obj.get(field)))
     _print_table(t)
 

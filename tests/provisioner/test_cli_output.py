@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 
+import pytest
 import yaml
 
 from tests.fixtures.control_plane import PROVISION, ControlPlane
@@ -149,3 +150,13 @@ def test_watch_redraws_until_ctrl_c(api_server: ControlPlane) -> None:
     finally:
         show.kill()
         show.wait()
+
+
+def test_show_never_cuts_a_field_name_however_long_a_value_is(capsys: pytest.CaptureFixture[str]) -> None:
+    """Operator paper cut: `node show` cut its field names to 8 characters when a value was long (an
+    inventory as one JSON line)."""
+    from provisioner.cli import render
+
+    render.detail({"id": "node_1", "last_heartbeat_at": "2026-12-01T10:00:00Z", "inventory": "x" * 3000})
+    names = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+    assert names == ["id", "last_heartbeat_at", "inventory"]
