@@ -102,7 +102,7 @@ def _claim(host: str, port: int) -> socket.socket:
         ) from None
 
 
-def run_control_plane(  # noqa: PLR0915
+def run_control_plane(  # noqa: C901, PLR0915
     settings: Settings,
     host: str | None,
     port: int,
@@ -205,6 +205,10 @@ def run_control_plane(  # noqa: PLR0915
         )
         return
     _tune_gc()
+    if not fds:
+        listening.close()  # it proved the port free before anything was written; uvicorn binds its own
+        uvicorn.run(app, host=host, port=port, **options)  # type: ignore[arg-type]
+        return
     # A listening socket keeps the network namespace it was created in, so one process can answer on
     # the host's loopback and, through an inherited socket, on a LAN that exists only in a namespace.
     import socket
