@@ -74,12 +74,16 @@ def foreign_spec(directories: list[Path], kind: str = KIND) -> Path | None:
     return None
 
 
-def write(document: dict[str, Any], directory: Path) -> Path:
-    """Atomically (podman never reads half a spec); raises OSError with the reason."""
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / SPEC_NAME
-    tmp = directory / f".{SPEC_NAME}.tmp"
-    tmp.write_text(render(document))
+def write_atomically(path: Path, text: str) -> Path:
+    """Podman never reads half a spec; raises OSError with the reason."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
     os.chmod(tmp, 0o644)
     tmp.replace(path)
     return path
+
+
+def write(document: dict[str, Any], directory: Path) -> Path:
+    """The minion's own spec in `directory`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    return write_atomically(directory / SPEC_NAME, render(document))

@@ -43,9 +43,7 @@ def cdi_command(
         sys.stdout.write(text)
         return
     try:
-        tmp = output.with_name(f".{output.name}.tmp")
-        tmp.write_text(text)
-        tmp.replace(output)
+        cdi.write_atomically(output, text)
     except OSError as exc:
         print(f"error: cannot write {output} ({exc.strerror}): pass a writable path", file=sys.stderr)
         raise typer.Exit(1) from None

@@ -244,5 +244,5 @@ def remove_one(
         return
     kind = kind or path.strip("/").split("/")[1].removesuffix("s").replace("-", " ")  # /v1/nodes/x: node
     name, state = row.get("name") or row.get("registry") or "", row.get("state")
-    done = state if state and state != verb else verb  # a region a provider still tears down: removing
+    done = state or verb  # a region a provider still tears down says `removing`
     print(f"{kind} '{name}' {done}" + (f" ({row['id']})" if row.get("id") else ""))

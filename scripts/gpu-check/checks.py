@@ -10,6 +10,7 @@ each, the minion's own code for everything it can, no network.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -150,8 +151,8 @@ def check_container(probe: Path | None) -> None:
     if probe is None:
         report(False, "container", "no cuda_probe (gcc missing and none carried in): the other checks ran")
         return
-    settings = ContainerSettings.from_env(os.environ)
-    settings = ContainerSettings(**{**settings.__dict__, "network": "none"})  # no network needed, none here
+    # no network needed, and none here
+    settings = dataclasses.replace(ContainerSettings.from_env(os.environ), network="none")
     try:
         _image(probe)
     except (OSError, subprocess.CalledProcessError) as exc:
