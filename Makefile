@@ -5,13 +5,17 @@ export TSS2_LOG := all+none
 # one debootstrap'd lab root for the finalize and lab tests, kept between runs (keyed by its inputs)
 export RIGBASE_TEST_ROOTFS_CACHE ?= $(CURDIR)/.cache/rootfs
 
-.PHONY: deps test demo bench clean
+.PHONY: deps test test-deep demo bench clean
 
 deps:
 	./scripts/install-deps.sh
 
 test: deps
 	./scripts/run-tests.sh
+
+# what is too slow for `make test`: the API fuzz at 150 examples per operation (docs/testing.md)
+test-deep: deps
+	RIGBASE_FUZZ_EXAMPLES=150 $(PY) -m pytest -q tests/provisioner/test_fuzz_api.py
 
 demo: deps
 	./scripts/demo.sh

@@ -65,6 +65,7 @@ for _ in $(seq 60); do
   sleep 0.5
 done
 provision job show hello-lab
+provision job metrics hello-lab
 provision job create -f docs/examples/lab-h100.yaml --project lab-demo -y
 provision job show needs-h100
 provision job list --project lab-demo

@@ -35,6 +35,8 @@ APT_PACKAGES=(
   # the Jetson device bundle's aarch64 minion, run under user-mode emulation in an arm64 Debian tree
   # (tests/minion/test_device_bundle.py)
   qemu-user-static
+  # a real Prometheus server scraping GET /metrics (tests/provisioner/test_prometheus.py)
+  prometheus
 )
 
 missing=()

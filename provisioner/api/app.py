@@ -21,7 +21,7 @@ from typing import Any
 from fastapi import Depends, FastAPI
 from sqlalchemy import Engine
 
-from provisioner.api import console, errors, links
+from provisioner.api import console, errors, fleet_metrics, links
 from provisioner.api.deps import FleetScope, require_operator
 from provisioner.api.limits import RequestLimits
 from provisioner.api.routes import (
@@ -75,7 +75,13 @@ OPERATOR_ROUTERS = [
     billing.router,
 ]
 # join token / node credential auth of their own
-OPEN_ROUTERS: list = [join.router, finalize.router, jobs.node_router, devices.node_router]
+OPEN_ROUTERS: list = [
+    join.router,
+    finalize.router,
+    jobs.node_router,
+    devices.node_router,
+    fleet_metrics.router,  # a scrape token of its own (api/deps.py Scraper)
+]
 
 
 class ControlPlaneApp(FastAPI):
@@ -139,6 +145,9 @@ def create_app(
     errors.install(app)
     # before FastAPI reads a body: 429 for abusive sources, 401 without a token, 413 past the route's cap
     app.add_middleware(RequestLimits, settings=settings)
+    # outermost: times every request and counts every refusal, the limits' own among them
+    app.state.metrics = fleet_metrics.Metrics(lambda: getattr(app.state, "reconciler_loop", None))
+    app.add_middleware(fleet_metrics.RequestTiming, metrics=app.state.metrics)
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict[str, str | int | bool]:

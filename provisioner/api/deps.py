@@ -23,8 +23,9 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
+from contracts.errors import Forbidden
 from provisioner.api.admission import admitted as admitted  # for routes running their own unit of work
-from provisioner.domain.roles import Action
+from provisioner.domain.roles import Action, Role, refuse_scrape_token
 from provisioner.domain.roles import Principal as PrincipalValue
 from provisioner.services.accounts import accounts
 from provisioner.services.common.heartbeat_timing import HeartbeatTiming
@@ -122,6 +123,7 @@ def require_principal(
     runs
     it once per request, however many dependencies ask for it."""
     principal = accounts.principal_of(session, token)
+    refuse_scrape_token(principal.role)
     request.state.actor = principal.actor
     return principal
 
@@ -132,6 +134,19 @@ async def require_operator(principal: Annotated[PrincipalValue, Depends(require_
     return principal.actor
 
 
+def require_scraper(session: Db, token: Annotated[str | None, Depends(_operator_token)]) -> PrincipalValue:
+    """GET /metrics: a scrape token (role `scrape`), or an admin token of the root account; 401 or 403."""
+    principal = accounts.principal_of(session, token)
+    if principal.role != Role.SCRAPE and not principal.is_fleet_admin:
+        raise Forbidden(
+            "GET /metrics needs a scrape token (`provision token create NAME --role scrape`) or an admin "
+            "token of the root account",
+            code="forbidden_role",
+        )
+    return principal
+
+
+Scraper = Annotated[PrincipalValue, Depends(require_scraper)]
 Operator = Annotated[str, Depends(require_operator)]
 # account-scoped routes (projects, jobs, tokens): the caller's account and role
 Principal = Annotated[PrincipalValue, Depends(require_principal)]

@@ -136,6 +136,8 @@ POLICIES: Final[tuple[Policy, ...]] = (
     Policy("POST", _path(r"/v1/images"), 8 * MiB, Auth.OPERATOR),
     # Other operator routes carry names, PEM certificates, service-account keys: a few KiB at most.
     Policy(None, _path(r"/v1/.*"), 1 * MiB, Auth.OPERATOR),
+    # the Prometheus scrape (api/fleet_metrics.py): an operator token of role scrape, a GET
+    Policy("GET", _path(r"/metrics"), 1 * KiB, Auth.OPERATOR),
     # the console's sign-in form: a token guessed there spends from the same budget (redirected back
     # to /signin on a refusal, to the next page on success)
     Policy("POST", _path(r"/signin"), 16 * KiB, None, SIGNIN_FAILED, guarded=True),

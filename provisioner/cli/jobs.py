@@ -1,12 +1,16 @@
 """`provision job …`: create (any of the three spec formats; --dry-run shows the match table the way
-ChainOpera Launch does, and without --yes the CLI asks [y/N]), list, show, history, stop, logs, convert.
+ChainOpera Launch does, and without --yes the CLI asks [y/N]), list, show, history, stop, logs, metrics,
+convert.
 Jobs are named by name (the newest of that name) or id, always within this token's account (docs/jobs.md)."""
 
 from __future__ import annotations
 
+import csv
+import json
 import re
 import sys
 import time
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -31,6 +35,11 @@ def _gpus(row: dict[str, Any]) -> str:
     return f"{count}x {kind}" if kind else str(count)
 
 
+def _duration(row: dict[str, Any]) -> str:
+    seconds = row.get("duration_s")
+    return "-" if seconds is None else render.human_duration(seconds)
+
+
 COLUMNS: render.Columns = [
     ("id", "ID"),
     ("name", "NAME"),
@@ -40,6 +49,8 @@ COLUMNS: render.Columns = [
     ("node", "NODE"),
     ("gpus", "GPUS", _gpus),
     ("price_per_gpu_hour", "PRICE/GPU-H"),
+    ("duration_s", "DURATION", _duration),
+    ("credits_so_far", "CREDITS"),
     ("created_at", "AGE", render.ago("created_at")),
     ("reason", "REASON"),
 ]
@@ -72,7 +83,10 @@ SHOW_FIELDS = [
     "gpu_type",
     "gpu_count",
     "price_per_gpu_hour",
+    "duration_s",
     "credits",
+    "credits_so_far",
+    "credits_per_hour",
     "created_by",
     "created_at",
     "started_at",
@@ -313,3 +327,91 @@ def _print_log(data: str, prefix: str, *, raw: bool = False) -> None:
         data = "".join(prefix + line for line in data.splitlines(keepends=True))
     sys.stdout.write(data)
     sys.stdout.flush()
+
+
+class MetricsOutput(StrEnum):
+    TABLE = "table"
+    JSON = "json"  # an array; with --follow one object per line as the points come
+    CSV = "csv"
+
+
+METRIC_FIELDS = ("worker", "step", "name", "value", "at")
+
+
+def _print_points(points: list[dict[str, Any]], output: MetricsOutput, *, header: bool) -> None:
+    rows = [{k: p[k] for k in METRIC_FIELDS} for p in points]
+    if output is MetricsOutput.CSV:
+        writer = csv.DictWriter(sys.stdout, fieldnames=METRIC_FIELDS, lineterminator="\n")
+        if header:
+            writer.writeheader()
+        writer.writerows(rows)
+    elif output is MetricsOutput.JSON:
+        for row in rows:
+            print(json.dumps(row))
+    else:
+        if header:
+            print(f"{'WORKER':<7} {'STEP':>8}  {'NAME':<24} {'VALUE':>14}  AT")
+        for r in rows:
+            step = "-" if r["step"] is None else str(r["step"])
+            at = render.local_time(r["at"])
+            print(f"{r['worker']:<7} {step:>8}  {r['name']:<24} {r['value']:>14.6g}  {at}")
+    sys.stdout.flush()
+
+
+def _notices(page: dict[str, Any], said: dict[int, tuple[int, int]]) -> None:
+    """One line on stderr when a worker's refused or dropped counts change."""
+    for w in page["workers"]:
+        now = (w["refused"], w["dropped"])
+        if now == said.get(w["worker"], (0, 0)):
+            continue
+        said[w["worker"]] = now
+        if w["refused"]:
+            print(
+                f"worker {w['worker']}: {w['refused']} metric line(s) refused, the last: {w['last_refusal']}",
+                file=sys.stderr,
+            )
+        if w["dropped"]:
+            print(
+                f"worker {w['worker']}: {w['dropped']} point(s) dropped past the job's bound of "
+                f"{page['bound']} points",
+                file=sys.stderr,
+            )
+
+
+@app.command("metrics")
+def metrics(
+    name: Name,
+    worker: Annotated[int | None, typer.Option("--worker", min=0, help="Only this worker.")] = None,
+    metric: Annotated[
+        list[str] | None, typer.Option("--name", "-n", help="Only this metric (repeatable).")
+    ] = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the job ends.")] = False,
+    output: Annotated[
+        MetricsOutput, typer.Option("--output", "-o", help="table, json or csv.", case_sensitive=False)
+    ] = MetricsOutput.TABLE,
+    json_out: Json = False,
+) -> None:
+    """The metrics a job's workers printed (`rigbase:metric {"step": 1, "loss": 0.5}` lines), in the
+    order they came; --follow waits for more until the job ends (docs/job-metrics.md)."""
+    output = MetricsOutput.JSON if json_out else output
+    client = connect()
+    after, first = 0, True
+    said: dict[int, tuple[int, int]] = {}
+    collected: list[dict[str, Any]] = []
+    while True:
+        page = client.get(f"/v1/jobs/{name}/metrics", after=after, worker=worker, name=metric or None)
+        _notices(page, said)
+        if output is MetricsOutput.JSON and not follow:
+            collected.extend(page["points"])
+        elif page["points"] or (first and output is not MetricsOutput.JSON):
+            _print_points(page["points"], output, header=first)
+            first = False
+        more = page["next_after"] != after
+        after = page["next_after"]
+        if more:
+            continue
+        if page["complete"] or not follow:
+            break
+        time.sleep(FOLLOW_EVERY_S)
+    if output is MetricsOutput.JSON and not follow:
+        print(json.dumps([{k: p[k] for k in METRIC_FIELDS} for p in collected], indent=2))

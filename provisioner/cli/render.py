@@ -64,6 +64,12 @@ def _when(value: Any) -> datetime | None:
     return at if at.tzinfo else at.replace(tzinfo=UTC)
 
 
+def local_time(value: Any) -> str:
+    """An ISO time in this machine's time zone, to the second: `2026-03-01 14:05:09`; `-` when none."""
+    at = _when(value)
+    return "-" if at is None else at.astimezone().strftime("%Y-%m-%d %H:%M:%S")
+
+
 def human_duration(seconds: float) -> str:
     """kubectl's short durations: 45s, 3m, 2h, 5d (the largest unit only)."""
     seconds = max(0, int(seconds))

@@ -49,7 +49,11 @@ def create(
         ),
     ] = None,
     role: Annotated[
-        Role, typer.Option("--role", help="admin: manages the account's tokens; member: projects and jobs.")
+        Role,
+        typer.Option(
+            "--role",
+            help="admin: manages the account's tokens; member: projects and jobs; scrape: GET /metrics only.",
+        ),
     ] = Role.ADMIN,
     json_out: Json = False,
 ) -> None:

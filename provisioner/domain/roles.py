@@ -15,6 +15,8 @@ from contracts.errors import Forbidden
 class Role(StrEnum):
     ADMIN = "admin"
     MEMBER = "member"
+    # reads GET /metrics and nothing else (a Prometheus server's credential; root account only)
+    SCRAPE = "scrape"
 
 
 class Action(StrEnum):
@@ -84,3 +86,12 @@ class Principal:
     def account_scope(self) -> str | None:
         """The account whose rows this principal sees, or None for every account (fleet admins)."""
         return None if self.is_fleet_admin else self.account_id
+
+
+def refuse_scrape_token(role: str) -> None:
+    """A scrape token reads GET /metrics only: every other route and the console refuse it (403)."""
+    if role == Role.SCRAPE:
+        raise Forbidden(
+            "a scrape token reads GET /metrics only: use an operator token (`provision token create`)",
+            code="forbidden_role",
+        )

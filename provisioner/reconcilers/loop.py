@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -78,6 +79,8 @@ class ReconcilerLoop:
         self.reconcilers = [r for r in REGISTRY.values() if only is None or r.name in only]
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        # reconciler → (wall time its last pass ended, how long it took): the fleet metrics' lag
+        self.passes: dict[Wake, tuple[float, float]] = {}
 
     def start(self) -> None:
         if self.leadership is not None:
@@ -113,9 +116,12 @@ class ReconcilerLoop:
         while not self._stop.is_set():
             if self.leadership is not None and not self.leadership.wait(1.0):
                 continue  # another process leads; check again (and stop promptly when asked)
+            began = time.monotonic()
             try:
                 rec.fn(self.sessions)
             except Exception:
                 log.exception("reconciler %s failed; retrying in %.0f s", rec.name, rec.period_s)
+            else:
+                self.passes[rec.name] = (time.time(), time.monotonic() - began)
             rec.wake.wait(rec.period_s)
             rec.wake.clear()

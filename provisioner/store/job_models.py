@@ -1,7 +1,8 @@
 """Store models of jobs: the job (its spec, project, locked price and placement), one row per
 worker (a container on a node, with its own state and exit code) and the worker's log, stored as the
 chunks the minion ships (idempotent by byte offset, so a resend after a restart of either side adds
-nothing twice). A job's history is the audit trail (kinds `job` and `job_worker`), like every resource."""
+nothing twice), and the metric points read from that log. A job's history is the audit trail (kinds `job`
+and `job_worker`), like every resource."""
 
 from __future__ import annotations
 
@@ -80,6 +81,13 @@ class JobWorker(Base):
     # bytes of its log stored without a gap (the ack the minion resumes from), and whether it ended
     log_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
     log_complete: Mapped[bool] = mapped_column(Boolean, default=False)
+    # metric lines of its log (contracts/metrics.py): read up to this byte (a line's start), how many
+    # points are kept, dropped past the job's bound, refused (and the last refusal's reason)
+    metrics_scanned: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    metric_points: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    metrics_dropped: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    metrics_refused: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    metrics_refusal: Mapped[str | None] = mapped_column(Text)
     reported_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     # when the control plane recorded its end (services.jobs.transition_worker): the log-shipping window
     # runs from here, whatever the node reports afterwards
@@ -105,4 +113,19 @@ class JobLogChunk(Base):
     offset: Mapped[int] = mapped_column(BigInteger)
     size: Mapped[int] = mapped_column(Integer)  # bytes of `data` in UTF-8
     data: Mapped[str] = mapped_column(Text)
+    at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class JobMetric(Base):
+    """One metric point a worker printed (contracts/metrics.py); `id` orders a job's points as they came."""
+
+    __tablename__ = "job_metrics"
+    __table_args__ = (Index("ix_job_metrics_job_id_id", "job_id", "id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"))
+    worker: Mapped[int] = mapped_column(Integer)
+    name: Mapped[str] = mapped_column(String(64))
+    step: Mapped[int | None] = mapped_column(BigInteger)
+    value: Mapped[float] = mapped_column(Float)
     at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

@@ -182,9 +182,18 @@ def test_a_job_runs_in_the_lab_and_its_logs_follow_to_succeeded(cached_lab_home:
     assert logs.splitlines() == [
         "hello from hello-lab worker 0, GPU 0: /dev/nvidia0",
         "step 1 of 3",
+        'rigbase:metric {"step": 1, "loss": 0.7}',
         "step 2 of 3",
+        'rigbase:metric {"step": 2, "loss": 0.4}',
         "step 3 of 3",
+        'rigbase:metric {"step": 3, "loss": 0.1}',
         "result 5050 written to /opt/ml/output/result.txt",
+    ]
+    points = json.loads(_ok(home, "job", "metrics", "hello-lab", "--json"))
+    assert [(p["worker"], p["step"], p["name"], p["value"]) for p in points] == [
+        (0, 1, "loss", 0.7),
+        (0, 2, "loss", 0.4),
+        (0, 3, "loss", 0.1),
     ]
     job = _wait_state(home, "hello-lab", {"succeeded", "failed"})
     assert (job["state"], job["node"], job["project"]) == ("succeeded", "node-1", "lab-demo")

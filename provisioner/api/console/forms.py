@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from contracts.errors import InvalidInput, Unavailable
 from contracts.jobs import INT64_END
 from provisioner.api.console.session import SESSION_COOKIE, SESSION_MAX_AGE_S, SessionValue, Signer
-from provisioner.domain.roles import Principal
+from provisioner.domain.roles import Principal, refuse_scrape_token
 from provisioner.domain.text import printable
 from provisioner.services.accounts import tokens
 from provisioner.store.account_models import Account, ConsoleSessionEnd
@@ -94,6 +94,7 @@ def principal_of_row(session: Session, row: ApiToken) -> Principal:
     account = session.get(Account, row.account_id)
     if account is None:
         raise Unavailable(f"operator token '{row.name}' names no account: the store is inconsistent")
+    refuse_scrape_token(row.role)
     return Principal(actor=f"operator:{row.name}", account_id=account.id, role=row.role, root=account.root)
 
 

@@ -4,7 +4,7 @@ minion's log route, POST /v1/nodes/{node_id}/jobs/{job_id}/workers/{worker}/logs
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Annotated, Any
 
@@ -18,9 +18,9 @@ from provisioner.api.errors import NODE_ERRORS, documented
 from provisioner.api.schemas import EventOut, Page
 from provisioner.domain.placement_rows import match_rows
 from provisioner.providers.base import Feature, provider_for
-from provisioner.services.billing import ledger
+from provisioner.services.billing import job_cost
 from provisioner.services.cloud import gcp_capacity
-from provisioner.services.jobs import job_logs
+from provisioner.services.jobs import job_logs, job_metrics
 from provisioner.services.jobs import jobs as service
 from provisioner.store.job_models import Job, JobWorker
 
@@ -93,6 +93,26 @@ class JobOut(BaseModel):
     credits: Decimal | None = Field(
         None, description="credits the job's side paid so far (price, usage and federated fees); show only"
     )
+    duration_s: float | None = Field(
+        None, description="run time in seconds: from its start to its end, or to now (list and show)"
+    )
+    credits_so_far: Decimal | None = Field(
+        None,
+        description="credits in the ledger plus what the run accrued since the last hour was posted, by "
+        "the same rules (list and show)",
+    )
+    credits_per_hour: Decimal | None = Field(
+        None, description="what one more hour of the running job costs (list and show)"
+    )
+
+    def with_cost(self, cost: job_cost.JobCost) -> JobOut:
+        return self.model_copy(
+            update={
+                "duration_s": cost.duration_s,
+                "credits_so_far": cost.so_far,
+                "credits_per_hour": cost.per_hour,
+            }
+        )
 
     @classmethod
     def of(cls, j: Job) -> JobOut:
@@ -229,16 +249,18 @@ def dry_run(body: JobIn, session: Db, principal: Principal) -> PlacementOut:
 def list_jobs(
     session: Db, principal: Principal, project: str | None = None, state: str | None = None
 ) -> Page[JobOut]:
-    """The account's jobs, newest first (optionally one project's, or in one state)."""
-    return Page(
-        items=[JobOut.of(j) for j in service.list_all(session, principal, project=project, state=state)]
-    )
+    """The account's jobs, newest first (optionally one project's, or in one state), with each one's
+    duration and credits so far."""
+    found = service.list_all(session, principal, project=project, state=state)
+    cost = job_cost.costs(session, found, datetime.now(UTC))
+    return Page(items=[JobOut.of(j).with_cost(cost[j.id]) for j in found])
 
 
 @router.get("/{ref}")
 def show(ref: str, session: Db, principal: Principal) -> JobOut:
     job = service.get(session, principal, ref)
-    return JobOut.of(job).model_copy(update={"credits": ledger.job_credits(session, job.id)})
+    cost = job_cost.costs(session, [job], datetime.now(UTC))[job.id]
+    return JobOut.of(job).with_cost(cost).model_copy(update={"credits": cost.charged})
 
 
 @router.get("/{ref}/history")
@@ -263,6 +285,55 @@ def logs(
 ) -> LogOut:
     """One worker's combined stdout/stderr from `offset`, in order."""
     return LogOut(**job_logs.read(session, principal, ref, worker, offset).__dict__)
+
+
+class MetricPointOut(BaseModel):
+    id: int = Field(description="the order points came in; ask again with after=ID")
+    worker: int
+    name: str
+    step: int | None
+    value: float
+    at: datetime
+
+
+class WorkerMetricsOut(BaseModel):
+    worker: int
+    points: int = Field(description="points kept")
+    dropped: int = Field(description="points dropped past the job's bound")
+    refused: int = Field(description="metric lines refused (not valid JSON, a name or value out of range)")
+    last_refusal: str | None
+
+
+class MetricsOut(BaseModel):
+    job_id: str
+    job_state: str
+    points: list[MetricPointOut]
+    next_after: int = Field(description="ask again with after=next_after for what came since")
+    bound: int = Field(description="points a job keeps at most; more are counted and dropped")
+    workers: list[WorkerMetricsOut]
+    complete: bool = Field(description="the job ended and every log was read: nothing more will come")
+
+
+@router.get("/{ref}/metrics")
+def metrics(
+    ref: str,
+    session: Db,
+    principal: Principal,
+    after: int = Query(0, ge=0, lt=INT64_END, description="only points after this id"),
+    worker: int | None = Query(None, ge=0, lt=WORKER_NUMBERS),
+    name: Annotated[list[str], Query(max_length=64)] = [],  # noqa: B006 (FastAPI copies the default)
+) -> MetricsOut:
+    """The metric points the job's workers printed (`rigbase:metric {…}` lines), in the order they came."""
+    page = job_metrics.read(session, principal, ref, after=after, worker=worker, names=name)
+    return MetricsOut(
+        job_id=page.job_id,
+        job_state=page.job_state,
+        points=[MetricPointOut(**p.__dict__) for p in page.points],
+        next_after=page.next_after,
+        bound=page.bound,
+        workers=[WorkerMetricsOut(**w.__dict__) for w in page.workers],
+        complete=page.complete,
+    )
 
 
 @node_router.post(LOG_ROUTE, responses={**NODE_ERRORS, **documented(404)})

@@ -142,6 +142,8 @@ def create(
     the root account) with `role`; returns it once. Who may create it: services/accounts.token_account."""
     if role not in set(Role):
         raise InvalidInput(f"role {role[:20]!r} is not known: use {' or '.join(Role)}")
+    if role == Role.SCRAPE and account_id is not None and account_id != root_account(session).id:
+        raise InvalidInput("a scrape token reads the whole fleet's /metrics: create it in the root account")
     if not _NAME.fullmatch(name):
         raise InvalidInput(
             f"token name {name[:80]!r} is not valid: use 1-63 lowercase letters, digits and '-', "

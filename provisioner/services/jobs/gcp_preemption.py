@@ -8,16 +8,16 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from contracts.jobspec import JobType
 from provisioner.domain.states import JOB_DONE, WORKER_ON_NODE, BurstVmState, JobState, WorkerState
 from provisioner.services.cloud import gcp_burst
 from provisioner.services.common.wakeups import Wake, wake_after_commit
-from provisioner.services.jobs import jobs
+from provisioner.services.jobs import jobs, worker_output
 from provisioner.store.gcp_models import GcpBurstVm
-from provisioner.store.job_models import Job, JobLogChunk
+from provisioner.store.job_models import Job
 
 REQUEUES_AFTER_PREEMPTION = 1  # a training job is re-queued this many times, then fails
 
@@ -44,13 +44,11 @@ def preempted(session: Session, vm: GcpBurstVm, *, why: str, actor: str) -> None
         for worker in job.workers:
             worker.node_id = None
             worker.generation = None
-            worker.log_bytes = 0
-            worker.log_complete = False
             if WorkerState(worker.state) != WorkerState.WAITING:
                 jobs.transition_worker(
                     session, worker, WorkerState.WAITING, actor=actor, reason=f"re-queued: {why}"
                 )
-        session.execute(delete(JobLogChunk).where(JobLogChunk.job_id == job.id))
+        worker_output.start_over(session, job)
         jobs.transition(
             session,
             job,

@@ -5,7 +5,7 @@ Stored idempotently by byte offset: a chunk that starts past what is held (a gap
 answer's `acked` tells the minion where to resend from; a chunk that overlaps what is held adds only its
 new tail; a resent chunk adds nothing. `acked` (JobWorker.log_bytes) is always the number of bytes held
 without a gap from offset 0, so a restart of either side resumes exactly there and no line is lost or
-stored twice."""
+stored twice. The metric lines of what is stored are read as it arrives (job_metrics.py)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from provisioner.domain.roles import Principal
 from provisioner.domain.states import WORKER_DONE, WorkerState
 from provisioner.services.common.errors import flush
 from provisioner.services.fleet import node_credentials
-from provisioner.services.jobs import jobs
+from provisioner.services.jobs import job_metrics, jobs
 from provisioner.store.job_models import Job, JobLogChunk, JobWorker
 
 READ_MAX = 1024 * 1024  # bytes one read answers at most; the reader asks again from next_offset
@@ -83,6 +83,8 @@ def append(
     if chunk.eof and chunk.offset <= held and end == held:
         row.log_complete = True
     flush(session, f"the log of worker {worker} of job '{job_id}'")
+    job_metrics.scan(session, job_id, row, final=row.log_complete)
+    flush(session, f"the metrics of worker {worker} of job '{job_id}'")
     return LogAck(acked=held, eof=row.log_complete)
 
 

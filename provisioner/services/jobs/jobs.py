@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import delete, or_, select
+from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from contracts.errors import Conflict, InvalidInput, NotFound, RuleViolation
@@ -61,9 +61,9 @@ from provisioner.services.cloud import gcp_burst
 from provisioner.services.common import audit, lifecycle
 from provisioner.services.common.errors import flush
 from provisioner.services.common.wakeups import Wake, wake_after_commit
-from provisioner.services.jobs import job_placement, job_secrets
+from provisioner.services.jobs import job_placement, job_secrets, worker_output
 from provisioner.store.account_models import Project
-from provisioner.store.job_models import Job, JobLogChunk, JobWorker
+from provisioner.store.job_models import Job, JobWorker
 from provisioner.store.models import Node, Region, new_id
 from provisioner.store.regional_models import Datastore, Reservation
 
@@ -562,10 +562,8 @@ def requeue_or_fail(session: Session, job: Job, node: Node, *, why: str, actor: 
         for worker in job.workers:
             worker.node_id = None
             worker.generation = None
-            worker.log_bytes = 0
-            worker.log_complete = False
             transition_worker(session, worker, WorkerState.WAITING, actor=actor, reason=f"re-queued: {why}")
-        session.execute(delete(JobLogChunk).where(JobLogChunk.job_id == job.id))
+        worker_output.start_over(session, job)
         transition(
             session,
             job,
