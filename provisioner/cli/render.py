@@ -65,7 +65,7 @@ def _when(value: Any) -> datetime | None:
 
 
 def local_time(value: Any) -> str:
-    """An ISO time in this machine's time zone, to the second: `2026-03-01 14:05:09`; `-` when none."""
+    """An ISO time in this machine's time zone, to the second (YYYY-MM-DD HH:MM:SS); `-` when none."""
     at = _when(value)
     return "-" if at is None else at.astimezone().strftime("%Y-%m-%d %H:%M:%S")
 
