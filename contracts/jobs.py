@@ -232,6 +232,34 @@ class JobsDesired(ControlPlaneMessage):
         return self
 
 
+USAGE_SAMPLE_S: Final = 10.0  # how often the minion samples a running worker's container
+USAGE_PER_REPORT: Final = 3  # a report's samples at most: the last 30 s (a lost beat loses nothing)
+USAGE_REPORT_BUDGET: Final = 48  # samples in one JobsActual at most: a node of 64 workers sends 1 each
+
+
+class GpuUsage(MinionMessage):
+    """One GPU of a worker at one sample (NVML)."""
+
+    index: int = Field(ge=0, le=63)
+    util_pct: float = Field(ge=0, le=100)
+    memory_bytes: ByteCount
+    power_w: float = Field(ge=0, le=10_000)
+    temp_c: float = Field(ge=-50, le=200)
+
+
+class WorkerUsage(MinionMessage):
+    """What a worker's container used at one sample (minion/jobs/usage.py): CPU over the interval since
+    the sample before, memory and disk now, network counters since the container started."""
+
+    at: float = Field(ge=0, lt=2**40, description="Unix time of the sample, in seconds")
+    cpu_cores: float = Field(ge=0, le=4096)  # CPU time per wall time since the previous sample
+    memory_bytes: ByteCount
+    disk_bytes: ByteCount  # written to its container disk (the writable layer), against disk_gb
+    net_rx_bytes: ByteCount
+    net_tx_bytes: ByteCount
+    gpus: list[GpuUsage] = Field(default_factory=list, max_length=64)
+
+
 class WorkerReport(MinionMessage):
     """What the node observes of one worker."""
 
@@ -244,6 +272,8 @@ class WorkerReport(MinionMessage):
     gpu_indices: list[int] = Field(default_factory=list, max_length=64)
     log_acked: ByteCount = 0  # bytes of output the control plane has acknowledged
     log_eof: bool = False  # the whole output was acked (the container ended)
+    # its latest usage samples, oldest first (the control plane keeps those newer than what it holds)
+    usage: list[WorkerUsage] = Field(default_factory=list, max_length=USAGE_PER_REPORT)
 
 
 class JobsActual(MinionMessage):

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, TypeVar
 
+from contracts.jobs import USAGE_SAMPLE_S
+
 _T = TypeVar("_T")
 
 BUNDLE_ENV = "RIGBASE_BUNDLE"
@@ -85,6 +87,7 @@ class ContainerSettings:
     datastore_dir: Path = Path("/run/rigbase/datastores")  # where datastore roots are mounted, one per name
     podman_root: Path | None = None  # --root (a separate image/container store; the lab, tests)
     podman_runroot: Path | None = None  # --runroot
+    usage_sample_s: float = USAGE_SAMPLE_S  # how often a running worker's usage is sampled
 
     def __post_init__(self) -> None:
         if self.disk_quota not in DISK_QUOTA_MODES:

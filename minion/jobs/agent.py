@@ -27,6 +27,8 @@ from pydantic import ValidationError
 
 from contracts.heartbeat_keys import HeartbeatKey
 from contracts.jobs import (
+    USAGE_PER_REPORT,
+    USAGE_REPORT_BUDGET,
     JobsActual,
     JobsDesired,
     WorkerAssignment,
@@ -181,7 +183,10 @@ class JobsAgent:
     ) -> dict[str, Any]:
         """The reports of every worker known here; `refused` ones (nothing could start) get `state`."""
         with self.lock:
-            reports = [w.report() for w in self.workers.values()]
+            workers = list(self.workers.values())
+        # the report stays within its bound however many workers run: fewer samples each
+        samples = min(USAGE_PER_REPORT, USAGE_REPORT_BUDGET // max(1, len(workers)))
+        reports = [w.report(samples) for w in workers]
         known = {(r.job_id, r.worker) for r in reports}
         for a in refused or []:
             if a.key not in known:

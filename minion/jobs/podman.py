@@ -148,6 +148,17 @@ class Podman:
         text = out.strip()
         return text if text.startswith("/") else None
 
+    def pid_and_upper_dir(self, name: str) -> tuple[int, str | None] | None:
+        """The host pid of the running container's first process and its writable layer (overlay)."""
+        try:
+            out = self.call(["inspect", "--format", "{{.State.Pid}} {{.GraphDriver.Data.UpperDir}}", name])
+        except PodmanError:
+            return None
+        pid, _, upper = out.strip().partition(" ")
+        if not pid.isdigit() or int(pid) <= 0:
+            return None
+        return int(pid), upper if upper.startswith("/") else None
+
 
 def _container(row: dict[str, Any]) -> Container:
     names = row.get("Names") or [""]

@@ -18,8 +18,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from contracts.jobs import ENDED, DatastoreAccess, WorkerAssignment, WorkerReport, WorkerRunState
+from contracts.jobs import (
+    ENDED,
+    USAGE_PER_REPORT,
+    DatastoreAccess,
+    WorkerAssignment,
+    WorkerReport,
+    WorkerRunState,
+)
 from minion.durable import write_atomic
+from minion.jobs import usage
 from minion.jobs.container import (
     EnvRefused,
     RunPlan,
@@ -34,6 +42,7 @@ from minion.jobs.gpus import GpuPool, NotEnoughGpus
 from minion.jobs.logs import LogShipper, LogTransport, LogUnavailable
 from minion.jobs.mounts import MountRefused, bind_all, unbind_all
 from minion.jobs.podman import RUN_TIMEOUT_S, Container, Podman, PodmanError
+from minion.jobs.usage import UsageSampler
 from minion.settings import ContainerSettings
 
 log = logging.getLogger(__name__)
@@ -93,6 +102,7 @@ class Worker:
         self.exit_code: int | None = None
         self.message: str | None = None
         self.gpu_indices: list[int] = []
+        self.usage: UsageSampler | None = None  # while its container runs
         self.dir.mkdir(parents=True, exist_ok=True)
         self.shipper = LogShipper(
             assignment.job_id,
@@ -117,7 +127,9 @@ class Worker:
         if assignment.stop:
             self.stop_requested.set()
 
-    def report(self) -> WorkerReport:
+    def report(self, samples: int = USAGE_PER_REPORT) -> WorkerReport:
+        """What the heartbeat says of it, with at most `samples` of its latest usage samples."""
+        usage = self.usage.latest(samples) if self.usage is not None else []
         with self.lock:
             return WorkerReport(
                 job_id=self.assignment.job_id,
@@ -129,6 +141,7 @@ class Worker:
                 gpu_indices=self.gpu_indices,
                 log_acked=self.shipper.state.acked,
                 log_eof=self.shipper.state.eof,
+                usage=usage,
             )
 
     @property
@@ -210,6 +223,9 @@ class Worker:
         stopper: threading.Thread | None = None
         quota_note: str | None = None
         next_disk = time.monotonic() + DISK_CHECK_S
+        every = self.rt.settings.usage_sample_s
+        next_sample = time.monotonic() + every
+        self.usage = self._sampler()
         while True:
             try:
                 out, _ = waiter.communicate(timeout=POLL_S)
@@ -223,6 +239,9 @@ class Worker:
             self._pump(ended=False)
             if self.stop_requested.is_set() and stopper is None:
                 stopper = self._stop_in_background()
+            if self.usage is not None and time.monotonic() >= next_sample:
+                next_sample = time.monotonic() + every
+                self._sample()
             if time.monotonic() >= next_disk and stopper is None:
                 next_disk = time.monotonic() + DISK_CHECK_S
                 quota_note = self._over_quota()
@@ -235,6 +254,24 @@ class Worker:
             found = self.rt.podman.find(self.name)
             code = found.exit_code if found else None
         self._end(code, quota_note)
+
+    def _sampler(self) -> UsageSampler | None:
+        """The usage sampler of its running container; None when podman cannot say where it runs."""
+        found = self.rt.podman.pid_and_upper_dir(self.name)
+        if found is None:
+            return None
+        pid, upper = found
+        indices = list(self.gpu_indices)
+        return UsageSampler(
+            pid, disk=lambda: disk_used(upper) if upper else 0, gpus=lambda: usage.gpu_usage(indices)
+        )
+
+    def _sample(self) -> None:
+        assert self.usage is not None
+        try:
+            self.usage.sample()
+        except (OSError, ValueError) as exc:  # a process that just ended, a counter of another form
+            log.debug("sampling %s: %s", self.name, exc)
 
     def _stop_in_background(self) -> threading.Thread:
         def stop() -> None:

@@ -2,8 +2,9 @@
 (docs/monitoring.md; a Grafana dashboard for it: deploy/grafana/rigbase-fleet.json).
 
 Two kinds of series, one registry per app:
-- what the store holds, read at each scrape by FleetCollector: nodes by region, state and GPU type; GPUs
-  total, allocated and healthy; jobs by state; the waiting queue and its oldest job; the ledger's totals.
+- what the store holds, read at each scrape by FleetCollector (services/fleet/fleet_summary.py): nodes
+  by region, state and GPU type; GPUs total, allocated and healthy; jobs by state; the waiting queue and
+  its oldest job; the ledger's totals.
   Every process on a store answers the same, so a scrape of any one of them is the fleet;
 - what this process saw, since it started: request latency by route (the heartbeat's and the join's among
   them: their rates are the histograms' counts), refusals by their code, and each reconciler's last pass
@@ -18,7 +19,6 @@ import json
 import threading
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from typing import Any, Final
 
 from fastapi import APIRouter, Request, Response
@@ -32,17 +32,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from provisioner.api.deps import Db, Scraper
 from provisioner.domain import billing_rules as rules
-from provisioner.domain.states import ONLINE_WINDOW, WORKER_ON_NODE, JobState, NodeState
-from provisioner.services.jobs.job_placement import gpu_type_of
+from provisioner.domain.states import JobState
+from provisioner.services.fleet import fleet_summary
 from provisioner.store.billing_models import LedgerEntry
-from provisioner.store.job_models import Job, JobWorker
-from provisioner.store.models import Node, Region
 
 METRICS_PATH: Final = "/metrics"
 NAMESPACE: Final = "rigbase"
 # request latency buckets: a steady heartbeat answers in a few ms, a join with its TPM checks in tens
 LATENCY_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
-NO_GPU: Final = "none"
 REFUSAL_BODY_MAX: Final = 4096  # an API refusal is one short line; a longer error body is not read
 
 
@@ -75,60 +72,27 @@ class FleetCollector(Collector):
             "within the online window)",
             labels=["region", "gpu_type", "kind"],
         )
-        allocated: dict[str | None, int] = {}
-        for node_id, indices in session.execute(
-            select(JobWorker.node_id, JobWorker.gpu_indices).where(
-                JobWorker.node_id.is_not(None), JobWorker.state.in_([s.value for s in WORKER_ON_NODE])
-            )
-        ):
-            allocated[node_id] = allocated.get(node_id, 0) + len(indices or [])
-        online_since = datetime.now(UTC) - ONLINE_WINDOW
-        node_counts: dict[tuple[str, str, str], int] = {}
-        gpu_counts: dict[tuple[str, str, str], int] = {}
-        rows = session.execute(
-            select(Node.id, Region.name, Node.state, Node.inventory, Node.last_heartbeat_at)
-            .join(Region, Region.id == Node.region_id)
-            .where(Node.state != NodeState.REMOVED.value)
-        )
-        for node_id, region, state, inventory, beat in rows:
-            gpu_type = gpu_type_of(inventory) or NO_GPU
-            key = (region, state, gpu_type)
-            node_counts[key] = node_counts.get(key, 0) + 1
-            total = len((inventory or {}).get("gpus") or [])
-            if not total:
-                continue
-            healthy = state == NodeState.ACTIVE.value and beat is not None and beat >= online_since
-            for kind, n in (("total", total), ("allocated", allocated.get(node_id, 0)), ("healthy", total)):
-                if kind == "healthy" and not healthy:
-                    n = 0
-                gpu_counts[(region, gpu_type, kind)] = gpu_counts.get((region, gpu_type, kind), 0) + n
-        for labels, n in sorted(node_counts.items()):
+        seen = fleet_summary.fleet(session)
+        for labels, n in sorted(seen.nodes.items()):
             nodes.add_metric(list(labels), n)
-        for labels, n in sorted(gpu_counts.items()):
-            gpus.add_metric(list(labels), n)
+        for (region, gpu_type), count in sorted(seen.gpus.items()):
+            for kind in ("total", "allocated", "healthy"):
+                gpus.add_metric([region, gpu_type, kind], getattr(count, kind))
         yield nodes
         yield gpus
 
     def _jobs(self, session: Session) -> Iterator[Metric]:
+        found = fleet_summary.jobs(session)
         jobs = GaugeMetricFamily(f"{NAMESPACE}_jobs", "Jobs by state and type", labels=["state", "type"])
-        counts = dict.fromkeys(((s.value, "any") for s in JobState), 0)
-        for state, kind, n in session.execute(
-            select(Job.state, Job.type, func.count()).group_by(Job.state, Job.type)
-        ):
-            counts[(state, kind)] = n
-            counts[(state, "any")] = counts.get((state, "any"), 0) + n
+        counts = {(s.value, "any"): found.in_state(s) for s in JobState} | found.by_state
         for (state, kind), n in sorted(counts.items()):
             jobs.add_metric([state, kind], n)
         yield jobs
-        waiting, oldest = session.execute(
-            select(func.count(), func.min(Job.created_at)).where(Job.state == JobState.WAITING.value)
-        ).one()
-        yield GaugeMetricFamily(f"{NAMESPACE}_jobs_waiting", "Jobs waiting for capacity", value=waiting)
-        age = 0.0 if oldest is None else (datetime.now(UTC) - _aware(oldest)).total_seconds()
+        yield GaugeMetricFamily(f"{NAMESPACE}_jobs_waiting", "Jobs waiting for capacity", value=found.waiting)
         yield GaugeMetricFamily(
             f"{NAMESPACE}_jobs_waiting_oldest_age_seconds",
             "How long the oldest waiting job has waited (0 when none waits)",
-            value=max(0.0, age),
+            value=found.oldest_wait_s,
         )
 
     def _ledger(self, session: Session) -> Iterator[Metric]:
@@ -159,10 +123,6 @@ class FleetCollector(Collector):
             took.add_metric([str(name)], seconds)
         yield age
         yield took
-
-
-def _aware(at: datetime) -> datetime:
-    return at if at.tzinfo else at.replace(tzinfo=UTC)
 
 
 class Metrics:

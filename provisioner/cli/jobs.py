@@ -1,6 +1,6 @@
 """`provision job …`: create (any of the three spec formats; --dry-run shows the match table the way
 ChainOpera Launch does, and without --yes the CLI asks [y/N]), list, show, history, stop, logs, metrics,
-convert.
+usage, convert.
 Jobs are named by name (the newest of that name) or id, always within this token's account (docs/jobs.md)."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import json
 import re
 import sys
 import time
+from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
@@ -415,3 +416,59 @@ def metrics(
         time.sleep(FOLLOW_EVERY_S)
     if output is MetricsOutput.JSON and not follow:
         print(json.dumps([{k: p[k] for k in METRIC_FIELDS} for p in collected], indent=2))
+
+
+def _gpu_cells(gpus: list[dict[str, Any]]) -> str:
+    if not gpus:
+        return "-"
+    return ", ".join(
+        f"{g['index']}: {g['util_pct']:.0f}% {render.human_bytes(g['memory_bytes'])} {g['power_w']:.0f}W "
+        f"{g['temp_c']:.0f}C"
+        for g in gpus
+    )
+
+
+@app.command("usage")
+@output_options
+def usage(
+    name: Name,
+    worker: Annotated[int | None, typer.Option("--worker", min=0, help="Only this worker.")] = None,
+    json_out: Json = False,
+) -> None:
+    """What each worker's container uses now: CPU cores, memory, disk against its quota, network, GPUs
+    (sampled by its node about every 10 s). -o json gives every sample kept (docs/job-metrics.md)."""
+    page = connect().get(f"/v1/jobs/{name}/usage", worker=worker)
+    if render.machine(page, render.chosen(json_out)):
+        return
+    latest: dict[int, dict[str, Any]] = {}
+    for sample in page["samples"]:
+        latest[sample["worker"]] = sample
+    quota = f" of {page['disk_gb']}GiB" if page["disk_gb"] else ""
+    rows = [
+        {
+            "worker": s["worker"],
+            "cpu": f"{s['cpu_cores']:.2f}",
+            "memory": render.human_bytes(s["memory_bytes"]),
+            "disk": render.human_bytes(s["disk_bytes"]) + quota,
+            "net": f"{render.human_bytes(s['net_rx_bytes'])} / {render.human_bytes(s['net_tx_bytes'])}",
+            "gpus": _gpu_cells(s["gpus"]),
+            "at": render.local_time(datetime.fromtimestamp(s["at"], UTC).isoformat()),
+        }
+        for s in sorted(latest.values(), key=lambda s: s["worker"])
+    ]
+    render.table(
+        rows,
+        USAGE_COLUMNS,
+        empty="no usage sampled yet: a running worker's node sends a sample about every 10 s",
+    )
+
+
+USAGE_COLUMNS: render.Columns = [
+    ("worker", "WORKER"),
+    ("cpu", "CPU CORES"),
+    ("memory", "MEMORY"),
+    ("disk", "DISK"),
+    ("net", "NET IN / OUT"),
+    ("gpus", "GPUS (UTIL MEM POWER TEMP)"),
+    ("at", "SAMPLED"),
+]

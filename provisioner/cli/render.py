@@ -70,6 +70,15 @@ def local_time(value: Any) -> str:
     return "-" if at is None else at.astimezone().strftime("%Y-%m-%d %H:%M:%S")
 
 
+def human_bytes(count: float) -> str:
+    """Bytes in binary units, three significant digits: 512B, 1.50KiB, 20.0MiB, 3.25GiB."""
+    for unit in ("TiB", "GiB", "MiB", "KiB"):
+        size = 1 << {"TiB": 40, "GiB": 30, "MiB": 20, "KiB": 10}[unit]
+        if count >= size:
+            return f"{count / size:.3g}{unit}"
+    return f"{int(count)}B"
+
+
 def human_duration(seconds: float) -> str:
     """kubectl's short durations: 45s, 3m, 2h, 5d (the largest unit only)."""
     seconds = max(0, int(seconds))

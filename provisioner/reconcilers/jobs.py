@@ -6,6 +6,7 @@ Each pass (every 10 s, and at once when a job is created waiting or a worker end
    workers started yet is re-queued instead (services.jobs.requeue_or_fail). A node in maintenance is not
    lost: it lets its running workers finish and takes no new ones (placement rejects it).
 2. waiting jobs, oldest first, are placed on what is free now; one that still waits keeps a fresh reason.
+3. workers' usage samples older than an hour are folded into 5-minute means (services/jobs/job_usage.py).
 Stateless: the store says what is behind, so a restarted control plane picks up where it was."""
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from provisioner.services.common import audit
 from provisioner.services.common.runtime import runtime_of
 from provisioner.services.common.wakeups import Wake
 from provisioner.services.fleet import nodes as node_service
-from provisioner.services.jobs import jobs
+from provisioner.services.jobs import job_usage, jobs
 from provisioner.store.engine import session_scope
 from provisioner.store.job_models import Job, JobWorker
 from provisioner.store.models import Node
@@ -38,6 +39,8 @@ def reconcile(sessions: sessionmaker[Session]) -> None:
     now = datetime.now(UTC)
     fail_lost_nodes(sessions, grace=grace, now=now)
     place_waiting(sessions)
+    with session_scope(sessions) as session:
+        job_usage.compact(session)
 
 
 def lost_because(session: Session, node: Node, *, grace: timedelta, now: datetime) -> str | None:

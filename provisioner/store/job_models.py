@@ -88,6 +88,8 @@ class JobWorker(Base):
     metrics_dropped: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     metrics_refused: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     metrics_refusal: Mapped[str | None] = mapped_column(Text)
+    # the newest usage sample kept (its Unix time): a report's older samples are already here
+    usage_at: Mapped[float | None] = mapped_column(Float)
     reported_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     # when the control plane recorded its end (services.jobs.transition_worker): the log-shipping window
     # runs from here, whatever the node reports afterwards
@@ -129,3 +131,23 @@ class JobMetric(Base):
     step: Mapped[int | None] = mapped_column(BigInteger)
     value: Mapped[float] = mapped_column(Float)
     at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class WorkerUsageSample(Base):
+    """What a worker's container used: a minion's sample (`resolution_s` 0), or the mean of the samples
+    of one period once they are older than the raw window (services/jobs/job_usage.py)."""
+
+    __tablename__ = "job_worker_usage"
+    __table_args__ = (Index("ix_job_worker_usage_job_worker_at", "job_id", "worker", "at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"))
+    worker: Mapped[int] = mapped_column(Integer)
+    at: Mapped[float] = mapped_column(Float)  # Unix time (a period's start once downsampled)
+    resolution_s: Mapped[int] = mapped_column(Integer, default=0)
+    cpu_cores: Mapped[float] = mapped_column(Float)
+    memory_bytes: Mapped[int] = mapped_column(BigInteger)
+    disk_bytes: Mapped[int] = mapped_column(BigInteger)
+    net_rx_bytes: Mapped[int] = mapped_column(BigInteger)
+    net_tx_bytes: Mapped[int] = mapped_column(BigInteger)
+    gpus: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)

@@ -35,6 +35,7 @@ from contracts.jobs import (
     Mount,
     UserNamespace,
     WorkerAssignment,
+    WorkerUsage,
 )
 from minion.jobs.agent import JobsAgent
 from minion.jobs.container import RunPlan
@@ -142,6 +143,7 @@ def settings(tmp_path: Path, gpu_kind: str, jobs_network: tuple[str, str]) -> Co
         gpu_kind=gpu_kind,
         cache_dir=tmp_path / "cache",
         datastore_dir=tmp_path / "datastores",
+        usage_sample_s=1.0,  # every running worker here is sampled, ten times as often as on a node
     )
 
 
@@ -410,6 +412,33 @@ def test_each_accounts_jobs_run_in_its_own_user_namespace_and_keep_to_their_own_
         assert (share / "a" / "model.bin").read_text() == "mine\n"
     finally:
         subprocess.run(["umount", "--lazy", str(staging)], check=False)
+
+
+def test_a_busy_workers_usage_shows_its_cpu_quota_and_its_disk_growing_as_it_writes(
+    image: str, agents: Agents
+) -> None:
+    # 8 MiB to its container disk each second for four seconds, then a busy loop under half a CPU
+    command = (
+        'x=$(printf "%*s" 1048575 ""); for s in 1 2 3 4; do for i in 1 2 3 4 5 6 7 8; do '
+        'echo "$x" >> /tmp/fill; done; sleep 1; done; while :; do :; done'
+    )
+    a = worker("job-busy", f"bash -c '{command}'", cpus=0.5)
+    agent = agents()
+    seen: dict[float, WorkerUsage] = {}
+
+    def sampled(actual: JobsActual) -> bool:
+        seen.update({u.at: u for w in actual.workers for u in w.usage})
+        busy = [u for u in seen.values() if u.disk_bytes >= 32 * 2**20]
+        return len(busy) >= 3
+
+    until(agent, [a], sampled, timeout=40)
+    samples = [seen[at] for at in sorted(seen)]
+    disks = [u.disk_bytes for u in samples]
+    assert disks == sorted(disks) and disks[-1] - disks[0] >= 8 * 2**20, disks  # it grew as it wrote
+    assert disks[-1] >= 32 * 2**20
+    busy = samples[-1].cpu_cores
+    assert 0.3 <= busy <= 0.6, [u.cpu_cores for u in samples]  # near its --cpus 0.5, never past it
+    assert samples[-1].memory_bytes > 0 and samples[-1].net_rx_bytes >= 0
 
 
 def test_exit_3_is_reported_and_two_workers_never_share_a_gpu(image: str, agents: Agents) -> None:

@@ -93,8 +93,14 @@ def test_submit_dry_run_then_job_page_follows_the_log(fleet: Fleet) -> None:
         done = client.get(f"/jobs/{job_id}")
         assert 'data-complete="yes"' in done.text and "line 1\nline &lt;2&gt;\n</pre>" in done.text
         assert ">Stop job</button>" not in done.text
-        # the script the page loads, under a CSP that allows this origin's scripts and nothing inline
-        assert re.findall(r"<script[^>]*>", done.text) == ['<script src="/static/console.js" defer>']
+        # the scripts the page loads (the chart library, then the console's own), under a CSP that allows
+        # this origin's scripts and nothing inline
+        assert re.findall(r"<script[^>]*>", done.text) == [
+            '<script src="/static/vendor/uplot.js" defer>',
+            '<script src="/static/console.js" defer>',
+        ]
+        charts = client.get("/static/vendor/uplot.js")
+        assert charts.status_code == 200 and "uPlot" in charts.text
         csp = done.headers["content-security-policy"]
         assert "script-src 'self'" in csp and "connect-src 'self'" in csp and "unsafe-inline" not in csp
         script = client.get("/static/console.js")
@@ -339,3 +345,35 @@ def test_set_device_config_and_deploy_from_the_devices_grid(fleet: Fleet) -> Non
             assert hidden.status_code == 404, (path, hidden.text)
             assert f"node &#39;{device_id}&#39; does not exist" in hidden.text
     assert status()["generation"] == generation
+
+
+def _cells(html: str, table_id: str) -> list[list[str]]:
+    body = html.split(f'id="{table_id}"', 1)[1].split("</table>", 1)[0].split("<tbody>", 1)[1]
+    return [re.findall(r"<td>(.*?)</td>", row) for row in re.findall(r"<tr>(.*?)</tr>", body, re.S)]
+
+
+def test_the_dashboard_sums_up_gpus_jobs_and_credits_for_the_account_only(fleet: Fleet) -> None:
+    job_id = api(fleet, "POST", "/v1/jobs", {"spec": _spec("console-summary")})["id"]
+    [worker] = mine(fleet.heartbeat("gpu-1"), job_id)
+    fleet.heartbeat("gpu-1", [report(worker, "running", gpu_indices=[0])])
+    api(
+        fleet,
+        "POST",
+        "/v1/jobs",
+        {"spec": {**_spec("console-waits"), "resources": {"gpu_count": 8, "gpu_types": ["RTX 3090"]}}},
+    )
+    with browser(fleet.cp) as client:
+        sign_in(client, fleet.cp.token)
+        home = client.get("/").text
+        gpus = {row[0]: row[1:] for row in _cells(home, "gpu-summary")}
+        assert gpus["RTX 3090"][:2] == ["2", "1"] and gpus["T4"][0] == "1"  # total, allocated
+        summary = home.split('id="job-summary"', 1)[1].split("</dl>", 1)[0]
+        assert (
+            re.search(r"<dt>Running</dt><dd>\d+</dd>", summary)
+            and "<dt>Waiting</dt><dd>1 (the oldest" in summary
+        )
+        assert len(_cells(home, "paid-per-day")) == 7
+        sign_in(client, fleet.other_token)  # another account: none of these regions, nodes or jobs
+        other = client.get("/").text
+        assert "No GPU node has joined yet." in other and "<dt>Waiting</dt><dd>0</dd>" in other
+    api(fleet, "POST", f"/v1/jobs/{job_id}/stop", {})

@@ -3,7 +3,8 @@ log, shipped over the node credential route as the minion ships them, come back 
 /v1/jobs/{ref}/metrics and `provision job metrics` in the order they came, a line split across chunks
 included; bad lines and points past the job's bound are counted, named and dropped while the job runs on;
 `job show` and `job list` give the duration and the credits so far by the billing rules, and once the
-metering posted the run, the ledger's figure is the same."""
+metering posted the run, the ledger's figure is the same. Usage samples in the node's reports are kept
+once each and folded into five-minute means as they age."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import csv
 import io
 import json
 import sys
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -23,10 +25,12 @@ from sqlalchemy import update
 from contracts.metrics import METRIC_POINTS_PER_JOB, MetricRefused, format_line, parse_line
 from provisioner.reconcilers.loop import ReconcilerLoop
 from provisioner.services.common.wakeups import Wake
+from provisioner.services.jobs import job_usage
 from provisioner.store.job_models import Job
 from tests.provisioner.test_jobs_api import Fleet, create, job, mine, report, running_fleet, spec
 
 SDK = Path(__file__).resolve().parents[2] / "sdk" / "python"
+MIB = 2**20
 
 
 @pytest.fixture(scope="module")
@@ -197,3 +201,53 @@ def test_cost_so_far_is_the_ledgers_plus_what_the_run_accrued_by_the_same_rules(
     assert ended["state"] == "succeeded" and ended["credits_per_hour"] is None
     assert Decimal(str(ended["credits"])) > 0
     assert Decimal(ended["credits_so_far"]) == Decimal(ended["credits"])  # all of it is in the ledger now
+
+
+def usage_sample(
+    at: float, cpu: float, disk: int, gpus: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    return {
+        "at": at,
+        "cpu_cores": cpu,
+        "memory_bytes": 64 * 2**20,
+        "disk_bytes": disk,
+        "net_rx_bytes": 1000,
+        "net_tx_bytes": 2000,
+        "gpus": gpus or [],
+    }
+
+
+def test_usage_samples_are_kept_once_each_and_older_ones_folded_into_five_minute_means(
+    fleet: Fleet,
+) -> None:
+    job_id, workers = running(fleet, spec("usage"))
+    gpu = {"index": 0, "util_pct": 90.0, "memory_bytes": 2**30, "power_w": 250.0, "temp_c": 70.0}
+    now = time.time()
+    first = [usage_sample(now - 20, 0.5, 1 * MIB), usage_sample(now - 10, 0.7, 2 * MIB, [gpu])]
+    fleet.heartbeat("gpu-1", [report(workers[0], "running", gpu_indices=[0], usage=first)])
+    # the next beat repeats the last sample and adds one: only the new one is stored
+    second = [first[-1], usage_sample(now, 0.9, 3 * MIB, [gpu])]
+    fleet.heartbeat("gpu-1", [report(workers[0], "running", gpu_indices=[0], usage=second)])
+    with fleet.http() as http:
+        page = http.get(f"/v1/jobs/{job_id}/usage").json()
+    assert [(s["cpu_cores"], s["disk_bytes"]) for s in page["samples"]] == [
+        (0.5, 1 * MIB),
+        (0.7, 2 * MIB),
+        (0.9, 3 * MIB),
+    ]
+    assert page["samples"][-1]["gpus"] == [gpu] and page["disk_gb"] == 10
+    shown = fleet.cp.provision("job", "usage", job_id)
+    assert shown.returncode == 0, shown.stderr
+    row = shown.stdout.splitlines()[-1].split()
+    assert row[:4] == ["0", "0.90", "64MiB", "3MiB"] and "90%" in shown.stdout and "250W" in shown.stdout
+
+    # two hours on: the raw samples fold into the mean of their five minutes
+    with fleet.sessions.begin() as s:
+        folded = job_usage.compact(s, now=now + 7200)
+    assert folded >= 3
+    with fleet.http() as http:
+        kept = [x for x in http.get(f"/v1/jobs/{job_id}/usage").json()["samples"] if x["worker"] == 0]
+    assert all(x["resolution_s"] == job_usage.PERIOD for x in kept)
+    mean = sum(x["cpu_cores"] for x in kept) / len(kept)
+    assert 0.5 <= mean <= 0.9 and {g["index"] for x in kept for g in x["gpus"]} == {0}
+    fleet.heartbeat("gpu-1", [report(w, "exited", exit_code=0) for w in workers])

@@ -12,6 +12,7 @@ OpenAPI document.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Final
 
 from fastapi import Depends, FastAPI, Request
@@ -25,6 +26,14 @@ from provisioner.api.deps import unit_of_work_slot
 
 STYLESHEET: Final = (HERE / "static" / "console.css").read_bytes()
 SCRIPT: Final = (HERE / "static" / "console.js").read_bytes()
+# the charting library, as its package publishes it (static/vendor/uplot/README.md)
+CHARTS: Final = {
+    "/static/vendor/uplot.js": (
+        (HERE / "static/vendor/uplot/uPlot.iife.min.js").read_bytes(),
+        "text/javascript",
+    ),
+    "/static/vendor/uplot.css": ((HERE / "static/vendor/uplot/uPlot.min.css").read_bytes(), "text/css"),
+}
 
 
 class ConsolePage(Convertor[str]):
@@ -51,6 +60,13 @@ def _script() -> Response:
     return Response(SCRIPT, media_type="text/javascript", headers={"Cache-Control": "max-age=3600"})
 
 
+def _static(body: bytes, media_type: str) -> Callable[[], Response]:
+    def serve() -> Response:
+        return Response(body, media_type=media_type, headers={"Cache-Control": "max-age=86400"})
+
+    return serve
+
+
 def mount(app: FastAPI) -> None:
     """The console's routes, after the API's: unknown console paths get the console's 404 page."""
     app.state.console_signer = Signer(signing_key(app.state.runtime.sealer))
@@ -61,6 +77,8 @@ def mount(app: FastAPI) -> None:
         app.include_router(router, dependencies=admitted)
     app.add_api_route("/static/console.css", _stylesheet, methods=["GET"], include_in_schema=False)
     app.add_api_route("/static/console.js", _script, methods=["GET"], include_in_schema=False)
+    for path, (body, media_type) in CHARTS.items():
+        app.add_api_route(path, _static(body, media_type), methods=["GET"], include_in_schema=False)
 
     def page_not_found(request: Request, path: str) -> Response:
         return not_found(request)

@@ -10,6 +10,7 @@ after, as `provision job logs --follow` does, until the answer says the log is c
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any, Final
 
 from fastapi import APIRouter, Request
@@ -18,6 +19,7 @@ from sqlalchemy.orm import Session
 
 from contracts.errors import InvalidInput, RigbaseError
 from contracts.jobspec import SpecError
+from provisioner.api.console import charts
 from provisioner.api.console.forms import Form, Posted, SignedIn, Who, whole_number
 from provisioner.api.console.render import (
     SECURITY_HEADERS,
@@ -34,7 +36,8 @@ from provisioner.domain.placement_rows import MATCH_HEADERS, match_rows
 from provisioner.domain.states import JOB_DONE, JobState
 from provisioner.domain.text import printable
 from provisioner.services.accounts import projects
-from provisioner.services.jobs import job_logs, jobs
+from provisioner.services.billing import job_cost
+from provisioner.services.jobs import job_logs, job_metrics, job_usage, jobs
 from provisioner.store.job_models import Job
 
 router = APIRouter(include_in_schema=False, route_class=ConsoleRoute)
@@ -163,6 +166,7 @@ def job_page(request: Request, ref: str, who: SignedIn) -> Response:
         job = jobs.get(session, who.principal, ref)
         worker = _worker_index(request, job)
         log = job_logs.read(session, who.principal, job.id, worker, 0) if job.workers else None
+        metrics = job_metrics.read(session, who.principal, job.id)
         return page(
             request,
             "job.html",
@@ -170,8 +174,23 @@ def job_page(request: Request, ref: str, who: SignedIn) -> Response:
             job=job,
             worker=worker,
             log=log,
+            cost=job_cost.costs(session, [job], datetime.now(UTC))[job.id],
+            latest=charts.latest_points(metrics.points),
             stoppable=_stoppable(job),
             history=jobs.history(session, who.principal, job.id),
+        )
+
+
+@router.get("/jobs/{ref}/charts")
+def job_charts(request: Request, ref: str, who: SignedIn) -> Response:
+    """The job page's chart data as uPlot reads it: the metrics by step, each worker's usage by time."""
+    with reading(request) as session:
+        job = jobs.get(session, who.principal, ref)
+        metrics = job_metrics.read(session, who.principal, job.id)
+        usage = job_usage.read(session, who.principal, job.id)
+        return JSONResponse(
+            {"metrics": charts.metric_series(metrics.points), "usage": charts.usage_series(usage.samples)},
+            headers=SECURITY_HEADERS,
         )
 
 

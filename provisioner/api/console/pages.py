@@ -20,11 +20,12 @@ from provisioner.api.console.session import SIGNIN_COOKIE, SIGNIN_MAX_AGE_S
 from provisioner.api.schemas import NodeOut
 from provisioner.domain.states import NODE_AWAITING_MINION, NodeState, Service
 from provisioner.providers.base import Feature, provider_for
+from provisioner.services.billing import ledger
 from provisioner.services.cloud import gcp as gcp_service
 from provisioner.services.data import datastores
 from provisioner.services.devices import device_configs as config_service
 from provisioner.services.devices import device_deployments as deployment_service
-from provisioner.services.fleet import inventory_text, pending
+from provisioner.services.fleet import fleet_summary, inventory_text, pending
 from provisioner.services.fleet import nodes as node_service
 from provisioner.services.regions import providers, reservations
 from provisioner.services.regions import regions as region_service
@@ -34,6 +35,7 @@ router = APIRouter(include_in_schema=False, route_class=ConsoleRoute)
 
 # A node's maintenance can be toggled from these states only (services/nodes.maintenance refuses the
 # others); the grids offer the button where it can work. A device has no maintenance step.
+DASHBOARD_DAYS = 7  # the credits-per-day table
 TOGGLEABLE = frozenset({NodeState.ACTIVE.value, NodeState.MAINTENANCE.value})
 
 
@@ -100,10 +102,12 @@ def signin_page(request: Request, problem: str | None = None) -> Response:
 
 @router.get("/", response_class=HTMLResponse)
 def resources(request: Request, who: SignedIn) -> Response:
-    """The Resources Dashboard: providers, and the regions of each with their node counts."""
+    """The Resources Dashboard: the fleet's GPUs and jobs in numbers, what the account paid each day,
+    providers, and the regions of each with their node counts."""
     with reading(request, fleet=who.principal) as session:
         shown = region_service.list_all(session)
         counts = {r.id: len(region_service.live_nodes(session, r)) for r in shown}
+        scope = who.principal.account_scope()
         return page(
             request,
             "resources.html",
@@ -111,6 +115,9 @@ def resources(request: Request, who: SignedIn) -> Response:
             providers=providers.list_all(session),
             regions=shown,
             counts=counts,
+            gpus=fleet_summary.fleet(session).gpus_by_type(),
+            jobs=fleet_summary.jobs(session, scope),
+            paid=ledger.paid_per_day(session, who.principal.account_id, DASHBOARD_DAYS),
             storage_modes=[m.value for m in StorageMode],
             physical_enabled=any(p.kind == "physical" for p in providers.list_all(session)),
         )

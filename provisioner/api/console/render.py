@@ -24,6 +24,7 @@ from provisioner.api.console.session import FLASH_COOKIE, SESSION_COOKIE
 from provisioner.api.deps import enter_fleet
 from provisioner.api.errors import http_status
 from provisioner.domain.roles import Principal
+from provisioner.domain.states import JobState
 from provisioner.providers.base import Feature, provider_for
 
 HERE: Final = Path(__file__).parent
@@ -52,6 +53,20 @@ def _when(value: datetime | None) -> str:
 
 
 TEMPLATES.env.filters["when"] = _when
+
+
+def _duration(seconds: float | None) -> str:
+    """A run time to the second: `1h 02m 05s`; `-` for a job that never started."""
+    if seconds is None:
+        return "-"
+    whole = int(seconds)
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h {minutes:02d}m {secs:02d}s" if hours else f"{minutes}m {secs:02d}s"
+
+
+TEMPLATES.env.filters["duration"] = _duration
+TEMPLATES.env.globals["job_states"] = JobState
 
 
 def _has_quota(kind: str) -> bool:

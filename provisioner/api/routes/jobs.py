@@ -20,7 +20,7 @@ from provisioner.domain.placement_rows import match_rows
 from provisioner.providers.base import Feature, provider_for
 from provisioner.services.billing import job_cost
 from provisioner.services.cloud import gcp_capacity
-from provisioner.services.jobs import job_logs, job_metrics
+from provisioner.services.jobs import job_logs, job_metrics, job_usage
 from provisioner.services.jobs import jobs as service
 from provisioner.store.job_models import Job, JobWorker
 
@@ -333,6 +333,64 @@ def metrics(
         bound=page.bound,
         workers=[WorkerMetricsOut(**w.__dict__) for w in page.workers],
         complete=page.complete,
+    )
+
+
+class GpuUsageOut(BaseModel):
+    index: int
+    util_pct: float
+    memory_bytes: int
+    power_w: float
+    temp_c: float
+
+
+class UsageSampleOut(BaseModel):
+    worker: int
+    at: float = Field(description="Unix time of the sample (a period's start once downsampled)")
+    resolution_s: int = Field(description="0: a sample as the node took it; else the mean of this period")
+    cpu_cores: float
+    memory_bytes: int
+    disk_bytes: int
+    net_rx_bytes: int
+    net_tx_bytes: int
+    gpus: list[GpuUsageOut]
+
+
+class UsageOut(BaseModel):
+    job_id: str
+    job_state: str
+    disk_gb: int = Field(description="each worker's disk quota in GB, which disk_bytes counts against")
+    samples: list[UsageSampleOut] = Field(description="oldest first; the newest 5000 after `since`")
+
+
+@router.get("/{ref}/usage")
+def usage(
+    ref: str,
+    session: Db,
+    principal: Principal,
+    worker: int | None = Query(None, ge=0, lt=WORKER_NUMBERS),
+    since: float = Query(0.0, ge=0, lt=2**40, description="only samples after this Unix time"),
+) -> UsageOut:
+    """What each worker's container used (CPU, memory, disk, network, GPUs), sampled by its node."""
+    page = job_usage.read(session, principal, ref, worker=worker, since=since)
+    return UsageOut(
+        job_id=page.job_id,
+        job_state=page.job_state,
+        disk_gb=page.disk_gb,
+        samples=[
+            UsageSampleOut(
+                worker=r.worker,
+                at=r.at,
+                resolution_s=r.resolution_s,
+                cpu_cores=r.cpu_cores,
+                memory_bytes=r.memory_bytes,
+                disk_bytes=r.disk_bytes,
+                net_rx_bytes=r.net_rx_bytes,
+                net_tx_bytes=r.net_tx_bytes,
+                gpus=[GpuUsageOut(**g) for g in r.gpus or []],
+            )
+            for r in page.samples
+        ],
     )
 
 

@@ -266,6 +266,25 @@ def job_credits(session: Session, job_id: str) -> Decimal:
     return rules.from_micros(int(session.scalar(stmt) or 0))
 
 
+def paid_per_day(
+    session: Session, account: str, days: int, now: datetime | None = None
+) -> list[tuple[date, Decimal]]:
+    """What `account` paid on each of the last `days` UTC days (today last), for the console's dashboard."""
+    today = (now or datetime.now(UTC)).astimezone(UTC).date()
+    first = today - timedelta(days=days - 1)
+    since = datetime(first.year, first.month, first.day, tzinfo=UTC)
+    paid = dict.fromkeys((first + timedelta(days=n) for n in range(days)), 0)
+    for at, micros in session.execute(
+        select(LedgerEntry.at, LedgerEntry.amount_micros).where(
+            LedgerEntry.payer == account, LedgerEntry.at >= since
+        )
+    ):
+        day = (at if at.tzinfo else at.replace(tzinfo=UTC)).astimezone(UTC).date()
+        if day in paid:
+            paid[day] += int(micros)
+    return [(day, rules.from_micros(micros)) for day, micros in paid.items()]
+
+
 def region_earnings(session: Session, region_id: str) -> Decimal:
     """Credits the region's owner earned from public jobs there, for `provision region show`."""
     stmt = select(func.coalesce(func.sum(LedgerEntry.amount_micros), 0)).where(

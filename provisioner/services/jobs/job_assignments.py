@@ -46,7 +46,7 @@ from provisioner.services.common import desired_state
 from provisioner.services.common.errors import flush
 from provisioner.services.common.runtime import runtime_of
 from provisioner.services.common.wakeups import Wake, wake_after_commit
-from provisioner.services.jobs import job_secrets, jobs
+from provisioner.services.jobs import job_secrets, job_usage, jobs
 from provisioner.store.account_models import Account
 from provisioner.store.expressions import one_of
 from provisioner.store.job_models import Job, JobWorker
@@ -320,6 +320,7 @@ def record_actual(session: Session, node: Node, reported: Any) -> None:
         if worker is None or worker.generation != report.generation:
             continue
         _apply_report(session, node, worker, report, actor)
+        job_usage.record(session, worker, report.usage)
         touched[worker.job_id] = worker.job
     for job in touched.values():
         jobs.settle(session, job, actor=actor)

@@ -93,6 +93,53 @@
     window.setTimeout(step, GRIDS_EVERY_MS);
   }
 
+  // A job's charts (uPlot, served from this origin): drawn from /jobs/{id}/charts and redrawn while the
+  // job runs. Each chart's data stays readable as window.rigbaseCharts[name].data (the browser test reads it).
+  var CHARTS_EVERY_MS = 10000;
+  var PALETTE = ["#1f6feb", "#d1242f", "#1a7f37", "#9a6700", "#8250df", "#bf3989", "#0a7ea4", "#57606a"];
+  window.rigbaseCharts = {};
+
+  function drawCharts(figures) {
+    if (typeof window.uPlot !== "function") { return; }
+    var url = figures[0].getAttribute("data-chart-url");
+    function step() {
+      fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } })
+        .then(json)
+        .then(function (all) {
+          figures.forEach(function (figure) {
+            var name = figure.getAttribute("data-chart");
+            var chart = all[name];
+            var existing = window.rigbaseCharts[name];
+            if (!chart || !chart.data[0].length) { return; }
+            if (existing && existing.series.length === chart.labels.length + 1) {
+              existing.setData(chart.data);
+              return;
+            }
+            if (existing) { existing.destroy(); }
+            var series = [{ label: figure.getAttribute("data-x") === "time" ? "time" : "step" }];
+            chart.labels.forEach(function (label, i) {
+              series.push({ label: label, stroke: PALETTE[i % PALETTE.length], width: 2, spanGaps: true });
+            });
+            var width = Math.max(260, Math.min(figure.clientWidth || 720, 960));
+            window.rigbaseCharts[name] = new window.uPlot({
+              width: width,
+              height: 240,
+              series: series,
+              scales: { x: { time: figure.getAttribute("data-x") === "time" } },
+            }, chart.data, figure);
+            figure.setAttribute("data-points", String(chart.data[0].length));
+          });
+          var state = document.getElementById("job-state");
+          var ended = state && ["succeeded", "failed", "stopped"].indexOf(state.textContent) >= 0;
+          if (!ended) { window.setTimeout(step, CHARTS_EVERY_MS); }
+        })
+        .catch(function () { /* the tables beside the charts still say it */ });
+    }
+    step();
+  }
+
+  var figures = Array.prototype.slice.call(document.querySelectorAll("figure[data-chart-url]"));
+  if (figures.length) { drawCharts(figures); }
   document.querySelectorAll("pre[data-log-url]").forEach(followLog);
   var live = Array.prototype.slice.call(document.querySelectorAll("[data-live]"));
   if (live.length) { refreshGrids(live); }
