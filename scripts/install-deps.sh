@@ -90,3 +90,16 @@ EOF
   echo "$ANSIBLE_BUNDLE" > "$coll.tmp/.bundle"
   rm -rf "$coll" "$dl"; mv "$coll.tmp" "$coll"
 fi
+
+# axe-core, the accessibility engine the console's browser tests inject into headless Chromium
+# (tests/provisioner/test_console_axe.py), from the npm registry, kept inside .venv
+AXE='axe-core@4.14.1'
+if [[ ! -f .venv/npm/.axe || $(cat .venv/npm/.axe) != "$AXE" ]]; then
+  if command -v npm >/dev/null; then
+    echo "install-deps: $AXE"
+    npm install --no-audit --no-fund --silent --prefix .venv/npm "$AXE"
+    echo "$AXE" > .venv/npm/.axe
+  else
+    echo "install-deps: npm is missing, so the console's accessibility test will fail: install Node.js and npm" >&2
+  fi
+fi

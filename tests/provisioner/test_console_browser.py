@@ -203,7 +203,7 @@ def test_an_operator_adopts_a_minion_and_activates_it_in_the_browser(  # noqa: P
     browser.execute_script("document.querySelectorAll('input[name=csrf]').forEach(e => e.remove())")
     follow(
         browser,
-        browser.find_element(By.XPATH, "//button[starts-with(normalize-space(), 'Toggle Maintenance')]"),
+        browser.find_element(By.XPATH, "//button[normalize-space()='Put in maintenance']"),
     )
     assert "no valid CSRF token" in text(browser)
     assert api(cp, "GET", f"/v1/nodes/{name}")["state"] == "active"

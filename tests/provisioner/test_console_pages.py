@@ -184,6 +184,8 @@ def test_billing_shows_balance_ledger_and_usage(fleet: Fleet) -> None:
         assert page.status_code == 200, page.text
         assert '<strong id="balance-value">12.500000</strong>' in page.text
         assert "console top-up" in page.text and "+12.500000" in page.text
+        # names, not ids: the top-up went from the platform to the account `other`
+        assert "platform → other" in page.text and "acc_" not in page.text.split('id="ledger-h"', 1)[1]
         assert "Usage in " in page.text
         bad = client.get("/billing", params={"month": "soon"})
         assert bad.status_code == 422 and "month &#39;soon&#39; is not YYYY-MM" in bad.text
@@ -251,7 +253,7 @@ def test_the_devices_grid_lists_device_nodes(fleet: Fleet) -> None:
         add_active(client, fleet, token, region, "device", "jetson-1", "f" * 32)
         added = client.get(region)
         grid = devices_grid(client, region)
-        assert 'data-node="jetson-1"' in grid and "Toggle Maintenance" not in grid
+        assert 'data-node="jetson-1"' in grid and "Put in maintenance" not in grid
         assert "<td>NVIDIA Jetson Orin NX</td>" in grid and ">5.1.2</td>" in grid and ">active</span>" in grid
         assert 'data-node="jetson-1"' not in added.text.split('id="devices-h"', 1)[0]
         assert "No device configuration in this region" in grid and "Set Device Config" not in grid
@@ -353,27 +355,69 @@ def _cells(html: str, table_id: str) -> list[list[str]]:
 
 
 def test_the_dashboard_sums_up_gpus_jobs_and_credits_for_the_account_only(fleet: Fleet) -> None:
-    job_id = api(fleet, "POST", "/v1/jobs", {"spec": _spec("console-summary")})["id"]
-    [worker] = mine(fleet.heartbeat("gpu-1"), job_id)
-    fleet.heartbeat("gpu-1", [report(worker, "running", gpu_indices=[0])])
-    api(
-        fleet,
-        "POST",
-        "/v1/jobs",
-        {"spec": {**_spec("console-waits"), "resources": {"gpu_count": 8, "gpu_types": ["RTX 3090"]}}},
-    )
+    cpu_only = {**_spec("console-summary"), "resources": {"gpu_count": 0, "cpu_count": 4}}
+    made = api(fleet, "POST", "/v1/jobs", {"spec": cpu_only})
+    job_id, node = made["id"], made["node"]
+    assert node, made["reason"]
+    [worker] = mine(fleet.heartbeat(node), job_id)
+    fleet.heartbeat(node, [report(worker, "running")])
+    waits = {**_spec("console-waits"), "resources": {"gpu_count": 8, "gpu_types": ["RTX 3090"]}}
+    api(fleet, "POST", "/v1/jobs", {"spec": waits})
     with browser(fleet.cp) as client:
         sign_in(client, fleet.cp.token)
         home = client.get("/").text
-        gpus = {row[0]: row[1:] for row in _cells(home, "gpu-summary")}
-        assert gpus["RTX 3090"][:2] == ["2", "1"] and gpus["T4"][0] == "1"  # total, allocated
+        gpus = {row[0]: [int(n) for n in row[1:]] for row in _cells(home, "gpu-summary")}
+        assert gpus["RTX 3090"][0] == 2 and gpus["T4"][0] == 1  # the lab's GPUs: total, allocated, healthy
+        assert all(total >= allocated and total >= healthy for total, allocated, healthy in gpus.values())
         summary = home.split('id="job-summary"', 1)[1].split("</dl>", 1)[0]
-        assert (
-            re.search(r"<dt>Running</dt><dd>\d+</dd>", summary)
-            and "<dt>Waiting</dt><dd>1 (the oldest" in summary
-        )
+        assert re.search(r"<dt>Running</dt><dd>[1-9][0-9]*</dd>", summary), summary
+        assert re.search(r"<dt>Waiting</dt><dd>[1-9][0-9]* [(]the oldest for", summary), summary
         assert len(_cells(home, "paid-per-day")) == 7
         sign_in(client, fleet.other_token)  # another account: none of these regions, nodes or jobs
         other = client.get("/").text
         assert "No GPU node has joined yet." in other and "<dt>Waiting</dt><dd>0</dd>" in other
     api(fleet, "POST", f"/v1/jobs/{job_id}/stop", {})
+
+
+def test_bulk_maintenance_names_its_direction_and_changes_all_or_nothing(fleet: Fleet) -> None:
+    region = api(fleet, "GET", "/v1/regions/lab-1")["id"]
+    ids = {n: api(fleet, "GET", f"/v1/nodes/{n}")["id"] for n in ("gpu-1", "gpu-2")}
+    fresh = api(fleet, "POST", "/v1/nodes", {"name": "not-joined", "region": "lab-1", "minion_id": "ab" * 16})
+    with browser(fleet.cp) as client:
+        sign_in(client, fleet.cp.token)
+        page = client.get(f"/regions/{region}").text
+        assert ">Put in maintenance<" in page and "Toggle" not in page
+        token = csrf_of(client.get(f"/regions/{region}"))
+        done = client.post(
+            f"/regions/{region}/maintenance",
+            data={"csrf": token, "mode": "on", "node": list(ids.values())},
+            follow_redirects=True,
+        )
+        assert flash(done) == "2 node(s) in maintenance: gpu-1, gpu-2"
+        assert {api(fleet, "GET", f"/v1/nodes/{n}")["state"] for n in ids} == {"maintenance"}
+        row = client.get(f"/regions/{region}").text.split('data-node="gpu-1"', 1)[1].split("</tr>", 1)[0]
+        assert '<input type="hidden" name="mode" value="off">' in row and ">Make active<" in row
+        # one node that cannot: nothing changes, and the line says which and why
+        refused = client.post(
+            f"/regions/{region}/maintenance",
+            data={"csrf": token, "mode": "off", "node": [ids["gpu-1"], fresh["id"]]},
+            follow_redirects=True,
+        )
+        assert flash(refused).startswith("error: node 'not-joined' is new: it waits for its minion")
+        assert api(fleet, "GET", "/v1/nodes/gpu-1")["state"] == "maintenance"
+        nothing = client.post(
+            f"/regions/{region}/maintenance", data={"csrf": token, "mode": "off"}, follow_redirects=True
+        )
+        assert flash(nothing) == "error: select the nodes first: tick their boxes in the grid"
+        client.post(
+            f"/regions/{region}/maintenance",
+            data={"csrf": token, "mode": "off", "node": list(ids.values())},
+        )
+        # filters: by name and by state, on the node grid and on the jobs list
+        only = client.get(f"/regions/{region}", params={"q": "GPU-2"}).text
+        assert 'data-node="gpu-2"' in only and 'data-node="gpu-1"' not in only
+        new = client.get(f"/regions/{region}", params={"state": "new"}).text
+        assert 'data-node="not-joined"' in new and 'data-node="gpu-2"' not in new
+        jobs_page = client.get("/jobs", params={"q": "no-such-job"}).text
+        assert "No job matches the filter." in jobs_page
+    api(fleet, "DELETE", f"/v1/nodes/{fresh['id']}")

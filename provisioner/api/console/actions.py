@@ -37,7 +37,7 @@ from provisioner.api.console.render import (
 from provisioner.api.console.session import SESSION_COOKIE, SESSION_MAX_AGE_S, SIGNIN_COOKIE
 from provisioner.api.deps import enter_fleet
 from provisioner.domain.roles import Action
-from provisioner.domain.states import Service
+from provisioner.domain.states import Maintenance, Service
 from provisioner.services.accounts import tokens
 from provisioner.services.data import datastores
 from provisioner.services.devices import device_deployments
@@ -208,6 +208,31 @@ def toggle_maintenance(request: Request, ref: str, posted: Posted) -> Response:
         node = nodes.get(session, ref)
         node = nodes.maintenance(session, node.id, form.get("mode") or "toggle", actor=who.principal.actor)
         return Done(f"node {node.name} is {node.state}")
+
+    return perform(request, back, work, fleet=who.principal)
+
+
+@router.post("/regions/{ref}/maintenance")
+def bulk_maintenance(request: Request, ref: str, posted: Posted) -> Response:
+    """Put the selected nodes in maintenance (mode `on`) or make them active (`off`), all or none: one
+    refusal (a device, a node not ready) changes nothing and says which node and why."""
+    who, form = posted
+    back = f"/regions/{ref}"
+
+    def work(session: Session) -> Done:
+        region = regions.get(session, ref)
+        mode = form.get("mode")
+        if mode not in (Maintenance.ON, Maintenance.OFF):
+            raise InvalidInput("choose Put in maintenance or Make active")
+        picked = form.fields.get("node", [])
+        if not picked:
+            raise InvalidInput("select the nodes first: tick their boxes in the grid")
+        done = [
+            nodes.maintenance(session, node_id, mode, region=region.id, actor=who.principal.actor).name
+            for node_id in picked
+        ]
+        verb = "in maintenance" if mode == Maintenance.ON else "active"
+        return Done(f"{len(done)} node(s) {verb}: {', '.join(done)}", back)
 
     return perform(request, back, work, fleet=who.principal)
 

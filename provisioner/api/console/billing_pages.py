@@ -13,6 +13,8 @@ from typing import Final
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
+from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from provisioner.api.console.forms import SignedIn
 from provisioner.api.console.render import ConsoleRoute, page, reading
@@ -20,7 +22,9 @@ from provisioner.domain import billing_rules as rules
 from provisioner.domain import clock
 from provisioner.services.accounts import accounts
 from provisioner.services.billing import ledger
+from provisioner.store.account_models import Account
 from provisioner.store.billing_models import LedgerEntry
+from provisioner.store.job_models import Job
 
 router = APIRouter(include_in_schema=False, route_class=ConsoleRoute)
 
@@ -53,6 +57,25 @@ def _lines(rows: list[LedgerEntry], account_id: str) -> list[LedgerLine]:
     return out
 
 
+def _names(session: Session, rows: list[LedgerEntry], job_ids: set[str]) -> dict[str, str]:
+    """What the page shows instead of ids: job names, account names (`NAME (earned)` for an account's
+    pending earnings); the platform's ledger account keeps its own name."""
+    jobs = job_ids | {r.job_id for r in rows if r.job_id}
+    raw = {r.payer for r in rows} | {r.payee for r in rows}
+    ids = {a.removesuffix(rules.EARNED_SUFFIX) for a in raw}
+    out = (
+        dict(session.execute(select(Job.id, Job.name).where(Job.id.in_(jobs))).tuples().all()) if jobs else {}
+    )
+    accounts_by_id = dict(
+        session.execute(select(Account.id, Account.name).where(Account.id.in_(ids))).tuples().all()
+    )
+    for account in raw:
+        base = account.removesuffix(rules.EARNED_SUFFIX)
+        if base in accounts_by_id:
+            out[account] = accounts_by_id[base] + (" (earned)" if account != base else "")
+    return out
+
+
 @router.get("/billing", response_class=HTMLResponse)
 def billing(request: Request, who: SignedIn) -> Response:
     wanted = request.query_params.get("account") or None
@@ -78,5 +101,6 @@ def billing(request: Request, who: SignedIn) -> Response:
             usage_paid=sum((u.paid for u in usage), rules.credits(0)),
             usage_earned=sum((u.earned for u in usage), rules.credits(0)),
             ledger=_lines(rows, account.id),
+            names=_names(session, rows, {u.job_id for u in usage if u.job_id}),
             ledger_shown=LEDGER_SHOWN,
         )

@@ -63,8 +63,23 @@ def _stoppable(job: Job) -> bool:
 @router.get("/jobs", response_class=HTMLResponse)
 def job_list(request: Request, who: SignedIn) -> Response:
     """The account's jobs, newest first (services/jobs.list_all is account-scoped for every role)."""
+    q, state = request.query_params.get("q", "").strip()[:63], request.query_params.get("state", "")
     with reading(request) as session:
-        return page(request, "jobs.html", who, jobs=jobs.list_all(session, who.principal))
+        found = [
+            j
+            for j in jobs.list_all(session, who.principal)
+            if q.lower() in j.name.lower() and state in ("", j.state)
+        ]
+        return page(
+            request,
+            "jobs.html",
+            who,
+            jobs=found,
+            costs=job_cost.costs(session, found, datetime.now(UTC)),
+            q=q,
+            state=state,
+            job_state_names=[s.value for s in JobState],
+        )
 
 
 def _submit_form(

@@ -6,7 +6,7 @@ account as the API's fleet routes are (render.reading(fleet=…), store/row_scop
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
@@ -18,7 +18,7 @@ from provisioner.api.console.forms import SignedIn, signer_of
 from provisioner.api.console.render import ConsoleRoute, page, reading, set_cookie
 from provisioner.api.console.session import SIGNIN_COOKIE, SIGNIN_MAX_AGE_S
 from provisioner.api.schemas import NodeOut
-from provisioner.domain.states import NODE_AWAITING_MINION, NodeState, Service
+from provisioner.domain.states import NODE_AWAITING_MINION, Maintenance, NodeState, Service
 from provisioner.providers.base import Feature, provider_for
 from provisioner.services.billing import ledger
 from provisioner.services.cloud import gcp as gcp_service
@@ -36,6 +36,8 @@ router = APIRouter(include_in_schema=False, route_class=ConsoleRoute)
 # A node's maintenance can be toggled from these states only (services/nodes.maintenance refuses the
 # others); the grids offer the button where it can work. A device has no maintenance step.
 DASHBOARD_DAYS = 7  # the credits-per-day table
+# what a maintenance button says it does (docs/console.md)
+MAINTENANCE_LABELS: Final = {Maintenance.ON: "Put in maintenance", Maintenance.OFF: "Make active"}
 TOGGLEABLE = frozenset({NodeState.ACTIVE.value, NodeState.MAINTENANCE.value})
 
 
@@ -62,7 +64,11 @@ def node_row(node: Node) -> dict[str, Any]:
         "toggleable": node.state in TOGGLEABLE and node.service != Service.DEVICE,
         "model": str(device.get("model_name") or device.get("model") or "-"),
         "jetpack": str(device.get("jetpack") or "-"),
-        "toggle_label": "Activate" if node.state == NodeState.MAINTENANCE else "Enter maintenance",
+        # the direction, never a bare "toggle": a page older than the node's state cannot flip it back
+        "toggle_mode": Maintenance.OFF.value if node.state == NodeState.MAINTENANCE else Maintenance.ON.value,
+        "toggle_label": MAINTENANCE_LABELS[
+            Maintenance.OFF if node.state == NodeState.MAINTENANCE else Maintenance.ON
+        ],
     }
 
 
@@ -127,13 +133,21 @@ def resources(request: Request, who: SignedIn) -> Response:
 def region_dashboard(request: Request, ref: str, who: SignedIn) -> Response:
     with reading(request, fleet=who.principal) as session:
         region = region_service.get(session, ref)
-        live = region_service.live_nodes(session, region)
+        q, state = request.query_params.get("q", "").strip()[:63], request.query_params.get("state", "")
+        live = [
+            n
+            for n in region_service.live_nodes(session, region)
+            if q.lower() in n.name.lower() and state in ("", n.state)
+        ]
         rows = [node_row(n) for n in live if n.service != Service.DEVICE]
         return page(
             request,
             "region.html",
             who,
             region=region,
+            q=q,
+            state=state,
+            node_states=[s.value for s in NodeState if s != NodeState.REMOVED],
             compute=[r for r in rows if r["service"] == Service.COMPUTE],
             storage=[r for r in rows if r["service"] == Service.STORAGE],
             devices=[device_row(session, n) for n in live if n.service == Service.DEVICE],
