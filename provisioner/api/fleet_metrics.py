@@ -2,7 +2,7 @@
 (docs/monitoring.md; a Grafana dashboard for it: deploy/grafana/rigbase-fleet.json).
 
 Two kinds of series, one registry per app:
-- what the store holds, read at each scrape by FleetCollector (services/fleet/fleet_summary.py): nodes
+- what the store holds, read at each scrape by FleetCollector (services/jobs/fleet_summary.py): nodes
   by region, state and GPU type; GPUs total, allocated and healthy; jobs by state; the waiting queue and
   its oldest job; the ledger's totals.
   Every process on a store answers the same, so a scrape of any one of them is the fleet;
@@ -33,7 +33,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from provisioner.api.deps import Db, Scraper
 from provisioner.domain import billing_rules as rules
 from provisioner.domain.states import JobState
-from provisioner.services.fleet import fleet_summary
+from provisioner.services.jobs import fleet_summary
 from provisioner.store.billing_models import LedgerEntry
 
 METRICS_PATH: Final = "/metrics"

@@ -25,8 +25,9 @@ from provisioner.services.cloud import gcp as gcp_service
 from provisioner.services.data import datastores
 from provisioner.services.devices import device_configs as config_service
 from provisioner.services.devices import device_deployments as deployment_service
-from provisioner.services.fleet import fleet_summary, inventory_text, pending
+from provisioner.services.fleet import inventory_text, pending
 from provisioner.services.fleet import nodes as node_service
+from provisioner.services.jobs import fleet_summary
 from provisioner.services.regions import providers, reservations
 from provisioner.services.regions import regions as region_service
 from provisioner.store.models import Node
