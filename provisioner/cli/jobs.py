@@ -294,6 +294,7 @@ def logs(
     prefix = len(workers) > 1
     offsets = dict.fromkeys(workers, 0)
     done: set[int] = set()
+    notices: dict[int, str] = {}
     while True:
         for index in workers:
             if index in done:
@@ -301,9 +302,13 @@ def logs(
             page = client.get(f"/v1/jobs/{job['id']}/logs", worker=index, offset=offsets[index])
             _print_log(page["data"], f"[worker {index}] " if prefix else "", raw=raw)
             offsets[index] = page["next_offset"]
+            if page.get("metrics_notice"):
+                notices[index] = page["metrics_notice"]
             if page["complete"] or (not follow and page["next_offset"] == page["offset"]):
                 done.add(index)
         if len(done) == len(workers):
+            for notice in notices.values():  # once, after the output: the log itself is as the job wrote it
+                print(f"rigbase: {notice}", file=sys.stderr)
             return
         if follow:
             time.sleep(FOLLOW_EVERY_S)
@@ -359,24 +364,12 @@ def _print_points(points: list[dict[str, Any]], output: MetricsOutput, *, header
     sys.stdout.flush()
 
 
-def _notices(page: dict[str, Any], said: dict[int, tuple[int, int]]) -> None:
-    """One line on stderr when a worker's refused or dropped counts change."""
+def _notices(page: dict[str, Any], said: dict[int, str]) -> None:
+    """A worker's notice on stderr (refused lines, dropped points) whenever it changes."""
     for w in page["workers"]:
-        now = (w["refused"], w["dropped"])
-        if now == said.get(w["worker"], (0, 0)):
-            continue
-        said[w["worker"]] = now
-        if w["refused"]:
-            print(
-                f"worker {w['worker']}: {w['refused']} metric line(s) refused, the last: {w['last_refusal']}",
-                file=sys.stderr,
-            )
-        if w["dropped"]:
-            print(
-                f"worker {w['worker']}: {w['dropped']} point(s) dropped past the job's bound of "
-                f"{page['bound']} points",
-                file=sys.stderr,
-            )
+        if w["notice"] and said.get(w["worker"]) != w["notice"]:
+            said[w["worker"]] = w["notice"]
+            print(w["notice"], file=sys.stderr)
 
 
 @app.command("metrics")
@@ -397,7 +390,7 @@ def metrics(
     output = MetricsOutput.JSON if json_out else output
     client = connect()
     after, first = 0, True
-    said: dict[int, tuple[int, int]] = {}
+    said: dict[int, str] = {}
     collected: list[dict[str, Any]] = []
     while True:
         page = client.get(f"/v1/jobs/{name}/metrics", after=after, worker=worker, name=metric or None)

@@ -175,7 +175,11 @@ def test_points_past_the_jobs_bound_are_counted_and_dropped(fleet: Fleet) -> Non
         worker["points"] == METRIC_POINTS_PER_JOB and worker["dropped"] == lines * per_line - worker["points"]
     )
     shown = fleet.cp.provision("job", "metrics", job_id, "--name", "m0", "-o", "csv")
-    assert f"dropped past the job's bound of {METRIC_POINTS_PER_JOB} points" in shown.stderr
+    notice = f"point(s) dropped past the job's bound of {METRIC_POINTS_PER_JOB}"
+    assert shown.stderr.count(notice) == 1, shown.stderr
+    # the log says so too, once, after the output (the output itself stays as the job wrote it)
+    logs = fleet.cp.provision("job", "logs", job_id)
+    assert logs.returncode == 0 and logs.stderr.count(notice) == 1 and notice not in logs.stdout
     assert job(fleet, job_id)["state"] == "running"
     fleet.heartbeat("cpu-1", [report(w, "exited", exit_code=0) for w in workers])
 

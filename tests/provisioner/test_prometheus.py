@@ -147,6 +147,8 @@ def test_a_real_prometheus_scrapes_the_fleet_with_its_scrape_token(fleet: Fleet,
     )
     assert beats
     query(prometheus, 'sum(rigbase_refusals_total{code="token_invalid"}) > bool 0', [1.0])
+    # the reconcilers of the serving process (it leads them): each one's last pass, seconds ago
+    query(prometheus, 'rigbase_reconciler_last_pass_age_seconds{reconciler="jobs"} < bool 60', [1.0])
     # the dashboard shipped for these series asks only for series the server exports
     with fleet.http() as http:
         exported = http.get("/metrics").text.splitlines()

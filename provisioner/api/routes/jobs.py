@@ -213,6 +213,9 @@ class LogOut(BaseModel):
     next_offset: int = Field(description="ask again from here for what came after")
     data: str
     complete: bool = Field(description="the whole output is here: nothing more will come")
+    metrics_notice: str | None = Field(
+        None, description="what became of its metric lines when some were refused or dropped"
+    )
 
 
 def _spec(body: JobIn) -> JobSpec:
@@ -302,6 +305,7 @@ class WorkerMetricsOut(BaseModel):
     dropped: int = Field(description="points dropped past the job's bound")
     refused: int = Field(description="metric lines refused (not valid JSON, a name or value out of range)")
     last_refusal: str | None
+    notice: str | None = Field(description="one line on what was refused or dropped; None: nothing was")
 
 
 class MetricsOut(BaseModel):

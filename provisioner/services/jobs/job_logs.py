@@ -101,6 +101,8 @@ class LogPage:
     next_offset: int
     data: str
     complete: bool
+    # what became of the metric lines in it, when some were refused or dropped (one line; None: none)
+    metrics_notice: str | None = None
 
 
 def read(session: Session, principal: Principal, ref: str, worker: int, offset: int = 0) -> LogPage:
@@ -136,4 +138,5 @@ def read(session: Session, principal: Principal, ref: str, worker: int, offset: 
         next_offset=position,
         data=data,
         complete=(row.log_complete or settled) and position >= row.log_bytes,
+        metrics_notice=job_metrics.notice(row),
     )

@@ -52,6 +52,16 @@ def _held_bytes(session: Session, job_id: str, worker: int, start: int, end: int
     return bytes(out[: end - start])
 
 
+def notice(row: JobWorker) -> str | None:
+    """One line on what became of the worker's metric lines, when some were refused or dropped."""
+    said = []
+    if row.metrics_refused:
+        said.append(f"{row.metrics_refused} metric line(s) refused, the last: {row.metrics_refusal}")
+    if row.metrics_dropped:
+        said.append(f"{row.metrics_dropped} point(s) dropped past the job's bound of {METRIC_POINTS_PER_JOB}")
+    return f"worker {row.index}: " + "; ".join(said) if said else None
+
+
 def _refuse(row: JobWorker, why: str) -> None:
     row.metrics_refused += 1
     row.metrics_refusal = why[:REFUSAL_MAX]
@@ -130,6 +140,7 @@ class WorkerMetrics:
     dropped: int
     refused: int
     last_refusal: str | None
+    notice: str | None  # the one line that says so (notice())
 
 
 @dataclass(frozen=True)
@@ -171,7 +182,9 @@ def read(
         next_after=points[-1].id if points else after,
         bound=METRIC_POINTS_PER_JOB,
         workers=[
-            WorkerMetrics(w.index, w.metric_points, w.metrics_dropped, w.metrics_refused, w.metrics_refusal)
+            WorkerMetrics(
+                w.index, w.metric_points, w.metrics_dropped, w.metrics_refused, w.metrics_refusal, notice(w)
+            )
             for w in job.workers
         ],
         complete=ended and len(rows) < min(limit, READ_MAX),
