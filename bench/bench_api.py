@@ -43,6 +43,7 @@ from minion.hardware.model import (
     PcieLink,
     Tpm,
 )
+from provisioner.domain.inventory_gpus import gpu_summary
 from provisioner.services.regions import providers, regions
 from provisioner.store.engine import make_engine, make_sessionmaker
 from provisioner.store.migrate import upgrade
@@ -147,6 +148,7 @@ def seed(url: str, profile: str = "realistic", nodes: int = NODES) -> None:
                 state="active" if i % 2 else "maintenance",
                 reason=None,
                 inventory=node_inventory(i),
+                **dict(zip(("gpu_count", "gpu_type"), gpu_summary(node_inventory(i)), strict=True)),
                 requirements=report,
                 last_heartbeat_at=now,
                 created_at=now,

@@ -14,8 +14,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import JSON, Boolean, DateTime, ForeignKey, Index, Integer, LargeBinary, String, Text, text
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship, validates
 from sqlalchemy.types import TypeDecorator
+
+from provisioner.domain.inventory_gpus import gpu_summary
 
 
 def utcnow() -> datetime:
@@ -177,6 +179,9 @@ class Node(Base):
     reason: Mapped[str | None] = mapped_column(Text)
     # reported by the minion when it joins / heartbeats
     inventory: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # what the report's GPUs sum up to (domain/inventory_gpus.py), kept by _summarise on every write
+    gpu_count: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    gpu_type: Mapped[str | None] = mapped_column(String(128))
     requirements: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # requirement verdict
     last_heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     # beats since the node's row was added (revision 0025; was node_attestations.heartbeats): the quote
@@ -205,6 +210,11 @@ class Node(Base):
     def region_name(self) -> str:
         """Same attribute as on the rows of services.nodes.list_page, so one serialiser fits both."""
         return self.region.name
+
+    @validates("inventory")
+    def _summarise(self, _key: str, inventory: dict[str, Any] | None) -> dict[str, Any] | None:
+        self.gpu_count, self.gpu_type = gpu_summary(inventory)
+        return inventory
 
 
 class AuditEvent(Base):

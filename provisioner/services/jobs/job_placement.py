@@ -20,6 +20,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from provisioner.domain import billing_rules
+from provisioner.domain.inventory_gpus import gpu_type_of as gpu_type_of
+from provisioner.domain.inventory_gpus import gpus_of
 from provisioner.domain.placement import Candidate, CandidateSource, PlacementRequest
 from provisioner.domain.states import WORKER_ON_NODE, NodeState, Service, is_online
 from provisioner.services.billing import prices
@@ -40,25 +42,13 @@ class Busy:
     vcpus: int = 0
 
 
-def _gpus(inventory: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
-    return [g for g in (inventory or {}).get("gpus") or [] if isinstance(g, Mapping)]
-
-
-def gpu_type_of(inventory: Mapping[str, Any] | None) -> str | None:
-    """The node's GPU type (the catalogue `model`); one per node (the gpu-single-model rule)."""
-    models = sorted(
-        {str(g.get("model") or g.get("name")) for g in _gpus(inventory) if g.get("model") or g.get("name")}
-    )
-    return models[0] if models else None
-
-
 def price_of(
     region_settings: Mapping[str, Any] | None,
     inventory: Mapping[str, Any] | None,
     public: Mapping[str, float],
 ) -> float:
     """The public price per GPU-hour on this node (module docstring); `public`: the price list by type."""
-    if not _gpus(inventory):
+    if not gpus_of(inventory):
         return 0.0
     model = gpu_type_of(inventory)
     prices_here = (region_settings or {}).get("gpu_prices")
@@ -139,7 +129,7 @@ def candidate_of(
     node: Node, busy: Busy, now: datetime | None = None, public: Mapping[str, float] | None = None
 ) -> Candidate:
     inventory = node.inventory or {}
-    gpus = _gpus(inventory)
+    gpus = gpus_of(inventory)
     vcpus = _vcpus(inventory)
     failing = failed_rules(node.requirements or {})
     region = node.region

@@ -1,5 +1,6 @@
 """job_metrics: the metric points workers print, and each worker's metric counters; job_worker_usage:
-the usage samples of workers' containers.
+the usage samples of workers' containers; nodes.gpu_count and gpu_type, summed up from each node's
+inventory report (filled here for the nodes there are).
 
 Revision ID: 0028_job_metrics
 Revises: 0027_project_keys
@@ -9,6 +10,8 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 from alembic import op
+
+from provisioner.domain.inventory_gpus import gpu_summary
 
 revision = "0028_job_metrics"
 down_revision = "0027_project_keys"
@@ -49,9 +52,27 @@ def upgrade() -> None:
         sa.Column("gpus", sa.JSON(), nullable=False),
     )
     op.create_index("ix_job_worker_usage_job_worker_at", "job_worker_usage", ["job_id", "worker", "at"])
+    with op.batch_alter_table("nodes") as batch:
+        batch.add_column(sa.Column("gpu_count", sa.Integer(), nullable=False, server_default="0"))
+        batch.add_column(sa.Column("gpu_type", sa.String(length=128), nullable=True))
+    bind = op.get_bind()
+    nodes = sa.table(
+        "nodes",
+        sa.column("id"),
+        sa.column("inventory", sa.JSON()),
+        sa.column("gpu_count"),
+        sa.column("gpu_type"),
+    )
+    for node_id, inventory in bind.execute(sa.select(nodes.c.id, nodes.c.inventory)).all():
+        count, kind = gpu_summary(inventory)
+        if count:
+            bind.execute(nodes.update().where(nodes.c.id == node_id).values(gpu_count=count, gpu_type=kind))
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("nodes") as batch:
+        batch.drop_column("gpu_type")
+        batch.drop_column("gpu_count")
     op.drop_index("ix_job_worker_usage_job_worker_at", table_name="job_worker_usage")
     op.drop_table("job_worker_usage")
     with op.batch_alter_table("job_workers") as batch:
