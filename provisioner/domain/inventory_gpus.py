@@ -9,8 +9,9 @@ from typing import Any
 
 
 def gpus_of(inventory: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
-    found = (inventory or {}).get("gpus") if isinstance(inventory, Mapping) else None
-    return [g for g in found or [] if isinstance(g, Mapping)]
+    """The GPU entries of a report; none when it lists none (or is a summary, e.g. {"gpus": 2})."""
+    found = inventory.get("gpus") if isinstance(inventory, Mapping) else None
+    return [g for g in found if isinstance(g, Mapping)] if isinstance(found, list) else []
 
 
 def gpu_type_of(inventory: Mapping[str, Any] | None) -> str | None:

@@ -18,6 +18,9 @@ down_revision = "0027_project_keys"
 branch_labels = None
 depends_on = None
 
+# Plain ALTER TABLE, not batch mode (as 0025): batch mode would copy `nodes` into a new table and drop
+# the old one, which SQLite refuses while other rows refer to it and foreign keys are enforced.
+
 COUNTERS = ("metric_points", "metrics_dropped", "metrics_refused")
 USAGE_BYTES = ("memory_bytes", "disk_bytes", "net_rx_bytes", "net_tx_bytes")
 
@@ -34,12 +37,13 @@ def upgrade() -> None:
         sa.Column("at", sa.DateTime(timezone=True), nullable=False),
     )
     op.create_index("ix_job_metrics_job_id_id", "job_metrics", ["job_id", "id"])
-    with op.batch_alter_table("job_workers") as batch:
-        batch.add_column(sa.Column("metrics_scanned", sa.BigInteger(), nullable=False, server_default="0"))
-        for name in COUNTERS:
-            batch.add_column(sa.Column(name, sa.Integer(), nullable=False, server_default="0"))
-        batch.add_column(sa.Column("metrics_refusal", sa.Text(), nullable=True))
-        batch.add_column(sa.Column("usage_at", sa.Float(), nullable=True))
+    op.add_column(
+        "job_workers", sa.Column("metrics_scanned", sa.BigInteger(), nullable=False, server_default="0")
+    )
+    for name in COUNTERS:
+        op.add_column("job_workers", sa.Column(name, sa.Integer(), nullable=False, server_default="0"))
+    op.add_column("job_workers", sa.Column("metrics_refusal", sa.Text(), nullable=True))
+    op.add_column("job_workers", sa.Column("usage_at", sa.Float(), nullable=True))
     op.create_table(
         "job_worker_usage",
         sa.Column("id", sa.Integer(), primary_key=True, autoincrement=True),
@@ -52,9 +56,8 @@ def upgrade() -> None:
         sa.Column("gpus", sa.JSON(), nullable=False),
     )
     op.create_index("ix_job_worker_usage_job_worker_at", "job_worker_usage", ["job_id", "worker", "at"])
-    with op.batch_alter_table("nodes") as batch:
-        batch.add_column(sa.Column("gpu_count", sa.Integer(), nullable=False, server_default="0"))
-        batch.add_column(sa.Column("gpu_type", sa.String(length=128), nullable=True))
+    op.add_column("nodes", sa.Column("gpu_count", sa.Integer(), nullable=False, server_default="0"))
+    op.add_column("nodes", sa.Column("gpu_type", sa.String(length=128), nullable=True))
     bind = op.get_bind()
     nodes = sa.table(
         "nodes",
@@ -70,13 +73,11 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("nodes") as batch:
-        batch.drop_column("gpu_type")
-        batch.drop_column("gpu_count")
+    op.drop_column("nodes", "gpu_type")
+    op.drop_column("nodes", "gpu_count")
     op.drop_index("ix_job_worker_usage_job_worker_at", table_name="job_worker_usage")
     op.drop_table("job_worker_usage")
-    with op.batch_alter_table("job_workers") as batch:
-        for name in ("usage_at", "metrics_refusal", *reversed(COUNTERS), "metrics_scanned"):
-            batch.drop_column(name)
+    for name in ("usage_at", "metrics_refusal", *reversed(COUNTERS), "metrics_scanned"):
+        op.drop_column("job_workers", name)
     op.drop_index("ix_job_metrics_job_id_id", table_name="job_metrics")
     op.drop_table("job_metrics")
