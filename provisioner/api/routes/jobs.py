@@ -9,9 +9,9 @@ from decimal import Decimal
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
-from contracts.jobs import INT64_END, LOG_ROUTE, WORKER_NUMBERS, LogAck, LogChunk
+from contracts.jobs import INT64_END, LOG_ROUTE, WORKER_NUMBERS, GpuUsage, LogAck, LogChunk
 from contracts.jobspec import JobSpec, spec_from_data
 from provisioner.api.deps import Db, NodeCredential, Principal
 from provisioner.api.errors import NODE_ERRORS, documented
@@ -340,15 +340,11 @@ def metrics(
     )
 
 
-class GpuUsageOut(BaseModel):
-    index: int
-    util_pct: float
-    memory_bytes: int
-    power_w: float
-    temp_c: float
-
-
 class UsageSampleOut(BaseModel):
+    """A stored sample (store/job_models.py WorkerUsageSample), its fields as the minion's WorkerUsage."""
+
+    model_config = ConfigDict(from_attributes=True)
+
     worker: int
     at: float = Field(description="Unix time of the sample (a period's start once downsampled)")
     resolution_s: int = Field(description="0: a sample as the node took it; else the mean of this period")
@@ -357,7 +353,7 @@ class UsageSampleOut(BaseModel):
     disk_bytes: int
     net_rx_bytes: int
     net_tx_bytes: int
-    gpus: list[GpuUsageOut]
+    gpus: list[GpuUsage]
 
 
 class UsageOut(BaseModel):
@@ -381,20 +377,7 @@ def usage(
         job_id=page.job_id,
         job_state=page.job_state,
         disk_gb=page.disk_gb,
-        samples=[
-            UsageSampleOut(
-                worker=r.worker,
-                at=r.at,
-                resolution_s=r.resolution_s,
-                cpu_cores=r.cpu_cores,
-                memory_bytes=r.memory_bytes,
-                disk_bytes=r.disk_bytes,
-                net_rx_bytes=r.net_rx_bytes,
-                net_tx_bytes=r.net_tx_bytes,
-                gpus=[GpuUsageOut(**g) for g in r.gpus or []],
-            )
-            for r in page.samples
-        ],
+        samples=[UsageSampleOut.model_validate(r) for r in page.samples],
     )
 
 
