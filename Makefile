@@ -5,7 +5,7 @@ export TSS2_LOG := all+none
 # one debootstrap'd lab root for the finalize and lab tests, kept between runs (keyed by its inputs)
 export RIGBASE_TEST_ROOTFS_CACHE ?= $(CURDIR)/.cache/rootfs
 
-.PHONY: deps test test-deep demo bench clean
+.PHONY: deps test test-deep test-vm demo bench clean
 
 deps:
 	./scripts/install-deps.sh
@@ -16,6 +16,11 @@ test: deps
 # what is too slow for `make test`: the API fuzz at 150 examples per operation (docs/testing.md)
 test-deep: deps
 	RIGBASE_FUZZ_EXAMPLES=150 $(PY) -m pytest -q tests/provisioner/test_fuzz_api.py
+
+# a node's whole life in QEMU under TCG, from the USB image to active and through a reset, and a GCE VM
+# joining and then refused: about 25 min on an idle 2-core machine, 50 beside other work (docs/testing.md)
+test-vm: deps
+	$(PY) -m pytest -q --durations=5 -p no:cacheprovider tests/image_builder/test_node_life_vm.py
 
 demo: deps
 	./scripts/demo.sh

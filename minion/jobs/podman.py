@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import time
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -24,6 +25,8 @@ LABEL_GPUS: Final = "rigbase.gpus"  # "0,1": the GPU indices the worker holds (r
 QUERY_TIMEOUT_S: Final = 60.0  # ps/inspect/rm; `run -d` pulls nothing (no registry) but may create layers
 RUN_TIMEOUT_S: Final = 300.0
 KILLED_WAIT_S: Final = 5.0  # how long a call waits for a podman it killed on timeout to end
+REMOVE_TRIES: Final = 3
+REMOVE_RETRY_S: Final = 0.5
 
 
 class PodmanError(Exception):
@@ -137,7 +140,16 @@ class Podman:
         self.call(["stop", "--ignore", "--time", str(grace_s), name], timeout=grace_s + QUERY_TIMEOUT_S)
 
     def remove(self, name: str) -> None:
-        self.call(["rm", "--force", "--ignore", "--time", "0", name])
+        # podman's known EBUSY race (containers/podman#11594): the container is stopped and its shm
+        # mount still settling when storage is removed; a second `rm` a moment later finishes the job.
+        for attempt in range(REMOVE_TRIES):
+            try:
+                self.call(["rm", "--force", "--ignore", "--time", "0", name])
+                return
+            except PodmanError as exc:
+                if "device or resource busy" not in str(exc) or attempt == REMOVE_TRIES - 1:
+                    raise
+                time.sleep(REMOVE_RETRY_S)
 
     def upper_dir(self, name: str) -> str | None:
         """The container's writable layer on the host (overlay), for the best-effort disk quota."""

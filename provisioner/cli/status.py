@@ -30,6 +30,8 @@ STATUS_COLUMNS = [
     ("nodes_active", "ACTIVE"),
     ("nodes_offline", "OFFLINE"),
     ("nodes_errored", "ERRORED"),
+    ("gpus_free", "GPUS FREE"),
+    ("gpus_allocated", "GPUS USED"),
     ("minions_pending", "PENDING"),
     ("join_tokens", "JOIN TOKENS"),
     ("join_tokens_expiring", "EXPIRING <24H"),
@@ -43,9 +45,11 @@ def status(json_out: Json = False) -> None:
     if json_out:
         render.print_json(out)
         return
-    render.table(
-        out["regions"], STATUS_COLUMNS, as_json=False, empty="no region yet: `provision region create`"
-    )
+    rows = [r | {"gpus_free": r["gpus"] - r["gpus_allocated"]} for r in out["regions"]]
+    render.table(rows, STATUS_COLUMNS, as_json=False, empty="no region yet: `provision region create`")
+    waited = f", the oldest for {render.human_duration(out['oldest_wait_s'])}" if out["jobs_waiting"] else ""
+    running, waiting = out["jobs_running"], out["jobs_waiting"]
+    print(f"jobs: {running} running, {waiting} waiting{waited} (`provision job list`)")
     print(f"join refusals in the last 24 h: {out['refusals_24h']} (`provision node refusals`)")
 
 

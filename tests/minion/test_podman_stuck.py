@@ -68,3 +68,31 @@ def test_a_podman_stuck_in_the_kernel_is_given_up_on_while_it_still_sleeps(
         assert _state(pid) == "D", _state(pid)
     finally:
         thaw.cancel()
+
+
+def _scripted_podman(tmp_path: Path, first_error: str) -> tuple[Podman, Path]:
+    """A `podman` whose first `rm` fails with `first_error` and whose later ones succeed; it logs calls."""
+    calls = tmp_path / "calls"
+    script = tmp_path / "podman"
+    script.write_text(
+        "#!/bin/sh\n"
+        f'echo "$*" >> {calls}\n'
+        f'if [ "$(wc -l < {calls})" -eq 1 ]; then echo "Error: {first_error}" >&2; exit 125; fi\n'
+    )
+    script.chmod(0o755)
+    return Podman(ContainerSettings(podman=str(script))), calls
+
+
+def test_podmans_ebusy_race_on_remove_is_retried_and_other_errors_are_not(tmp_path: Path) -> None:
+    # podman's own message for the race (containers/podman#11594), which no test can provoke at will
+    shm = "/var/lib/containers/storage/overlay-containers/c/userdata/shm"
+    busy, other = tmp_path / "busy", tmp_path / "other"
+    busy.mkdir(), other.mkdir()
+    podman, calls = _scripted_podman(busy, f"1 error occurred:\n\t* unlinkat {shm}: device or resource busy")
+    podman.remove("job-x-0")
+    assert calls.read_text().splitlines() == ["rm --force --ignore --time 0 job-x-0"] * 2
+
+    podman, calls = _scripted_podman(other, "no such object")
+    with pytest.raises(PodmanError, match="no such object"):
+        podman.remove("job-x-0")
+    assert len(calls.read_text().splitlines()) == 1

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
+import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -42,7 +43,7 @@ from provisioner.settings import Settings
 from provisioner.store.engine import make_engine, make_sessionmaker
 from provisioner.store.job_models import Job, JobWorker
 from provisioner.store.join_models import NodeAttestation
-from tests.fixtures.control_plane import ControlPlane, start_control_plane
+from tests.fixtures.control_plane import PROVISION, ControlPlane, start_control_plane
 from tests.minion.test_jobs_podman import IMAGE, RUNTIME, image  # noqa: F401  (the image fixture)
 
 GIB = 2**30
@@ -779,3 +780,36 @@ def test_a_projects_registry_key_pulls_its_own_jobs_images_and_is_never_shown(
         http.post(f"/v1/jobs/{public['id']}/stop")
     (pw,) = mine(fleet.heartbeat(public["node"]), public["id"])
     fleet.heartbeat(public["node"], [report(pw, "stopped", exit_code=0)])
+
+
+def test_status_counts_gpus_free_and_held_and_jobs_running_and_waiting(fleet: Fleet) -> None:
+    def status(token: str | None = None) -> dict[str, Any]:
+        env = fleet.cp.env | ({"RIGBASE_TOKEN": token} if token else {})
+        out = subprocess.run([str(PROVISION), "status", "--json"], env=env, capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+
+    before = status()
+    lab1 = {r["region"]: r for r in before["regions"]}["lab-1"]
+    assert lab1["gpus"] == 3  # gpu-1's two RTX 3090s and gpu-2's T4
+    big = create(fleet, spec("holds-both-3090s", gpus=2)).json()
+    (w,) = mine(fleet.heartbeat("gpu-1"), big["id"])
+    fleet.heartbeat("gpu-1", [report(w, "running", gpu_indices=[0, 1])])
+    waits = create(fleet, spec("waits-for-h100", types=("H100 80GB",))).json()
+    assert waits["state"] == "waiting"
+    after = status()
+    held = {r["region"]: r for r in after["regions"]}["lab-1"]
+    assert held["gpus_allocated"] - lab1["gpus_allocated"] == 2
+    assert after["jobs_running"] - before["jobs_running"] == 1
+    assert after["jobs_waiting"] - before["jobs_waiting"] == 1 and after["oldest_wait_s"] >= 0
+    table = fleet.cp.provision("status").stdout
+    assert "GPUS FREE" in table and "GPUS USED" in table
+    assert f"jobs: {after['jobs_running']} running, {after['jobs_waiting']} waiting, the oldest for" in table
+    # another account counts only its own jobs, and sees none of lab-1's GPUs
+    theirs = status(fleet.other_token)
+    assert theirs["jobs_running"] == 0 and theirs["jobs_waiting"] == 0
+    assert "lab-1" not in {r["region"] for r in theirs["regions"]}
+    with fleet.http() as http:
+        for ref in (big["id"], waits["id"]):
+            assert http.post(f"/v1/jobs/{ref}/stop").status_code == 200
+    fleet.heartbeat("gpu-1", [report(w, "stopped", exit_code=143, log_eof=True)])

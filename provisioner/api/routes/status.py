@@ -11,8 +11,10 @@ from alembic.runtime.migration import MigrationContext
 from fastapi import APIRouter
 from pydantic import BaseModel
 
-from provisioner.api.deps import Db
+from provisioner.api.deps import Db, Principal
+from provisioner.domain.states import JobState
 from provisioner.services.fleet import fleet_status
+from provisioner.services.jobs import fleet_summary
 
 router = APIRouter(prefix="/v1/status", tags=["status"])
 
@@ -29,6 +31,8 @@ class RegionStatus(BaseModel):
     minions_pending: int
     join_tokens: int
     join_tokens_expiring: int
+    gpus: int = 0
+    gpus_allocated: int = 0  # held by a starting or running worker
 
 
 class StatusOut(BaseModel):
@@ -37,6 +41,9 @@ class StatusOut(BaseModel):
     schema_revision: str | None
     regions: list[RegionStatus]
     refusals_24h: int
+    jobs_running: int = 0  # the caller's account's (every account's for a fleet admin)
+    jobs_waiting: int = 0
+    oldest_wait_s: float = 0.0
 
 
 def server_version() -> str:
@@ -47,8 +54,24 @@ def server_version() -> str:
 
 
 @router.get("")
-def status(session: Db) -> StatusOut:
-    """The fleet at a glance, with the server's version and schema revision (for `provision doctor`)."""
+def status(session: Db, principal: Principal) -> StatusOut:
+    """The fleet at a glance: nodes, GPUs free and held, jobs running and waiting; with the server's
+    version and schema revision (for `provision doctor`)."""
     heads = MigrationContext.configure(session.connection()).get_current_heads()
     data: dict[str, Any] = fleet_status.status(session)
-    return StatusOut(**data, version=server_version(), schema_revision=",".join(sorted(heads)) or None)
+    gpus: dict[str, fleet_summary.GpuCount] = {}
+    for (region, _), n in fleet_summary.fleet(session).gpus.items():
+        was = gpus.get(region, fleet_summary.GpuCount())
+        gpus[region] = fleet_summary.GpuCount(was.total + n.total, was.allocated + n.allocated)
+    for row in data["regions"]:
+        held = gpus.get(row["region"], fleet_summary.GpuCount())
+        row |= {"gpus": held.total, "gpus_allocated": held.allocated}
+    jobs = fleet_summary.jobs(session, principal.account_scope())
+    return StatusOut(
+        **data,
+        jobs_running=jobs.in_state(JobState.RUNNING),
+        jobs_waiting=jobs.waiting,
+        oldest_wait_s=jobs.oldest_wait_s,
+        version=server_version(),
+        schema_revision=",".join(sorted(heads)) or None,
+    )
