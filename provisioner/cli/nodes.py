@@ -25,6 +25,7 @@ from provisioner.cli.settings import connect
 from provisioner.cli.wait import wait_for_node
 from provisioner.client import Client
 from provisioner.domain.states import NODE_READY, NODE_STOPPED, Maintenance, NodeState, Service
+from provisioner.domain.task_lines import fold_tasks
 
 app = group("Nodes: servers added by the minion_id shown on their console.")
 # the default table fits 120 columns with names of up to ~20 characters; `-o wide` adds the rest
@@ -46,7 +47,6 @@ HISTORY_COLUMNS = [
     ("from_state", "FROM"),
     ("to_state", "TO"),
     ("reason", "WHY"),
-    ("resource_id", "NODE ID"),
 ]
 # a freshly added node is ready (or failed) once its minion has joined and playbooks have run
 READY, FAILED = NODE_READY, NODE_STOPPED  # what `--wait` stops at
@@ -258,7 +258,16 @@ def maintenance(
 
 @app.command("history")
 @output_options
-def history(name: str, region: RegionOpt = None, json_out: Json = False) -> None:
-    """Every state change of a node: when, who, from, to, why."""
+def history(
+    name: str,
+    region: RegionOpt = None,
+    tasks: Annotated[
+        bool, typer.Option("--tasks", help="Every playbook task on its own line (else a play is one line).")
+    ] = False,
+    json_out: Json = False,
+) -> None:
+    """Every state change of a node: when, who, from, to, why (the reason is never shortened)."""
     rows = connect().get(f"/v1/nodes/{name}/history", region=region)["items"]
-    render.table(rows, HISTORY_COLUMNS, as_json=json_out)
+    if not tasks and not render.is_machine(json_out):
+        rows = fold_tasks(rows)
+    render.table(rows, HISTORY_COLUMNS, as_json=json_out, keep=("actor", "from_state", "to_state", "reason"))

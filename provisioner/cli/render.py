@@ -9,6 +9,7 @@ and regions are never cut, and `-o wide` adds the `wide` columns and cuts nothin
 from __future__ import annotations
 
 import json
+import textwrap
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
@@ -23,6 +24,7 @@ _WIDTH = 1000
 FIT_WIDTH = 120  # what a default table fits in (a terminal of kubectl's habits)
 _MIN_CUT = 8  # a shortened column keeps at least this many characters
 _GAP = 2  # Rich's padding between columns (box=None)
+_MIN_WRAP = 30  # a wrapped column is at least this wide, however wide the others are
 # (field, header) or (field, header, how to show the row in that column)
 Column = tuple[str, str] | tuple[str, str, Callable[[dict[str, Any]], str]]
 Columns = Sequence[Column]
@@ -46,6 +48,11 @@ def use(output: Output) -> None:
 
 def chosen(as_json: bool = False) -> Output:
     return Output.JSON if as_json else _output
+
+
+def is_machine(as_json: bool = False) -> bool:
+    """Whether this command prints JSON or YAML (rows exactly as the API gave them)."""
+    return chosen(as_json) in (Output.JSON, Output.YAML)
 
 
 def _never_cut(field: str) -> bool:
@@ -170,13 +177,40 @@ def machine(data: Any, output: Output) -> bool:
     return True
 
 
+def _is_time(field: str) -> bool:
+    return field == "at" or field.endswith("_at")
+
+
+def _field_cell(field: str, value: Any) -> str:
+    """A value as people read it: times in this machine's zone to the second (JSON keeps the API's)."""
+    if _is_time(field) and isinstance(value, str) and _when(value) is not None:
+        return local_time(value)
+    return _cell(value)
+
+
 def _show(row: dict[str, Any], column: Column) -> str:
-    return column[2](row) if len(column) == 3 else _cell(row.get(column[0]))
+    return column[2](row) if len(column) == 3 else _field_cell(column[0], row.get(column[0]))
+
+
+def _width(cell: str) -> int:
+    return max(len(line) for line in cell.split("\n"))
+
+
+def _wrap(headers: list[str], cells: list[list[str]], wrapped: list[bool]) -> list[list[str]]:
+    """Wrap the `wrapped` columns' text into what is left of FIT_WIDTH beside the other columns."""
+    if not any(wrapped) or not cells:
+        return cells
+    others = sum(max(len(h), *(_width(r[i]) for r in cells)) for i, h in enumerate(headers) if not wrapped[i])
+    room = max(_MIN_WRAP, (FIT_WIDTH - others - _GAP * (len(wrapped) - 1)) // sum(wrapped))
+    return [
+        [("\n".join(textwrap.wrap(c, room)) or c) if wrapped[i] else c for i, c in enumerate(row)]
+        for row in cells
+    ]
 
 
 def _fit(headers: list[str], cells: list[list[str]], cuttable: list[bool]) -> list[list[str]]:
     """Shorten the widest cuttable column, one character at a time, until the table fits FIT_WIDTH."""
-    widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
+    widths = [max(len(h), *(_width(r[i]) for r in cells)) for i, h in enumerate(headers)]
     over = sum(widths) + _GAP * (len(widths) - 1) - FIT_WIDTH
     while over > 0:
         candidates = [
@@ -200,8 +234,12 @@ def table(
     as_json: bool = False,
     wide: Columns = (),
     empty: str = "nothing yet",
+    keep: Sequence[str] = (),
+    wrap: Sequence[str] = (),
 ) -> None:
-    """Rows as the chosen output: a table of `columns` (`-o wide` adds `wide`), or the rows as they are."""
+    """Rows as the chosen output: a table of `columns` (`-o wide` adds `wide`), or the rows as they are.
+    `keep`: fields that are never shortened to fit, beside ids and names; `wrap`: fields whose text
+    wraps onto more lines to fit instead."""
     output = chosen(as_json)
     if machine(rows, output):
         return
@@ -212,7 +250,8 @@ def table(
     headers = [c[1] for c in shown]
     cells = [[_show(row, c) for c in shown] for row in rows]
     if output is Output.TABLE:
-        cells = _fit(headers, cells, [not _never_cut(c[0]) for c in shown])
+        cells = _wrap(headers, cells, [c[0] in wrap for c in shown])
+        cells = _fit(headers, cells, [not (_never_cut(c[0]) or c[0] in keep or c[0] in wrap) for c in shown])
     t = Table(box=None, header_style="bold", pad_edge=False)
     for header in headers:
         t.add_column(header, no_wrap=True, overflow="ignore")
@@ -234,7 +273,7 @@ def detail(obj: dict[str, Any], *, as_json: bool = False, fields: Sequence[str] 
     t.add_column(style="bold", no_wrap=True, min_width=max((len(f) for f in shown), default=0))
     t.add_column(no_wrap=True, overflow="ignore")
     for field in shown:
-        t.add_row(field, _cell(obj.get(field)))
+        t.add_row(field, _field_cell(field, obj.get(field)))
     _print_table(t)
 
 

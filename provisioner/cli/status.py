@@ -230,6 +230,7 @@ def doctor(json_out: Json = False) -> None:
     if json_out:
         render.print_json(rows)
     else:
-        render.table(rows, [("check", "CHECK"), ("verdict", "RESULT"), ("detail", "DETAIL")], as_json=False)
+        columns = [("check", "CHECK"), ("verdict", "RESULT"), ("detail", "DETAIL")]
+        render.table(rows, columns, as_json=False, wrap=("detail",))
     if any(f.verdict is Verdict.FAIL for f in findings):
         raise typer.Exit(1)

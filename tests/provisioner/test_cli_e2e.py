@@ -342,3 +342,41 @@ def test_the_url_and_the_ca_are_independent_and_a_lost_home_is_named(
     assert lost.returncode == 1 and len(lost.stderr.strip().splitlines()) == 1, lost.stderr
     assert f"RIGBASE_HOME={api_server.home} (pid {api_server.process.pid})" in lost.stderr
     assert "provision serve`" not in lost.stderr  # no second control plane suggested
+
+
+def test_node_history_folds_a_plays_tasks_unless_asked_and_never_cuts_a_reason(
+    api_server: ControlPlane,
+) -> None:
+    from contracts.finalize import TaskStatus
+    from provisioner.domain.task_lines import task_line
+    from provisioner.services.common import audit
+    from provisioner.store.engine import make_sessionmaker
+    from tests.provisioner.test_join_http import api
+
+    cp = api_server
+    api(cp, "POST", "/v1/providers", {"kind": "physical", "config": {}})
+    api(cp, "POST", "/v1/regions", {"name": "dc1", "provider": "physical"})
+    node = api(cp, "POST", "/v1/nodes", {"name": "gpu-9", "region": "dc1", "minion_id": MID[5]})
+    long_why = "the operator's reason, " + "which goes on and on " * 8 + "and ends here"
+    engine = make_engine(cp.database_url)
+    lines = [
+        task_line("install the driver", TaskStatus.OK, None),
+        task_line("mount /scratch", TaskStatus.CHANGED, "mounted: /dev/md0"),
+        task_line("export it", TaskStatus.OK, None),
+        long_why,
+        task_line("it's quoted", TaskStatus.FAILED, "exit 1"),
+    ]
+    with make_sessionmaker(engine).begin() as s:
+        for reason in lines:
+            where = {"kind": "node", "resource_id": node["id"], "name": "gpu-9", "state": "new"}
+            audit.note(s, **where, actor="minion:x", reason=reason)
+    engine.dispose()
+
+    folded = _ok(cp, "node", "history", "gpu-9")
+    assert "NODE ID" not in folded and node["id"] not in folded
+    assert "3 playbook task(s): 2 ok, 1 changed (--tasks lists them)" in folded
+    assert "1 playbook task(s): 1 failed" in folded and "and ends here" in folded  # whole, not cut
+    every = _ok(cp, "node", "history", "gpu-9", "--tasks")
+    assert "task 'mount /scratch': changed: mounted: /dev/md0" in every and "playbook task(s)" not in every
+    rows = json.loads(_ok(cp, "node", "history", "gpu-9", "--json"))
+    assert [r["reason"] for r in rows][1:] == lines  # JSON is the history as it is (after the creation)

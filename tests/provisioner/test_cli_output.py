@@ -13,6 +13,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
 
 import pytest
 import yaml
@@ -160,3 +161,37 @@ def test_show_never_cuts_a_field_name_however_long_a_value_is(capsys: pytest.Cap
     render.detail({"id": "node_1", "last_heartbeat_at": "10 s ago", "inventory": "x" * 3000})
     names = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
     assert names == ["id", "last_heartbeat_at", "inventory"]
+
+
+def test_a_wrapped_column_keeps_every_word_within_the_width(capsys: pytest.CaptureFixture[str]) -> None:
+    """`doctor`'s details wrap onto more lines instead of ending in `…`."""
+    from provisioner.cli import render
+
+    detail = " ".join(f"word{i}" for i in range(60))
+    rows = [{"check": "join-tokens", "verdict": "warn", "detail": detail}]
+    render.table(rows, [("check", "CHECK"), ("verdict", "RESULT"), ("detail", "DETAIL")], wrap=("detail",))
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) > 2 and all(len(line) <= render.FIT_WIDTH for line in lines)
+    assert "…" not in "".join(lines) and " ".join(" ".join(lines).split()).endswith(detail)
+
+
+def test_times_show_in_local_time_to_the_second_and_json_keeps_the_apis(api_server: ControlPlane) -> None:
+    cp = api_server
+    api(cp, "POST", "/v1/providers", {"kind": "physical", "config": {}})
+    api(cp, "POST", "/v1/regions", {"name": "dc1", "provider": "physical"})
+    api(cp, "POST", "/v1/nodes", {"name": "gpu-1", "region": "dc1", "minion_id": f"{7:032x}"})
+    env = cp.env | {"TZ": "Asia/Kolkata"}  # UTC+05:30 all year
+
+    def run(*args: str) -> str:
+        out = subprocess.run([str(PROVISION), *args], env=env, capture_output=True, text=True, timeout=60)
+        return out.stdout
+
+    shown = run("node", "show", "gpu-1", "-o", "wide")
+    raw = json.loads(run("node", "show", "gpu-1", "--json"))
+
+    created = datetime.fromisoformat(raw["created_at"].replace("Z", "+00:00"))
+    local = created.astimezone(timezone(timedelta(hours=5, minutes=30))).strftime("%Y-%m-%d %H:%M:%S")
+    line = next(li for li in shown.splitlines() if li.startswith("created_at"))
+    assert line.split(None, 1)[1].strip() == local and "T" in raw["created_at"]
+    # the creation event, a moment after the node's created_at: the same minute at least
+    assert local[:16] in run("node", "history", "gpu-1")

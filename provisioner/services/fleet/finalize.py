@@ -31,6 +31,7 @@ from contracts.finalize import (
 )
 from contracts.regional import StorageMode
 from provisioner.domain.states import NodeState, Service
+from provisioner.domain.task_lines import task_line
 from provisioner.domain.text import printable
 from provisioner.services.common import audit
 from provisioner.services.common.runtime import runtime_of
@@ -173,8 +174,7 @@ def next_attempt(node: Node) -> None:
 
 
 def _event_line(event: FinalizeEvent) -> str:
-    said = f"task {event.task!r}: {event.status.value}" + (f": {event.message}" if event.message else "")
-    return printable(said)
+    return task_line(event.task, event.status, event.message)
 
 
 def failure_reason(failed_task: str | None, message: str | None) -> str:
