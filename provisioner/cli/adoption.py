@@ -17,11 +17,10 @@ from provisioner.cli import nodes, render
 from provisioner.cli.common import EXIT_USAGE, Json, Yes, confirm, fail, output_options
 from provisioner.cli.settings import connect
 from provisioner.client import Client
+from provisioner.domain import hardware_text
 from provisioner.domain.states import Service
 
-PASSING = (
-    "pass"  # the pending list's verdict of a minion whose requirements all pass (services/fleet/pending.py)
-)
+PASSING = hardware_text.requirements_line({"ok": True})  # the pending list's verdict: all rules pass
 ADOPT_COLUMNS: render.Columns = [("minion_id", "MINION ID"), ("name", "NAME"), ("region", "REGION")]
 REJECTED_COLUMNS: render.Columns = [
     ("minion_id", "MINION ID"),

@@ -19,11 +19,11 @@ from provisioner.cli.common import (
     group,
     output_options,
     remove_one,
-    show_one,
 )
 from provisioner.cli.settings import connect
 from provisioner.cli.wait import wait_for_node
 from provisioner.client import Client
+from provisioner.domain import hardware_text
 from provisioner.domain.states import NODE_READY, NODE_STOPPED, Maintenance, NodeState, Service
 from provisioner.domain.task_lines import fold_tasks
 
@@ -201,8 +201,15 @@ def list_(
 @app.command("show")
 @output_options
 def show(name: str, region: RegionOpt = None, json_out: Json = False) -> None:
-    """Show one node (by name or id)."""
-    show_one(f"/v1/nodes/{name}", as_json=json_out, region=region)
+    """Show one node (by name or id): its inventory and requirements as one line each (the reports
+    themselves with `-o yaml` or `-o json`)."""
+    node = connect().get(f"/v1/nodes/{name}", region=region)
+    if not render.is_machine(json_out):
+        node |= {
+            "inventory": hardware_text.one_line(node.get("inventory") or {}),
+            "requirements": hardware_text.requirements_line(node.get("requirements") or {}),
+        }
+    render.detail(node, as_json=json_out)
 
 
 @app.command("remove")

@@ -24,6 +24,7 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -813,3 +814,14 @@ def test_status_counts_gpus_free_and_held_and_jobs_running_and_waiting(fleet: Fl
         for ref in (big["id"], waits["id"]):
             assert http.post(f"/v1/jobs/{ref}/stop").status_code == 200
     fleet.heartbeat("gpu-1", [report(w, "stopped", exit_code=143, log_eof=True)])
+
+
+def test_node_show_summarises_inventory_and_requirements_and_yaml_keeps_the_reports(fleet: Fleet) -> None:
+    shown = fleet.cp.provision("node", "show", "gpu-1")
+    assert shown.returncode == 0, shown.stderr
+    fields = dict(line.split(None, 1) for line in shown.stdout.splitlines() if " " in line)
+    assert fields["inventory"].strip().startswith("2x RTX 3090, ") and "GiB RAM" in fields["inventory"]
+    assert fields["requirements"].strip() == "pass" and "{" not in shown.stdout
+    raw = yaml.safe_load(fleet.cp.provision("node", "show", "gpu-1", "-o", "yaml").stdout)
+    assert [g["model"] for g in raw["inventory"]["gpus"]] == ["RTX 3090", "RTX 3090"]
+    assert raw["requirements"] == {"ok": True, "rules": []}

@@ -18,6 +18,7 @@ from provisioner.api.console.forms import SignedIn, signer_of
 from provisioner.api.console.render import ConsoleRoute, page, reading, set_cookie
 from provisioner.api.console.session import SIGNIN_COOKIE, SIGNIN_MAX_AGE_S
 from provisioner.api.schemas import NodeOut
+from provisioner.domain import hardware_text
 from provisioner.domain.states import NODE_AWAITING_MINION, Maintenance, NodeState, Service
 from provisioner.providers.base import Feature, provider_for
 from provisioner.services.billing import ledger
@@ -25,8 +26,8 @@ from provisioner.services.cloud import gcp as gcp_service
 from provisioner.services.data import datastores
 from provisioner.services.devices import device_configs as config_service
 from provisioner.services.devices import device_deployments as deployment_service
-from provisioner.services.fleet import inventory_text, pending
 from provisioner.services.fleet import nodes as node_service
+from provisioner.services.fleet import pending
 from provisioner.services.jobs import fleet_summary
 from provisioner.services.regions import providers, reservations
 from provisioner.services.regions import regions as region_service
@@ -60,7 +61,7 @@ def node_row(node: Node) -> dict[str, Any]:
         "reason": node.reason,
         "online": shown.online,
         "minion_id": node.minion_id,
-        "hardware": inventory_text.one_line(shown.inventory or {}),
+        "hardware": hardware_text.one_line(shown.inventory or {}),
         "last_heartbeat_at": node.last_heartbeat_at,
         "toggleable": node.state in TOGGLEABLE and node.service != Service.DEVICE,
         "model": str(device.get("model_name") or device.get("model") or "-"),

@@ -37,6 +37,7 @@ from provisioner.attestation.refusals import Refusal, RefusalCode, refuse
 from provisioner.attestation.tpm_structures import MalformedStructure, parse_public
 from provisioner.attestation.verifier import Attested, JoinVerifier, RegionTrust
 from provisioner.attestation.wire import PendingJoin, PendingKeyJoin, pending_from_json
+from provisioner.domain.hardware_text import failed_rules
 from provisioner.domain.states import (
     NODE_AWAITING_MINION,
     NODE_STOPPED,
@@ -59,7 +60,6 @@ from provisioner.services.fleet import (
 )
 from provisioner.services.fleet import nodes as node_service
 from provisioner.services.fleet.nonce_store import DbNonceStore
-from provisioner.services.fleet.pending import failed_rules
 from provisioner.store.join_models import JoinAttempt, NodeAttestation, PendingMinion
 from provisioner.store.models import Node, Region
 

@@ -3,25 +3,18 @@ no live node has their minion_id) and the join refusals of the audit trail."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from provisioner.domain import hardware_text
 from provisioner.domain.states import JoinOutcome
-from provisioner.services.fleet import inventory_text
 from provisioner.services.fleet import nodes as node_service
 from provisioner.services.regions import regions as region_service
 from provisioner.store import row_scope
 from provisioner.store.join_models import PendingMinion
 from provisioner.store.models import AuditEvent, Region
-
-
-def failed_rules(requirements: Mapping[str, Any]) -> list[str]:
-    """The hardware rules a minion's requirements report says it fails (the join refuses those)."""
-    rules = requirements.get("rules") or []
-    return [str(r.get("rule")) for r in rules if isinstance(r, dict) and not r.get("ok", True)]
 
 
 def pending(session: Session, region: str | None = None) -> list[dict[str, Any]]:
@@ -37,13 +30,6 @@ def pending(session: Session, region: str | None = None) -> list[dict[str, Any]]
     for row, region_name in session.execute(stmt):
         if node_service.by_minion_id(session, row.minion_id) is not None:
             continue
-        failing = failed_rules(row.requirements or {})
-        req_ok = (row.requirements or {}).get("ok")
-        verdict = (
-            "unknown"
-            if req_ok is None and not failing
-            else ("fail: " + ", ".join(failing) if failing or req_ok is False else "pass")
-        )
         out.append(
             {
                 "minion_id": row.minion_id,
@@ -53,8 +39,8 @@ def pending(session: Session, region: str | None = None) -> list[dict[str, Any]]
                 "last_seen": row.last_seen,
                 "attested": row.attested,
                 "identity": row.identity,
-                "inventory": inventory_text.one_line(row.inventory or {}),
-                "requirements": verdict,
+                "inventory": hardware_text.one_line(row.inventory or {}),
+                "requirements": hardware_text.requirements_line(row.requirements or {}),
                 "refusal": row.refusal,
                 "state": JoinOutcome.PENDING.value,
             }

@@ -20,13 +20,13 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from provisioner.domain import billing_rules
+from provisioner.domain.hardware_text import failed_rules
 from provisioner.domain.inventory_gpus import gpu_type_of as gpu_type_of
 from provisioner.domain.inventory_gpus import gpus_of
 from provisioner.domain.placement import Candidate, CandidateSource, PlacementRequest
 from provisioner.domain.states import WORKER_ON_NODE, NodeState, Service, is_online
 from provisioner.services.billing import prices
 from provisioner.services.cloud import gcp_capacity
-from provisioner.services.fleet.pending import failed_rules
 from provisioner.store.gcp_models import GcpBurstVm
 from provisioner.store.job_models import Job, JobWorker
 from provisioner.store.models import Node

@@ -1,5 +1,5 @@
-"""A minion's inventory report as one line of text (GPUs, cores, memory, NVMe drives): what
-`provision node pending` shows for a machine nobody has added yet."""
+"""A minion's inventory and requirements reports as one line of text each: what `provision node pending`
+and `node show` print and the console shows (the reports themselves are under `-o yaml`)."""
 
 from __future__ import annotations
 
@@ -28,3 +28,21 @@ def one_line(inv: Mapping[str, Any]) -> str:
     if nvme:
         parts.append(f"{len(nvme)} NVMe {sum(int(d.get('size_bytes') or 0) for d in nvme) / TB:.1f} TB")
     return ", ".join(parts) or "-"
+
+
+def failed_rules(requirements: Mapping[str, Any]) -> list[str]:
+    """The hardware rules a minion's requirements report says it fails (the join refuses those)."""
+    rules = requirements.get("rules") or []
+    return [str(r.get("rule")) for r in rules if isinstance(r, dict) and not r.get("ok", True)]
+
+
+def requirements_line(requirements: Mapping[str, Any]) -> str:
+    """`pass`, `fail: nvme-drives, memory-vs-vram` or `unknown` (no report yet); `provision node adopt`
+    reads `pass` as is."""
+    failing = failed_rules(requirements)
+    ok = requirements.get("ok")
+    if ok is None and not failing:
+        return "unknown"
+    if failing or ok is False:
+        return "fail: " + (", ".join(failing) or "no rule named")
+    return "pass"
