@@ -260,20 +260,33 @@ def table(
     _print_table(t)
 
 
-def detail(obj: dict[str, Any], *, as_json: bool = False, fields: Sequence[str] | None = None) -> None:
-    """One object as `field  value` lines (all fields, or `fields` in that order; `-o wide`: all)."""
+def detail(
+    obj: dict[str, Any],
+    *,
+    as_json: bool = False,
+    fields: Sequence[str] | None = None,
+    nested: Sequence[str] = (),
+) -> None:
+    """One object as `field  value` lines (all fields, or `fields` in that order; `-o wide`: all).
+    `nested`: fields holding an object, shown as one `field.key  value` line per key."""
     output = chosen(as_json)
     if machine(obj, output):
         return
     if output is Output.WIDE:
         fields = None
-    shown = list(fields or obj)
+    lines: list[tuple[str, Any]] = []
+    for field in fields or obj:
+        value = obj.get(field)
+        if field in nested and isinstance(value, dict) and value:
+            lines += [(f"{field}.{key}", inner) for key, inner in value.items()]
+        else:
+            lines.append((field, value))
     t = Table(box=None, show_header=False, pad_edge=False)
     # a field's name is never cut, however long a value is (Rich would shrink the first column first)
-    t.add_column(style="bold", no_wrap=True, min_width=max((len(f) for f in shown), default=0))
+    t.add_column(style="bold", no_wrap=True, min_width=max((len(f) for f, _ in lines), default=0))
     t.add_column(no_wrap=True, overflow="ignore")
-    for field in shown:
-        t.add_row(field, _field_cell(field, obj.get(field)))
+    for field, value in lines:
+        t.add_row(field, _field_cell(field, value))
     _print_table(t)
 
 

@@ -8,7 +8,7 @@ import typer
 
 from contracts.regional import Protocol
 from provisioner.cli import render
-from provisioner.cli.common import Json, RegionOpt, Yes, group, output_options, remove_one, show_one
+from provisioner.cli.common import Json, RegionOpt, Yes, group, output_options, remove_one
 from provisioner.cli.settings import connect
 
 app = group(
@@ -135,10 +135,9 @@ def list_(
 @app.command("show")
 @output_options
 def show(name: str, region: RegionOpt = None, json_out: Json = False) -> None:
-    """Show one reservation: `desired` (operator) and `actual` (node report) side by side."""
-    show_one(
-        f"/v1/reservations/{name}", as_json=json_out, fields=None if json_out else SHOW_FIELDS, region=region
-    )
+    """Show one reservation: `desired` (operator) and `actual` (node report), a line per field."""
+    row = connect().get(f"/v1/reservations/{name}", region=region)
+    render.detail(row, as_json=json_out, fields=SHOW_FIELDS, nested=("desired", "actual"))
 
 
 @app.command("remove")

@@ -125,7 +125,14 @@ def test_reservation_walkthrough_desired_and_actual(fleet: tuple[ControlPlane, S
     assert shown["actual"]["state"] == "mapped" and shown["actual"]["address"] == "10.77.0.10"
     assert shown["actual"]["external_address"] == "198.51.100.4:8888" and shown["actual"]["reported_at"]
     assert "198.51.100.4:8888" in _ok(cp, "reservation", "list")
-    assert "desired" in _ok(cp, "reservation", "show", "nb")  # human view prints both
+    human = {
+        line.split(None, 1)[0]: line.split(None, 1)[1].strip() if " " in line.strip() else ""
+        for line in _ok(cp, "reservation", "show", "nb").splitlines()
+    }
+    # desired and actual, a line per field (not a JSON line), times local to the second
+    assert human["desired.node"] == "gpu-1" and human["actual.state"] == "mapped"
+    assert human["actual.external_address"] == "198.51.100.4:8888" and "{" not in "".join(human.values())
+    assert len(human["actual.reported_at"]) == len("2026-11-21 12:09:44")
 
     _ok(cp, "reservation", "assign", "nb", "--node", "gpu-2")  # move
     assert json.loads(_ok(cp, "reservation", "show", "nb", "--json"))["actual"]["state"] == "pending"
