@@ -210,9 +210,16 @@ def create(
             fail("nothing created: answer y, or pass --yes")
     job = client.post("/v1/jobs", body)
     # a waiting job's reason already says it waits ("Waiting for GPUs: …")
-    said = f"{job['state']} on {job['node']}" if job["node"] else f"{job['state']}: {job['reason']}"
+    on = nodes_of(job)
+    said = f"{job['state']} on {on}" if on != "-" else f"{job['state']}: {job['reason']}"
     print(f"job {job['name']} {said}", file=sys.stderr)
     render.created(job, as_json=json_out)
+
+
+def nodes_of(job: dict[str, Any]) -> str:
+    """Every node the job's workers are on, in worker order (the API's `node` is worker 0's)."""
+    names = dict.fromkeys(w["node"] for w in job.get("workers") or [] if w.get("node"))
+    return ", ".join(names) or job.get("node") or "-"
 
 
 @app.command("convert")
@@ -249,6 +256,7 @@ def show(name: Name, json_out: Json = False) -> None:
         show_one(f"/v1/jobs/{name}", as_json=json_out)
         return
     job = connect().get(f"/v1/jobs/{name}")
+    job["node"] = nodes_of(job)
     render.detail(job, fields=None if render.chosen() is render.Output.WIDE else SHOW_FIELDS)
     print()
     render.table(job["workers"], WORKER_COLUMNS)

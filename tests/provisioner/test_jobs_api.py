@@ -825,3 +825,23 @@ def test_node_show_summarises_inventory_and_requirements_and_yaml_keeps_the_repo
     raw = yaml.safe_load(fleet.cp.provision("node", "show", "gpu-1", "-o", "yaml").stdout)
     assert [g["model"] for g in raw["inventory"]["gpus"]] == ["RTX 3090", "RTX 3090"]
     assert raw["requirements"] == {"ok": True, "rules": []}
+
+
+def test_job_show_names_every_node_its_workers_are_on(fleet: Fleet) -> None:
+    body = json.dumps(spec("two-nodes", workers=2))
+    created = fleet.cp.provision("job", "create", "-f", "-", "--yes", input=body)
+    assert created.returncode == 0, created.stderr
+    assert "starting on gpu-1" in created.stderr
+    job_id = created.stdout.strip()
+    # a worker elsewhere, as a job across nodes will have (placement puts both on gpu-1 today)
+    with fleet.sessions.begin() as s:
+        s.execute(
+            update(JobWorker)
+            .where(JobWorker.job_id == job_id, JobWorker.index == 1)
+            .values(node_id=fleet.node_ids["gpu-2"])
+        )
+    shown = fleet.cp.provision("job", "show", job_id)
+    line = next(li for li in shown.stdout.splitlines() if li.startswith("node "))
+    assert line.split(None, 1)[1].strip() == "gpu-1, gpu-2", shown.stdout
+    with fleet.http() as http:
+        assert http.post(f"/v1/jobs/{job_id}/stop").status_code == 200
