@@ -15,6 +15,7 @@ from typing import Final
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from contracts.catalogue import device_models
+from contracts.device_states import InferenceState
 from contracts.images import RegistryImage
 from contracts.jobs import ByteCount, DatastoreAccess, ExitCode, Mount, WorkerRunState
 
@@ -90,15 +91,6 @@ CHECKPOINTS_PATH: Final = "/opt/ml/checkpoints"
 OUTPUT_PATH_ENV: Final[tuple[str, ...]] = ("TRAINML_OUTPUT_PATH", "RIGBASE_OUTPUT_PATH")
 LAST_LINES: Final = 20  # of an exited container's output, in its status
 LAST_LINES_MAX: Final = 4096  # bytes of those lines
-
-
-class InferenceState(StrEnum):
-    """What the device's inference container does (observed by the minion, shown by `device show`)."""
-
-    DEPLOYING = "deploying"  # being prepared or created, not yet running
-    RUNNING = "running"
-    EXITED = "exited"  # the command ended by itself: not restarted until the next deploy or reboot
-    FAILED = "failed"  # never ran (bad image, mount refused): `message` says why
 
 
 class DeviceInference(BaseModel):

@@ -18,7 +18,7 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any, TypeVar
 
-from contracts.device import InferenceState
+from contracts.device_states import InferenceState
 from contracts.errors import RuleViolation
 from contracts.regional import ReportedState
 
