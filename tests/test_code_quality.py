@@ -1,6 +1,7 @@
 """The mechanical checks, run as tests so that `make test` (and CI) refuses a change that breaks them:
-ruff (lint, import order, formatting), mypy, and import-linter's architecture contracts (the three programs
-share only `contracts`, the control plane's layers, no import cycle). Their configuration lives in
+ruff (lint, import order, formatting), mypy, import-linter's architecture contracts (the three programs
+share only `contracts`, the control plane's layers, no import cycle), and ansible-lint's production
+profile on the finalize playbooks. Their configuration lives in
 pyproject.toml; docs/architecture.md explains the layers."""
 
 from __future__ import annotations
@@ -32,6 +33,25 @@ def _run(*cmd: str) -> subprocess.CompletedProcess[str]:
 def test_mechanical_check(name: str, cmd: list[str]) -> None:
     proc = _run(*cmd)
     assert proc.returncode == 0, f"{name} failed:\n{proc.stdout[-6000:]}{proc.stderr[-2000:]}"
+
+
+def test_the_playbooks_pass_ansible_lints_production_profile() -> None:
+    """playbooks/.ansible-lint chooses the profile; community.general comes from the venv's collections,
+    as the finalize runner and the node image use them."""
+    env = {
+        "PATH": f"{BIN}:/usr/bin:/bin",
+        "HOME": str(REPO / ".cache"),
+        "ANSIBLE_COLLECTIONS_PATH": str(REPO / ".venv" / "ansible-collections"),
+    }
+    proc = subprocess.run(
+        [str(BIN / "ansible-lint"), "--nocolor", "-f", "pep8", "."],
+        cwd=REPO / "playbooks",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, f"ansible-lint failed:\n{proc.stdout[-6000:]}{proc.stderr[-2000:]}"
 
 
 # The functions over pyproject.toml's complexity and statement budgets today, each exempted by a noqa pragma
