@@ -76,6 +76,7 @@ class OneLineUsage(TyperGroup):
 app = typer.Typer(
     help="rigbase minion: the agent on each GPU node.",
     no_args_is_help=True,
+    rich_markup_mode=None,  # plain help, as `provision` and `image-builder` print it
     pretty_exceptions_enable=False,
     cls=OneLineUsage,
     context_settings={"help_option_names": ["-h", "--help"]},

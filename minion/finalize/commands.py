@@ -14,7 +14,12 @@ import typer
 from contracts.finalize import FinalizeEvent, FinalizeWork
 from minion.settings import MinionSettings
 
-app = typer.Typer(help="On-node finalize: the saved configuration, and single runs for debugging.")
+app = typer.Typer(
+    help="On-node finalize: the saved configuration, and single runs for debugging.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
 
 StateOpt = Annotated[
     Path | None,

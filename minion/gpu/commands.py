@@ -9,7 +9,12 @@ from typing import Annotated
 
 import typer
 
-gpu = typer.Typer(help="The node's NVIDIA GPUs as containers get them.", no_args_is_help=True)
+gpu = typer.Typer(
+    help="The node's NVIDIA GPUs as containers get them.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
 
 
 @gpu.command("cdi")
