@@ -25,7 +25,6 @@ from provisioner.cli.wait import wait_for_node
 from provisioner.client import Client
 from provisioner.domain import hardware_text
 from provisioner.domain.states import NODE_READY, NODE_STOPPED, Maintenance, NodeState, Service
-from provisioner.domain.task_lines import fold_tasks
 
 app = group("Nodes: servers added by the minion_id shown on their console.")
 # the default table fits 120 columns with names of up to ~20 characters; `-o wide` adds the rest
@@ -274,6 +273,8 @@ def history(
     json_out: Json = False,
 ) -> None:
     """Every state change of a node: when, who, from, to, why (the reason is never shortened)."""
+    from provisioner.domain.task_lines import fold_tasks  # contracts.finalize's models: only here
+
     rows = connect().get(f"/v1/nodes/{name}/history", region=region)["items"]
     if not tasks and not render.is_machine(json_out):
         rows = fold_tasks(rows)
