@@ -107,7 +107,17 @@ def bundle(
             "--output", "-o", help="File to write (mode 0600: it holds a join token); - for stdout."
         ),
     ],
-    ttl: Ttl = "7d",
+    ttl: Annotated[
+        str | None,
+        typer.Option(
+            "--ttl",
+            help="A new token of this lifetime (30m, 24h, 7d, 2w or 'never'); "
+            "default: the region's live bundle token again, or a new one of 7d.",
+        ),
+    ] = None,
+    new_token: Annotated[
+        bool, typer.Option("--new-token", help="A new token (of --ttl, default 7d), never the live one.")
+    ] = False,
     control_plane_url: Annotated[
         str | None,
         typer.Option(
@@ -125,7 +135,8 @@ def bundle(
         ),
     ] = False,
 ) -> None:
-    """Write the region's enrollment bundle (docs/enrollment-bundle.md) with a fresh join token."""
+    """Write the region's enrollment bundle (docs/enrollment-bundle.md): with the join token its last
+    bundle carried while that one enrols for a day more, else (or with --ttl / --new-token) a new one."""
     client = connect()
     url = control_plane_url or client.url
     if not allow_loopback:
@@ -134,6 +145,7 @@ def bundle(
         except RigbaseError as exc:
             fail(exc.message, exit_code=EXIT_USAGE)
     ca = None if ca_certificate is None else read_input(ca_certificate, "the CA certificate in PEM")
+    ttl = ttl or ("7d" if new_token else None)
     body = {"control_plane_url": url, "ca_certificate": ca, "ttl": ttl}
     out = client.post(f"/v1/regions/{region}/bundle", body)
     made = EnrollmentBundle.model_validate(out)
@@ -143,7 +155,8 @@ def bundle(
         write_bundle(output, made)
         print(output)
     # on stderr, so `-o -` stays the bundle alone: what an operator must know before flashing media
-    print(_enrols_until(region, out.get("expires_at")), file=sys.stderr)
+    which = "the region's live join token" if out.get("token_reused") else "a new join token"
+    print(f"{which} ({out.get('token_id')}); {_enrols_until(region, out.get('expires_at'))}", file=sys.stderr)
 
 
 def _enrols_until(region: str, expires_at: str | None) -> str:

@@ -18,7 +18,8 @@ from provisioner.store.models import Base, UTCDateTime, new_id, utcnow
 
 
 class JoinToken(Base):
-    """A region join token (what the enrollment bundle carries). Only its SHA-256 is stored."""
+    """A region join token (what the enrollment bundle carries): its SHA-256, and for a bundle's token the
+    token sealed, so the region's next bundle can carry it again."""
 
     __tablename__ = "join_tokens"
 
@@ -29,6 +30,7 @@ class JoinToken(Base):
     expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     created_by: Mapped[str] = mapped_column(String(128))
+    sealed_token: Mapped[str | None] = mapped_column(Text)
 
 
 class TpmVendorCa(Base):

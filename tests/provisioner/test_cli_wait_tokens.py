@@ -139,3 +139,48 @@ def test_password_file_from_stdin(api_server: ControlPlane) -> None:
     assert out.returncode == 0, out.stderr
     shown = json.loads(_ok(cp, "datastore", "show", "nas", "--region", "lab", "-o", "json"))
     assert shown["username"] == "me" and "s3cret" not in json.dumps(shown)
+
+
+def test_bundles_carry_the_regions_live_bundle_token_until_a_new_one_is_asked_for(
+    api_server: ControlPlane,
+) -> None:
+    cp = api_server
+    _region(cp)
+    url = "https://cp.example:8470"
+
+    def bundle(*more: str) -> tuple[dict, str]:
+        out = cp.provision("region", "bundle", "lab", "-o", "-", "--control-plane-url", url, *more)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout), out.stderr
+
+    shown_once = api(cp, "POST", "/v1/regions/lab/join-tokens", {"ttl": "30d"})  # kept as a hash only
+    first, said = bundle()
+    assert first["join_token"] != shown_once["token"] and said.startswith("a new join token (jtk_")
+    again, said = bundle()
+    assert again["join_token"] == first["join_token"] and again["expires_at"] == first["expires_at"]
+    assert said.startswith("the region's live join token (jtk_") and "(in 6d)" in said
+    tokens = api(cp, "GET", "/v1/regions/lab/join-tokens")["items"]
+    assert len(tokens) == 2  # the one shown once and the bundles' one: no token per bundle
+    # the sealed token is not the token: a copied database alone does not give it away
+    db = sqlite3.connect(cp.home / "rigbase.db")
+    (sealed,) = db.execute("SELECT sealed_token FROM join_tokens WHERE sealed_token IS NOT NULL").fetchone()
+    assert first["join_token"] not in sealed
+    # --new-token and --ttl make new ones; the newest live one is carried next
+    fresh, said = bundle("--new-token")
+    assert fresh["join_token"] != first["join_token"] and said.startswith("a new join token")
+    longer, _ = bundle("--ttl", "30d")
+    assert longer["join_token"] not in (first["join_token"], fresh["join_token"])
+    assert bundle()[0]["join_token"] == longer["join_token"]
+    # a live token that enrols for less than a day more is not put on new media
+    with db:
+        db.execute(
+            "UPDATE join_tokens SET expires_at = datetime('now', '+2 hours') WHERE sealed_token IS NOT NULL"
+        )
+    db.close()
+    soon, said = bundle()
+    assert soon["join_token"] not in (first["join_token"], fresh["join_token"], longer["join_token"])
+    assert said.startswith("a new join token")
+    # revoked: never carried again
+    _ok(cp, "region", "join-token", "lab", "--revoke-all")
+    after, said = bundle()
+    assert after["join_token"] != soon["join_token"] and said.startswith("a new join token")

@@ -132,7 +132,7 @@ def create_region(request: Request, posted: Posted) -> Response:
 
 @router.post("/regions/{ref}/bundle")
 def download_bundle(request: Request, ref: str, posted: Posted) -> Response:
-    """The region's enrollment bundle with a fresh join token, as a file to download: what
+    """The region's enrollment bundle (its live bundle token, or a new one for a TTL), as a file: what
     `provision region bundle -o FILE` writes, for `image-builder build` (docs/enrollment-bundle.md)."""
     who, form = posted
     settings = request.app.state.runtime.settings
@@ -144,8 +144,8 @@ def download_bundle(request: Request, ref: str, posted: Posted) -> Response:
         if not form.flag("allow_loopback"):
             refuse_loopback(url, "tick 'single-host test'")
         tls.check_node_url(url, settings)
-        _row, token = join_tokens.issue(
-            session, region.id, ttl=form.get("ttl") or "7d", actor=who.principal.actor
+        _row, token, _reused = join_tokens.for_bundle(
+            session, region.id, ttl=form.get("ttl") or None, actor=who.principal.actor
         )
         made = EnrollmentBundle.model_validate(
             join_tokens.bundle(

@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from contracts.bundle import check_control_plane_url
 from provisioner.adapters import tls
@@ -53,7 +53,11 @@ class TokenOut(BaseModel):
 class BundleIn(BaseModel):
     control_plane_url: str
     ca_certificate: str | None = None
-    ttl: str = join_tokens.DEFAULT_TTL
+    ttl: str | None = Field(
+        None,
+        description=f"a new token of this lifetime; none: the region's live bundle token if one enrols "
+        f"for a day more, else a new one of {join_tokens.DEFAULT_TTL}",
+    )
 
 
 class RegionAttestationIn(BaseModel):
@@ -137,20 +141,22 @@ def revoke_token(ref: str, token_id: str, session: Db, actor: Operator) -> Token
 
 @router.post("/v1/regions/{ref}/bundle", status_code=201)
 def bundle(ref: str, body: BundleIn, session: Db, actor: Operator, request: Request) -> dict[str, Any]:
-    """A fresh join token wrapped in the region's enrollment bundle (docs/enrollment-bundle.md). Without
-    a `ca_certificate` the bundle pins this control plane's own CA (docs/control-plane.md, "TLS")."""
+    """The region's enrollment bundle (docs/enrollment-bundle.md): its live bundle token again, or with a
+    `ttl` (or none live) a new one; `token_reused` says which. Without a `ca_certificate` the bundle
+    pins this control plane's own CA (docs/control-plane.md, "TLS")."""
     settings = request.app.state.runtime.settings
     check_control_plane_url(body.control_plane_url)  # before the token is stored
     tls.check_node_url(body.control_plane_url, settings)
     ca_certificate = body.ca_certificate or tls.node_trust(settings)
-    _row, token = join_tokens.issue(session, ref, ttl=body.ttl, actor=actor)
-    return join_tokens.bundle(
+    row, token, reused = join_tokens.for_bundle(session, ref, ttl=body.ttl, actor=actor)
+    made = join_tokens.bundle(
         session,
         region_service.get(session, ref),
         token,
         control_plane_url=body.control_plane_url,
         ca_certificate=ca_certificate,
     )
+    return {**made, "token_id": row.id, "token_reused": reused}
 
 
 @router.post("/v1/regions/{ref}/attestation")

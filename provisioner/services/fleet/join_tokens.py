@@ -1,5 +1,7 @@
 """Region join tokens: issue (shown once, stored as SHA-256), revoke, and resolve a presented token to
-its region. A token is 256-bit random, so a plain hash is the right tool (no slow KDF needed)."""
+its region. A token is 256-bit random, so a plain hash is the right tool (no slow KDF needed). A token
+issued for an enrollment bundle is also kept sealed (adapters/secrets.py), so the region's next bundle
+carries the same live token instead of adding one more."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import secrets
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
 from contracts.bundle import EnrollmentBundle
@@ -22,6 +24,7 @@ from provisioner.domain.states import (
     join_token_state,
 )
 from provisioner.services.common import lifecycle
+from provisioner.services.common.runtime import runtime_of
 from provisioner.services.regions import regions as region_service
 from provisioner.store.join_models import JoinToken
 from provisioner.store.models import Region
@@ -31,6 +34,8 @@ DEFAULT_TTL = "7d"
 KIND = "join_token"  # audit kind
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _TTL = re.compile(r"(\d{1,12})([smhdw])")  # fullmatch: `re.match` with `$` lets "7d\n" through
+# a bundle reuses the region's live bundle token only while it enrols for at least this much longer
+REUSE_AT_LEAST = timedelta(days=1)
 MAX_TTL = timedelta(days=365)  # longer is 'never'; also keeps expiry dates far from datetime's limits
 
 
@@ -58,8 +63,11 @@ def parse_ttl(text: str) -> timedelta | None:
     return timedelta(seconds=seconds)
 
 
-def issue(session: Session, region: str, *, ttl: str = DEFAULT_TTL, actor: str) -> tuple[JoinToken, str]:
-    """A new token for `region`; returns the row and the token (the only time it is visible)."""
+def issue(
+    session: Session, region: str, *, ttl: str = DEFAULT_TTL, actor: str, keep: bool = False
+) -> tuple[JoinToken, str]:
+    """A new token for `region`; returns the row and the token (the only time it is visible, unless
+    `keep`: a bundle's token is also kept sealed, so the next bundle of the region can carry it again)."""
     lifetime = parse_ttl(ttl)
     reg = region_service.get(session, region)
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
@@ -70,6 +78,7 @@ def issue(session: Session, region: str, *, ttl: str = DEFAULT_TTL, actor: str) 
         created_by=actor,
         created_at=now,
         expires_at=now + lifetime if lifetime else None,
+        sealed_token=runtime_of(session).sealer.seal(token.encode()) if keep else None,
     )
     session.add(row)
     session.flush()
@@ -86,6 +95,32 @@ def issue(session: Session, region: str, *, ttl: str = DEFAULT_TTL, actor: str) 
         reason=f"expires {expires}",
     )
     return row, token
+
+
+def for_bundle(
+    session: Session, region: str, *, ttl: str | None, actor: str, now: datetime | None = None
+) -> tuple[JoinToken, str, bool]:
+    """The join token a region's bundle carries, and whether it was reused: with no `ttl`, the newest
+    live token an earlier bundle of the region carried, unless it stops enrolling within REUSE_AT_LEAST
+    (media made now would soon be refused); else, or with a `ttl`, a new one (DEFAULT_TTL if none)."""
+    if ttl is None:
+        reg = region_service.get(session, region)
+        now = now or datetime.now(UTC)
+        live = session.scalars(
+            select(JoinToken)
+            .where(
+                JoinToken.region_id == reg.id,
+                JoinToken.revoked_at.is_(None),
+                JoinToken.sealed_token.is_not(None),
+                or_(JoinToken.expires_at.is_(None), JoinToken.expires_at > now + REUSE_AT_LEAST),
+            )
+            .order_by(JoinToken.created_at.desc(), JoinToken.id.desc())
+            .limit(1)
+        ).first()
+        if live is not None and live.sealed_token is not None:
+            return live, runtime_of(session).sealer.unseal(live.sealed_token).decode(), True
+    row, token = issue(session, region, ttl=ttl or DEFAULT_TTL, actor=actor, keep=True)
+    return row, token, False
 
 
 def revoke(session: Session, region: str, *, actor: str) -> int:
