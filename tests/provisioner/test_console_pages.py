@@ -421,3 +421,32 @@ def test_bulk_maintenance_names_its_direction_and_changes_all_or_nothing(fleet: 
         jobs_page = client.get("/jobs", params={"q": "no-such-job"}).text
         assert "No job matches the filter." in jobs_page
     api(fleet, "DELETE", f"/v1/nodes/{fresh['id']}")
+
+
+def test_a_regions_compute_grid_comes_in_pages_of_a_hundred(fleet: Fleet) -> None:
+    region = api(fleet, "POST", "/v1/regions", {"name": "wide", "provider": "physical"})
+    with fleet.sessions.begin() as s:
+        for i in range(230):
+            nodes.add(s, f"n-{i:03d}", region="wide", minion_id=f"{0xC000 + i:032x}", actor="operator:test")
+
+    def rows(page: str) -> list[str]:
+        return re.findall(r'<tr data-node="(n-\d{3})"', page)
+
+    with browser(fleet.cp) as client:
+        sign_in(client, fleet.cp.token)
+        first = client.get(f"/regions/{region['id']}").text
+        assert rows(first) == [f"n-{i:03d}" for i in range(100)]
+        assert "Compute nodes 1–100 of 230" in first and 'rel="next"' in first and 'rel="prev"' not in first
+        last = client.get(f"/regions/{region['id']}", params={"page": "3"}).text
+        assert rows(last) == [f"n-{i:03d}" for i in range(200, 230)] and "201–230 of 230" in last
+        assert 'rel="next"' not in last and html.escape("?q=&state=&page=2") in last
+        # a page past the end is the last one, and not a number is the first
+        assert rows(client.get(f"/regions/{region['id']}", params={"page": "99"}).text) == rows(last)
+        assert rows(client.get(f"/regions/{region['id']}", params={"page": "x"}).text) == rows(first)
+        # a filter pages what it matched, and a page of it keeps the filter in its links
+        matched = client.get(f"/regions/{region['id']}", params={"q": "n-1"}).text
+        assert rows(matched) == [f"n-1{i:02d}" for i in range(100)] and "pager" not in matched
+        filtered = client.get(f"/regions/{region['id']}", params={"q": "n-", "page": "2"}).text
+        assert (
+            html.escape("?q=n-&state=&page=3") in filtered and html.escape("?q=n-&state=&page=1") in filtered
+        )

@@ -2,6 +2,7 @@
 rootful podman container in the node's network namespace (the lab's own image, imported from the cached
 Debian root; one of the node's CDI "GPUs", which are /dev/null), its logs followed to the end, a job
 waiting for a GPU type the lab lacks, and `lab down` removing a job container that was still running.
+The job's metrics are read twice: with `job metrics`, and from the console's chart in headless Chromium.
 
 Also the pieces without a lab: the minion environment chosen from this machine's facts, the CDI spec,
 and the image import keyed by the root's cache key.
@@ -17,9 +18,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support.ui import WebDriverWait
 
 from provisioner.lab import job_image, job_runtime
 from provisioner.lab.job_runtime import HostFacts
+from tests.provisioner.test_console_browser import browser  # noqa: F401 - a fixture, used by name
+from tests.provisioner.test_console_charts import chart_data
 from tests.provisioner.test_lab import (  # noqa: F401 - the fixtures are used by name
     cached_lab_home,
     lab_home,
@@ -162,7 +169,10 @@ def _lab_containers(home: Path) -> list[str]:
     return listed.stdout.split()
 
 
-def test_a_job_runs_in_the_lab_and_its_logs_follow_to_succeeded(cached_lab_home: Path) -> None:  # noqa: F811
+def test_a_job_runs_in_the_lab_and_its_logs_follow_to_succeeded(
+    cached_lab_home: Path,  # noqa: F811
+    browser: WebDriver,  # noqa: F811
+) -> None:
     home = cached_lab_home
     up = provision(home, "lab", "up", "--nodes", "1", "--json", timeout=300)
     assert up.returncode == 0, up.stderr[-3000:]
@@ -198,6 +208,14 @@ def test_a_job_runs_in_the_lab_and_its_logs_follow_to_succeeded(cached_lab_home:
     job = _wait_state(home, "hello-lab", {"succeeded", "failed"})
     assert (job["state"], job["node"], job["project"]) == ("succeeded", "node-1", "lab-demo")
     assert [(w["state"], w["exit_code"], w["gpu_indices"]) for w in job["workers"]] == [("succeeded", 0, [0])]
+    # the console's chart of the job holds the same points, read inside headless Chromium
+    client = json.loads((home / "client.json").read_text())
+    browser.get(f"{client['url']}/signin")
+    browser.find_element(By.ID, "token").send_keys(client["token"], Keys.ENTER)
+    WebDriverWait(browser, 30).until(lambda d: "Resources Dashboard" in d.page_source)
+    browser.get(f"{client['url']}/jobs/{job_id.strip()}")
+    WebDriverWait(browser, 30).until(lambda d: chart_data(d, "metrics"))
+    assert chart_data(browser, "metrics") == [[1, 2, 3], [0.7, 0.4, 0.1]]
 
     # a GPU type the lab does not have: created, and waiting with the reason
     _ok(home, "job", "create", "-f", str(EXAMPLES / "lab-h100.yaml"), "--project", "lab-demo", "-y")

@@ -6,6 +6,7 @@ account as the API's fleet routes are (render.reading(fleet=…), store/row_scop
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
 from fastapi import APIRouter, Request
@@ -19,6 +20,7 @@ from provisioner.api.console.render import ConsoleRoute, page, reading, set_cook
 from provisioner.api.console.session import SIGNIN_COOKIE, SIGNIN_MAX_AGE_S
 from provisioner.api.schemas import NodeOut
 from provisioner.domain import hardware_text
+from provisioner.domain.pages import CONSOLE_NODES_PAGE
 from provisioner.domain.states import NODE_AWAITING_MINION, Maintenance, NodeState, Service
 from provisioner.providers.base import Feature, provider_for
 from provisioner.services.billing import ledger
@@ -131,6 +133,27 @@ def resources(request: Request, who: SignedIn) -> Response:
         )
 
 
+@dataclass(frozen=True)
+class GridPage:
+    """One page of a grid's rows: which rows, and where the page sits among the others."""
+
+    items: list[Node]
+    number: int  # 1-based
+    pages: int
+    first: int  # 1-based index of the first row shown (0: none)
+    last: int
+    total: int
+
+
+def grid_page(rows: list[Node], asked: str | None, size: int = CONSOLE_NODES_PAGE) -> GridPage:
+    """Page `asked` (1-based; anything else, or past the end, is the nearest page) of `rows`."""
+    pages = max(1, -(-len(rows) // size))
+    number = min(pages, max(1, int(asked))) if asked and asked.isdigit() else 1
+    start = (number - 1) * size
+    items = rows[start : start + size]
+    return GridPage(items, number, pages, start + 1 if items else 0, start + len(items), len(rows))
+
+
 @router.get("/regions/{ref}", response_class=HTMLResponse)
 def region_dashboard(request: Request, ref: str, who: SignedIn) -> Response:
     with reading(request, fleet=who.principal) as session:
@@ -141,7 +164,8 @@ def region_dashboard(request: Request, ref: str, who: SignedIn) -> Response:
             for n in region_service.live_nodes(session, region)
             if q.lower() in n.name.lower() and state in ("", n.state)
         ]
-        rows = [node_row(n) for n in live if n.service != Service.DEVICE]
+        compute = [n for n in live if n.service == Service.COMPUTE]
+        shown = grid_page(compute, request.query_params.get("page"))
         return page(
             request,
             "region.html",
@@ -150,11 +174,12 @@ def region_dashboard(request: Request, ref: str, who: SignedIn) -> Response:
             q=q,
             state=state,
             node_states=[s.value for s in NodeState if s != NodeState.REMOVED],
-            compute=[r for r in rows if r["service"] == Service.COMPUTE],
-            storage=[r for r in rows if r["service"] == Service.STORAGE],
+            compute=[node_row(n) for n in shown.items],
+            compute_page=shown,
+            storage=[node_row(n) for n in live if n.service == Service.STORAGE],
             devices=[device_row(session, n) for n in live if n.service == Service.DEVICE],
             device_configs=config_service.list_all(session, region.id),
-            assignable=[r for r in rows if r["service"] == Service.COMPUTE],
+            assignable=[{"id": n.id, "name": n.name} for n in compute],
             datastores=datastores.list_all(session, region.id),
             reservations=reservations.list_all(session, region.id),
             pending=[p for p in pending.pending(session) if p["region_id"] == region.id],
