@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from provisioner.domain import billing_rules as rules
 from provisioner.domain.billing_rules import JobFacts, Piece
-from provisioner.services.billing import prices
+from provisioner.services.billing import metering
 from provisioner.store.billing_models import LedgerEntry
 from provisioner.store.job_models import Job
 
@@ -34,27 +34,35 @@ class JobCost:
         return self.charged + self.accrued
 
 
+@dataclass(frozen=True)
+class _JobRow:
+    """A loaded Job as metering's FactsRow."""
+
+    id: str
+    type: str
+    project_account: str
+    account_id: str
+    region_account: str | None
+    region_id: str | None
+    gpu_count: int | None
+    gpu_type: str | None
+    price_per_gpu_hour: float | None
+
+
 def facts_of(session: Session, job: Job) -> JobFacts:
     """The JobFacts metering reads for a job, from its loaded row."""
-    gpus = int((job.spec.get("resources") or {}).get("gpu_count") or 0)
-    gpu_type = job.gpu_type if gpus > 0 else None
-    price = (
-        rules.credits(Decimal(str(job.price_per_gpu_hour)))
-        if job.price_per_gpu_hour is not None
-        else prices.price_for(session, gpu_type)
-    )
-    return JobFacts(
-        job_id=job.id,
-        job_type=job.type,
+    row = _JobRow(
+        id=job.id,
+        type=job.type,
         project_account=job.project.account_id,
-        creator_account=job.account_id,
+        account_id=job.account_id,
         region_account=job.region.account_id if job.region is not None else None,
         region_id=job.region_id,
-        gpu_type=gpu_type,
-        gpu_class=prices.gpu_class_of(gpu_type),
-        gpus_per_worker=gpus,
-        price_per_gpu_hour=price,
+        gpu_count=int((job.spec.get("resources") or {}).get("gpu_count") or 0),
+        gpu_type=job.gpu_type,
+        price_per_gpu_hour=job.price_per_gpu_hour,
     )
+    return metering.job_facts(session, row)
 
 
 def _paid(facts: JobFacts, workers: int, piece: Piece) -> Decimal:

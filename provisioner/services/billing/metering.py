@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 from functools import lru_cache
-from typing import Any
+from typing import Protocol
 
 from sqlalchemy import and_, exists, func, or_, select
 from sqlalchemy.orm import Session
@@ -53,8 +53,31 @@ def _locked_price(value: float) -> Decimal:
     return rules.credits(Decimal(str(value)))
 
 
-def _facts(session: Session, row: Any) -> JobFacts:
-    """The JobFacts of one row of `_JOB_COLUMNS`."""
+class FactsRow(Protocol):
+    """What a job's JobFacts are made of: a row of `_JOB_COLUMNS`, or job_cost's view of a loaded Job."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def type(self) -> str: ...
+    @property
+    def project_account(self) -> str: ...
+    @property
+    def account_id(self) -> str: ...
+    @property
+    def region_account(self) -> str | None: ...
+    @property
+    def region_id(self) -> str | None: ...
+    @property
+    def gpu_count(self) -> int | None: ...
+    @property
+    def gpu_type(self) -> str | None: ...
+    @property
+    def price_per_gpu_hour(self) -> float | None: ...
+
+
+def job_facts(session: Session, row: FactsRow) -> JobFacts:
+    """The JobFacts the billing rules read, with the job's locked price (else today's for its type)."""
     gpus = int(row.gpu_count or 0)
     gpu_type = row.gpu_type if gpus > 0 else None
     if row.price_per_gpu_hour is not None:
@@ -172,7 +195,7 @@ def due_entries(
             continue
         if total >= limit:
             return Due(out, more=True)
-        facts = _facts(session, row)
+        facts = job_facts(session, row)
         out.append([e for piece in todo for e in entries_for(facts, workers.get(row.id) or [0], piece)])
         total += len(out[-1])
     return Due(out, more=False)
