@@ -19,6 +19,7 @@ import typer
 from contracts import bundle as contract_bundle
 from contracts.identity import is_minion_id
 from contracts.regional import StorageMode
+from minion import gce_metadata
 from minion.hardware.commands import HostRoot, InventoryFile, PublicJobsFlag, StorageModeOption
 from minion.settings import BUNDLE_ENV, TCTI_ENV, MinionSettings
 from minion.tpm.commands import DeviceKeyFlag
@@ -46,6 +47,7 @@ class BannerEnrollment:
     storage_mode: StorageMode | None = None
     public_jobs: bool = False
     problem: str | None = None
+    from_metadata: bool = False  # a GCE VM: the bundle comes from the metadata server, not the boot drive
 
 
 def read_bundle(path: Path) -> BannerEnrollment:
@@ -64,6 +66,19 @@ def read_bundle(path: Path) -> BannerEnrollment:
         storage_mode=bundle.storage_mode,
         public_jobs=bundle.public_jobs,
     )
+
+
+def banner_enrollment(
+    given: Path | None, state_dir: Path, product_name: Path = gce_metadata.DMI_PRODUCT_NAME
+) -> BannerEnrollment:
+    """The bundle the banner reads: the one given, else the boot drive's; on a Compute Engine VM, which
+    has none there, the one `minion gce-bundle` copied from the metadata server, or word that it will."""
+    if given is not None or DEFAULT_BUNDLE.exists() or not gce_metadata.on_gce(product_name):
+        return read_bundle(given or DEFAULT_BUNDLE)
+    copied = state_dir / gce_metadata.STATE_BUNDLE
+    if copied.exists():
+        return read_bundle(copied)
+    return BannerEnrollment(copied, problem="not read yet from the GCE metadata server", from_metadata=True)
 
 
 def read_minion_id(tcti: str | None) -> tuple[str | None, str | None]:
@@ -148,6 +163,11 @@ def next_step(
     if not report.ok:
         failing = ", ".join(r.rule for r in report.failed)
         return f"Fix the requirements marked FAIL ({failing}); `minion check` explains each. Then reboot."
+    if enrollment.region is None and enrollment.from_metadata:
+        return (
+            "This VM reads its enrollment bundle from the GCE metadata server once its network is up, "
+            "then joins by itself; if it does not, `journalctl -u rigbase-gce-bundle` says why."
+        )
     if enrollment.region is None:
         return (
             "This boot drive has no valid enrollment bundle; ask the control plane operator for a "
@@ -255,7 +275,7 @@ def banner_command(
     from minion.hardware.requirements import check
 
     settings = MinionSettings.of(ctx)
-    enrollment = read_bundle(bundle or DEFAULT_BUNDLE)
+    enrollment = banner_enrollment(bundle, settings.state_dir)
     inventory = load_or_collect(inventory_file, host_root, settings.gpu_catalogue)
     report = check(inventory, storage_mode or enrollment.storage_mode, public_jobs or enrollment.public_jobs)
     minion_id, problem = read_device_key_id(settings.state_dir) if device_key else read_minion_id(tcti)

@@ -23,6 +23,17 @@ DEFAULT_HOST = (
 ATTRIBUTE = "rigbase-bundle"  # the instance attribute the control plane writes
 PATH = f"/computeMetadata/v1/instance/attributes/{ATTRIBUTE}"
 FLAVOR = ("Metadata-Flavor", "Google")
+DMI_PRODUCT_NAME = Path("/sys/class/dmi/id/product_name")
+GCE_PRODUCT_NAME = "Google Compute Engine"  # every Compute Engine VM's DMI product name
+STATE_BUNDLE = "bundle.json"  # where `minion gce-bundle` puts it, in the state directory (the image's unit)
+
+
+def on_gce(product_name: Path = DMI_PRODUCT_NAME) -> bool:
+    """Whether this machine is a Compute Engine VM (its DMI product name, as the image's units check)."""
+    try:
+        return product_name.read_text().strip() == GCE_PRODUCT_NAME
+    except OSError:
+        return False
 
 
 class MetadataUnavailable(Exception):

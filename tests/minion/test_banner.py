@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from minion.banner import read_bundle, read_minion_id, render
+from minion.banner import banner_enrollment, read_bundle, read_minion_id, render
 from minion.hardware.model import Inventory
 from minion.hardware.requirements import check
 from tests.fixtures.umockdev import Testbed, minion_executable
@@ -209,3 +209,33 @@ def test_banner_of_a_device_without_a_tpm_shows_its_device_key_id(
     assert f"minion_id  {expected}" in _assert_fits(result.stdout)
     again = umockdev_testbed("central-1gbe").run("banner", "--device-key", env=env)
     assert f"minion_id  {expected}" in again.stdout  # the same identity at every boot
+
+
+def test_a_gce_vm_without_its_bundle_yet_is_told_it_comes_from_the_metadata_server(
+    profile_inventory: Cached, tmp_path: Path
+) -> None:
+    gce, metal = tmp_path / "gce_product", tmp_path / "metal_product"
+    gce.write_text("Google Compute Engine\n")
+    metal.write_text("PowerEdge R750\n")
+    state = tmp_path / "state"
+    state.mkdir()
+    inventory = Inventory.from_json(profile_inventory("h100-sxm-server"))
+
+    def step(product: Path) -> str:
+        enrollment = banner_enrollment(None, state, product)
+        text = render(
+            minion_id=MINION_ID,
+            tpm_problem=None,
+            enrollment=enrollment,
+            addresses=[],
+            report=check(inventory),
+            inventory=inventory,
+        )
+        return " ".join(text.split())
+
+    waiting = step(gce)
+    assert "region unknown: not read yet from the GCE metadata server" in waiting
+    assert "journalctl -u rigbase-gce-bundle" in waiting and "no valid enrollment bundle" not in waiting
+    assert "no valid enrollment bundle" in step(metal)  # a server booted without its USB bundle
+    _bundle(state / "bundle.json", provider="gcp")  # what `minion gce-bundle` wrote
+    assert "region lab-east (gcp)" in step(gce) and "Write down the minion_id" in step(gce)
