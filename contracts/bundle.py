@@ -14,11 +14,8 @@ from urllib.parse import urlsplit
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from contracts.errors import InvalidInput
+from contracts.ports import CONTROL_PLANE_PORT  # noqa: F401 - where the bundle's readers found it
 from contracts.regional import StorageMode
-
-# The port a control plane listens on unless told otherwise: `provision serve`, the lab's LAN address and
-# the QEMU guests' forwarded control plane all use it, so a bundle's URL names it.
-CONTROL_PLANE_PORT: Final = 8470
 
 BUNDLE_VERSION: Final = 1
 # Every bundle the control plane writes carries these; a bundle without one of them cannot be used.

@@ -14,8 +14,9 @@ from typing import Annotated
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from contracts.bundle import CONTROL_PLANE_PORT
 from contracts.errors import InvalidInput, plain_validation_message
+from contracts.ports import CONTROL_PLANE_PORT
+from provisioner.client_settings import ENV_PREFIX, ClientSettings, default_home
 
 DEFAULT_PORT = CONTROL_PLANE_PORT
 # One heartbeat every 30 s: three missed beats (90 s, ONLINE_WINDOW) before a node shows offline.
@@ -31,10 +32,6 @@ DEFAULT_FINALIZE_TIMEOUT_S = 30 * 60.0
 DEFAULT_JOB_NODE_GRACE_S = 5 * 60.0
 
 
-def _default_home() -> Path:
-    return Path.home() / ".local" / "share" / "rigbase"
-
-
 # playbooks/ beside the packages (source checkout and editable install)
 SHIPPED_PLAYBOOKS = Path(__file__).resolve().parents[1] / "playbooks"
 
@@ -42,9 +39,9 @@ SHIPPED_PLAYBOOKS = Path(__file__).resolve().parents[1] / "playbooks"
 class Settings(BaseSettings):
     """Everything a control-plane process may be told from outside. Frozen: read once, never changed."""
 
-    model_config = SettingsConfigDict(env_prefix="RIGBASE_", frozen=True, extra="ignore")
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="ignore")
 
-    home: Path = Field(default_factory=_default_home, description="state directory (keys, tokens, store)")
+    home: Path = Field(default_factory=default_home, description="state directory (keys, tokens, store)")
     database_url: str | None = Field(None, description="SQLAlchemy URL; default SQLite under `home`")
     url: str | None = Field(None, description="the control plane a CLI talks to (else client.json)")
     token: SecretStr | None = Field(None, description="the operator token a CLI sends (else client.json)")
@@ -121,7 +118,7 @@ class Settings(BaseSettings):
             return cls(**{k: v for k, v in overrides.items() if v is not None})  # type: ignore[arg-type]
         except ValidationError as exc:
             first = exc.errors()[0]
-            name = "RIGBASE_" + "_".join(str(p) for p in first["loc"]).upper()
+            name = ENV_PREFIX + "_".join(str(p) for p in first["loc"]).upper()
             said = plain_validation_message(first["msg"])  # without pydantic's "Value error, "
             raise InvalidInput(f"{name}: {said} (see docs/control-plane.md)") from None
 
@@ -159,7 +156,13 @@ class Settings(BaseSettings):
     @property
     def client_config(self) -> Path:
         """The CLI's client config (URL + admin token), written by `provision serve`, mode 0600."""
-        return self.home / "client.json"
+        return self.client_settings.client_config
+
+    @property
+    def client_settings(self) -> ClientSettings:
+        """What a client of this control plane reads from these settings (provisioner/client_settings.py)."""
+        token = self.token.get_secret_value() if self.token else None
+        return ClientSettings(home=self.home, url=self.url, token=token, ca_cert=self.ca_cert)
 
     @property
     def tls_dir(self) -> Path:

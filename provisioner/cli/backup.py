@@ -13,10 +13,10 @@ import typer
 
 from provisioner.cli import render
 from provisioner.cli.common import EXIT_USAGE, CliError, Json, read_input
-from provisioner.settings import Settings
 
 if TYPE_CHECKING:
     from provisioner.services.common.backup import BackupSummary
+    from provisioner.settings import Settings
 
 PASSPHRASE_ENV = "RIGBASE_BACKUP_PASSPHRASE"
 PassphraseFile = Annotated[
@@ -56,6 +56,7 @@ def _run(
     restore) on `path`. Errors are one line: bad settings and a Conflict (restore into a home that is not
     empty) refuse (exit 1); any other error of the service is bad input (exit 2)."""
     from contracts.errors import Conflict, RigbaseError
+    from provisioner.settings import Settings
 
     try:
         settings = Settings.load(database_url=database)

@@ -14,14 +14,15 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from contracts.ports import CONTROL_PLANE_PORT
 from provisioner.cli.common import CliError
-from provisioner.settings import DEFAULT_PORT, Settings
 
 if TYPE_CHECKING:  # pragma: no cover
     import socket
 
     from provisioner.adapters.tls import ServerTls
     from provisioner.providers.base import ProviderDriver
+    from provisioner.settings import Settings
 
 
 # The address a plain `--insecure-http` server binds to unless --host says otherwise: tokens must not
@@ -224,7 +225,7 @@ def serve(
             "--host", help="Address to listen on (default: all interfaces; 127.0.0.1 with --insecure-http)."
         ),
     ] = None,
-    port: Annotated[int, typer.Option("--port", help="TCP port.", min=1, max=65535)] = DEFAULT_PORT,
+    port: Annotated[int, typer.Option("--port", help="TCP port.", min=1, max=65535)] = CONTROL_PLANE_PORT,
     database: Annotated[
         str | None,
         typer.Option(
@@ -280,6 +281,7 @@ def serve(
     """Run the control plane over TLS. The first start creates the control-plane CA, an admin token and
     the client config."""
     from contracts.errors import RigbaseError
+    from provisioner.settings import Settings
 
     try:
         settings = Settings.load(

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 
 from provisioner.client.errors import ControlPlaneError
-from provisioner.settings import Settings
+from provisioner.client_settings import ClientSettings
 
 
 def write_client_config(url: str, token: str, path: Path, *, ca: str | None = None) -> Path:
@@ -42,7 +42,7 @@ def read_client_config(path: Path) -> dict[str, str]:
         ) from exc
 
 
-def _nothing_configured(settings: Settings) -> str:
+def _nothing_configured(settings: ClientSettings) -> str:
     """Where to point the CLI: a running control plane's home when there is one, else how to start one."""
     from provisioner.client.homes import running_homes
 
@@ -84,10 +84,10 @@ class Client:
         self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout, verify=verify)
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> Client:
+    def from_settings(cls, settings: ClientSettings) -> Client:
         """Where the settings point: their url and token when both are set, else the client config.
         The client config's CA is trusted whatever the URL (RIGBASE_CA_CERT replaces it)."""
-        given = settings.token.get_secret_value() if settings.token else None
+        given = settings.token
         saved = (
             read_client_config(settings.client_config)
             if not (settings.url and given and settings.ca_cert)
