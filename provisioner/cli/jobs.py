@@ -192,6 +192,8 @@ def create(
 ) -> None:
     """Create a job from a spec file; prints its id. Asks first, showing the match table, unless --yes."""
     parsed = _read_spec(file)
+    for note in parsed.notes:  # what the conversion changed or dropped, before anything runs
+        print(f"warning: {note}", file=sys.stderr)
     body = {"spec": parsed.spec.model_dump(mode="json"), "project": project}
     client = connect()
     if dry_run or not yes:

@@ -17,7 +17,7 @@ from pathlib import PurePath
 from typing import Any, Final
 
 from contracts.gpu_types import resolve_gpu_type
-from contracts.jobspec import CPU_STEP, FieldPath, JobType, RuleErrors, format_path
+from contracts.jobspec import CPU_STEP, DEFAULT_IMAGE, FieldPath, JobType, RuleErrors, format_path
 from provisioner.domain.job_source import Converted, dns_name
 
 # Launch's job_type values; a spec without one is a training job.
@@ -75,6 +75,10 @@ def to_rigbase(doc: Mapping[str, Any], filename: str | None) -> Converted:
             f"workspace {workspace!r} is not uploaded: put the code in environment.image or a dataset "
             "(rigbase runs the commands in the container image)"
         )
+    notes.append(
+        f"no image: a Launch file names none, so the workers run {DEFAULT_IMAGE}, which each node pulls "
+        "when the job starts; to choose one, convert it (`provision job convert`) and set environment.image"
+    )
     fedml_env = doc.get("fedml_env")
     if isinstance(fedml_env, Mapping) and fedml_env.get("project_name"):
         notes.append(

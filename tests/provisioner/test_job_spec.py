@@ -58,6 +58,7 @@ def test_launch_seed_hello_world() -> None:
     (command,) = spec.workers
     assert command.index("pip install -r requirements.txt") < command.index("python hello_world.py")
     assert any("workspace 'hello_world' is not uploaded" in note for note in parsed.notes)
+    assert any(note.startswith("no image: a Launch file names none") for note in parsed.notes)
 
 
 def test_openpai_seed_tensorflow_cifar10() -> None:
