@@ -132,7 +132,7 @@ def test_reservation_walkthrough_desired_and_actual(fleet: tuple[ControlPlane, S
     # desired and actual, a line per field (not a JSON line), times local to the second
     assert human["desired.node"] == "gpu-1" and human["actual.state"] == "mapped"
     assert human["actual.external_address"] == "198.51.100.4:8888" and "{" not in "".join(human.values())
-    assert len(human["actual.reported_at"]) == len("2026-11-21 12:09:44")
+    assert len(human["actual.reported_at"]) == len("YYYY-MM-DD HH:MM:SS")
 
     _ok(cp, "reservation", "assign", "nb", "--node", "gpu-2")  # move
     assert json.loads(_ok(cp, "reservation", "show", "nb", "--json"))["actual"]["state"] == "pending"
