@@ -203,7 +203,7 @@ def show(name: str, region: RegionOpt = None, json_out: Json = False) -> None:
     node = _device(client, name, region)
     section = _section(node)
     status = client.get(f"/v1/nodes/{node['id']}/device-status")
-    if render.chosen(json_out) in (render.Output.JSON, render.Output.YAML):
+    if render.is_machine(json_out):
         render.detail({**node, "device": section or None, "configuration": status}, as_json=json_out)
         return
     shown = {**node, **{field: section.get(field) for field in DEVICE_FIELDS}, **_status_cells(status)}

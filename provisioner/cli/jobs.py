@@ -254,7 +254,7 @@ def list_(
 @output_options
 def show(name: Name, json_out: Json = False) -> None:
     """Show one job and its workers (node, state, exit code)."""
-    if json_out or render.chosen() in (render.Output.JSON, render.Output.YAML):
+    if render.is_machine(json_out):
         show_one(f"/v1/jobs/{name}", as_json=json_out)
         return
     job = connect().get(f"/v1/jobs/{name}")
