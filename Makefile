@@ -18,7 +18,8 @@ test-deep: deps
 	RIGBASE_FUZZ_EXAMPLES=150 $(PY) -m pytest -q tests/provisioner/test_fuzz_api.py
 
 # a node's whole life in QEMU under TCG, from the USB image to active and through a reset, and a GCE VM
-# joining and then refused: about 25 min on an idle 2-core machine, 50 beside other work (docs/testing.md)
+# joining and then refused: about 13 min on an idle 2-core machine, three times that beside other work
+# (docs/testing.md)
 test-vm: deps
 	$(PY) -m pytest -q --durations=5 -p no:cacheprovider tests/image_builder/test_node_life_vm.py
 

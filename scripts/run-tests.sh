@@ -3,8 +3,8 @@
 # under TCG with one vCPU: one core busy, mostly waiting on the guest) runs in the background while the rest
 # of the suite runs in the foreground; together they take about as long as the image suite alone instead of
 # the sum. The GCP suite (its own `unshare -n` run, a few minutes) goes with the image stream, which
-# balances the two. The whole node life in a VM is `make test-vm`: under TCG it alone is longer than the
-# suite's budget. Each stream has its own --basetemp; the image stream's output is printed after the rest's.
+# balances the two. The whole node life in a VM is `make test-vm`: under TCG, and beside the rest of the
+# suite, it took longer than the suite's budget. Each stream has its own --basetemp; the image stream's output is printed after the rest's.
 # Extra arguments go to both pytest runs (e.g. -x, -k).
 set -uo pipefail
 cd "$(dirname "$0")/.."
