@@ -55,10 +55,14 @@ def is_machine(as_json: bool = False) -> bool:
     return chosen(as_json) in (Output.JSON, Output.YAML)
 
 
+def _is_time(field: str) -> bool:
+    return field == "at" or field.endswith("_at")
+
+
 def _never_cut(field: str) -> bool:
     """Ids and names are what an operator copies into the next command, and a cut time reads as another
     time: never shortened."""
-    return field in {"id", "name", "region", "node", "minion_id", "at"} or field.endswith(("_id", "_at"))
+    return field in {"id", "name", "region", "node", "minion_id"} or field.endswith("_id") or _is_time(field)
 
 
 def _when(value: Any) -> datetime | None:
@@ -175,10 +179,6 @@ def machine(data: Any, output: Output) -> bool:
     else:
         return False
     return True
-
-
-def _is_time(field: str) -> bool:
-    return field == "at" or field.endswith("_at")
 
 
 def _field_cell(field: str, value: Any) -> str:

@@ -59,10 +59,7 @@ def status(session: Db, principal: Principal) -> StatusOut:
     version and schema revision (for `provision doctor`)."""
     heads = MigrationContext.configure(session.connection()).get_current_heads()
     data: dict[str, Any] = fleet_status.status(session)
-    gpus: dict[str, fleet_summary.GpuCount] = {}
-    for (region, _), n in fleet_summary.fleet(session).gpus.items():
-        was = gpus.get(region, fleet_summary.GpuCount())
-        gpus[region] = fleet_summary.GpuCount(was.total + n.total, was.allocated + n.allocated)
+    gpus = fleet_summary.fleet(session).gpus_by_region()
     for row in data["regions"]:
         held = gpus.get(row["region"], fleet_summary.GpuCount())
         row |= {"gpus": held.total, "gpus_allocated": held.allocated}

@@ -9,6 +9,7 @@ has beaten within the online window."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Final
@@ -37,10 +38,16 @@ class Fleet:
     gpus: dict[tuple[str, str], GpuCount] = field(default_factory=dict)  # (region, gpu type)
 
     def gpus_by_type(self) -> dict[str, GpuCount]:
+        return self._summed(lambda region, gpu_type: gpu_type)
+
+    def gpus_by_region(self) -> dict[str, GpuCount]:
+        return self._summed(lambda region, gpu_type: region)
+
+    def _summed(self, key: Callable[[str, str], str]) -> dict[str, GpuCount]:
         out: dict[str, GpuCount] = {}
-        for (_, gpu_type), n in sorted(self.gpus.items()):
-            was = out.get(gpu_type, GpuCount())
-            out[gpu_type] = GpuCount(
+        for (region, gpu_type), n in sorted(self.gpus.items()):
+            was = out.get(key(region, gpu_type), GpuCount())
+            out[key(region, gpu_type)] = GpuCount(
                 was.total + n.total, was.allocated + n.allocated, was.healthy + n.healthy
             )
         return out
