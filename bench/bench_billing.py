@@ -104,14 +104,19 @@ def running_job(
     }
 
 
-def running_worker(job_id: str, now: datetime) -> dict[str, Any]:
-    """The row of a running job's only worker (a bulk insert into JobWorker)."""
+def running_worker(job: dict[str, Any], now: datetime) -> dict[str, Any]:
+    """The row of a running job's only worker (a bulk insert into JobWorker): billed from its own start,
+    at its job's GPUs, type and price."""
     return {
         "id": new_id("jwk"),
-        "job_id": job_id,
+        "job_id": job["id"],
         "index": 0,
         "command": "train",
         "state": "running",
+        "gpu_count": job["spec"]["resources"]["gpu_count"],
+        "gpu_type": job["gpu_type"],
+        "price_per_gpu_hour": job["price_per_gpu_hour"],
+        "started_at": job["started_at"],
         "gpu_indices": [],
         "stop_requested": False,
         "log_bytes": 0,
@@ -152,7 +157,7 @@ def _seed(url: str) -> None:
                 by="operator:bench",
             )
             jobs.append(job)
-            workers.append(running_worker(str(job["id"]), now))
+            workers.append(running_worker(job, now))
         s.execute(insert(Job), jobs)
         s.execute(insert(JobWorker), workers)
     engine.dispose()

@@ -119,10 +119,8 @@ def _bench_placement(sessions: sessionmaker[Session]) -> None:
             t0 = time.perf_counter()
             candidates = job_placement.snapshot(s)
             t1 = time.perf_counter()
-            request = jobs.request_of(
-                _spec("p").model_dump(mode="json"), principal.account_id, jobs.Pinned(None, None)
-            )
-            decision = jobs.decide(request, candidates, 1)
+            requests = jobs.requests_of(_spec("p"), principal.account_id, jobs.Pinned(None, None))
+            decision = jobs.decide(requests, candidates)
             t2 = time.perf_counter()
             source_ms.append((t1 - t0) * 1000)
             decide_ms.append((t2 - t1) * 1000)

@@ -34,9 +34,16 @@ LOG_ROUTE: Final = "/v1/nodes/{node_id}/jobs/{job_id}/workers/{worker}/logs"
 OUTPUT_PATH: Final = "/opt/ml/output"  # RIGBASE_OUTPUT_PATH inside every container
 INPUT_PATH: Final = "/opt/ml/input"
 
+# the ports a worker's peers reach it on (RIGBASE_PORT, MASTER_PORT for rank 0): torchrun's default first,
+# one per live worker of a node (a node runs at most MAX_WORKERS_PER_NODE)
+PEER_PORT_FIRST: Final = 29500
 MAX_WORKERS_PER_NODE: Final = 64  # actual["jobs"] must fit the heartbeat's 32 KiB report bound
+PEER_PORTS: Final = range(PEER_PORT_FIRST, PEER_PORT_FIRST + MAX_WORKERS_PER_NODE)
 MAX_MOUNTS: Final = 32
+MAX_PEERS: Final = 256  # a gang's other workers (contracts.jobspec.MAX_WORKERS)
 MAX_ENV: Final = 256
+# the spec's variables and rigbase's: its own, torchrun's, and OpenPAI's three per peer of a gang
+MAX_ASSIGNMENT_ENV: Final = MAX_ENV + 64 + 3 * 256
 MAX_ENV_VALUE: Final = 32 * 1024
 MAX_COMMAND: Final = 64 * 1024
 MAX_PATH: Final = 4096
@@ -167,6 +174,13 @@ class ReservationBinding(ControlPlaneMessage):
     protocol: Protocol = Protocol.TCP
 
 
+class Peer(ControlPlaneMessage):
+    """Where another worker of the same job listens: its node's address in the region and its port."""
+
+    address: str = Field(min_length=1, max_length=255, pattern=r"^[A-Za-z0-9.:_-]+$")
+    port: int = Field(ge=1, le=65535)
+
+
 class WorkerAssignment(ControlPlaneMessage):
     """One container the node must run (or stop)."""
 
@@ -177,7 +191,7 @@ class WorkerAssignment(ControlPlaneMessage):
     image: RegistryImage
     command: str = Field(min_length=1, max_length=MAX_COMMAND)  # run with `/bin/sh -c` in the container
     env: dict[EnvName, Annotated[str, Field(max_length=MAX_ENV_VALUE)]] = Field(
-        default_factory=dict, max_length=MAX_ENV
+        default_factory=dict, max_length=MAX_ASSIGNMENT_ENV
     )
     gpu_count: int = Field(0, ge=0, le=64)  # the minion picks which GPUs; two workers never share one
     cpus: float = Field(gt=0, le=4096)
@@ -185,6 +199,10 @@ class WorkerAssignment(ControlPlaneMessage):
     disk_gb: int = Field(0, ge=0, le=100_000)  # 0: no quota
     mounts: list[Mount] = Field(default_factory=list, max_length=MAX_MOUNTS)
     reservation: ReservationBinding | None = None
+    # the port its peers reach it on, published on the node (host port = container port), and where each
+    # peer listens: a customer's job may reach exactly these over the LAN (minion/jobs/network.py)
+    port: int | None = Field(None, ge=1024, le=65535)
+    peers: list[Peer] = Field(default_factory=list, max_length=MAX_PEERS)
     # host devices passed through as they are (`--device`): a Jetson's accelerator by CDI name and its
     # video/media devices (the device inference container, contracts/device.py); jobs leave it empty
     devices: list[Annotated[str, Field(pattern=r"^[^\s]{1,256}$")]] = Field(

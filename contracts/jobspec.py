@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Any, Final, Literal
 
@@ -73,9 +74,20 @@ class JobType(StrEnum):
     ENDPOINT = "endpoint"
 
 
+class JobKind(StrEnum):
+    """How a job's workers relate (docs/job-spec.md "Gang and independent jobs")."""
+
+    GANG = "gang"  # distributed training: placed at once in one region, started together, failed whole
+    INDEPENDENT = "independent"  # a sweep: each worker placed, run, ended and billed on its own
+
+
+DEFAULT_GROUP: Final = "worker"  # the group name of the `workers:` shorthand (RIGBASE_GROUP, PAI_* roles)
+
+
 # Which job types may use a field (the job configuration shows these sections only for these types).
 ONLY_FOR: Final[dict[tuple[str, ...], frozenset[JobType]]] = {
     ("workers",): frozenset({JobType.TRAINING}),  # more than one worker: training jobs only
+    ("groups",): frozenset({JobType.TRAINING}),
     ("data", "datasets"): frozenset({JobType.TRAINING, JobType.NOTEBOOK}),
     ("data", "input"): frozenset({JobType.INFERENCE}),
     ("data", "output"): frozenset({JobType.TRAINING, JobType.INFERENCE}),
@@ -372,6 +384,39 @@ class Data(_Section):
         return out
 
 
+_Command = Annotated[str, Field(min_length=1, max_length=MAX_COMMAND)]
+# an OpenPAI task role's name as it is written (`ps_server`, `Worker`); in a variable's name a '-' is '_'
+_GroupName = Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[A-Za-z][A-Za-z0-9_-]{0,62}$")]
+
+
+class WorkerGroup(_Section):
+    """A group of alike workers (OpenPAI's task role): its own command and, when it needs other resources
+    than the job's, its own."""
+
+    name: _GroupName = Field(description="unique in the job: RIGBASE_GROUP and OpenPAI's task role name")
+    count: int = Field(1, ge=1, le=MAX_WORKERS, description="how many workers run this group's command")
+    command: _Command = Field(description="the shell command every worker of the group runs")
+    resources: Resources | None = Field(None, description="each worker's resources; none: the job's")
+
+    @field_validator("command")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("is empty: give the command this group's workers run")
+        return value
+
+
+@dataclass(frozen=True)
+class PlannedWorker:
+    """One worker of a job as it will run: its number, group, place in the group, script and resources."""
+
+    index: int
+    group: str
+    group_index: int
+    command: str
+    resources: Resources
+
+
 class JobSpec(_Section):
     """A job as rigbase runs it. Converted specs (ChainOpera Launch, OpenPAI) become this too."""
 
@@ -383,9 +428,25 @@ class JobSpec(_Section):
 
     name: _DnsLabel = Field(description="1-63 lowercase letters, digits and hyphens")
     type: JobType = JobType.TRAINING
-    resources: Resources
-    workers: list[Annotated[str, Field(min_length=1, max_length=MAX_COMMAND)]] = Field(
-        min_length=1, max_length=MAX_WORKERS, description="one shell command per worker, run with /bin/sh -c"
+    kind: JobKind | None = Field(
+        None,
+        description="gang (placed whole, started together, failed whole; the default) or independent "
+        "(each worker placed, run, ended and billed on its own: a sweep)",
+    )
+    resources: Resources | None = Field(
+        None, description="each worker's; required unless every group has its own"
+    )
+    workers: list[_Command] | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_WORKERS,
+        description="one shell command per worker, run with /bin/sh -c (or `groups`)",
+    )
+    groups: list[WorkerGroup] | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_WORKERS,
+        description="groups of workers, each with its own resources",
     )
     environment: Environment = Field(default_factory=Environment)
     data: Data = Field(default_factory=Data)
@@ -404,20 +465,58 @@ class JobSpec(_Section):
 
     @field_validator("workers")
     @classmethod
-    def _not_blank(cls, value: list[str]) -> list[str]:
+    def _not_blank(cls, value: list[str] | None) -> list[str] | None:
         blank = [
             ((i,), "is empty: give the command this worker runs")
-            for i, cmd in enumerate(value)
+            for i, cmd in enumerate(value or [])
             if not cmd.strip()
         ]
         if blank:
             raise RuleErrors(blank)
         return value
 
+    @field_validator("groups")
+    @classmethod
+    def _distinct_groups(cls, value: list[WorkerGroup] | None) -> list[WorkerGroup] | None:
+        errors: list[tuple[FieldPath, str]] = []
+        seen: set[str] = set()
+        for i, group in enumerate(value or []):
+            if group.name in seen:
+                errors.append(
+                    ((i, "name"), f"group {group.name!r} is named twice: give each group its own name")
+                )
+            seen.add(group.name)
+        total = sum(g.count for g in value or [])
+        if total > MAX_WORKERS:
+            errors.append(((), f"the groups have {total} workers; a job has at most {MAX_WORKERS}"))
+        if errors:
+            raise RuleErrors(errors)
+        return value
+
+    @model_validator(mode="after")
+    def _one_form(self) -> JobSpec:
+        errors: list[tuple[FieldPath, str]] = []
+        if self.workers is None and self.groups is None:
+            errors.append((("workers",), "required: one command per worker (or `groups`)"))
+        elif self.workers is not None and self.groups is not None:
+            errors.append((("groups",), "give `workers` or `groups`, not both"))
+        elif self.resources is None and self.groups is None:
+            errors.append((("resources",), "required: what each worker gets (gpu_types, gpu_count, …)"))
+        elif self.resources is None:
+            errors += [
+                (("groups", i, "resources"), "required: the job has no `resources` for this group to use")
+                for i, g in enumerate(self.groups or [])
+                if g.resources is None
+            ]
+        if errors:
+            raise RuleErrors(errors)
+        return self
+
     @model_validator(mode="after")
     def _type_rules(self) -> JobSpec:
         used = {
-            ("workers",): len(self.workers) > 1,
+            ("workers",): self.worker_count > 1 and self.groups is None,
+            ("groups",): self.groups is not None and self.worker_count > 1,
             ("data", "datasets"): bool(self.data.datasets),
             ("data", "input"): self.data.input is not None,
             ("data", "output"): self.data.output is not None,
@@ -427,19 +526,49 @@ class JobSpec(_Section):
         for path, types in ONLY_FOR.items():
             if used[path] and self.type not in types:
                 allowed = " and ".join(sorted(types))
-                what = "more than one worker" if path == ("workers",) else "this field"
+                what = "more than one worker" if path in (("workers",), ("groups",)) else "this field"
                 errors.append((path, f"only {allowed} jobs may use {what} (this job is {self.type.value})"))
         if errors:
             raise RuleErrors(errors)
         return self
 
-    def worker_commands(self) -> list[str]:
-        """The shell script of each worker (index = worker number): the package installs, stopping at the
-        first failure, then the worker's own command under the shell's usual rules."""
+    @property
+    def worker_count(self) -> int:
+        if self.groups is not None:
+            return sum(g.count for g in self.groups)
+        return len(self.workers or [])
+
+    @property
+    def job_kind(self) -> JobKind:
+        """The kind given, else gang: nothing of a job runs until all of it can (a sweep says so)."""
+        return self.kind or JobKind.GANG
+
+    def plan(self) -> list[PlannedWorker]:
+        """Every worker in order (index = worker number = rank): its group, its place in the group, its
+        script (the package installs, stopping at the first failure, then its own command under the
+        shell's usual rules) and its resources."""
         setup = self.environment.packages.install_commands()
-        if not setup:
-            return list(self.workers)
-        return ["\n".join(["set -e", *setup, "set +e", command]) for command in self.workers]
+
+        def script(command: str) -> str:
+            return "\n".join(["set -e", *setup, "set +e", command]) if setup else command
+
+        if self.groups is None:
+            assert self.resources is not None  # _one_form
+            return [
+                PlannedWorker(i, DEFAULT_GROUP, i, script(command), self.resources)
+                for i, command in enumerate(self.workers or [])
+            ]
+        out: list[PlannedWorker] = []
+        for group in self.groups:
+            resources = group.resources or self.resources
+            assert resources is not None  # _one_form
+            for k in range(group.count):
+                out.append(PlannedWorker(len(out), group.name, k, script(group.command), resources))
+        return out
+
+    def worker_commands(self) -> list[str]:
+        """The shell script of each worker (index = worker number)."""
+        return [w.command for w in self.plan()]
 
     def mounts(self) -> list[DataMount]:
         return self.data.mounts()
@@ -523,6 +652,7 @@ _PATTERN_HINTS: Final[dict[str, str]] = {
     r"^[A-Za-z_][A-Za-z0-9_]{0,127}$": "must be a variable name: letters, digits and _, not starting "
     "with a digit",
     r"^[^\s]+$": "must not contain spaces",
+    r"^[A-Za-z][A-Za-z0-9_-]{0,62}$": "must be 1-63 letters, digits, '_' and '-', starting with a letter",
 }
 
 
@@ -534,6 +664,7 @@ def _fields_at(loc: FieldPath) -> list[str]:
             continue
         annotation = model.model_fields[part].annotation if part in model.model_fields else None
         candidates = [annotation, *getattr(annotation, "__args__", ())]
+        candidates += [arg for c in candidates for arg in getattr(c, "__args__", ())]  # list[Group] | None
         section = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
         if section is None:
             return []

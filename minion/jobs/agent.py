@@ -41,7 +41,7 @@ from minion.gpu.keeper import CdiKeeper
 from minion.jobs.gpus import GpuPool
 from minion.jobs.logs import ControlPlaneLogs, LogTransport
 from minion.jobs.mounts import unbind_all
-from minion.jobs.network import JobsNetwork, NetworkRefused
+from minion.jobs.network import JobsNetwork, NetworkRefused, peer_ports
 from minion.jobs.podman import LABEL_GENERATION, LABEL_JOB, LABEL_WORKER, Container, Podman, PodmanError
 from minion.jobs.worker import ContainerRuntime, Worker
 from minion.settings import ContainerSettings
@@ -112,7 +112,8 @@ class JobsAgent:
             self.gpu_spec.refresh()  # a new driver or GPU is in the spec before a worker asks for it
         if self.network is not None and wanted.workers:
             try:  # before any container starts on it; a no-op while the region's policy stays the same
-                self.network.ensure(wanted.network)
+                live = [p for w in wanted.workers if not w.stop for p in w.peers]
+                self.network.ensure(wanted.network, peer_ports(live))
             except NetworkRefused as exc:  # nothing starts unnarrowed; the next beat tries again
                 return self.actual(str(exc))
         with self.lock:

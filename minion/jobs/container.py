@@ -164,6 +164,8 @@ class RunPlan:
         if a.reservation is not None and publishes_ports(settings):
             port = a.reservation.port
             args += ["--publish", f"{port}:{port}/{a.reservation.protocol.value}"]
+        if a.port is not None and publishes_ports(settings):  # where its gang's peers reach it
+            args += ["--publish", f"{a.port}:{a.port}/tcp"]
         for index in self.gpus:
             args += ["--device", f"{settings.gpu_kind}={index}"]
         for device in a.devices:

@@ -9,6 +9,9 @@ subnet), and one nftables table (`inet rigbase_jobs` for the network `rigbase-jo
   bundle and the region's join token), are closed always;
 - the private and shared address ranges (the LAN, a region's datastores and peers) are closed unless the
   region allows its jobs the LAN (`provision region update R --jobs-lan`: JobsDesired.network.lan);
+  the address and port of each peer of a gang running here (WorkerAssignment.peers) stay open, so the
+  workers of a distributed job on other nodes reach each other on the ports rigbase gave them and nothing
+  else of the LAN;
 - everything else (the internet: registries, package mirrors, model hubs) is open, and so is DNS (port
   53) wherever the node's resolvers are: on a LAN router, or on GCE at the metadata server's address,
   whose HTTP stays closed.
@@ -21,12 +24,14 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import socket
 import subprocess
 import threading
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-from contracts.jobs import JobNetwork
+from contracts.jobs import JobNetwork, Peer
 from minion.jobs.podman import Podman, PodmanError
 
 NFT_TIMEOUT_S: Final = 30.0
@@ -40,10 +45,16 @@ class NetworkRefused(Exception):
     """The jobs network or its rules cannot be put in place; the message says what to do."""
 
 
-def ruleset(table: str, subnet: str, *, lan: bool) -> str:
+PeerPort = tuple[str, int]  # an IPv4 address and a TCP port
+
+
+def ruleset(table: str, subnet: str, *, lan: bool, peers: Sequence[PeerPort] = ()) -> str:
     """The nft script that replaces `table` with the rules for `subnet` (an `add` first, so the
-    `delete` finds a table on the first run too)."""
+    `delete` finds a table on the first run too); `peers` stay open when the LAN is closed."""
     lan_rule = "" if lan else f"        ip saddr {subnet} ip daddr {{ {', '.join(LAN_RANGES)} }} drop\n"
+    if peers and not lan:
+        listed = ", ".join(f"{address} . {port}" for address, port in sorted(set(peers)))
+        lan_rule = f"        ip saddr {subnet} ip daddr . tcp dport {{ {listed} }} accept\n" + lan_rule
     return (
         f"add table inet {table}\n"
         f"delete table inet {table}\n"
@@ -64,6 +75,24 @@ def ruleset(table: str, subnet: str, *, lan: bool) -> str:
     )
 
 
+def peer_ports(peers: Iterable[Peer]) -> tuple[PeerPort, ...]:
+    """The IPv4 (address, port) of each peer; a peer given by name is resolved (one that does not resolve
+    stays closed: its worker's connection fails, and says so in its log)."""
+    out: set[PeerPort] = set()
+    for peer in peers:
+        try:
+            out.add((str(ipaddress.IPv4Address(peer.address)), peer.port))
+            continue
+        except ValueError:
+            pass
+        try:
+            found = socket.getaddrinfo(peer.address, peer.port, socket.AF_INET, socket.SOCK_STREAM)
+        except OSError:
+            continue
+        out |= {(str(info[4][0]), peer.port) for info in found}
+    return tuple(sorted(out))
+
+
 def table_of(network: str) -> str:
     return "rigbase_" + network.removeprefix("rigbase-").replace("-", "_")
 
@@ -76,7 +105,7 @@ class JobsNetwork:
     name: str
     subnet: str
     nft: str = "nft"
-    applied: JobNetwork | None = None
+    applied: tuple[JobNetwork, tuple[PeerPort, ...]] | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -88,13 +117,14 @@ class JobsNetwork:
     def table(self) -> str:
         return table_of(self.name)
 
-    def ensure(self, policy: JobNetwork) -> None:
-        """The network exists and the rules for `policy` are in force (a no-op when they already are)."""
+    def ensure(self, policy: JobNetwork, peers: tuple[PeerPort, ...] = ()) -> None:
+        """The network exists and the rules for `policy` and `peers` are in force (a no-op when they
+        already are)."""
         with self.lock:
-            if self.applied == policy:
+            if self.applied == (policy, peers):
                 return
             self._ensure_network()
-            script = ruleset(self.table, self.subnet, lan=policy.lan)
+            script = ruleset(self.table, self.subnet, lan=policy.lan, peers=peers)
             try:
                 done = subprocess.run(
                     [self.nft, "-f", "-"], input=script, capture_output=True, text=True, timeout=NFT_TIMEOUT_S
@@ -104,7 +134,7 @@ class JobsNetwork:
             if done.returncode != 0:
                 last = (done.stderr.strip().splitlines() or ["no output"])[-1]
                 raise NetworkRefused(f"nft refused the jobs network's rules: {last}")
-            self.applied = policy
+            self.applied = (policy, peers)
 
     def _ensure_network(self) -> None:
         try:

@@ -58,7 +58,9 @@ COLUMNS: render.Columns = [
 WIDE = [("region", "REGION"), ("created_by", "CREATED BY")]
 WORKER_COLUMNS = [
     ("index", "WORKER"),
+    ("group", "GROUP"),
     ("node", "NODE"),
+    ("port", "PORT"),
     ("state", "STATE"),
     ("exit_code", "EXIT"),
     ("gpu_indices", "GPUS"),
@@ -153,11 +155,22 @@ def print_match_table(placement: dict[str, Any]) -> None:
             con.print(f"GCP capacity in {region} is from its quota {when} (refreshed every 60 s).")
     else:
         con.print("No resource fits the job now.")
+    _print_workers(con, placement.get("workers") or [])
     if placement["rejected"]:
         con.print(f"Not matched ({placement['rejected_total']}):")
         for r in placement["rejected"]:
             con.print(f"  {r['node']} ({r['region']}): {r['message']}", soft_wrap=True)
     _print_price(con, placement)
+
+
+def _print_workers(con: Any, workers: list[dict[str, Any]]) -> None:
+    """Where each worker of a job of several would run now."""
+    if len(workers) < 2:
+        return
+    con.print("Workers:")
+    for w in workers:
+        where = f"{w['node']} ({w['region']})" if w.get("node") else "waits"
+        con.print(f"  {w['index']} {w['group']}: {where}")
 
 
 def _print_price(con: Any, placement: dict[str, Any]) -> None:

@@ -4,9 +4,12 @@ jobName                  -> name (as a DNS label)
 image                    -> environment.image
 jobEnvs                  -> environment.env
 gpuType                  -> resources.gpu_types (absent: every NVIDIA type, as OpenPAI takes any GPU)
-taskRoles[i].command     -> one worker per task: taskNumber copies, task roles in order
-taskRoles[i].gpuNumber   -> resources.gpu_count (the same for every role: rigbase workers are alike)
-taskRoles[i].cpuNumber   -> resources.cpu_count (the largest, rounded up to a multiple of 4)
+taskRoles[i]             -> groups[i], role by role (a gang: OpenPAI places a job's tasks together)
+taskRoles[i].name        -> groups[i].name (OpenPAI's PAI_* variables name it)
+taskRoles[i].taskNumber  -> groups[i].count
+taskRoles[i].command     -> groups[i].command
+taskRoles[i].gpuNumber   -> groups[i].resources.gpu_count (a parameter server of 0 GPUs beside GPU workers)
+taskRoles[i].cpuNumber   -> groups[i].resources.cpu_count (rounded up to a multiple of 4)
 taskRoles[i].memoryMB    -> not kept: rigbase sizes a worker's memory from its share of the node
 """
 
@@ -16,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from contracts.gpu_types import NVIDIA_GPU_TYPES, resolve_gpu_type
-from contracts.jobspec import CPU_STEP, FieldPath, JobType, RuleErrors
+from contracts.jobspec import CPU_STEP, FieldPath, JobKind, JobType, RuleErrors
 from provisioner.domain.job_source import Converted, dns_name
 
 KNOWN: Final = frozenset({"jobName", "image", "taskRoles", "jobEnvs", "gpuType"})
@@ -44,21 +47,19 @@ def to_rigbase(doc: Mapping[str, Any]) -> Converted:
         ("name",): ("jobName",),
         ("environment", "image"): ("image",),
         ("environment", "env"): ("jobEnvs",),
-        ("workers",): ("taskRoles",),
-        ("resources",): ("taskRoles",),
+        ("groups",): ("taskRoles",),
     }
-    resources = _resources(doc, checked, origin, errors, notes)
+    groups = _groups(doc, checked, origin, errors, notes)
     if errors:
         raise RuleErrors(errors)
-    workers = _workers(checked, origin, notes)
     name = dns_name(str(doc["jobName"]))
     if name != doc["jobName"]:
         notes.append(f"name {name!r} from jobName {doc['jobName']!r} (a rigbase name is a DNS label)")
     data: dict[str, Any] = {
         "name": name,
         "type": JobType.TRAINING.value,
-        "resources": resources,
-        "workers": workers,
+        "kind": JobKind.GANG.value,
+        "groups": groups,
         "environment": {"image": doc["image"], "env": dict(env)},
     }
     return Converted(data=data, origin=origin, notes=notes)
@@ -83,53 +84,48 @@ def _read_top_level(
     return checked, env
 
 
-def _resources(
+def _groups(
     doc: Mapping[str, Any],
     checked: list[dict[str, Any]],
     origin: dict[FieldPath, FieldPath],
     errors: list[tuple[FieldPath, str]],
     notes: list[str],
-) -> dict[str, Any]:
-    """One worker's resources: every role's GPUs (which must agree) and the widest role's CPUs."""
-    gpus = checked[0]["gpuNumber"]
-    for index, role in enumerate(checked[1:], start=1):
-        if role["gpuNumber"] != gpus:
-            errors.append(
-                (
-                    ("taskRoles", index, "gpuNumber"),
-                    f"differs from taskRoles[0] ({gpus}): rigbase gives every worker the same GPUs; "
-                    "use one value",
-                )
+) -> list[dict[str, Any]]:
+    """One group per task role, in order, each with the role's own GPUs and CPUs."""
+    groups: list[dict[str, Any]] = []
+    types: list[str] | None = None
+    for index, role in enumerate(checked):
+        at: FieldPath = ("groups", index)
+        resources: dict[str, Any] = {"gpu_count": role["gpuNumber"]}
+        origin[(*at, "resources", "gpu_count")] = ("taskRoles", index, "gpuNumber")
+        if role["gpuNumber"]:
+            types = _gpu_types(doc, errors, notes) if types is None else types
+            resources["gpu_types"] = types
+            origin[(*at, "resources", "gpu_types")] = ("gpuType",)
+        cpus = role["cpuNumber"]
+        resources["cpu_count"] = -(-cpus // CPU_STEP) * CPU_STEP
+        origin[(*at, "resources", "cpu_count")] = ("taskRoles", index, "cpuNumber")
+        if resources["cpu_count"] != cpus:
+            notes.append(
+                f"groups[{index}].resources.cpu_count = {resources['cpu_count']}: cpuNumber {cpus} "
+                "rounded up to a multiple of 4"
             )
-    resources: dict[str, Any] = {"gpu_count": gpus}
-    origin[("resources", "gpu_count")] = ("taskRoles", 0, "gpuNumber")
-    if gpus:
-        resources["gpu_types"] = _gpu_types(doc, errors, notes)
-        origin[("resources", "gpu_types")] = ("gpuType",)
-    widest = max(range(len(checked)), key=lambda i: checked[i]["cpuNumber"])
-    cpus = checked[widest]["cpuNumber"]
-    resources["cpu_count"] = -(-cpus // CPU_STEP) * CPU_STEP
-    origin[("resources", "cpu_count")] = ("taskRoles", widest, "cpuNumber")
-    if resources["cpu_count"] != cpus or len({r["cpuNumber"] for r in checked}) > 1:
-        notes.append(
-            f"resources.cpu_count = {resources['cpu_count']}: the largest cpuNumber, a multiple of 4"
+        for key, source in (("name", "name"), ("count", "taskNumber"), ("command", "command")):
+            origin[(*at, key)] = ("taskRoles", index, source)
+        groups.append(
+            {
+                "name": role["name"],
+                "count": role["taskNumber"],
+                "command": role["command"],
+                "resources": resources,
+            }
         )
     notes.append("memoryMB not kept: rigbase sizes each worker's memory from its share of the node")
-    return resources
-
-
-def _workers(
-    checked: list[dict[str, Any]], origin: dict[FieldPath, FieldPath], notes: list[str]
-) -> list[str]:
-    """One worker per task (taskNumber) of each task role, in order."""
-    workers: list[str] = []
-    for index, role in enumerate(checked):
-        for _ in range(role["taskNumber"]):
-            origin[("workers", len(workers))] = ("taskRoles", index, "command")
-            workers.append(role["command"])
-    if len(workers) > 1:
-        notes.append(f"{len(workers)} workers: one per task (taskNumber) of each task role, in order")
-    return workers
+    if len(checked) > 1 or checked[0]["taskNumber"] > 1:
+        notes.append(
+            "a gang job: every task is placed and started together, and fails whole, as OpenPAI runs it"
+        )
+    return groups
 
 
 def _role(index: int, role: Any, errors: list[tuple[FieldPath, str]], notes: list[str]) -> dict[str, Any]:
@@ -138,7 +134,7 @@ def _role(index: int, role: Any, errors: list[tuple[FieldPath, str]], notes: lis
         errors.append(
             (where, "must be a mapping (name, taskNumber, cpuNumber, memoryMB, gpuNumber, command)")
         )
-        return {"taskNumber": 1, "cpuNumber": 1, "gpuNumber": 0, "command": ""}
+        return {"name": "default", "taskNumber": 1, "cpuNumber": 1, "gpuNumber": 0, "command": ""}
     out: dict[str, Any] = {}
     for key, least in ROLE_NUMBERS:
         value = role.get(key)
@@ -154,6 +150,7 @@ def _role(index: int, role: Any, errors: list[tuple[FieldPath, str]], notes: lis
     out["command"] = command if isinstance(command, str) else ""
     if not isinstance(role.get("name"), str) or not role["name"]:
         errors.append(((*where, "name"), "required: the task role's name, e.g. default"))
+    out["name"] = role.get("name") if isinstance(role.get("name"), str) else "default"
     notes += [
         f"taskRoles[{index}].{key}: not a rigbase setting, ignored" for key in role if key not in ROLE_KNOWN
     ]

@@ -195,14 +195,14 @@ class JobState(StrEnum):
 
     WAITING = "waiting"  # nothing fits now (reason: "Waiting for GPUs: …"); placed when capacity appears
     STARTING = "starting"  # placed on nodes; their minions have not reported every worker running yet
-    RUNNING = "running"  # every worker's container runs
+    RUNNING = "running"  # every worker's container runs (a gang), or one at least (an independent job)
     SUCCEEDED = "succeeded"  # every worker exited 0
-    FAILED = "failed"  # a worker exited non-zero, failed to start or lost its node (reason says which)
+    FAILED = "failed"  # a gang's worker failed; an independent job ended with a failed worker (it says which)
     STOPPED = "stopped"  # `provision job stop`: SIGTERM, grace period, then kill
 
 
 class WorkerState(StrEnum):
-    """One container of a job (one per entry of `workers`), on one node, with its own exit code."""
+    """One container of a job (one per worker of its groups), on one node, with its own exit code."""
 
     WAITING = "waiting"  # no node yet (the job waits, or was re-queued)
     STARTING = "starting"  # assigned to a node; its minion has not reported the container running yet

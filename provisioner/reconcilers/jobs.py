@@ -14,11 +14,19 @@ from __future__ import annotations
 import logging
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import select
+from sqlalchemy import and_, exists, or_, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from provisioner.domain.placement import Candidate
-from provisioner.domain.states import NODE_STOPPED, ONLINE_WINDOW, WORKER_ON_NODE, JobState
+from provisioner.domain.states import (
+    JOB_LIVE,
+    JOB_ON_NODE,
+    NODE_STOPPED,
+    ONLINE_WINDOW,
+    WORKER_ON_NODE,
+    JobState,
+    WorkerState,
+)
 from provisioner.reconcilers.loop import register
 from provisioner.services.common import audit
 from provisioner.services.common.runtime import runtime_of
@@ -97,9 +105,18 @@ def fail_lost_nodes(sessions: sessionmaker[Session], *, grace: timedelta, now: d
 
 def place_waiting(sessions: sessionmaker[Session]) -> None:
     with session_scope(sessions) as session:
+        # a waiting job, or an independent one whose other workers run while these wait
+        some_wait = exists().where(JobWorker.job_id == Job.id, JobWorker.state == WorkerState.WAITING.value)
         waiting = list(
             session.scalars(
-                select(Job.id).where(Job.state == JobState.WAITING).order_by(Job.created_at, Job.id)
+                select(Job.id)
+                .where(
+                    or_(
+                        Job.state == JobState.WAITING,
+                        and_(Job.state.in_([s.value for s in JOB_ON_NODE]), some_wait),
+                    )
+                )
+                .order_by(Job.created_at, Job.id)
             )
         )
     snapshot: list[Candidate] | None = None  # one fleet snapshot per pass, less what each placed job took
@@ -107,7 +124,7 @@ def place_waiting(sessions: sessionmaker[Session]) -> None:
         try:
             with session_scope(sessions) as session:
                 job = session.get(Job, job_id)
-                if job is not None and job.state == JobState.WAITING:
+                if job is not None and JobState(job.state) in JOB_LIVE:
                     snapshot = jobs.place_waiting(session, job, actor=ACTOR, candidates=snapshot)
         except Exception:
             snapshot = None  # what that job took is unknown: the next one looks again

@@ -68,6 +68,17 @@ class JobWorker(Base):
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"))
     index: Mapped[int] = mapped_column(Integer)
     command: Mapped[str] = mapped_column(Text)
+    # its group (contracts.jobspec.WorkerGroup; "worker" for the `workers:` form), its place in it, and
+    # what it holds on its node (the group's resources: placement and the usage sums read them here)
+    group_name: Mapped[str] = mapped_column(String(63), default="worker", server_default="worker")
+    group_index: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    gpu_count: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    cpu_count: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # the port its peers reach it on (RIGBASE_PORT), unique on its node among the live workers
+    port: Mapped[int | None] = mapped_column(Integer)
+    # where it was placed: its GPU type and the price per GPU-hour locked then (it is billed at this)
+    gpu_type: Mapped[str | None] = mapped_column(String(64))
+    price_per_gpu_hour: Mapped[float | None] = mapped_column(Float)
     node_id: Mapped[str | None] = mapped_column(ForeignKey("nodes.id"), index=True)
     # domain.states.WorkerState; change it only via services.jobs.transition_worker
     state: Mapped[str] = mapped_column(String(16))
@@ -91,6 +102,9 @@ class JobWorker(Base):
     # the newest usage sample kept (its Unix time): a report's older samples are already here
     usage_at: Mapped[float | None] = mapped_column(Float)
     reported_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # when it began to run, as the control plane measured it (services.jobs: its running report, or the
+    # run time its node reported for a worker that ended between two beats): billing starts here
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     # when the control plane recorded its end (services.jobs.transition_worker): the log-shipping window
     # runs from here, whatever the node reports afterwards
     ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from contracts.jobs import JobNetwork
+from contracts.jobs import JobNetwork, Peer
 from minion.jobs.agent import JobsAgent
 from minion.jobs.network import JobsNetwork, NetworkRefused, ruleset
 from minion.jobs.podman import Podman
@@ -107,8 +107,14 @@ def reached(agent_store: LogStore, job: str) -> dict[str, str]:
     return {name: state for name, state in lines if name in TARGETS}
 
 
-def run_probe(agent: JobsAgent, job: str, lan: bool) -> None:
-    until(agent, [worker(job, PROBE)], ended_and_shipped, timeout=60, network=JobNetwork(lan=lan))
+def run_probe(agent: JobsAgent, job: str, lan: bool, peers: list[Peer] | None = None) -> None:
+    until(
+        agent,
+        [worker(job, PROBE, peers=peers or [])],
+        ended_and_shipped,
+        timeout=60,
+        network=JobNetwork(lan=lan),
+    )
 
 
 @pytest.mark.usefixtures("outside", "image")
@@ -127,6 +133,26 @@ def test_a_job_reaches_the_internet_and_the_lan_only_where_its_region_allows_nev
         assert reached(store, job) == {**expected, "internet": "open"}, store.text(job)
 
 
+@pytest.mark.usefixtures("outside", "image")
+def test_a_gangs_peers_are_open_on_their_own_ports_while_the_rest_of_the_lan_stays_closed(
+    agents: Agents,  # noqa: F811
+    store: LogStore,  # noqa: F811
+) -> None:
+    """A distributed job's workers on other nodes reach each other over the LAN of a region whose jobs may
+    not reach the LAN: the address and port of each peer (WorkerAssignment.peers) are open, nothing else."""
+    agent = agents()
+    run_probe(agent, "job-peer", lan=False, peers=[Peer(address=LAN_PEER, port=PORT)])
+    assert reached(store, "job-peer") == {
+        "node": "closed",
+        "lan": "open",
+        "metadata": "closed",
+        "internet": "open",
+    }, store.text("job-peer")
+    # the same peer's address on another port is not the peer: closed
+    run_probe(agent, "job-other-port", lan=False, peers=[Peer(address=LAN_PEER, port=PORT + 1)])
+    assert reached(store, "job-other-port")["lan"] == "closed", store.text("job-other-port")
+
+
 def test_the_rules_replace_themselves_whole_and_a_bad_subnet_is_refused(
     jobs_network: tuple[str, str],
 ) -> None:
@@ -134,6 +160,8 @@ def test_the_rules_replace_themselves_whole_and_a_bad_subnet_is_refused(
     assert script.startswith("add table inet rigbase_x\ndelete table inet rigbase_x\n")
     assert "192.168.0.0/16" not in script and "169.254.0.0/16 drop" in script
     assert "192.168.0.0/16" in ruleset("rigbase_x", "10.231.9.0/24", lan=False)
+    peers = ruleset("rigbase_x", "10.231.9.0/24", lan=False, peers=[("10.0.0.9", 29500)] * 2)
+    assert peers.count("10.0.0.9 . 29500") == 1 and peers.index("accept") < peers.index("192.168.0.0/16")
     podman = Podman(ContainerSettings(**RUNTIME))  # type: ignore[arg-type]
     for bad in ("8.8.8.0/24", "fd00::/64", "10.0.0.1/33"):
         with pytest.raises(ValueError):

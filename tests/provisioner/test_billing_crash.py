@@ -98,7 +98,7 @@ def _seed(engine: Engine) -> Expected:
             )
             job_id = str(job["id"])
             jobs.append(job)
-            workers.append(running_worker(job_id, now))
+            workers.append(running_worker(job, now))
             facts = JobFacts(
                 job_id=job_id,
                 job_type=kind,

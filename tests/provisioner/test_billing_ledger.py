@@ -30,7 +30,7 @@ from provisioner.domain.states import NodeState
 from provisioner.services.accounts import accounts
 from provisioner.services.billing import ledger, metering, prices
 from provisioner.services.billing.ledger import NewEntry
-from provisioner.services.fleet import nodes
+from provisioner.services.fleet import node_address, nodes
 from provisioner.services.jobs import job_assignments, jobs
 from provisioner.services.regions import providers
 from provisioner.services.regions import regions as region_service
@@ -82,6 +82,7 @@ def active_a100_node(s: Session, region: str, n: int) -> None:
         "gpus": [A100, {**A100, "pci_address": "0000:02:00.0"}],
     }
     nodes.record_report(s, node, inventory=inventory, requirements={"ok": True, "rules": []})
+    node_address.record(node, f"10.0.0.{n % 250 + 1}")  # where it beats from: its gang workers' peers find it
 
 
 def _world(sessions: sessionmaker[Session]) -> World:
@@ -123,6 +124,8 @@ def _run_job(sessions: sessionmaker[Session], world: World, name: str, hours_ago
         job = s.get(Job, job_id)
         assert job is not None and job.state == "running" and job.started_at is not None
         job.started_at -= timedelta(hours=hours_ago)
+        for worker in job.workers:  # each worker is billed from its own start
+            worker.started_at = job.started_at
         assert job.price_per_gpu_hour == 2.78
     return job_id
 
@@ -148,6 +151,8 @@ def _stop(sessions: sessionmaker[Session], world: World, job_id: str, ran: timed
         job = s.get(Job, job_id)
         assert job is not None and job.state == "stopped" and job.started_at and job.ended_at
         job.ended_at = job.started_at + ran  # the stop came `ran` after the (moved) start
+        for worker in job.workers:
+            worker.ended_at = job.ended_at
         return job.ended_at
 
 
@@ -422,6 +427,8 @@ def test_own_capacity_needs_no_credits_and_its_usage_fee_takes_the_balance_below
         job = s.get(Job, job_id)
         assert job is not None and job.started_at is not None
         job.started_at -= timedelta(hours=2)
+        for worker in job.workers:
+            worker.started_at = job.started_at
         now = job.started_at + timedelta(hours=2, minutes=1)
     with sessions.begin() as s:
         assert metering.meter(s, now).entries == 2  # two hours of the usage fee, no price, no earnings

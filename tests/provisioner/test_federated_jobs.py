@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import subprocess
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -244,6 +244,16 @@ def _paid(session: Session, account: str, job_id: str) -> dict[str, Decimal]:
     return out
 
 
+def _workers_ran(
+    sessions: sessionmaker[Session], job_id: str, started: datetime, ended: datetime | None
+) -> None:
+    with sessions.begin() as s:
+        for worker in s.get_one(Job, job_id).workers:
+            worker.started_at = started
+            if ended is not None:
+                worker.ended_at = ended
+
+
 @pytest.mark.parametrize(
     ("job_type", "workers", "fee", "creator_total", "owner_total"),
     [
@@ -273,6 +283,7 @@ def test_the_creator_pays_the_federated_fee_per_worker_hour_and_the_owner_the_us
         assert rules.is_federated(job.account_id, job.project.account_id)
         assert job.price_per_gpu_hour == 0.25  # the owner's own A100: the datacenter usage fee
         started = job.started_at
+    _workers_ran(sessions, job_id, started, None)  # each worker is billed from its own start
     manual = clock.ManualClock(started)
     monkeypatch.setattr(clock, "CLOCK", manual)
     manual.advance(timedelta(hours=2, minutes=1))
@@ -293,6 +304,7 @@ def test_the_creator_pays_the_federated_fee_per_worker_hour_and_the_owner_the_us
         job = s.get(Job, job_id)
         assert job is not None and job.state == "stopped"
         job.ended_at = started + timedelta(hours=2, minutes=30)  # the stop came half an hour into hour 3
+    _workers_ran(sessions, job_id, started, started + timedelta(hours=2, minutes=30))
     manual.advance(timedelta(minutes=30))
     reconciler.run_once(sessions)
     with sessions() as s:

@@ -26,7 +26,7 @@ from contracts.metrics import METRIC_POINTS_PER_JOB, MetricRefused, format_line,
 from provisioner.reconcilers.loop import ReconcilerLoop
 from provisioner.services.common.wakeups import Wake
 from provisioner.services.jobs import job_usage
-from provisioner.store.job_models import Job
+from provisioner.store.job_models import Job, JobWorker
 from tests.provisioner.test_jobs_api import Fleet, create, job, mine, report, running_fleet, spec
 
 SDK = Path(__file__).resolve().parents[2] / "sdk" / "python"
@@ -189,6 +189,8 @@ def test_cost_so_far_is_the_ledgers_plus_what_the_run_accrued_by_the_same_rules(
     started = datetime.now(UTC) - timedelta(minutes=90)
     with fleet.sessions.begin() as s:
         s.execute(update(Job).where(Job.id == job_id).values(started_at=started))
+        # each worker is billed from its own start
+        s.execute(update(JobWorker).where(JobWorker.job_id == job_id).values(started_at=started))
     shown = job(fleet, job_id)
     rate = Decimal("0.05")  # RTX 3090, development class: 0.05 credits per GPU-hour, one GPU, one worker
     hours = Decimal(str(shown["duration_s"])) / 3600

@@ -67,21 +67,28 @@ def test_openpai_seed_tensorflow_cifar10() -> None:
     assert parsed.format is SpecFormat.OPENPAI
     assert spec.name == "tensorflow-cifar10"
     assert spec.environment.image == "tensorflow/tensorflow:1.12.0-gpu-py3"
-    assert (spec.resources.gpu_count, spec.resources.cpu_count) == (1, 4)
-    assert (
-        set(spec.resources.gpu_types) == set(GPU_TYPES) - AMD_GPU_TYPES
-    )  # OpenPAI names no type: any NVIDIA
-    assert len(spec.workers) == 1 and spec.workers[0].startswith("apt update && apt install -y git")
+    assert spec.groups is not None and len(spec.groups) == 1
+    (role,) = spec.groups
+    assert role.resources is not None and (role.resources.gpu_count, role.resources.cpu_count) == (1, 4)
+    assert set(role.resources.gpu_types) == set(GPU_TYPES) - AMD_GPU_TYPES  # no type named: any NVIDIA
+    assert role.count == 1 and role.command.startswith("apt update && apt install -y git")
     assert any("memoryMB" in note for note in parsed.notes)
 
 
 def test_openpai_task_number_gives_that_many_workers() -> None:
     parsed = read((EXAMPLES / "openpai-distributed.json").read_text())
     spec = parsed.spec
-    assert [w.split("=")[-1] for w in spec.workers] == ["ps", "worker", "worker"]
+    assert spec.job_kind.value == "gang"  # OpenPAI places a job's tasks together
+    plan = spec.plan()
+    assert [(w.group, w.group_index, w.command.split("=")[-1]) for w in plan] == [
+        ("ps", 0, "ps"),
+        ("worker", 0, "worker"),
+        ("worker", 1, "worker"),
+    ]
     assert spec.name == "tensorflow-distributed"
-    assert spec.resources.gpu_types == ["V100"]
-    assert spec.resources.cpu_count == 8  # the largest cpuNumber (6), up to a multiple of 4
+    assert all(w.resources.gpu_types == ["V100"] for w in plan)
+    # each role keeps its own CPUs, up to a multiple of 4
+    assert [w.resources.cpu_count for w in plan] == [4, 8, 8]  # cpuNumber 2 and 6
     assert spec.environment.env == {"TF_CPP_MIN_LOG_LEVEL": "2"}
 
 
@@ -357,11 +364,15 @@ def test_openpai_errors_name_openpai_fields() -> None:
     ]
     data["image"] = "x"
     data["taskRoles"][0]["taskNumber"] = 1
+    # roles with other GPU counts are read role by role (a parameter server beside its workers)
+    spec = read(json.dumps(data, indent=1)).spec
+    assert [w.resources.gpu_count for w in spec.plan()] == [1, 2, 2]
+    data["taskRoles"][1]["name"] = "9workers"
     assert _errors(json.dumps(data, indent=1)) == [
-        "line 21: taskRoles[1].gpuNumber: differs from taskRoles[0] (1): rigbase gives every worker the "
-        "same GPUs; use one value"
+        "line 17: taskRoles[1].name: must be 1-63 letters, digits, '_' and '-', starting with a letter "
+        "(as groups[1].name)"
     ]
-    data["taskRoles"][1]["gpuNumber"] = 1
+    data["taskRoles"][1]["name"] = "worker"
     data["gpuType"] = "K80"
     assert _errors(json.dumps(data))[0].startswith("line 1: gpuType: unknown GPU type 'K80'")
 
@@ -576,8 +587,8 @@ def test_error_lines_cannot_be_forged_or_huge() -> None:
         json.dumps({"name": "a", "resources": {"gpu_types": "T4"}, "workers": ["a"], "x\nline 9: y": 1})
     )
     assert errors == [
-        "line 1: x\\nline 9: y: unknown field; allowed here: name, type, resources, workers, environment, "
-        "data, reservation, region, preemptible"
+        "line 1: x\\nline 9: y: unknown field; allowed here: name, type, kind, resources, workers, groups, "
+        "environment, data, reservation, region, preemptible"
     ]
     (long,) = _errors(BASE.replace("RTX 3090", "R" * 100_000))
     assert len(long) < 1100 and long.endswith("chars)")

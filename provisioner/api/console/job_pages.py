@@ -137,7 +137,7 @@ def submit(request: Request, posted: Posted) -> Response:
         if dry_run:
             first = sub.decision.first
             placement = {
-                "fits": bool(sub.decision.chosen),
+                "fits": sub.decision.packing.complete,
                 "reason": sub.decision.reason,
                 "rows": [row.cells() for row in match_rows(first)],
                 "rejected": [(c.name, c.region, m) for c, _, m in first.rejected[:20]],

@@ -41,18 +41,30 @@ class JobIn(BaseModel):
 
 class WorkerOut(BaseModel):
     index: int
+    group: str = Field("worker", description="its group (an OpenPAI task role); `worker` for `workers:`")
+    group_index: int = 0
+    gpu_count: int = 0
     state: str
     reason: str | None
     exit_code: int | None
     node: str | None
     node_id: str | None
+    port: int | None = Field(None, description="the port its peers reach it on, on its node")
     gpu_indices: list[int]
     log_bytes: int
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
 
     @classmethod
     def of(cls, w: JobWorker) -> WorkerOut:
         return cls(
             index=w.index,
+            group=w.group_name,
+            group_index=w.group_index,
+            gpu_count=w.gpu_count,
+            port=w.port,
+            started_at=w.started_at,
+            ended_at=w.ended_at,
             state=w.state,
             reason=w.reason,
             exit_code=w.exit_code,
@@ -128,7 +140,7 @@ class JobOut(BaseModel):
             reason=j.reason,
             price_per_gpu_hour=j.price_per_gpu_hour,
             gpu_type=j.gpu_type,
-            gpu_count=int((j.spec.get("resources") or {}).get("gpu_count") or 0),
+            gpu_count=max((w.gpu_count for w in j.workers), default=0),
             region=j.region.name if j.region is not None else None,
             node=j.node.name if j.node is not None else None,
             workers=[WorkerOut.of(w) for w in j.workers],
@@ -161,11 +173,24 @@ class PlacementRejectedOut(BaseModel):
     message: str
 
 
+class WorkerPlacementOut(BaseModel):
+    """Where one worker would run now (None: it would wait)."""
+
+    index: int
+    group: str
+    node: str | None
+    region: str | None
+
+
 class PlacementOut(BaseModel):
     """Where the job would run now: the fitting candidates best first (the first is selected), why each
     other one does not fit (closest misses first), and why the job would wait when nothing fits."""
 
-    fits: bool
+    fits: bool = Field(description="every worker is placed now")
+    unplaceable: bool = Field(
+        False, description="the fleet as it is could never hold the job (waiting_reason says what would)"
+    )
+    workers: list[WorkerPlacementOut] = []
     price_per_gpu_hour: float | None = Field(
         None,
         description="what the job pays per GPU-hour where it would be placed now, by that region's rules; "
@@ -185,8 +210,20 @@ class PlacementOut(BaseModel):
     def of(cls, sub: service.Submission) -> PlacementOut:
         first = sub.decision.first
         rejected = first.rejected
+        packing = sub.decision.packing
+        groups = [w.group for w in sub.plan]
         return cls(
-            fits=bool(sub.decision.chosen),
+            fits=packing.complete,
+            unplaceable=sub.decision.unplaceable,
+            workers=[
+                WorkerPlacementOut(
+                    index=w,
+                    group=groups[w] if w < len(groups) else "worker",
+                    node=c.name if c is not None else None,
+                    region=c.region if c is not None else None,
+                )
+                for w, c in zip(packing.workers, packing.chosen, strict=True)
+            ],
             price_per_gpu_hour=sub.decision.chosen[0].price_per_gpu_hour if sub.decision.chosen else None,
             waiting_reason=sub.decision.reason,
             pinned_region=sub.pinned.region.name if sub.pinned.region is not None else None,

@@ -19,7 +19,7 @@ from provisioner.domain import billing_rules as rules
 from provisioner.domain.billing_rules import JobFacts, Piece
 from provisioner.services.billing import metering
 from provisioner.store.billing_models import LedgerEntry
-from provisioner.store.job_models import Job
+from provisioner.store.job_models import Job, JobWorker
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class JobCost:
 
 @dataclass(frozen=True)
 class _JobRow:
-    """A loaded Job as metering's FactsRow."""
+    """A loaded job's worker as metering's FactsRow."""
 
     id: str
     type: str
@@ -49,8 +49,8 @@ class _JobRow:
     price_per_gpu_hour: float | None
 
 
-def facts_of(session: Session, job: Job) -> JobFacts:
-    """The JobFacts metering reads for a job, from its loaded row."""
+def facts_of(session: Session, job: Job, worker: JobWorker) -> JobFacts:
+    """The JobFacts metering reads for one worker of a job, from its loaded rows."""
     row = _JobRow(
         id=job.id,
         type=job.type,
@@ -58,65 +58,72 @@ def facts_of(session: Session, job: Job) -> JobFacts:
         account_id=job.account_id,
         region_account=job.region.account_id if job.region is not None else None,
         region_id=job.region_id,
-        gpu_count=int((job.spec.get("resources") or {}).get("gpu_count") or 0),
-        gpu_type=job.gpu_type,
-        price_per_gpu_hour=job.price_per_gpu_hour,
+        gpu_count=worker.gpu_count,
+        gpu_type=worker.gpu_type,
+        price_per_gpu_hour=worker.price_per_gpu_hour,
     )
     return metering.job_facts(session, row)
 
 
-def _paid(facts: JobFacts, workers: int, piece: Piece) -> Decimal:
-    """What the job's side pays for `workers` workers over `piece`."""
-    per_worker = sum(
+def _paid(facts: JobFacts, piece: Piece) -> Decimal:
+    """What the job's side pays for one worker over `piece`."""
+    return sum(
         (c.amount for c in rules.charges_for(facts, 0, piece) if c.payee == rules.PLATFORM), Decimal(0)
     )
-    return per_worker * workers
 
 
-def _open_pieces(job: Job, first: int, now: datetime) -> list[Piece]:
-    """The run's hours from `first` that metering has not posted: those over at `now`, then the hour it is
-    in (cut at `now`)."""
-    assert job.started_at is not None
-    done = rules.pieces(job.started_at, job.ended_at, now, first=first)
-    if job.ended_at is not None:
+def _open_pieces(started_at: datetime, ended_at: datetime | None, first: int, now: datetime) -> list[Piece]:
+    """A worker's hours from `first` that metering has not posted: those over at `now`, then the hour it
+    is in (cut at `now`)."""
+    done = rules.pieces(started_at, ended_at, now, first=first)
+    if ended_at is not None:
         return done
     index = done[-1].index + 1 if done else first
-    start = job.started_at + index * rules.METERING_PERIOD
+    start = started_at + index * rules.METERING_PERIOD
     return [*done, Piece(index, start, now)] if now > start else done
 
 
 def costs(session: Session, jobs: Sequence[Job], now: datetime) -> dict[str, JobCost]:
-    """Each job's cost at `now` (module docstring)."""
+    """Each job's cost at `now` (module docstring): each of its workers from its own start to its end."""
     ids = [j.id for j in jobs]
-    posted = {
-        job_id: (int(micros or 0), last_hour)
-        for job_id, micros, last_hour in session.execute(
-            select(
-                LedgerEntry.job_id,
-                func.sum(LedgerEntry.amount_micros).filter(LedgerEntry.payee == rules.PLATFORM),
-                func.max(LedgerEntry.hour),
-            )
-            .where(LedgerEntry.job_id.in_(ids))
-            .group_by(LedgerEntry.job_id)
+    charged: dict[str, int] = {}
+    last: dict[tuple[str, int], int] = {}
+    for job_id, number, micros, last_hour in session.execute(
+        select(
+            LedgerEntry.job_id,
+            LedgerEntry.worker,
+            func.sum(LedgerEntry.amount_micros).filter(LedgerEntry.payee == rules.PLATFORM),
+            func.max(LedgerEntry.hour),
         )
-    }
+        .where(LedgerEntry.job_id.in_(ids))
+        .group_by(LedgerEntry.job_id, LedgerEntry.worker)
+    ):
+        charged[str(job_id)] = charged.get(str(job_id), 0) + int(micros or 0)
+        if last_hour is not None:
+            last[(str(job_id), int(number or 0))] = int(last_hour)
     out: dict[str, JobCost] = {}
     for job in jobs:
-        micros, last_hour = posted.get(job.id, (0, None))
-        charged = rules.from_micros(micros)
+        paid = rules.from_micros(charged.get(job.id, 0))
         if job.started_at is None or job.region_id is None:
-            out[job.id] = JobCost(None, charged, Decimal(0), None)
+            out[job.id] = JobCost(None, paid, Decimal(0), None)
             continue
+        accrued = Decimal(0)
+        per_hour = Decimal(0)
+        for worker in job.workers:
+            if worker.started_at is None:
+                continue
+            facts = facts_of(session, job, worker)
+            first = last.get((job.id, worker.index), -1) + 1
+            pieces = _open_pieces(worker.started_at, worker.ended_at, first, now)
+            accrued += sum((_paid(facts, p) for p in pieces), Decimal(0))
+            if worker.ended_at is None:
+                hour = Piece(0, worker.started_at, worker.started_at + rules.METERING_PERIOD)
+                per_hour += _paid(facts, hour)
         end = job.ended_at or now
-        facts = facts_of(session, job)
-        workers = max(1, len(job.workers))
-        first = 0 if last_hour is None else int(last_hour) + 1
-        accrued = sum((_paid(facts, workers, p) for p in _open_pieces(job, first, now)), Decimal(0))
-        hour = Piece(0, job.started_at, job.started_at + rules.METERING_PERIOD)
         out[job.id] = JobCost(
             duration_s=max(0.0, (end - job.started_at).total_seconds()),
-            charged=charged,
+            charged=paid,
             accrued=rules.credits(accrued),
-            per_hour=_paid(facts, workers, hour) if job.ended_at is None else None,
+            per_hour=per_hour if job.ended_at is None else None,
         )
     return out

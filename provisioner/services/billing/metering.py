@@ -1,10 +1,12 @@
 """Metering: turn the run time of job workers into ledger entries, hour by hour (docs/billing.md).
 
-A job's hours are counted from its start (`jobs.started_at`, when all its workers run) to its end
-(`jobs.ended_at`); each worker is charged for each hour once it is over, and for the partial last hour once
-the job stopped (domain.billing_rules.pieces). Every entry's key is (rule, job, worker, hour), unique in
-the store, so a pass may be repeated, interrupted or run twice at once: the ledger ends the same. A job
-is done with when the ledger holds an entry for its last, stopping piece (period_end = ended_at).
+Each worker's hours are counted from its own start (`job_workers.started_at`, measured by the control
+plane: services.jobs) to its own end (`job_workers.ended_at`), at the GPUs, GPU type and price locked where
+it was placed; each hour is charged once it is over, and the partial last hour once the worker ended
+(domain.billing_rules.pieces). A worker that ended frees its GPUs and stops costing at once, whatever its
+job's other workers do. Every entry's key is (rule, job, worker, hour), unique in the store, so a pass may
+be repeated, interrupted or run twice at once: the ledger ends the same. A worker is done with when the
+ledger holds an entry for its last piece (period_end = its ended_at).
 
 Which account pays is decided from the job as it is stored: the project's account (usage fee or public
 price), the creator's account `jobs.account_id` (federated fee), the region's account (earnings)."""
@@ -33,17 +35,17 @@ from provisioner.store.models import Region
 # entries per transaction in the reconciler (whole jobs: a batch ends with the job that fills it)
 BATCH = 5000
 PASS_LIMIT = 100_000  # entries read into memory at once (whole jobs); a pass reads again until done
-_JOB_COLUMNS = (
-    Job.id,
+_WORKER_COLUMNS = (
+    JobWorker.job_id.label("id"),
+    JobWorker.index.label("worker"),
     Job.type,
-    # only the GPU count of the spec, extracted by the database: decoding 10,000 specs' JSON is not free
-    Job.spec["resources"]["gpu_count"].as_integer().label("gpu_count"),
+    JobWorker.gpu_count,
     Job.account_id,
     Job.region_id,
-    Job.gpu_type,
-    Job.price_per_gpu_hour,
-    Job.started_at,
-    Job.ended_at,
+    JobWorker.gpu_type,
+    JobWorker.price_per_gpu_hour,
+    JobWorker.started_at,
+    JobWorker.ended_at,
 )
 
 
@@ -54,7 +56,8 @@ def _locked_price(value: float) -> Decimal:
 
 
 class FactsRow(Protocol):
-    """What a job's JobFacts are made of: a row of `_JOB_COLUMNS`, or job_cost's view of a loaded Job."""
+    """What a worker's JobFacts are made of: a row of `_WORKER_COLUMNS`, or job_cost's view of a loaded
+    worker."""
 
     @property
     def id(self) -> str: ...
@@ -77,7 +80,8 @@ class FactsRow(Protocol):
 
 
 def job_facts(session: Session, row: FactsRow) -> JobFacts:
-    """The JobFacts the billing rules read, with the job's locked price (else today's for its type)."""
+    """The JobFacts the billing rules read for one worker, with its locked price (else today's for its
+    type)."""
     gpus = int(row.gpu_count or 0)
     gpu_type = row.gpu_type if gpus > 0 else None
     if row.price_per_gpu_hour is not None:
@@ -125,17 +129,22 @@ def entries_for(facts: JobFacts, workers: Sequence[int], piece: rules.Piece) -> 
 
 
 def _unfinished() -> object:
-    """Jobs that ran and whose last piece is not in the ledger yet."""
-    final = exists().where(LedgerEntry.job_id == Job.id, LedgerEntry.period_end == Job.ended_at)
+    """Workers that ran, of a placed job, whose last piece is not in the ledger yet."""
+    final = exists().where(
+        LedgerEntry.job_id == JobWorker.job_id,
+        LedgerEntry.worker == JobWorker.index,
+        LedgerEntry.period_end == JobWorker.ended_at,
+    )
     return and_(
-        Job.started_at.is_not(None),
+        JobWorker.started_at.is_not(None),
         Job.region_id.is_not(None),
-        or_(Job.ended_at.is_(None), and_(Job.ended_at > Job.started_at, ~final)),
+        or_(JobWorker.ended_at.is_(None), and_(JobWorker.ended_at > JobWorker.started_at, ~final)),
     )
 
 
 def due_job_ids(session: Session) -> list[str]:
-    return list(session.scalars(select(Job.id).where(_unfinished()).order_by(Job.id)))  # type: ignore[arg-type]
+    stmt = select(JobWorker.job_id).join(Job, Job.id == JobWorker.job_id).where(_unfinished())  # type: ignore[arg-type]
+    return sorted(set(session.scalars(stmt)))
 
 
 @dataclass(frozen=True)
@@ -147,58 +156,54 @@ class Due:
 def due_entries(
     session: Session, now: datetime, job_ids: Sequence[str] | None = None, limit: int | None = None
 ) -> Due:
-    """The entries of every due job (or of those of `job_ids` that are due) for its pieces that are over
-    at `now` and not posted yet, one list per job (a job's pieces are posted together: the next pass
-    starts after the newest hour in the ledger, so a piece must never be half posted). Whole jobs until
-    `limit` entries: after a long outage 10,000 jobs owe weeks of hours, more than memory should hold.
+    """The entries of every due worker (of `job_ids` only, when given) for its pieces that are over at
+    `now` and not posted yet, one list per job (a piece is posted whole, all its charges together: the
+    next pass starts after the worker's newest hour in the ledger). Whole jobs until `limit` entries: after
+    a long outage 10,000 jobs owe weeks of hours, more than memory should hold.
 
-    Two queries whatever the number of jobs, and no id lists sent to the database (a 500-id IN list costs
-    more to render and parse than the rows it selects): the jobs with their accounts and their newest
-    posted hour (a correlated max over the (job_id, hour) index), and their workers."""
+    One query whatever the number of workers, and no id lists sent to the database unless asked (a 500-id
+    IN list costs more to render and parse than the rows it selects): the workers with their jobs'
+    accounts and their newest posted hour (a correlated max over the (job_id, hour) index)."""
     last_hour = (
         select(func.max(LedgerEntry.hour))
-        .where(LedgerEntry.job_id == Job.id)
-        .correlate(Job)
+        .where(LedgerEntry.job_id == JobWorker.job_id, LedgerEntry.worker == JobWorker.index)
+        .correlate(JobWorker)
         .scalar_subquery()
     )
-    jobs = (
+    rows = (
         select(
-            *_JOB_COLUMNS,
+            *_WORKER_COLUMNS,
             Project.account_id.label("project_account"),
             Region.account_id.label("region_account"),
             last_hour.label("last_hour"),
         )
+        .join(Job, Job.id == JobWorker.job_id)
         .join(Project, Project.id == Job.project_id)
         .outerjoin(Region, Region.id == Job.region_id)
         .where(_unfinished())  # type: ignore[arg-type]
-        .order_by(Job.id)
-    )
-    worker_rows = (
-        select(JobWorker.job_id, JobWorker.index)
-        .join(Job, Job.id == JobWorker.job_id)
-        .where(_unfinished())  # type: ignore[arg-type]
-        .order_by(JobWorker.index)
+        .order_by(JobWorker.job_id, JobWorker.index)
     )
     if job_ids is not None:
-        jobs = jobs.where(Job.id.in_(job_ids))
-        worker_rows = worker_rows.where(Job.id.in_(job_ids))
-    workers: dict[str, list[int]] = {}
-    for job_id, index in session.execute(worker_rows):
-        workers.setdefault(job_id, []).append(index)
+        rows = rows.where(JobWorker.job_id.in_(job_ids))
     limit = PASS_LIMIT if limit is None else limit
     out: list[list[NewEntry]] = []
     total = 0
-    for row in session.execute(jobs).all():
+    current: str | None = None
+    for row in session.execute(rows).all():
         first = 0 if row.last_hour is None else int(row.last_hour) + 1
         todo = rules.pieces(row.started_at, row.ended_at, now, first=first)
         if not todo:
             continue
-        if total >= limit:
-            return Due(out, more=True)
+        if row.id != current:
+            if total >= limit:
+                return Due(out, more=True)
+            out.append([])
+            current = row.id
         facts = job_facts(session, row)
-        out.append([e for piece in todo for e in entries_for(facts, workers.get(row.id) or [0], piece)])
-        total += len(out[-1])
-    return Due(out, more=False)
+        entries = [e for piece in todo for e in entries_for(facts, [row.worker], piece)]
+        out[-1].extend(entries)
+        total += len(entries)
+    return Due([job for job in out if job], more=False)
 
 
 def batches(due: Sequence[Sequence[NewEntry]], size: int = BATCH) -> list[list[NewEntry]]:

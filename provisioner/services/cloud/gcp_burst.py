@@ -29,6 +29,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from contracts.errors import InvalidInput, RuleViolation
+from contracts.jobspec import JobSpec
 from provisioner.domain.placement import Candidate, CandidateSource
 from provisioner.domain.states import (
     BURST_VM_TRANSITIONS,
@@ -87,24 +88,26 @@ def instance_name(prefix: str, vm_id: str) -> str:
 
 
 def materialise(
-    session: Session, job: Job, chosen: Sequence[Candidate], *, actor: str
-) -> tuple[list[Candidate], str | None]:
-    """`chosen` with every GCP candidate replaced by the node of a new burst VM (module docstring), or
-    (chosen, why) when the region's capacity is gone since the snapshot: then nothing is written."""
-    on_gcp = [(i, c) for i, c in enumerate(chosen) if c.source == CandidateSource.GCP]
+    session: Session, job: Job, placed: Sequence[tuple[int, Candidate]], *, actor: str
+) -> tuple[list[tuple[int, Candidate]], str | None]:
+    """`placed` (worker number, candidate) with every GCP candidate replaced by the node of a new burst VM
+    (module docstring), or (placed, why) when the region's capacity is gone since the snapshot: then
+    nothing is written."""
+    on_gcp = [(at, w, c) for at, (w, c) in enumerate(placed) if c.source == CandidateSource.GCP]
     if not on_gcp:
-        return list(chosen), None
-    for cid, workers in Counter(c.id for _, c in on_gcp).items():
+        return list(placed), None
+    for cid, workers in Counter(c.id for _, _, c in on_gcp).items():
         region_id, gpu, spot = gcp_capacity.parse_candidate_id(cid)
         why = gcp_capacity.book(session, region_id, gpu, workers, spot)
         if why is not None:
-            return list(chosen), why
-    out = list(chosen)
+            return list(placed), why
+    out = list(placed)
     attempt = job.placements + 1
-    disk_gb = int((job.spec.get("resources") or {}).get("disk_size") or 0)
-    for index, cand in on_gcp:
+    plan = JobSpec.model_validate(job.spec).plan()
+    for at, index, cand in on_gcp:
+        disk_gb = plan[index].resources.disk_size
         node = _make(session, job, index, cand, attempt=attempt, disk_gb=disk_gb, actor=actor)
-        out[index] = replace(cand, source=CandidateSource.NODE.value, id=node.id, name=node.name)
+        out[at] = (index, replace(cand, source=CandidateSource.NODE.value, id=node.id, name=node.name))
     session.flush()
     wake_after_commit(session, Wake.GCP_BURST)
     return out, None

@@ -31,7 +31,7 @@ from contracts.jobs import (
     WorkerReport,
     WorkerRunState,
 )
-from contracts.jobspec import JobSpec
+from contracts.jobspec import JobKind, JobSpec
 from provisioner.domain.states import (
     NODE_READY,
     WORKER_DONE,
@@ -46,7 +46,7 @@ from provisioner.services.common import desired_state
 from provisioner.services.common.errors import flush
 from provisioner.services.common.runtime import runtime_of
 from provisioner.services.common.wakeups import Wake, wake_after_commit
-from provisioner.services.jobs import job_secrets, job_usage, jobs
+from provisioner.services.jobs import job_peers, job_secrets, job_usage, jobs
 from provisioner.store.account_models import Account
 from provisioner.store.expressions import one_of
 from provisioner.store.job_models import Job, JobWorker
@@ -107,20 +107,19 @@ def _workers_on(session: Session, node: Node) -> list[JobWorker]:
     return list(session.scalars(_WORKERS_ON, {"node_id": node.id, "shipping_since": since}))
 
 
-def _share(node: Node, job: Job) -> tuple[float, int]:
-    """CPUs and memory (MB) for one worker: a CPU-only job's cpu_count (and that share of the memory);
-    a GPU job the node's CPUs and memory in proportion to the GPUs it takes."""
+def _share(node: Node, worker: JobWorker) -> tuple[float, int]:
+    """CPUs and memory (MB) for one worker: a CPU-only worker's cpu_count (and that share of the memory);
+    a GPU worker the node's CPUs and memory in proportion to the GPUs it takes."""
     inventory = node.inventory or {}
     cpu = inventory.get("cpu") if isinstance(inventory.get("cpu"), Mapping) else {}
     threads = int((cpu or {}).get("threads") or 0)
     memory_mb = int(inventory.get("memory_total_bytes") or 0) // 2**20
     gpus_total = len(inventory.get("gpus") or [])
-    resources = job.spec.get("resources") or {}
-    gpu_count = int(resources.get("gpu_count") or 0)
+    gpu_count = worker.gpu_count
     if gpu_count and gpus_total:
         fraction = gpu_count / gpus_total
-    elif not gpu_count and threads and resources.get("cpu_count"):
-        fraction = int(resources["cpu_count"]) / threads
+    elif not gpu_count and threads and worker.cpu_count:
+        fraction = worker.cpu_count / threads
     else:
         fraction = 0.0
     cpus = round(threads * fraction, 2) if threads and fraction else DEFAULT_CPUS
@@ -128,11 +127,11 @@ def _share(node: Node, job: Job) -> tuple[float, int]:
     return max(cpus, 0.01), max(memory, 16)
 
 
-def _mounts(job: Job) -> list[Mount]:
+def _mounts(job_spec: JobSpec) -> list[Mount]:
     """The spec's data mounts (contracts.jobspec.Data.mounts) on the node: a dataset from the region cache
     (CACHE/datasets/NAME, read-only), input and output from their datastores."""
     out: list[Mount] = []
-    for m in JobSpec.model_validate(job.spec).mounts():
+    for m in job_spec.mounts():
         if m.datastore is None:
             source = Mount(
                 source_kind=MountSource.CACHE,
@@ -152,11 +151,14 @@ def _mounts(job: Job) -> list[Mount]:
     return out
 
 
-def _env(session: Session, job: Job, *, with_secrets: bool) -> dict[str, str]:
-    """The spec's variables (its secret ones `with_secrets` only) plus the number of workers (the minion
-    adds RIGBASE_JOB_NAME, _JOB_ID, _WORKER and the data paths itself: minion/jobs/container.py)."""
+def _env(
+    session: Session, job: Job, worker: JobWorker, kind: JobKind, memory_mb: int, *, with_secrets: bool
+) -> dict[str, str]:
+    """The spec's variables (its secret ones `with_secrets` only) plus the worker's rank, group and peers
+    (services.job_peers; the minion adds RIGBASE_JOB_NAME, _JOB_ID, _WORKER and the data paths itself:
+    minion/jobs/container.py)."""
     env = job_secrets.environment(session, job, with_secrets=with_secrets)
-    env["RIGBASE_WORKERS"] = str(len(job.workers))
+    env.update(job_peers.environment(job, worker, kind, memory_mb))
     return env
 
 
@@ -179,8 +181,10 @@ def _userns(session: Session, job: Job) -> UserNamespace:
 
 def assignment_of(session: Session, node: Node, worker: JobWorker) -> WorkerAssignment:
     job = worker.job
-    cpus, memory_mb = _share(node, job)
-    resources = job.spec.get("resources") or {}
+    cpus, memory_mb = _share(node, worker)
+    job_spec = JobSpec.model_validate(job.spec)
+    kind = job_spec.job_kind
+    resources = job_spec.plan()[worker.index].resources
     reservation = None
     if job.spec.get("reservation") and job.pinned_region_id:
         rsv = session.scalar(
@@ -201,19 +205,32 @@ def assignment_of(session: Session, node: Node, worker: JobWorker) -> WorkerAssi
         generation=worker.generation or f"{job.id}.{job.placements}",
         image=image,
         command=worker.command,
-        env=_env(session, job, with_secrets=secrets),
-        gpu_count=int(resources.get("gpu_count") or 0),
+        env=_env(session, job, worker, kind, memory_mb, with_secrets=secrets),
+        gpu_count=worker.gpu_count,
         cpus=cpus,
         memory_mb=memory_mb,
-        disk_gb=int(resources.get("disk_size") or 0),
-        mounts=_mounts(job),
+        disk_gb=resources.disk_size,
+        mounts=_mounts(job_spec),
         reservation=reservation if worker.index == 0 else None,  # one worker serves the endpoint
+        port=worker.port,
+        peers=job_peers.peers_of(job, worker) if kind == JobKind.GANG else [],
         userns=_userns(session, job),
         registry_auth=project_keys.registry_auth(session, job, image) if secrets else None,
         # an ended worker listed only for its log: stop, never run again
         stop=worker.stop_requested or WorkerState(worker.state) in WORKER_DONE,
         stop_grace_s=STOP_GRACE_S,
     )
+
+
+def _may_start(worker: JobWorker) -> bool:
+    """A gang's worker is sent once every peer has a node with an address (it starts with all of them
+    known); one to stop, or listed for its log, is always sent."""
+    if worker.stop_requested or WorkerState(worker.state) != WorkerState.STARTING:
+        return True
+    job = worker.job
+    if len(job.workers) == 1 or JobSpec.model_validate(job.spec).job_kind != JobKind.GANG:
+        return True
+    return job_peers.peers_ready(job)
 
 
 def datastore_access(session: Session, region_id: str, names: set[str]) -> list[DatastoreAccess]:
@@ -248,6 +265,8 @@ def desired_for_node(session: Session, node: Node) -> dict[str, Any]:
     workers: list[WorkerAssignment] = []
     datastores: set[str] = set()
     for worker in _workers_on(session, node):
+        if not _may_start(worker):
+            continue
         try:
             assignment = assignment_of(session, node, worker)
         except ValidationError as exc:  # a spec the wire refuses must not take the node's other jobs down

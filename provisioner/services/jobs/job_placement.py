@@ -28,7 +28,7 @@ from provisioner.domain.states import WORKER_ON_NODE, NodeState, Service, is_onl
 from provisioner.services.billing import prices
 from provisioner.services.cloud import gcp_capacity
 from provisioner.store.gcp_models import GcpBurstVm
-from provisioner.store.job_models import Job, JobWorker
+from provisioner.store.job_models import JobWorker
 from provisioner.store.models import Node
 
 GIB = 2**30
@@ -97,32 +97,15 @@ def _vcpus(inventory: Mapping[str, Any] | None) -> int:
     return int(cpu.get("threads") or cpu.get("physical_cores") or 0)
 
 
-def cpus_of_job(spec: Mapping[str, Any]) -> int:
-    """vCPUs one worker of this job holds: cpu_count for a CPU-only job, else none counted (a GPU job's
-    CPUs come with its GPUs)."""
-    resources = spec.get("resources") or {}
-    if int(resources.get("gpu_count") or 0) > 0:
-        return 0
-    return int(resources.get("cpu_count") or 0)
-
-
 def busy_by_node(session: Session) -> dict[str, Busy]:
-    """GPUs and vCPUs held on each node by workers that are starting or running there."""
+    """GPUs and vCPUs held on each node by workers that are starting or running there (each worker holds
+    its own group's: JobWorker.gpu_count, .cpu_count)."""
     rows = session.execute(
-        select(JobWorker.node_id, Job.spec, func.count())
-        .join(Job, Job.id == JobWorker.job_id)
+        select(JobWorker.node_id, func.sum(JobWorker.gpu_count), func.sum(JobWorker.cpu_count))
         .where(JobWorker.node_id.is_not(None), JobWorker.state.in_([s.value for s in WORKER_ON_NODE]))
-        .group_by(JobWorker.node_id, Job.id)
+        .group_by(JobWorker.node_id)
     )
-    out: dict[str, Busy] = {}
-    for node_id, spec, count in rows:
-        resources = spec.get("resources") or {}
-        held = out.get(node_id, Busy())
-        out[node_id] = Busy(
-            gpus=held.gpus + int(resources.get("gpu_count") or 0) * count,
-            vcpus=held.vcpus + cpus_of_job(spec) * count,
-        )
-    return out
+    return {str(node): Busy(gpus=int(gpus or 0), vcpus=int(cpus or 0)) for node, gpus, cpus in rows}
 
 
 def candidate_of(

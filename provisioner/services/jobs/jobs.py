@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -33,12 +33,13 @@ from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from contracts.errors import Conflict, InvalidInput, NotFound, RuleViolation
-from contracts.jobspec import JobSpec
+from contracts.jobs import PEER_PORTS
+from contracts.jobspec import JobKind, JobSpec, PlannedWorker
+from provisioner.domain import worker_placement
 from provisioner.domain.placement import (
     Candidate,
     Placement,
     PlacementRequest,
-    place,
     refusal_at_create,
 )
 from provisioner.domain.roles import Action, Principal
@@ -55,6 +56,7 @@ from provisioner.domain.states import (
     ReservationState,
     WorkerState,
 )
+from provisioner.domain.worker_placement import Packing
 from provisioner.services.accounts import accounts
 from provisioner.services.billing import ledger
 from provisioner.services.cloud import gcp_burst
@@ -105,8 +107,13 @@ def transition_worker(
         reason=reason,
         resource_id=worker.job_id or worker.job.id,
     )
+    now = datetime.now(UTC)
+    if to == WorkerState.RUNNING and worker.started_at is None:
+        worker.started_at = now
+    elif to == WorkerState.STARTING:
+        worker.started_at = None  # a new placement: billed from its own start there
     if to in WORKER_DONE:  # final states (WORKER_TRANSITIONS): set once
-        worker.ended_at = datetime.now(UTC)
+        worker.ended_at = now
 
 
 # ------------------------------------------------------------------------------- lookups
@@ -259,10 +266,15 @@ def pinned_region(session: Session, account_id: str, spec: Mapping[str, Any]) ->
 
 
 def request_of(
-    spec: Mapping[str, Any], account_id: str, pinned: Pinned, *, public_credit: bool = True
+    resources: Mapping[str, Any],
+    account_id: str,
+    pinned: Pinned,
+    *,
+    public_credit: bool = True,
+    preemptible: bool = False,
 ) -> PlacementRequest:
-    """`public_credit`: the account's balance is above zero, so it may start on public capacity."""
-    resources = spec.get("resources") or {}
+    """One worker's request from its resources. `public_credit`: the account's balance is above zero, so
+    it may start on public capacity."""
     max_price = resources.get("max_price")
     return PlacementRequest(
         account_id=account_id,
@@ -273,64 +285,146 @@ def request_of(
         region=pinned.region.name if pinned.region is not None else None,
         region_reason=pinned.because,
         public_credit=public_credit,
-        preemptible=bool(spec.get("preemptible")),
+        preemptible=preemptible,
     )
+
+
+def requests_of(
+    job_spec: JobSpec, account_id: str, pinned: Pinned, *, public_credit: bool = True
+) -> list[PlacementRequest]:
+    """Each worker's request, in worker order (a group's workers share one)."""
+    made: dict[int, PlacementRequest] = {}
+    out: list[PlacementRequest] = []
+    for worker in job_spec.plan():
+        key = id(worker.resources)
+        if key not in made:
+            made[key] = request_of(
+                worker.resources.model_dump(mode="json"),
+                account_id,
+                pinned,
+                public_credit=public_credit,
+                preemptible=job_spec.preemptible,
+            )
+        out.append(made[key])
+    return out
 
 
 @dataclass(frozen=True)
 class Decision:
-    """Placement of every worker: `chosen` has one candidate per worker, or is empty when the job must
-    wait; `first` is worker 0's placement (the match table); `reason` why it waits."""
+    """Placement of the workers asked: `packing.placed` the (worker, candidate) pairs that go now; `first`
+    the first worker's placement (the match table); `reason` why the rest wait (None: none waits);
+    `unplaceable` when the fleet as it is could never hold them."""
 
     first: Placement
-    chosen: list[Candidate]
+    packing: Packing
     reason: str | None
-    after: list[Candidate]  # the snapshot with the chosen GPUs/vCPUs taken (unchanged when it waits)
+    after: list[Candidate]  # the snapshot with the chosen GPUs/vCPUs taken (unchanged when nothing went)
+    unplaceable: bool = False
+
+    @property
+    def chosen(self) -> list[Candidate]:
+        return [c for _, c in self.packing.placed]
 
 
-def decide(request: PlacementRequest, candidates: Sequence[Candidate], workers: int) -> Decision:
-    """Place `workers` workers one after another, each seeing the GPUs the ones before took, at the prices
-    the job's account pays (its own regions at the usage fee). `after`: `candidates` less what they took."""
-    snapshot = job_placement.priced_for(job_placement.allowed(candidates, request), request.account_id)
-    first: Placement | None = None
-    chosen: list[Candidate] = []
-    for _ in range(workers):
-        placement = place(request, snapshot)
-        first = first or placement
-        if placement.chosen is None:
-            what = WAITING_FOR_GPUS if request.gpu_count else WAITING_FOR_CPUS
-            if chosen:
-                why = f"{what}: {len(chosen)} of {workers} workers fit now; {placement.summary()}"
-            else:
-                why = f"{what}: {placement.summary()}"
-            return Decision(first, [], why, list(candidates))
-        chosen.append(placement.chosen)
-        snapshot = job_placement.take(snapshot, placement.chosen, request)
-    assert first is not None  # a spec has at least one worker
+def decide(
+    requests: Sequence[PlacementRequest],
+    candidates: Sequence[Candidate],
+    *,
+    workers: Sequence[int] | None = None,
+    whole: bool = True,
+    region: str | None = None,
+) -> Decision:
+    """Place the workers (`workers[i]` needs `requests[i]`; default: 0..n-1) at the prices the job's account
+    pays (its own regions at the usage fee), in one region (`region`: the one the job runs in already),
+    whole or waiting whole for a gang (`whole`). `after`: `candidates` less what they took."""
+    numbers = list(workers) if workers is not None else list(range(len(requests)))
+    account = requests[0].account_id
+    views: dict[PlacementRequest, list[Candidate]] = {}
+    for request in requests:
+        if request not in views:  # allowed(): GCP burst VMs to 1-GPU workers only, Spot to preemptible jobs
+            views[request] = job_placement.priced_for(job_placement.allowed(candidates, request), account)
+    packing = worker_placement.pack(numbers, requests, views, whole=whole, region=region)
+    first = packing.placements[requests[0]]
     after = list(candidates)
-    for taken in chosen:
-        after = job_placement.take(after, taken, request)
-    return Decision(first, chosen, None, after)
+    for request, cand in zip(requests, packing.chosen, strict=True):
+        if cand is not None:
+            after = job_placement.take(after, cand, request)
+    view = views[requests[0]]
+    if packing.complete:
+        return Decision(first, packing, None, after)
+    never = worker_placement.never_reason(requests, view, whole=whole)
+    if never is not None:
+        return Decision(first, packing, never, after, unplaceable=True)
+    waiting = [r for r, c in zip(requests, packing.chosen, strict=True) if c is None]
+    what = WAITING_FOR_GPUS if waiting[0].gpu_count else WAITING_FOR_CPUS
+    blocked = packing.placements[waiting[0]]
+    placed = len(packing.placed)
+    if whole and len(numbers) > 1:
+        fit = _best_partial(numbers, requests, views, region)
+        why = f"{what}: the gang's {len(numbers)} workers wait together ({fit} fit in one region now); "
+    elif placed:
+        why = f"{what}: {placed} of {len(numbers)} workers placed, the others wait; "
+    else:
+        why = f"{what}: "
+    return Decision(first, packing, why + blocked.summary(), after)
 
 
-def _locked_price(request: PlacementRequest, decision: Decision) -> float | None:
-    """The job's price per GPU-hour when it is placed at once: the chosen node's, by its region's rules
-    (the owner's usage fee, or the public price). A job that waits gets none until it is placed: the
-    region it lands in decides, not one it might have run in (docs/billing.md)."""
-    if request.gpu_count == 0:
+def _best_partial(
+    numbers: Sequence[int],
+    requests: Sequence[PlacementRequest],
+    views: Mapping[PlacementRequest, Sequence[Candidate]],
+    region: str | None,
+) -> int:
+    """How many of a gang's workers one region holds now (the words of its waiting reason)."""
+    return len(worker_placement.pack(numbers, requests, views, whole=False, region=region).placed)
+
+
+def _locked_price(requests: Sequence[PlacementRequest], decision: Decision) -> float | None:
+    """The job's price per GPU-hour when it is placed at once: its first GPU worker's node's, by its
+    region's rules (the owner's usage fee, or the public price); each worker keeps its own (JobWorker
+    .price_per_gpu_hour). A job that waits gets none until it is placed: the region it lands in decides,
+    not one it might have run in (docs/billing.md)."""
+    if all(r.gpu_count == 0 for r in requests):
         return 0.0
-    return decision.chosen[0].price_per_gpu_hour if decision.chosen else None
+    for index, cand in decision.packing.placed:
+        if requests[index].gpu_count:
+            return cand.price_per_gpu_hour
+    return None
 
 
-def _assign(session: Session, job: Job, chosen: Sequence[Candidate], *, actor: str) -> None:
+def _ports_in_use(session: Session, node_ids: set[str]) -> dict[str, set[int]]:
+    rows = session.execute(
+        select(JobWorker.node_id, JobWorker.port).where(
+            JobWorker.node_id.in_(sorted(node_ids)),
+            JobWorker.port.is_not(None),
+            JobWorker.state.in_([s.value for s in WORKER_ON_NODE]),
+        )
+    )
+    out: dict[str, set[int]] = {}
+    for node_id, port in rows:
+        out.setdefault(str(node_id), set()).add(int(port or 0))
+    return out
+
+
+def _assign(session: Session, job: Job, placed: Sequence[tuple[int, Candidate]], *, actor: str) -> None:
+    """Put the workers `placed` names on their candidates: a new generation, a peer port free on the node
+    (PEER_PORTS), the node's GPU type and the price locked there."""
     job.placements += 1
     generation = f"{job.id}.{job.placements}"
-    for worker, cand in zip(job.workers, chosen, strict=True):
+    by_index = {w.index: w for w in job.workers}
+    used = _ports_in_use(session, {c.id for _, c in placed})
+    for index, cand in placed:
+        worker = by_index[index]
+        taken = used.setdefault(cand.id, set())
+        worker.port = next(p for p in PEER_PORTS if p not in taken)
+        taken.add(worker.port)
         worker.node_id = cand.id
         worker.generation = generation
         worker.exit_code = None
         worker.gpu_indices = []
         worker.stop_requested = False
+        worker.gpu_type = cand.gpu_type if worker.gpu_count else None
+        worker.price_per_gpu_hour = cand.price_per_gpu_hour if worker.gpu_count else 0.0
         transition_worker(
             session,
             worker,
@@ -338,14 +432,18 @@ def _assign(session: Session, job: Job, chosen: Sequence[Candidate], *, actor: s
             actor=actor,
             reason=f"placed on node {cand.name} ({cand.region})",
         )
-    node = session.get(Node, chosen[0].id)
-    job.node_id = chosen[0].id
-    job.region_id = node.region_id if node is not None else None
-    job.gpu_type = chosen[0].gpu_type
-    # fixed when the job is placed, from the rules of the region it is placed in (as region_id is)
-    job.price_per_gpu_hour = chosen[0].price_per_gpu_hour
-    where = ", ".join(sorted({f"{c.name} ({c.region})" for c in chosen}))
-    transition(session, job, JobState.STARTING, actor=actor, reason=f"placed on {where}")
+    if job.region_id is None or JobState(job.state) == JobState.WAITING:
+        gpu_workers = [(i, c) for i, c in placed if by_index[i].gpu_count] or list(placed)
+        first = gpu_workers[0][1]
+        node = session.get(Node, placed[0][1].id)
+        job.node_id = placed[0][1].id
+        job.region_id = node.region_id if node is not None else None
+        job.gpu_type = first.gpu_type if by_index[gpu_workers[0][0]].gpu_count else None
+        # fixed when the job is placed, from the rules of the region it is placed in (as region_id is)
+        job.price_per_gpu_hour = first.price_per_gpu_hour if job.gpu_type else 0.0
+    where = ", ".join(sorted({f"{c.name} ({c.region})" for _, c in placed}))
+    if JobState(job.state) == JobState.WAITING:
+        transition(session, job, JobState.STARTING, actor=actor, reason=f"placed on {where}")
 
 
 @dataclass(frozen=True)
@@ -355,6 +453,7 @@ class Submission:
     job: Job | None
     decision: Decision
     pinned: Pinned
+    plan: list[PlannedWorker] = field(default_factory=list)
 
 
 def create(
@@ -373,15 +472,19 @@ def create(
     proj = accounts.project_for(session, principal, project)
     owner = proj.account_id  # a federated job places, and pays usage, as its project owner's would
     pinned = pinned_region(session, owner, spec)
-    request = request_of(spec, owner, pinned, public_credit=ledger.can_cover(session, owner))
+    requests = requests_of(job_spec, owner, pinned, public_credit=ledger.can_cover(session, owner))
     candidates = job_placement.snapshot(session)
-    refusal = refusal_at_create(request, candidates)
-    if refusal is not None:
-        raise RuleViolation(refusal, code="gpu_type_not_in_region")
-    commands = job_spec.worker_commands()  # each worker's packages install first (apt, conda, pip)
-    decision = decide(request, candidates, len(commands))
+    for request in dict.fromkeys(requests):
+        refusal = refusal_at_create(request, candidates)
+        if refusal is not None:
+            raise RuleViolation(refusal, code="gpu_type_not_in_region")
+    plan = job_spec.plan()  # each worker's packages install first (apt, conda, pip)
+    kind = job_spec.job_kind
+    decision = decide(requests, candidates, whole=kind == JobKind.GANG)
     if dry_run:
-        return Submission(None, decision, pinned)
+        return Submission(None, decision, pinned, plan)
+    if decision.unplaceable:
+        raise RuleViolation(str(decision.reason), code="unplaceable")
     name = str(spec.get("name"))
     live = [s.value for s in JOB_LIVE]
     # a name is unique among the live jobs the creator sees and those of the project (its owner sees them)
@@ -416,19 +519,23 @@ def create(
         spec=stored,
         sealed_env=sealed_env,
         pinned_region_id=pinned.region.id if pinned.region is not None else None,
-        price_per_gpu_hour=_locked_price(request, decision),
+        price_per_gpu_hour=_locked_price(requests, decision),
         placements=0,
         created_by=principal.actor,
     )
     session.add(job)
     transition(session, job, JobState.WAITING, actor=principal.actor, reason=decision.reason or "created")
-    for index, command in enumerate(commands):
+    for planned, request in zip(plan, requests, strict=True):
         worker = JobWorker(
             id=new_id("jwk"),
             job_id=job.id,  # set now: its first audit line is written before the flush
             job=job,
-            index=index,
-            command=command,
+            index=planned.index,
+            command=planned.command,
+            group_name=planned.group,
+            group_index=planned.group_index,
+            gpu_count=request.gpu_count,
+            cpu_count=0 if request.gpu_count else request.cpu_count,
             gpu_indices=[],
             stop_requested=False,
             log_bytes=0,
@@ -436,20 +543,26 @@ def create(
         )
         session.add(worker)
         transition_worker(session, worker, WorkerState.WAITING, actor=principal.actor, reason="created")
-    if not decision.chosen or not _assign_or_wait(session, job, decision.chosen, actor=principal.actor):
+    placed = decision.packing.placed
+    if not placed or not _assign_or_wait(session, job, placed, actor=principal.actor):
         wake_after_commit(session, Wake.JOBS)
-    return Submission(job, decision, pinned)
+    elif not decision.packing.complete:
+        job.reason = decision.reason  # an independent job's other workers wait: say why
+        wake_after_commit(session, Wake.JOBS)
+    return Submission(job, decision, pinned, plan)
 
 
-def _assign_or_wait(session: Session, job: Job, chosen: Sequence[Candidate], *, actor: str) -> bool:
+def _assign_or_wait(
+    session: Session, job: Job, placed: Sequence[tuple[int, Candidate]], *, actor: str
+) -> bool:
     """Assign the workers; GCP candidates first become burst VMs with their nodes (services.gcp_burst).
     False, with the job's reason set, when that capacity was taken since the snapshot: the job waits."""
-    placed, why = gcp_burst.materialise(session, job, chosen, actor=actor)
+    made, why = gcp_burst.materialise(session, job, placed, actor=actor)
     if why is not None:
         job.reason = f"{WAITING_FOR_GPUS}: {why}"
         flush(session, f"job '{job.name}'")
         return False
-    _assign(session, job, placed, actor=actor)
+    _assign(session, job, made, actor=actor)
     return True
 
 
@@ -470,26 +583,47 @@ def _reservation_free(session: Session, spec: Mapping[str, Any], pinned: Pinned)
             )
 
 
+def waiting_workers(job: Job) -> list[JobWorker]:
+    return [w for w in job.workers if WorkerState(w.state) == WorkerState.WAITING]
+
+
 def place_waiting(
     session: Session, job: Job, *, actor: str, candidates: list[Candidate] | None = None
 ) -> list[Candidate]:
-    """Try to place a waiting job (the reconciler's pass) on `candidates` (default: a fresh snapshot of the
-    fleet). Returns the snapshot with what the job took, so a pass over many waiting jobs takes one
-    snapshot. A job that still waits keeps an up-to-date reason."""
+    """Try to place a job's waiting workers (the reconciler's pass: a waiting job, or an independent one
+    whose other workers run) on `candidates` (default: a fresh snapshot of the fleet). Returns the
+    snapshot with what the job took, so a pass over many waiting jobs takes one snapshot. A job that
+    still waits keeps an up-to-date reason (`Unplaceable: …` when the fleet as it is could never hold it:
+    it waits, since nodes may join)."""
     snapshot = job_placement.snapshot(session) if candidates is None else candidates
+    waiting = waiting_workers(job)
+    if not waiting:
+        return snapshot
     pinned = Pinned(session.get(Region, job.pinned_region_id) if job.pinned_region_id else None, None)
     if pinned.region is not None:
         pinned = Pinned(pinned.region, _pin_words(job.spec))
     owner = job.project.account_id  # as at create: the project owner's placement
-    request = request_of(job.spec, owner, pinned, public_credit=ledger.can_cover(session, owner))
-    decision = decide(request, snapshot, len(job.workers))
-    if not decision.chosen:
+    job_spec = JobSpec.model_validate(job.spec)
+    every = requests_of(job_spec, owner, pinned, public_credit=ledger.can_cover(session, owner))
+    requests = [every[w.index] for w in waiting]
+    started = JobState(job.state) != JobState.WAITING
+    region = job.region.name if started and job.region is not None else None
+    decision = decide(
+        requests,
+        snapshot,
+        workers=[w.index for w in waiting],
+        whole=job_spec.job_kind == JobKind.GANG,
+        region=region,
+    )
+    if not decision.packing.placed:
         if decision.reason and decision.reason != job.reason:
             job.reason = decision.reason  # the same state, a fresher why: not a transition
             flush(session, f"job '{job.name}'")
         return snapshot
-    if not _assign_or_wait(session, job, decision.chosen, actor=actor):
+    if not _assign_or_wait(session, job, decision.packing.placed, actor=actor):
         return snapshot
+    if not decision.packing.complete and decision.reason:
+        job.reason = decision.reason
     return decision.after
 
 
@@ -529,55 +663,84 @@ def _stop_workers(session: Session, job: Job, *, actor: str, reason: str) -> Non
 
 
 def settle(session: Session, job: Job, *, actor: str) -> None:
-    """Move the job to what its workers say (module docstring); a finished worker frees capacity."""
+    """Move the job to what its workers say (module docstring); a finished worker frees capacity.
+
+    A gang fails whole: its first failed worker stops the others. An independent job's failed worker
+    fails only itself; the job ends when its last worker does (succeeded when every one exited 0, else
+    failed naming those that did not), and runs while any of its workers runs."""
     if JobState(job.state) in JOB_DONE:
         return
     states = [WorkerState(w.state) for w in job.workers]
     failed = [w for w in job.workers if WorkerState(w.state) in (WorkerState.FAILED, WorkerState.STOPPED)]
-    if failed:
+    gang = JobSpec.model_validate(job.spec).job_kind == JobKind.GANG
+    if failed and gang:
         why = f"worker {failed[0].index}: {failed[0].reason or failed[0].state}"
         _stop_workers(session, job, actor=actor, reason=f"stopped: {why}")
         transition(session, job, JobState.FAILED, actor=actor, reason=why)
     elif all(s == WorkerState.SUCCEEDED for s in states):
         transition(session, job, JobState.SUCCEEDED, actor=actor, reason="every worker exited with code 0")
-    elif job.state == JobState.STARTING and all(
-        s in (WorkerState.RUNNING, WorkerState.SUCCEEDED) for s in states
+    elif all(s in WORKER_DONE for s in states):
+        listed = "; ".join(f"worker {w.index}: {w.reason or w.state}" for w in failed[:5])
+        more = f" (and {len(failed) - 5} more)" if len(failed) > 5 else ""
+        why = f"{len(failed)} of {len(states)} workers failed: {listed}{more}"
+        transition(session, job, JobState.FAILED, actor=actor, reason=why)
+    elif job.state == JobState.STARTING and (
+        all(s in (WorkerState.RUNNING, WorkerState.SUCCEEDED) for s in states)
+        or (not gang and WorkerState.RUNNING in states)
     ):
-        transition(session, job, JobState.RUNNING, actor=actor, reason="every worker runs")
+        reason = (
+            "every worker runs"
+            if gang or WorkerState.WAITING not in states
+            else (f"{states.count(WorkerState.RUNNING)} of {len(states)} workers run, the others wait")
+        )
+        transition(session, job, JobState.RUNNING, actor=actor, reason=reason)
 
 
 def requeue_or_fail(session: Session, job: Job, node: Node, *, why: str, actor: str) -> None:
-    """`node` is lost (offline or errored past the grace period): a job none of whose workers started goes
-    back to waiting (new generation at its next placement; its partial logs dropped); otherwise its
-    workers there fail with `why` (stopped ones, of a job already stopped, end stopped)."""
+    """`node` is lost (offline or errored past the grace period). A gang none of whose workers started goes
+    back to waiting whole (new generation at its next placement; its partial logs dropped); an
+    independent job's workers there that never ran go back to waiting alone. Every other worker there
+    fails with `why` (stopped ones, of a job already stopped, end stopped)."""
     mine = [w for w in job.workers if w.node_id == node.id and WorkerState(w.state) in WORKER_ON_NODE]
     if not mine:
         return
+    gang = JobSpec.model_validate(job.spec).job_kind == JobKind.GANG
     never_ran = (
         job.state == JobState.STARTING
         and job.started_at is None
         and all(WorkerState(w.state) in (WorkerState.STARTING, WorkerState.WAITING) for w in job.workers)
     )
-    if never_ran:
+    if gang and never_ran:
         for worker in job.workers:
-            worker.node_id = None
-            worker.generation = None
-            transition_worker(session, worker, WorkerState.WAITING, actor=actor, reason=f"re-queued: {why}")
+            _requeue_worker(session, worker, why=why, actor=actor)
         worker_output.start_over(session, job)
-        transition(
-            session,
-            job,
-            JobState.WAITING,
-            actor=actor,
-            reason=f"{WAITING_FOR_GPUS if _gpu_job(job) else WAITING_FOR_CPUS}: re-queued, {why}",
-        )
+        transition(session, job, JobState.WAITING, actor=actor, reason=_requeued(job, why))
         wake_after_commit(session, Wake.JOBS)
         return
     for worker in mine:
+        if not gang and WorkerState(worker.state) == WorkerState.STARTING and not worker.stop_requested:
+            _requeue_worker(session, worker, why=why, actor=actor)
+            wake_after_commit(session, Wake.JOBS)
+            continue
         to = WorkerState.STOPPED if worker.stop_requested else WorkerState.FAILED
         transition_worker(session, worker, to, actor=actor, reason=why)
+    if not gang and all(WorkerState(w.state) == WorkerState.WAITING for w in job.workers):
+        worker_output.start_over(session, job)
+        transition(session, job, JobState.WAITING, actor=actor, reason=_requeued(job, why))
+        return
     settle(session, job, actor=actor)
 
 
+def _requeue_worker(session: Session, worker: JobWorker, *, why: str, actor: str) -> None:
+    worker.node_id = None
+    worker.generation = None
+    worker.port = None
+    transition_worker(session, worker, WorkerState.WAITING, actor=actor, reason=f"re-queued: {why}")
+
+
+def _requeued(job: Job, why: str) -> str:
+    return f"{WAITING_FOR_GPUS if _gpu_job(job) else WAITING_FOR_CPUS}: re-queued, {why}"
+
+
 def _gpu_job(job: Job) -> bool:
-    return int((job.spec.get("resources") or {}).get("gpu_count") or 0) > 0
+    return any(w.gpu_count for w in job.workers)

@@ -1,0 +1,202 @@
+"""Placing a job's workers: one pure function from the request of each worker and a fleet snapshot to the
+candidate each worker goes to (docs/placement.md "Workers, gangs and regions").
+
+- A job runs in **one region**: its workers reach each other over the region's private network, and its
+  region's owner is the one it pays or earns. The region is the best ranked one (domain.placement's
+  order: own regions, then price) where the job fits.
+- A **gang** job is placed whole or waits whole. An **independent** job places what fits now; its other
+  workers wait and are placed as capacity frees (in the region the first ones went to).
+- Workers of one request are packed onto the ranked candidates in order, as many to a candidate as it
+  holds: one pass over the ranking per group of alike workers, not one placement per worker, so a gang of
+  64 over 10,000 nodes costs a few single placements (bench/bench_placement.py).
+- **Never**: a job that would not fit even on an empty fleet (every node as large as it is, active,
+  online, nothing running) is `unplaceable`; `never_reason` says why and what would make it fit, instead of
+  "fits when enough are free"."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from provisioner.domain.placement import Candidate, Placement, PlacementRequest, Rejection, place
+from provisioner.domain.states import NodeState
+
+UNPLACEABLE = "Unplaceable"  # the reason's first word for a job the fleet can never hold as it is
+
+
+@dataclass(frozen=True)
+class Packing:
+    """The decision for the workers asked (`requests[i]` is worker `workers[i]`): `chosen[i]` its
+    candidate or None (it waits). `placements`: each distinct request's placement (the match table is the
+    first's). `region`: where they went (None: nothing placed)."""
+
+    workers: list[int]
+    chosen: list[Candidate | None]
+    placements: dict[PlacementRequest, Placement]
+    region: str | None
+
+    @property
+    def placed(self) -> list[tuple[int, Candidate]]:
+        return [(w, c) for w, c in zip(self.workers, self.chosen, strict=True) if c is not None]
+
+    @property
+    def complete(self) -> bool:
+        return all(c is not None for c in self.chosen)
+
+
+def _need(request: PlacementRequest) -> tuple[int, int]:
+    """(GPUs, vCPUs) one worker of `request` takes from a candidate (a GPU job's CPUs come with its GPUs)."""
+    return request.gpu_count, (0 if request.gpu_count else request.cpu_count)
+
+
+def _regions(order: Sequence[Placement]) -> list[str]:
+    """The regions of the ranked fits, best first: the first request's ranking, then the others'."""
+    seen: dict[str, None] = {}
+    for placement in order:
+        for c in placement.ranked:
+            seen.setdefault(c.region, None)
+    return list(seen)
+
+
+def _fill(
+    workers: Sequence[int],
+    requests: Sequence[PlacementRequest],
+    placements: dict[PlacementRequest, Placement],
+    region: str,
+) -> list[Candidate | None]:
+    """Pack the workers onto their request's ranked fits in `region`, in order, booking capacity as they
+    go (a candidate two requests share is booked once). A pointer per request: a candidate too full for
+    one more worker of a request stays too full for it."""
+    free: dict[tuple[str, str], list[int]] = {}
+    at: dict[PlacementRequest, int] = {}
+    ranked = {r: [c for c in p.ranked if c.region == region] for r, p in placements.items()}
+    out: list[Candidate | None] = []
+    for _worker, request in zip(workers, requests, strict=True):
+        gpus, vcpus = _need(request)
+        fits = ranked[request]
+        i = at.get(request, 0)
+        chosen: Candidate | None = None
+        while i < len(fits):
+            c = fits[i]
+            left = free.setdefault((c.source, c.id), [c.gpus_free, c.free_vcpus])
+            if left[0] >= gpus and left[1] >= vcpus:
+                left[0] -= gpus
+                left[1] -= vcpus
+                chosen = c
+                break
+            i += 1
+        at[request] = i
+        out.append(chosen)
+    return out
+
+
+def pack(
+    workers: Sequence[int],
+    requests: Sequence[PlacementRequest],
+    candidates: Sequence[Candidate] | Mapping[PlacementRequest, Sequence[Candidate]],
+    *,
+    whole: bool,
+    region: str | None = None,
+) -> Packing:
+    """Place `workers` (their numbers; `requests[i]` is what worker `workers[i]` needs) on `candidates`
+    (or on each request's own view of them). `whole`: all or none (a gang). `region`: the region the job
+    already runs in (its placed workers')."""
+    placements: dict[PlacementRequest, Placement] = {}
+    for request in requests:
+        if request not in placements:
+            view = candidates[request] if isinstance(candidates, Mapping) else candidates
+            placements[request] = place(request, view)
+    order = list(placements.values())
+    regions = [region] if region is not None else _regions(order)
+    best: tuple[int, str | None, list[Candidate | None]] = (0, None, [None] * len(workers))
+    for name in regions:
+        chosen = _fill(workers, requests, placements, name)
+        count = sum(c is not None for c in chosen)
+        if count == len(workers):
+            return Packing(list(workers), chosen, placements, name)
+        if count > best[0]:
+            best = (count, name, chosen)
+    if whole or best[1] is None:
+        return Packing(list(workers), [None] * len(workers), placements, None)
+    return Packing(list(workers), best[2], placements, best[1])
+
+
+def as_empty(candidates: Sequence[Candidate]) -> list[Candidate]:
+    """The fleet as it could be: every candidate active, online, with nothing running on it."""
+    return [
+        replace(c, gpus_free=c.gpus_total, vcpus_free=c.vcpus, state=NodeState.ACTIVE.value, online=True)
+        for c in candidates
+    ]
+
+
+def never_reason(
+    requests: Sequence[PlacementRequest], candidates: Sequence[Candidate], *, whole: bool
+) -> str | None:
+    """Why the fleet can never hold the job as it is (None: it can, or nothing could be said: no node is
+    eligible at all, e.g. no node of its GPU type yet, which a joining node may change). A gang must fit
+    whole in one region of the empty fleet; an independent job's every worker must fit on some node."""
+    empty = as_empty(candidates)
+    workers = list(range(len(requests)))
+    if whole:
+        if pack(workers, requests, empty, whole=True).complete:
+            return None
+    else:
+        distinct = list(dict.fromkeys(requests))
+        if all(place(r, empty).ranked for r in distinct):
+            return None
+    for request in dict.fromkeys(requests):
+        eligible = _eligible(request, empty)
+        if not eligible:
+            return None  # rejected for what a new node may bring (type, price, rules): the usual reasons
+        largest = max(eligible, key=lambda c: (_size(request, c), c.name))
+        if _size(request, largest) < _amount(request):
+            return (
+                f"{UNPLACEABLE}: no node {_of(request)} can hold one worker of {_amount(request)} "
+                f"{_unit(request)}; the largest, {largest.name} ({largest.region}), has "
+                f"{_size(request, largest)}: ask for at most {_size(request, largest)} {_unit(request)} "
+                f"per worker ({_field(request)}), or add a larger node"
+            )
+    # each worker fits a node, but a gang's sum fits no region
+    totals: dict[str, int] = {}
+    for request in dict.fromkeys(requests):
+        for c in _eligible(request, empty):
+            totals[c.region] = totals.get(c.region, 0) + _size(request, c)
+    need = sum(_amount(r) for r in requests)
+    unit = _unit(requests[0])
+    if totals:
+        region, has = max(totals.items(), key=lambda kv: (kv[1], kv[0]))
+        return (
+            f"{UNPLACEABLE}: the gang's {len(requests)} workers need {need} {unit} in one region; the "
+            f"largest region for them, {region}, has {has} in all: use fewer or smaller workers, make it "
+            "an independent job, or add nodes to one region"
+        )
+    return None
+
+
+def _eligible(request: PlacementRequest, empty: Sequence[Candidate]) -> list[Candidate]:
+    """Candidates that pass every check but capacity (what only a larger node would change)."""
+    placement = place(request, empty)
+    capacity = {Rejection.TOO_FEW_GPUS, Rejection.TOO_FEW_CPUS}
+    return placement.ranked + [c for c, r in placement.reasons if r in capacity]
+
+
+def _size(request: PlacementRequest, c: Candidate) -> int:
+    return c.gpus_total if request.gpu_count else c.vcpus
+
+
+def _amount(request: PlacementRequest) -> int:
+    return request.gpu_count or request.cpu_count
+
+
+def _unit(request: PlacementRequest) -> str:
+    return "GPUs" if request.gpu_count else "vCPUs"
+
+
+def _field(request: PlacementRequest) -> str:
+    return "resources.gpu_count" if request.gpu_count else "resources.cpu_count"
+
+
+def _of(request: PlacementRequest) -> str:
+    if request.gpu_count and request.gpu_types:
+        return "of " + " or ".join(sorted(request.gpu_types))
+    return "this job may use"
