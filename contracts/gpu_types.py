@@ -34,10 +34,49 @@ GPU_ALIASES: Final[dict[str, tuple[str, ...]]] = {
     "MI250": ("MI250/MI250X",),
     "MI250X": ("MI250/MI250X",),
     "W7900": ("Radeon Pro W7900",),
+    # trainML's GPU ids that the rules above do not reach (TRAINML_GPU_IDS has all of them)
+    "rtx2060s": ("RTX 2060 Super",),
+    "rtx2070s": ("RTX 2070 Super",),
+    "a100xl": ("A100 80GB",),
 }
 
-# Vendor words and form factors that do not change which GPU type is meant.
-_NOISE_TOKENS: Final = frozenset({"nvidia", "geforce", "tesla", "amd", "instinct", "pcie"})
+# trainML's own GPU ids (its SDK's and CLI's `gpu_types`), each one catalogue type; "cpu" is a CPU-only job.
+TRAINML_GPU_IDS: Final[dict[str, tuple[str, ...]]] = {
+    "gtx1060": ("GTX 1060",),
+    "rtx2060s": ("RTX 2060 Super",),
+    "rtx2070s": ("RTX 2070 Super",),
+    "rtx2080ti": ("RTX 2080 Ti",),
+    "rtx3090": ("RTX 3090",),
+    "p100": ("P100",),
+    "t4": ("T4",),
+    "v100": ("V100",),
+    "a100": ("A100 40GB",),  # trainML's "A100 (40GB)"; its 80 GB one is a100xl
+    "a100xl": ("A100 80GB",),
+    "a6000": ("RTX A6000",),
+    "a4000": ("RTX A4000",),
+}
+TRAINML_CPU: Final = "cpu"
+
+# Vendor words, form factors and memory kinds that do not change which GPU type is meant (nvidia-smi
+# prints "NVIDIA H100 80GB HBM3", "NVIDIA RTX 6000 Ada Generation").
+_NOISE_TOKENS: Final = frozenset(
+    {
+        "nvidia",
+        "geforce",
+        "tesla",
+        "amd",
+        "instinct",
+        "pcie",
+        "hbm2",
+        "hbm2e",
+        "hbm3",
+        "hbm3e",
+        "gddr6",
+        "gddr6x",
+    }
+)
+# a memory size at the end of a name whose catalogue type has none ("Tesla V100-SXM2-16GB" is a V100)
+_MEMORY = re.compile(r"\d+gb?")
 _SXM = re.compile(r"sxm\d*")
 
 
@@ -59,6 +98,13 @@ def resolve_gpu_type(name: str) -> tuple[str, ...]:
     """The catalogue GPU types a name means ("A100 (80GB)" -> ("A100 80GB",), "A100" -> both A100s);
     ValueError naming the closest catalogue names when it means none."""
     models = _BY_KEY.get(gpu_key(name)) if name.strip() else None
+    if not models:
+        tokens = re.findall(r"[a-z0-9]+", name.lower())
+        if len(tokens) > 1 and _MEMORY.fullmatch(tokens[-1]):
+            sized = _BY_KEY.get(gpu_key(" ".join(tokens[:-1])))
+            # only a type the catalogue keeps without sizes: "A100 48GB" is no A100 of the catalogue
+            if sized and not any(_MEMORY.search(m.lower().split()[-1]) for m in sized):
+                models = sized
     if models:
         return models
     close = difflib.get_close_matches(name, GPU_TYPES, n=3, cutoff=0.5) if len(name) <= 64 else []

@@ -101,8 +101,8 @@ SpecFile = Annotated[
     typer.Option(
         "--file",
         "-f",
-        help="Job spec: rigbase YAML/JSON, a ChainOpera Launch job.yaml or an OpenPAI job JSON "
-        "(- reads stdin).",
+        help="Job spec: rigbase YAML/JSON, a ChainOpera Launch job.yaml, an OpenPAI job JSON or a trainML "
+        "job form (- reads stdin).",
     ),
 ]
 ProjectOpt = Annotated[

@@ -1,5 +1,6 @@
 """Job spec files -> JobSpec: rigbase's own spec (YAML or JSON), a ChainOpera Launch job.yaml, an OpenPAI job
-JSON, told apart by their content (the file name is only used in error lines and as a last-resort name).
+JSON, trainML's job form, told apart by their content (the file name is only used in error lines and as a
+last-resort name).
 
 `parse` raises SpecError with one line per error, each naming the field as the user wrote it (a converted
 spec's error names the Launch or OpenPAI field) and, for YAML, its line. `convert` prints the rigbase spec a
@@ -17,7 +18,7 @@ import yaml
 from pydantic import ValidationError
 
 from contracts.jobspec import FieldPath, JobSpec, RuleErrors, SpecError, format_path, spec_errors
-from provisioner.domain import job_launch, job_openpai
+from provisioner.domain import job_launch, job_openpai, job_trainml
 from provisioner.domain.job_source import Converted, Source, load, where
 
 __all__ = ["ParsedSpec", "SpecError", "SpecFormat", "convert", "detect", "dump", "parse", "read"]
@@ -27,12 +28,14 @@ class SpecFormat(StrEnum):
     RIGBASE = "rigbase"
     LAUNCH = "chainopera-launch"
     OPENPAI = "openpai"
+    TRAINML = "trainml"
 
 
 FORMAT_TITLES: Final[dict[SpecFormat, str]] = {
     SpecFormat.RIGBASE: "a rigbase job spec",
     SpecFormat.LAUNCH: "a ChainOpera Launch job.yaml",
     SpecFormat.OPENPAI: "an OpenPAI job JSON",
+    SpecFormat.TRAINML: "a trainML job form",
 }
 
 
@@ -74,6 +77,8 @@ def detect(doc: Mapping[str, Any]) -> SpecFormat:
         return SpecFormat.OPENPAI
     if job_launch.is_launch(doc):
         return SpecFormat.LAUNCH
+    if job_trainml.is_trainml(doc):
+        return SpecFormat.TRAINML
     return SpecFormat.RIGBASE
 
 
@@ -87,6 +92,8 @@ def read(text: str, filename: str | None = None) -> ParsedSpec:
             converted = job_launch.to_rigbase(source.data, filename)
         elif fmt is SpecFormat.OPENPAI:
             converted = job_openpai.to_rigbase(source.data)
+        elif fmt is SpecFormat.TRAINML:
+            converted = job_trainml.to_rigbase(source.data)
     except RuleErrors as exc:  # the foreign file's own fields are wrong: name them as written
         raise SpecError(_lines(exc.errors, source, filename)) from None
     data = converted.data if converted else source.data

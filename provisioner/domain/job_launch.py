@@ -1,8 +1,14 @@
 """ChainOpera (FedML) Launch job.yaml -> rigbase spec data (docs/job-spec.md "ChainOpera Launch").
 
+Read as Launch reads it (github:FedML-AI/FedML, python/fedml/computing/scheduler/scheduler_entry/
+launch_manager.py FedMLJobConfig, and comm_utils/job_utils.py parse_job_type):
+
 workspace: hello_world             -> the job's name (the code itself is not uploaded: see notes)
 bootstrap: |  …                    -> run before the job's commands, in the same worker
-job: |  …                          -> the worker's command
+job: |  …                          -> the worker's command; {run_on_posix, run_on_windows}: the posix one
+server_job: |  …                   -> a second group, `server` (one worker), beside the `client` group
+job_type, else task_type           -> type (Launch reads job_type first, then task_type; serve -> endpoint)
+docker: {image, registry}          -> environment.image (registry prefixed when the image names none)
 computing:
   minimum_num_gpus: 1              -> resources.gpu_count
   maximum_cost_per_hour: $1.75     -> resources.max_price = cost / GPUs (Launch's figure is for all GPUs)
@@ -17,7 +23,7 @@ from pathlib import PurePath
 from typing import Any, Final
 
 from contracts.gpu_types import resolve_gpu_type
-from contracts.jobspec import CPU_STEP, DEFAULT_IMAGE, FieldPath, JobType, RuleErrors, format_path
+from contracts.jobspec import CPU_STEP, DEFAULT_IMAGE, FieldPath, JobKind, JobType, RuleErrors, format_path
 from provisioner.domain.job_source import Converted, dns_name
 
 # Launch's job_type values; a spec without one is a training job.
@@ -28,10 +34,13 @@ JOB_TYPES: Final[dict[str, JobType]] = {
     "deploy": JobType.ENDPOINT,
     "serve": JobType.ENDPOINT,
     "inference": JobType.INFERENCE,
+    "dev-environment": JobType.NOTEBOOK,  # task_type's third option
 }
-# Keys that mark a Launch job.yaml (with `job` given as text).
-MARKERS: Final = frozenset({"workspace", "bootstrap", "computing", "fedml_env"})
-KNOWN: Final = MARKERS | {"job", "job_type", "job_name"}
+# Keys that mark a Launch job.yaml (with `job` given as text, or as its OS blocks).
+MARKERS: Final = frozenset({"workspace", "bootstrap", "computing", "fedml_env", "server_job", "task_type"})
+KNOWN: Final = MARKERS | {"job", "job_type", "job_name", "docker", "job_subtype"}
+POSIX, WINDOWS = "run_on_posix", "run_on_windows"  # Launch's OS blocks of job, bootstrap and server_job
+SERVER_GROUP, CLIENT_GROUP = "server", "client"  # a federated job's two halves
 COMPUTING_KNOWN: Final = frozenset(
     {"minimum_num_gpus", "maximum_cost_per_hour", "resource_type", "device_type"}
 )
@@ -39,20 +48,40 @@ _COST = re.compile(r"\$?\s*(\d+(?:\.\d+)?)\s*(?:/\s*h(?:ou)?r)?")
 
 
 def is_launch(doc: Mapping[str, Any]) -> bool:
-    return isinstance(doc.get("job"), str) or bool(MARKERS & set(doc))
+    job = doc.get("job")
+    return isinstance(job, str) or (isinstance(job, Mapping) and POSIX in job) or bool(MARKERS & set(doc))
+
+
+def _shell(
+    doc: Mapping[str, Any], key: str, errors: list[tuple[FieldPath, str]], notes: list[str]
+) -> tuple[str | None, FieldPath]:
+    """A block of shell lines as Launch reads it: text, or its run_on_posix block (rigbase's nodes are
+    Linux; a run_on_windows block is not run). None when absent or empty."""
+    value = doc.get(key)
+    where: FieldPath = (key,)
+    if isinstance(value, Mapping):
+        if value.get(WINDOWS):
+            notes.append(f"{key}.{WINDOWS}: not run (rigbase's nodes are Linux; {key}.{POSIX} is)")
+        value, where = value.get(POSIX), (key, POSIX)
+    if value is None:
+        return None, where
+    if not isinstance(value, str):
+        errors.append((where, f"must be shell lines ({key}: |), or {{{POSIX}: |, {WINDOWS}: |}}"))
+        return None, where
+    return (value.strip("\n") or None), where
 
 
 def to_rigbase(doc: Mapping[str, Any], filename: str | None) -> Converted:
     errors: list[tuple[FieldPath, str]] = []
     notes: list[str] = []
-    origin: dict[FieldPath, FieldPath] = {("workers",): ("job",)}
+    origin: dict[FieldPath, FieldPath] = {}
 
-    job = doc.get("job")
-    if not isinstance(job, str) or not job.strip():
-        errors.append((("job",), "required: the entry commands, as a block of shell lines (job: |)"))
-    bootstrap = doc.get("bootstrap")
-    if bootstrap is not None and not isinstance(bootstrap, str):
-        errors.append((("bootstrap",), "must be shell lines (bootstrap: |)"))
+    job, job_at = _shell(doc, "job", errors, notes)
+    origin[("workers",)] = job_at
+    if job is None:
+        errors.append((job_at, "required: the entry commands, as a block of shell lines (job: |)"))
+    bootstrap, _ = _shell(doc, "bootstrap", errors, notes)
+    server, server_at = _shell(doc, "server_job", errors, notes)
 
     computing = doc.get("computing", {})
     if not isinstance(computing, Mapping):
@@ -62,43 +91,76 @@ def to_rigbase(doc: Mapping[str, Any], filename: str | None) -> Converted:
         computing = {}
     resources, resource_origin = _resources(computing, errors, notes)
     origin.update(resource_origin)
-
-    job_type = doc.get("job_type", "train")
-    if str(job_type).lower() not in JOB_TYPES:
-        errors.append((("job_type",), f"must be one of {', '.join(JOB_TYPES)}"))
+    job_type = _job_type(doc, origin, errors)
     name, name_from = _name(doc, filename)
     origin[("name",)] = name_from
     notes.append(f"name {name!r} from {format_path(name_from)} (a Launch job.yaml names no job)")
+    image = _image(doc.get("docker"), errors, notes)
+    notes += _notes(doc, image)
+    if errors:
+        raise RuleErrors(errors)
+
+    assert job is not None and job_type is not None
+    data: dict[str, Any] = {"name": name, "type": job_type.value, "resources": resources}
+    if image is not None:
+        data["environment"] = {"image": image}
+        origin[("environment", "image")] = ("docker", "image")
+    if server is None:
+        data["workers"] = [_with_bootstrap(bootstrap, "job", job)]
+        return Converted(data=data, origin=origin, notes=notes)
+    # a federated job: the server half and the clients, placed and failed together
+    data["kind"] = JobKind.GANG.value
+    data["groups"] = [
+        {"name": SERVER_GROUP, "command": _with_bootstrap(bootstrap, "server_job", server)},
+        {"name": CLIENT_GROUP, "command": _with_bootstrap(bootstrap, "job", job)},
+    ]
+    origin[("groups", 0)] = server_at
+    origin[("groups", 1)] = job_at
+    notes.append(
+        f"server_job and job: two groups, {SERVER_GROUP} and {CLIENT_GROUP}, one worker each with the "
+        "computing resources, started together (a gang); each finds the other in RIGBASE_PEERS"
+    )
+    return Converted(data=data, origin=origin, notes=notes)
+
+
+def _with_bootstrap(bootstrap: str | None, key: str, command: str) -> str:
+    """Launch runs the bootstrap lines first, in the same shell."""
+    return f"# bootstrap\n{bootstrap}\n# {key}\n{command}" if bootstrap else command
+
+
+def _job_type(
+    doc: Mapping[str, Any], origin: dict[FieldPath, FieldPath], errors: list[tuple[FieldPath, str]]
+) -> JobType | None:
+    """Launch reads job_type, and task_type only when there is no job_type (job_utils.parse_job_type)."""
+    key = "job_type" if doc.get("job_type") is not None else "task_type"
+    value = str(doc.get(key) or "train").lower()
+    origin[("type",)] = (key,)
+    if value not in JOB_TYPES:
+        errors.append(((key,), f"must be one of {', '.join(JOB_TYPES)}"))
+        return None
+    return JOB_TYPES[value]
+
+
+def _notes(doc: Mapping[str, Any], image: str | None) -> list[str]:
+    """What the conversion leaves out: the workspace, the image when none is named, the project, the rest."""
+    notes: list[str] = []
     workspace = doc.get("workspace")
     if workspace:
         notes.append(
             f"workspace {workspace!r} is not uploaded: put the code in environment.image or a dataset "
             "(rigbase runs the commands in the container image)"
         )
-    notes.append(
-        f"no image: a Launch file names none, so the workers run {DEFAULT_IMAGE}, which each node pulls "
-        "when the job starts; to choose one, convert it (`provision job convert`) and set environment.image"
-    )
+    if image is None:
+        notes.append(
+            f"no image: the file names none (docker.image), so the workers run {DEFAULT_IMAGE}, which each "
+            "node pulls when the job starts; to choose one, set docker.image"
+        )
     fedml_env = doc.get("fedml_env")
     if isinstance(fedml_env, Mapping) and fedml_env.get("project_name"):
         notes.append(
             f"fedml_env.project_name {fedml_env['project_name']!r}: use --project to choose the project"
         )
-    notes += [f"{key}: not a rigbase setting, ignored" for key in doc if key not in KNOWN]
-    if errors:
-        raise RuleErrors(errors)
-
-    assert isinstance(job, str)
-    command = job.strip("\n")
-    if isinstance(bootstrap, str) and bootstrap.strip():
-        command = f"# bootstrap\n{bootstrap.strip(chr(10))}\n# job\n{command}"
-    data: dict[str, Any] = {
-        "name": name,
-        "type": JOB_TYPES[str(job_type).lower()].value,
-        "resources": resources,
-        "workers": [command],
-    }
-    return Converted(data=data, origin=origin, notes=notes)
+    return notes + [f"{key}: not a rigbase setting, ignored" for key in doc if key not in KNOWN]
 
 
 def _resources(
@@ -148,6 +210,31 @@ def _resources(
         f"computing.{key}: not a rigbase setting, ignored" for key in computing if key not in COMPUTING_KNOWN
     ]
     return resources, origin
+
+
+def _image(docker: Any, errors: list[tuple[FieldPath, str]], notes: list[str]) -> str | None:
+    """Launch's docker block (job_utils.DockerArgs: image, registry, username, password, ports)."""
+    if docker is None:
+        return None
+    if not isinstance(docker, Mapping):
+        errors.append((("docker",), "must be a mapping (image, registry, username, password)"))
+        return None
+    image = docker.get("image")
+    if not isinstance(image, str) or not image.strip():
+        return None
+    registry = docker.get("registry")
+    first = image.split("/", 1)[0]
+    names_registry = "/" in image and ("." in first or ":" in first or first == "localhost")
+    if isinstance(registry, str) and registry.strip() and not names_registry:
+        image = f"{registry.strip().rstrip('/')}/{image}"
+    if docker.get("username") or docker.get("password"):
+        notes.append(
+            "docker.username and docker.password are not kept in a job: store them as the project's registry "
+            "key (`provision project key set`), which every pull of the image uses"
+        )
+    if docker.get("ports"):
+        notes.append("docker.ports: not published (a worker's peers reach it on RIGBASE_PORT)")
+    return image
 
 
 def _name(doc: Mapping[str, Any], filename: str | None) -> tuple[str, FieldPath]:

@@ -124,11 +124,23 @@ def _load_json(text: str, filename: str | None, yaml_error: yaml.YAMLError) -> S
         try:
             return Source(data=json.loads(text, object_pairs_hook=_unique_keys))
         except json.JSONDecodeError as exc:
+            if "//" in text or "/*" in text:  # JSON with comments, as OpenPAI's portal reads it
+                return _load_commented_json(text, filename, exc)
             raise SpecError([f"{where(filename, exc.lineno)}not valid JSON: {exc.msg}"]) from None
     mark = getattr(yaml_error, "problem_mark", None)
     problem = getattr(yaml_error, "problem", None) or str(yaml_error).splitlines()[0]
     line = mark.line + 1 if mark is not None else None
     raise SpecError([f"{where(filename, line)}not valid YAML: {problem}"]) from None
+
+
+def _load_commented_json(text: str, filename: str | None, error: json.JSONDecodeError) -> Source:
+    """JSON with `//` and `/* */` comments (OpenPAI's portal strips them, then parses): read by json5."""
+    import json5  # only for such files: its parser is slower than json's
+
+    try:
+        return Source(data=json5.loads(text, object_pairs_hook=lambda pairs: _unique_keys(list(pairs))))
+    except ValueError:
+        raise SpecError([f"{where(filename, error.lineno)}not valid JSON: {error.msg}"]) from None
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

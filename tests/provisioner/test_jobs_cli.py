@@ -159,7 +159,7 @@ def test_other_formats_convert_and_a_job_waits_for_a_gpu_type_the_fleet_lacks(fl
     # what the conversion dropped is said before anything runs: the code it does not upload, the image
     warned = [line for line in dry.stderr.splitlines() if line.startswith("warning: ")]
     assert any("workspace 'hello_world' is not uploaded" in line for line in warned), dry.stderr
-    assert any("no image: a Launch file names none" in line for line in warned), dry.stderr
+    assert any("no image: the file names none (docker.image)" in line for line in warned), dry.stderr
     assert fleet.cp.provision("job", "stop", job["id"]).returncode == 0
     listed = fleet.cp.provision("job", "list", "--state", "stopped", "--json")
     assert job["id"] in [j["id"] for j in json.loads(listed.stdout)]

@@ -1,6 +1,6 @@
 """The console's jobs: the account's list, the submit form (the spec text `provision job create` reads: a
-rigbase YAML/JSON spec, a ChainOpera Launch job.yaml or an OpenPAI job JSON), a job's page with its live
-log, and the Stop button. Every call is the one the API route makes (services/jobs/jobs.py,
+rigbase YAML/JSON spec, a ChainOpera Launch job.yaml, an OpenPAI job JSON or a trainML job form), a job's
+page with its live log, and the Stop button. Every call is the one the API route makes (services/jobs/jobs.py,
 services/jobs/job_logs.py) with the signed-in token's principal, so another account's job answers the same
 404 as a missing one (services/jobs.get is account-scoped).
 

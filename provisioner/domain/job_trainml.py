@@ -1,0 +1,220 @@
+"""trainML's job form -> rigbase spec data (docs/job-spec.md "trainML job form").
+
+The dictionary the trainML SDK's `jobs.create(...)` takes and its CLI sends (github:trainML/trainml-cli,
+trainml/jobs.py): `type`, and the resources either at the top level (`gpu_types`, `gpu_count`,
+`cpu_count`, `disk_size`, `max_price`) or in `resources` (with `gpu_type_id`), `workers` (commands, or
+`{command}` each) or `worker_commands`, `environment`, `data`, `model`, `endpoint`.
+
+name                     -> name (as a DNS label)
+type                     -> type
+gpu_types / gpu_type_id  -> resources.gpu_types, by trainML's ids (`rtx3090`, `a100xl`: TRAINML_GPU_IDS);
+                            `cpu` alone is a CPU-only job
+gpu_count, cpu_count, disk_size, max_price -> resources.*
+workers, worker_commands -> workers; several run as independent runs, as trainML runs them (kind: independent)
+environment.custom_image -> environment.image
+environment.env          -> environment.env ([{key, value}] or a mapping)
+environment.packages     -> environment.packages (apt, conda, pip)
+data.datasets            -> data.datasets (names, or {id | name} each)
+data.input_*/output_*, model -> refused while rigbase reads no external source or output for them
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+from contracts.gpu_types import TRAINML_CPU, TRAINML_GPU_IDS, resolve_gpu_type
+from contracts.jobspec import FieldPath, JobKind, RuleErrors
+from provisioner.domain.job_source import Converted, dns_name
+
+RESOURCE_KEYS: Final = ("gpu_types", "gpu_type", "gpu_count", "cpu_count", "disk_size", "max_price")
+# keys only trainML's form has at the top level (a rigbase spec keeps these under `resources`)
+MARKERS: Final = frozenset({*RESOURCE_KEYS, "worker_commands", "project_uuid", "source_job_uuid"})
+KNOWN: Final = frozenset(
+    {"name", "type", "resources", "workers", "environment", "data", "model", "endpoint", *MARKERS}
+)
+# trainML's external data fields, which land on the persistence layer's sources and outputs
+EXTERNAL_DATA: Final = ("input_type", "input_uri", "output_type", "output_uri")
+
+
+def is_trainml(doc: Mapping[str, Any]) -> bool:
+    environment = doc.get("environment")
+    resources = doc.get("resources")
+    return (
+        not MARKERS.isdisjoint(doc)
+        or (isinstance(resources, Mapping) and "gpu_type_id" in resources)
+        or (isinstance(environment, Mapping) and ("custom_image" in environment or "type" in environment))
+        or (isinstance(environment, Mapping) and isinstance(environment.get("env"), list))
+    )
+
+
+def to_rigbase(doc: Mapping[str, Any]) -> Converted:
+    errors: list[tuple[FieldPath, str]] = []
+    notes: list[str] = []
+    origin: dict[FieldPath, FieldPath] = {}
+    name = dns_name(str(doc.get("name") or "job"))
+    if name != doc.get("name"):
+        notes.append(f"name {name!r} from {doc.get('name')!r} (a rigbase name is a DNS label)")
+    data: dict[str, Any] = {"name": name, "type": doc.get("type", "training")}
+    data["resources"] = _resources(doc, origin, errors, notes)
+    data["workers"] = _workers(doc, origin, errors)
+    if len(data["workers"]) > 1:
+        data["kind"] = JobKind.INDEPENDENT.value
+        notes.append(f"{len(data['workers'])} workers run as independent runs, as trainML runs them")
+    data["environment"] = _environment(doc.get("environment"), origin, errors, notes)
+    data["data"] = _data(doc.get("data"), origin, errors)
+    if doc.get("model"):
+        errors.append(
+            (
+                ("model",),
+                "a model source is not read yet: put the code in the image, or use a rigbase spec",
+            )
+        )
+    if doc.get("endpoint"):
+        notes.append("endpoint: not a rigbase setting yet, ignored")
+    notes += [f"{key}: not a rigbase setting, ignored" for key in doc if key not in KNOWN]
+    for key in ("project_uuid", "source_job_uuid"):
+        if key in doc:
+            notes.append(f"{key}: trainML's own id, ignored (`--project` chooses the project)")
+    if errors:
+        raise RuleErrors(errors)
+    return Converted(data=data, origin=origin, notes=notes)
+
+
+Errors = list[tuple[FieldPath, str]]
+
+
+def _nested(doc: Mapping[str, Any]) -> Mapping[str, Any]:
+    resources = doc.get("resources")
+    return resources if isinstance(resources, Mapping) else {}
+
+
+def _wanted(doc: Mapping[str, Any], origin: dict[FieldPath, FieldPath]) -> list[Any] | None:
+    """The GPU ids asked for, wherever the form puts them."""
+    nested = _nested(doc)
+    for where, value in (
+        (("gpu_types",), doc.get("gpu_types")),
+        (("gpu_type",), doc.get("gpu_type")),
+        (("resources", "gpu_types"), nested.get("gpu_types")),
+        (("resources", "gpu_type_id"), nested.get("gpu_type_id")),
+    ):
+        if value:
+            origin[("resources", "gpu_types")] = where
+            if isinstance(value, str):
+                return [value]
+            return value if isinstance(value, list) else None
+    return None
+
+
+def _resources(
+    doc: Mapping[str, Any], origin: dict[FieldPath, FieldPath], errors: Errors, notes: list[str]
+) -> dict[str, Any]:
+    nested = _nested(doc)
+    out: dict[str, Any] = {}
+    for key in ("gpu_count", "cpu_count", "disk_size", "max_price"):
+        for where, section in ((key,), doc), (("resources", key), nested):
+            if key in section and section[key] is not None:
+                out[key] = section[key]
+                origin[("resources", key)] = where
+    wanted = _wanted(doc, origin)
+    if wanted is None:
+        errors.append((("gpu_types",), "required: trainML GPU ids, e.g. [rtx3090], or [cpu]"))
+        return out
+    types: list[str] = []
+    for index, gpu in enumerate(wanted):
+        key = str(gpu).strip().lower()
+        if key == TRAINML_CPU:
+            continue
+        try:
+            found = TRAINML_GPU_IDS.get(key) or resolve_gpu_type(str(gpu))
+        except ValueError as exc:
+            errors.append(((*origin[("resources", "gpu_types")], index), str(exc)))
+            continue
+        types += [t for t in found if t not in types]
+    if types:
+        out["gpu_types"] = types
+        out.setdefault("gpu_count", 1)
+    else:  # [cpu]: a CPU-only job
+        out["gpu_count"] = 0
+    if "max_price" in out and not types:
+        del out["max_price"]  # trainML's default max_price is per GPU-hour; a CPU job has none
+        notes.append("max_price dropped: a CPU-only job pays no GPU-hour price")
+    return out
+
+
+def _workers(
+    doc: Mapping[str, Any], origin: dict[FieldPath, FieldPath], errors: list[tuple[FieldPath, str]]
+) -> list[str]:
+    key = "workers" if doc.get("workers") else "worker_commands"
+    raw = doc.get(key)
+    if not isinstance(raw, list) or not raw:
+        errors.append(((key,), "required: one command per worker, e.g. [python train.py]"))
+        return []
+    out: list[str] = []
+    for index, item in enumerate(raw):
+        command = item.get("command") if isinstance(item, Mapping) else item
+        if not isinstance(command, str):
+            errors.append(((key, index), "must be a command, or {command: …}"))
+            continue
+        origin[("workers", len(out))] = (key, index)
+        out.append(command)
+    return out
+
+
+def _environment(
+    raw: Any, origin: dict[FieldPath, FieldPath], errors: list[tuple[FieldPath, str]], notes: list[str]
+) -> dict[str, Any]:
+    if not isinstance(raw, Mapping):
+        return {}
+    out: dict[str, Any] = {}
+    if raw.get("custom_image"):
+        out["image"] = raw["custom_image"]
+        origin[("environment", "image")] = ("environment", "custom_image")
+    elif raw.get("type"):
+        notes.append(
+            f"environment.type {raw['type']!r} is trainML's image: the workers run the default image; "
+            "give environment.custom_image to choose one"
+        )
+    env = raw.get("env")
+    if isinstance(env, list):
+        pairs: dict[str, Any] = {}
+        for index, item in enumerate(env):
+            if not isinstance(item, Mapping) or "key" not in item:
+                errors.append((("environment", "env", index), "must be {key, value}"))
+                continue
+            pairs[str(item["key"])] = item.get("value", "")
+        out["env"] = pairs
+    elif isinstance(env, Mapping):
+        out["env"] = dict(env)
+    origin[("environment", "env")] = ("environment", "env")
+    packages = raw.get("packages")
+    if isinstance(packages, Mapping):
+        out["packages"] = {k: v for k, v in packages.items() if k in ("apt", "conda", "pip") and v}
+    if raw.get("worker_key_types"):
+        notes.append("environment.worker_key_types: third-party keys are not given to jobs yet, ignored")
+    return out
+
+
+def _data(
+    raw: Any, origin: dict[FieldPath, FieldPath], errors: list[tuple[FieldPath, str]]
+) -> dict[str, Any]:
+    if not isinstance(raw, Mapping):
+        return {}
+    out: dict[str, Any] = {}
+    datasets = raw.get("datasets") or []
+    if datasets:
+        names: list[Any] = []
+        for item in datasets:
+            names.append(item.get("name") or item.get("id") if isinstance(item, Mapping) else item)
+        out["datasets"] = names
+        origin[("data", "datasets")] = ("data", "datasets")
+    for key in EXTERNAL_DATA:
+        if raw.get(key):
+            errors.append(
+                (
+                    ("data", key),
+                    "external inputs and outputs are not read yet: /opt/ml/output goes to a regional "
+                    "datastore (a rigbase spec's data.output); remove it, or use a rigbase spec",
+                )
+            )
+    return out
