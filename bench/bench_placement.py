@@ -6,7 +6,10 @@ The fleet is synthetic and seeded: 40 regions of 5 accounts (half the foreign re
 - mixed: random requests (account, 1-3 GPU types, 1-8 GPUs, sometimes a max price, a pinned region
   or CPU-only), the scheduler's view (ranking and the reason kinds);
 - mixed + messages: the same, also formatting every rejection's sentence (what `--dry-run` shows);
-- all fit: a request every candidate fits, so all 10,000 are ranked (the sort's worst case)."""
+- all fit: a request every candidate fits, so all 10,000 are ranked (the sort's worst case);
+- gangs: a 64-worker gang (and a 16-worker one, two groups of different GPUs) packed into one region by
+  domain.worker_placement.pack, against one single-worker placement over the same fleet, and the check
+  that a job could never fit (never_reason) for a gang the fleet cannot hold."""
 
 from __future__ import annotations
 
@@ -16,10 +19,12 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from typing import TypeVar
 
 from bench.results import figure
 from provisioner.domain.placement import Candidate, CandidateSource, Fleet, PlacementRequest, place
 from provisioner.domain.states import NodeState
+from provisioner.domain.worker_placement import never_reason, pack
 
 CANDIDATES = 10_000
 DECISIONS = 300
@@ -98,7 +103,10 @@ def requests(rng: random.Random, count: int = DECISIONS) -> list[PlacementReques
 Timing = tuple[list[float], list[float]]  # (wall ms, CPU ms) per decision
 
 
-def _time(decide: Callable[[PlacementRequest], object], reqs: list[PlacementRequest]) -> Timing:
+T = TypeVar("T")
+
+
+def _time(decide: Callable[[T], object], reqs: list[T]) -> Timing:
     """Wall and this thread's CPU time per decision: on a shared machine the wall time also counts the
     time other processes held the core, the CPU time only what the decision itself cost."""
     decide(reqs[0])  # warm: first-call costs (imports, caches) are not a decision's
@@ -160,6 +168,31 @@ def main() -> None:
     _report("place() all fit", _time(lambda r: place(r, open_fleet), [everyone] * 100))
     open_prepared = Fleet(open_fleet)
     _report("Fleet.place all fit", _time(open_prepared.place, [everyone] * 100))
+    _gangs(rng, candidates)
+
+
+def _gangs(rng: random.Random, candidates: list[Candidate]) -> None:
+    """A gang's workers packed into one region, against one single-worker decision on the same fleet."""
+    gangs = []
+    for _ in range(60):
+        account = rng.choice(ACCOUNTS)
+        wanted = frozenset(rng.sample(list(GPU_PRICES), 3))
+        gangs.append(PlacementRequest(account_id=account, gpu_types=wanted, gpu_count=rng.choice((1, 2))))
+    single = _time(lambda r: place(r, candidates), gangs)
+    gang64 = _time(lambda r: pack(range(64), [r] * 64, candidates, whole=True), gangs)
+    _report("one worker", single)
+    _report("gang of 64", gang64)
+    two = [(r, replace(r, gpu_count=1, gpu_types=frozenset({"T4", "L4"}))) for r in gangs]
+    mixed = _time(lambda pair: pack(range(16), [pair[0]] * 8 + [pair[1]] * 8, candidates, whole=True), two)
+    _report("gang of 2 groups x 8", mixed)
+    placed = sum(pack(range(64), [r] * 64, candidates, whole=True).complete for r in gangs)
+    print(f"   gangs of 64 placed whole: {placed} of {len(gangs)} (the rest wait whole)")
+    too_big = [replace(r, gpu_count=8) for r in gangs[:20]]
+    never = _time(lambda r: never_reason([r] * 600, candidates, whole=True), too_big)
+    _report("never? gang of 600x8", never)
+    ratio = _pct(gang64[0], 0.99) / _pct(single[0], 0.99)
+    print(f"   gang of 64 p99 / one worker p99 (wall): {ratio:.2f}", flush=True)
+    figure("gang of 64 placed, p99 wall / one worker's p99", ratio, "x")
 
 
 if __name__ == "__main__":

@@ -292,6 +292,9 @@ class WorkerReport(MinionMessage):
     log_eof: bool = False  # the whole output was acked (the container ended)
     # its latest usage samples, oldest first (the control plane keeps those newer than what it holds)
     usage: list[WorkerUsage] = Field(default_factory=list, max_length=USAGE_PER_REPORT)
+    # how long its container ran, from podman's start and finish times: reported once it ended, so a worker
+    # that began and ended between two beats is billed for the time it ran (services/jobs)
+    ran_s: float | None = Field(None, ge=0, le=2**40)
 
 
 class JobsActual(MinionMessage):

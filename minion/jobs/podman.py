@@ -160,6 +160,22 @@ class Podman:
         text = out.strip()
         return text if text.startswith("/") else None
 
+    def ran_s(self, name: str) -> float | None:
+        """How long the container `name` ran (it has ended); None when podman cannot say."""
+        try:
+            return ran_seconds(
+                self.call(
+                    [
+                        "inspect",
+                        "--format",
+                        "{{.State.StartedAt.UnixNano}} {{.State.FinishedAt.UnixNano}}",
+                        name,
+                    ]
+                )
+            )
+        except PodmanError:
+            return None
+
     def pid_and_upper_dir(self, name: str) -> tuple[int, str | None] | None:
         """The host pid of the running container's first process and its writable layer (overlay)."""
         try:
@@ -170,6 +186,18 @@ class Podman:
         if not pid.isdigit() or int(pid) <= 0:
             return None
         return int(pid), upper if upper.startswith("/") else None
+
+
+def ran_seconds(inspected: str) -> float | None:
+    """`{{.State.StartedAt.UnixNano}} {{.State.FinishedAt.UnixNano}}` as the seconds between them; None when
+    podman has no start (a container that never started reports times before 1970)."""
+    parts = inspected.split()
+    if len(parts) != 2 or not all(p.lstrip("-").isdigit() for p in parts):
+        return None
+    started, finished = (int(p) for p in parts)
+    if started <= 0 or finished < started:
+        return None
+    return (finished - started) / 1e9
 
 
 def _container(row: dict[str, Any]) -> Container:

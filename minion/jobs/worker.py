@@ -101,6 +101,7 @@ class Worker:
         self.state = WorkerRunState.STARTING
         self.exit_code: int | None = None
         self.message: str | None = None
+        self.ran_s: float | None = None  # how long its container ran, once it ended
         self.gpu_indices: list[int] = []
         self.usage: UsageSampler | None = None  # while its container runs
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -142,6 +143,7 @@ class Worker:
                 log_acked=self.shipper.state.acked,
                 log_eof=self.shipper.state.eof,
                 usage=usage,
+                ran_s=self.ran_s,
             )
 
     @property
@@ -299,6 +301,7 @@ class Worker:
     def _end(self, exit_code: int | None, note: str | None = None) -> None:
         stopped = self.stop_requested.is_set() and note is None
         state = WorkerRunState.STOPPED if stopped else WorkerRunState.EXITED
+        self.ran_s = self.rt.podman.ran_s(self.name)  # before the container is removed
         self._set(state, exit_code, note or (None if exit_code is not None else "exit code unknown"))
         self._save_outcome()
         self._clean_up()
@@ -337,6 +340,7 @@ class Worker:
     def _save_outcome(self) -> None:
         outcome = {"state": self.state.value, "exit_code": self.exit_code, "message": self.message}
         outcome["gpu_indices"] = self.gpu_indices  # type: ignore[assignment]
+        outcome["ran_s"] = self.ran_s  # type: ignore[assignment]
         # durable: it is written before the container is removed, and after a power cut it is all that is
         # left of how the worker ended (its exit code is what the job's state and its bill come from)
         write_atomic(self.dir / "report.json", json.dumps(outcome).encode(), mode=0o644)
@@ -347,6 +351,7 @@ class Worker:
             self.state = WorkerRunState(outcome["state"])
             self.exit_code, self.message = outcome.get("exit_code"), outcome.get("message")
             self.gpu_indices = list(outcome.get("gpu_indices") or [])
+            self.ran_s = outcome.get("ran_s")
         except (OSError, ValueError, KeyError):
             return
         if self.found is None:

@@ -343,6 +343,16 @@ def test_a_worker_that_exits_0_with_its_limits_env_gpu_and_output_mount(
         subprocess.run(["umount", "--lazy", str(staging)], check=False)
 
 
+def test_an_ended_workers_report_says_how_long_its_container_ran(image: str, agents: Agents) -> None:
+    """Billing of a worker that began and ended between two beats comes from this (services/jobs): the
+    container's own start and finish, from podman, survive in the report once it ended."""
+    agent = agents()
+    actual = until(agent, [worker("job-short", "sleep 2")], ended_and_shipped)
+    (report,) = actual.workers
+    assert report.state == "exited" and report.ran_s is not None
+    assert 2.0 <= report.ran_s < 30, report.ran_s  # it slept 2 s; podman's start is after its create
+
+
 def test_a_job_runs_with_capabilities_dropped_and_no_new_privileges(
     image: str, agents: Agents, store: LogStore
 ) -> None:

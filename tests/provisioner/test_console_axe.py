@@ -65,7 +65,7 @@ def pages(fleet: Fleet) -> dict[str, str]:
     ]
     fleet.heartbeat("gpu-1", [report(worker, "running", gpu_indices=[0], usage=usage)])
     fleet.log("gpu-1", job_id, 0, 0, "start\n" + format_line({"loss": 0.5}, step=1) + "\n")
-    create(fleet, spec("axe-waits", gpus=8))
+    assert create(fleet, spec("axe-waits", types=("A100 80GB",))).json()["state"] == "waiting"
     with fleet.http() as http:
         region = http.get("/v1/regions/lab-1").json()["id"]
         node = http.get("/v1/nodes/gpu-1").json()["id"]

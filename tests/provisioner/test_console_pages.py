@@ -361,7 +361,7 @@ def test_the_dashboard_sums_up_gpus_jobs_and_credits_for_the_account_only(fleet:
     assert node, made["reason"]
     [worker] = mine(fleet.heartbeat(node), job_id)
     fleet.heartbeat(node, [report(worker, "running")])
-    waits = {**_spec("console-waits"), "resources": {"gpu_count": 8, "gpu_types": ["RTX 3090"]}}
+    waits = {**_spec("console-waits"), "resources": {"gpu_count": 1, "gpu_types": ["A100 80GB"]}}  # none here
     api(fleet, "POST", "/v1/jobs", {"spec": waits})
     with browser(fleet.cp) as client:
         sign_in(client, fleet.cp.token)

@@ -125,7 +125,7 @@ def test_a_real_prometheus_scrapes_the_fleet_with_its_scrape_token(fleet: Fleet,
     job_id = answer.json()["id"]
     workers = mine(fleet.heartbeat("gpu-1"), job_id)
     fleet.heartbeat("gpu-1", [report(w, "running", gpu_indices=[0, 1]) for w in workers])
-    assert create(fleet, spec("queued", gpus=8)).json()["state"] == "waiting"
+    assert create(fleet, spec("queued", gpus=2)).json()["state"] == "waiting"  # gpu-1 is busy
     fleet.heartbeat("gpu-2")  # healthy: active and beating
 
     query(prometheus, 'up{job="rigbase"}', [1.0])

@@ -250,3 +250,29 @@ def test_groups_hold_their_own_resources_and_openpais_roles_are_told_apart(store
         assert env["PAI_TASK_ROLE_TASK_COUNT_worker"] == "2" and env["PAI_CURRENT_TASK_ROLE_NAME"] == "ps"
         assert env["PAI_RESOURCE_ps"].startswith("0,4,") and env["PAI_RESOURCE_worker"].startswith("1,0,")
         assert env["RIGBASE_GROUP"] == "ps" and env["RIGBASE_WORLD_SIZE"] == "3"
+
+
+def test_a_worker_that_ran_between_two_beats_is_billed_for_the_time_it_ran(store: Store) -> None:
+    """A 3-second job: its node's next beat says it exited 0 after 3 s (its container's own times); the
+    control plane never saw it running, and bills those 3 s, not nothing and not a whole beat."""
+    sessions: sessionmaker[Session] = store.sessions  # type: ignore[assignment]
+    root = _fleet(sessions)
+    with sessions.begin() as s:
+        sub = jobs.create(s, root, _spec({"name": "quick", "resources": _a100(1), "workers": ["sleep 3"]}))
+        assert sub.job is not None
+        sub.job.created_at -= timedelta(minutes=1)  # created a while before its node's next beat
+        job_id = sub.job.id
+    with sessions.begin() as s:
+        _report(s, _node_of(s, job_id, 0), job_id, 0, "exited", exit_code=0, ran_s=3.0)
+        job = s.get_one(Job, job_id)
+        (worker,) = job.workers
+        assert job.state == "succeeded" and job.started_at is None  # never seen running
+        assert worker.started_at is not None and worker.ended_at is not None
+        assert worker.ended_at - worker.started_at == timedelta(seconds=3)
+        metering.meter(s, worker.ended_at + timedelta(seconds=1))
+    with sessions() as s:
+        (entry,) = s.scalars(select(LedgerEntry).where(LedgerEntry.job_id == job_id))
+        # the owner's own A100: the datacenter usage fee, 0.25 per GPU-hour, for 3 s
+        assert Decimal(entry.amount_micros) / 10**6 == (Decimal("0.25") * 3 / 3600).quantize(
+            Decimal("0.000001")
+        )

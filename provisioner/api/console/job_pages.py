@@ -138,7 +138,12 @@ def submit(request: Request, posted: Posted) -> Response:
             first = sub.decision.first
             placement = {
                 "fits": sub.decision.packing.complete,
+                "unplaceable": sub.decision.unplaceable,
                 "reason": sub.decision.reason,
+                "workers": [
+                    (w, sub.plan[w].group, f"{c.name} ({c.region})" if c is not None else "waits")
+                    for w, c in zip(sub.decision.packing.workers, sub.decision.packing.chosen, strict=True)
+                ],
                 "rows": [row.cells() for row in match_rows(first)],
                 "rejected": [(c.name, c.region, m) for c, _, m in first.rejected[:20]],
                 "rejected_total": len(first.rejected),

@@ -320,7 +320,19 @@ def _apply_report(session: Session, node: Node, worker: JobWorker, report: Worke
         to = WorkerState.STOPPED if worker.stop_requested else WorkerState.FAILED
         jobs.transition_worker(session, worker, to, actor=actor, reason=why)
     if WorkerState(worker.state) in WORKER_DONE:
+        _ran_between_beats(worker, report)
         wake_after_commit(session, Wake.JOBS)  # capacity freed: a waiting job may fit now
+
+
+def _ran_between_beats(worker: JobWorker, report: WorkerReport) -> None:
+    """A worker that began and ended between two beats was never seen running: its start is its end (the
+    control plane's time) less how long its node says the container ran, never before its job was created.
+    One seen running keeps the start the control plane saw."""
+    if worker.started_at is not None or worker.ended_at is None or not report.ran_s:
+        return
+    earliest = worker.job.created_at
+    start = worker.ended_at - timedelta(seconds=report.ran_s)
+    worker.started_at = max(start, earliest) if earliest is not None else start
 
 
 def record_actual(session: Session, node: Node, reported: Any) -> None:
