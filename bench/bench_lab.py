@@ -1,5 +1,7 @@
 """The local lab (docs/lab.md): `provision lab up --nodes 2` warm (cached Debian root) and idempotent,
-the per-node join phases from the nodes' own history, and `provision lab down`. Needs root.
+the per-node join phases from the nodes' own history, and `provision lab down`. Then, on four nodes, the
+time from `job create` to every worker running for a gang of 8 one-GPU workers over the four nodes,
+against one worker, each from the job's own history. Needs root.
 
 The Debian root is shared with the tests through RIGBASE_TEST_ROOTFS_CACHE (default .cache/rootfs);
 a first run on a machine builds it and reports that run as cold.
@@ -15,6 +17,7 @@ import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from bench.results import figure
 
@@ -44,6 +47,62 @@ def _run(home: Path, *args: str) -> tuple[float, subprocess.CompletedProcess[str
 
 def _at(text: str) -> float:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+GANG_NODES = 4  # 2 GPUs each: a gang of 8 one-GPU workers fills them
+GANG = 8
+REPEATS = 3
+
+
+def _show(home: Path, name: str) -> dict[str, Any]:
+    return dict(json.loads(_run(home, "job", "show", name, "--json")[1].stdout))
+
+
+def _to_running_s(home: Path, name: str, workers: int) -> float:
+    """Create a job of `workers` one-GPU workers; seconds from its creation to every worker running (its
+    history: the job's first line to its `running` line, both the control plane's clock). Then stop it."""
+    spec = home / f"{name}.yaml"
+    body = {
+        "name": name,
+        "type": "training",
+        "kind": "gang",
+        "resources": {"gpu_types": ["RTX A6000"], "gpu_count": 1},
+        "workers": ["sleep 120"] * workers,
+        "environment": {"image": "localhost/rigbase-lab:latest"},
+    }
+    spec.write_text(json.dumps(body))
+    _run(home, "job", "create", "-f", str(spec), "-y")
+    deadline = time.monotonic() + 300
+    while _show(home, name)["state"] != "running":
+        if time.monotonic() > deadline:
+            raise SystemExit(f"bench_lab: job {name} did not run within 300 s")
+        time.sleep(0.2)
+    lines = json.loads(_run(home, "job", "history", name, "--json")[1].stdout)
+    mine = [h for h in lines if h["name"] == name]
+    took = _at(next(h["at"] for h in mine if h["to_state"] == "running")) - _at(mine[0]["at"])
+    _run(home, "job", "stop", name)
+    while (
+        json.loads(_run(home, "job", "show", name, "--json")[1].stdout)["workers"][-1]["state"] != "stopped"
+    ):
+        time.sleep(0.5)  # its GPUs free again before the next one
+    return took
+
+
+def _gang_start(home: Path) -> None:
+    _run(home, "lab", "up", "--nodes", str(GANG_NODES))
+    for n in range(1, GANG_NODES + 1):
+        _run(home, "node", "maintenance", f"node-{n}", "off")
+    one, gang = [], []
+    for i in range(REPEATS):  # side by side, alternating: the same machine load for both
+        one.append(_to_running_s(home, f"one-{i}", 1))
+        gang.append(_to_running_s(home, f"gang-{i}", GANG))
+    one_s, gang_s = sorted(one)[len(one) // 2], sorted(gang)[len(gang) // 2]
+    print(
+        f"create -> every worker running, median of {REPEATS}: one worker {one_s:.2f} s, "
+        f"a gang of {GANG} over {GANG_NODES} nodes {gang_s:.2f} s ({gang_s / one_s:.2f}x)"
+    )
+    figure("create -> running, one worker", one_s, "s")
+    figure(f"create -> running, a gang of {GANG} over {GANG_NODES} nodes / one worker", gang_s / one_s, "x")
 
 
 def main() -> None:
@@ -96,6 +155,7 @@ def main() -> None:
                 "added by minion_id; a reconciler pass finalizes its nodes one after another, "
                 "so a node may wait for another's playbook)"
             )
+            _gang_start(home)
         finally:
             down_s, _ = _run(home, "lab", "down", "--yes")
             print(f"lab down: {down_s:.1f} s")

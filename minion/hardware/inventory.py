@@ -11,7 +11,8 @@ from pathlib import Path
 
 from contracts.catalogue import CatalogueMissing
 from minion.hardware import catalogue, devices, hostfiles, jetson, nvml
-from minion.hardware.model import FormFactor, Gpu, Inventory
+from minion.hardware.addresses import local_addresses
+from minion.hardware.model import Address, FormFactor, Gpu, Inventory
 from minion.hardware.units import GIB
 
 
@@ -48,6 +49,7 @@ def collect(host_root: Path | None = None, catalogue_file: Path | None = None) -
         gpus=gpus,
         drives=devices.drives(context),
         nics=devices.nics(context),
+        addresses=[Address(interface, address) for interface, address in local_addresses(host_root)],
         notes=notes,
         device=device,
     )

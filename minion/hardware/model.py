@@ -106,6 +106,15 @@ class Nic:
 
 
 @dataclass
+class Address:
+    """One of the machine's IP addresses and its interface (minion/hardware/addresses.py): where the
+    workers of a distributed job on other nodes of the region reach this one."""
+
+    interface: str
+    address: str
+
+
+@dataclass
 class Cpu:
     physical_cores: int
     threads: int
@@ -122,6 +131,7 @@ class Inventory:
     gpus: list[Gpu] = field(default_factory=list)
     drives: list[Drive] = field(default_factory=list)
     nics: list[Nic] = field(default_factory=list)
+    addresses: list[Address] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     # an edge device (Jetson): contracts/device.py; None on a compute or storage node
     device: DeviceReport | None = None

@@ -59,7 +59,7 @@ def _gang_meets(home: Path, addresses: dict[str, str]) -> None:
     """Three workers on three nodes meet at the addresses and ports they were given."""
     _ok(home, "job", "create", "-f", str(EXAMPLES / "lab-gang.yaml"), "-y")
     gang = _wait_state(home, "lab-gang", {"succeeded", "failed"}, timeout=TIMEOUT_S)
-    assert gang["state"] == "succeeded", gang["reason"]
+    assert gang["state"] == "succeeded", (gang["reason"], _ok(home, "job", "logs", "lab-gang"))
     on = [w["node"] for w in gang["workers"]]
     assert len(set(on)) == 3, on
     met = _logs(home, "lab-gang", 0)
@@ -93,7 +93,7 @@ def _sweep_workers_end_on_their_own(home: Path) -> None:
     assert sweep["reason"] == "1 of 4 workers failed: worker 1: exited with code 1", sweep["reason"]
     assert [w["state"] for w in sweep["workers"]] == ["succeeded", "failed", "succeeded", "succeeded"]
     assert len({w["node"] for w in sweep["workers"]}) == 2  # packed: two 1-GPU workers a node
-    assert all(w["started_at"] and w["ended_at"] for w in sweep["workers"])
+    assert all(w["started_at"] and w["ended_at"] for w in sweep["workers"]), sweep["workers"]
     by_index = {w["index"]: w for w in sweep["workers"]}
     assert by_index[1]["ended_at"] < by_index[3]["ended_at"]  # it ended on its own, the others ran on
 

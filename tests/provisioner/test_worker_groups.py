@@ -26,7 +26,7 @@ from provisioner.domain.roles import Principal
 from provisioner.domain.states import NodeState
 from provisioner.services.billing import metering
 from provisioner.services.fleet import node_address, nodes
-from provisioner.services.jobs import job_assignments, job_placement, jobs
+from provisioner.services.jobs import job_assignments, job_peers, job_placement, jobs
 from provisioner.services.regions import providers
 from provisioner.services.regions import regions as region_service
 from provisioner.store.billing_models import LedgerEntry
@@ -276,3 +276,29 @@ def test_a_worker_that_ran_between_two_beats_is_billed_for_the_time_it_ran(store
         assert Decimal(entry.amount_micros) / 10**6 == (Decimal("0.25") * 3 / 3600).quantize(
             Decimal("0.000001")
         )
+
+
+@pytest.mark.parametrize(
+    ("addresses", "observed", "hostname", "expected"),
+    [
+        # a control plane on the region's LAN sees the node's own address: that one
+        ([("eno1", "10.0.0.5"), ("podman0", "10.88.0.1")], "10.0.0.5", None, "10.0.0.5"),
+        # behind NAT it sees the router's: the node's own private address on its NIC instead
+        ([("podman0", "10.88.0.1"), ("eno1", "192.168.1.20")], "203.0.113.5", "n.example", "192.168.1.20"),
+        # no physical NIC listed (a lab namespace): any interface but a container bridge
+        ([("cni-podman0", "10.88.0.1"), ("lan0", "10.77.0.11")], "198.51.100.1", None, "10.77.0.11"),
+        # a node that reports no addresses: the operator's hostname, then where it beats from
+        ([], "10.0.0.9", "gpu-7.lan", "gpu-7.lan"),
+        ([], "10.0.0.9", None, "10.0.0.9"),
+    ],
+)
+def test_a_peers_address_is_the_nodes_own_in_the_region(
+    addresses: list[tuple[str, str]], observed: str, hostname: str | None, expected: str
+) -> None:
+    inventory = {
+        "addresses": [{"interface": i, "address": a} for i, a in addresses],
+        "nics": [{"name": "eno1"}],
+        "observed_address": observed,
+    }
+    node = Node(name="n", minion_id="0" * 32, hostname=hostname, inventory=inventory)
+    assert job_peers.address_of(node) == expected

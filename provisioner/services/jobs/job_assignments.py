@@ -328,7 +328,7 @@ def _ran_between_beats(worker: JobWorker, report: WorkerReport) -> None:
     """A worker that began and ended between two beats was never seen running: its start is its end (the
     control plane's time) less how long its node says the container ran, never before its job was created.
     One seen running keeps the start the control plane saw."""
-    if worker.started_at is not None or worker.ended_at is None or not report.ran_s:
+    if worker.started_at is not None or worker.ended_at is None or report.ran_s is None:
         return
     earliest = worker.job.created_at
     start = worker.ended_at - timedelta(seconds=report.ran_s)

@@ -3,12 +3,13 @@ and where every peer listens, as rigbase's own variables, as torchrun reads them
 examples read them.
 
 A worker listens for its peers on the port placement gave it (JobWorker.port, contracts.jobs.PEER_PORTS),
-published on its node; a peer's address is its node's in the region (the operator's `--hostname`, else
-the address its minion beats from). A gang's workers get their peers only once every one of them is
-placed on a node with a known address: until then the worker is not sent (`peers_ready`)."""
+published on its node; a peer's address is its node's in the region (`address_of`). A gang's workers get
+their peers only once every one of them is placed on a node with a known address: until then the worker is
+not sent (`peers_ready`)."""
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Sequence
 
 from contracts.jobs import Peer
@@ -17,12 +18,44 @@ from provisioner.services.fleet import node_address
 from provisioner.store.job_models import Job, JobWorker
 from provisioner.store.models import Node
 
+# podman's, CNI's and docker's own bridges: private addresses, but no other node reaches them
+VIRTUAL_PREFIXES = ("podman", "cni-", "docker", "virbr", "veth", "br-")
+
+
+def _private_v4(address: str) -> bool:
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return ip.version == 4 and (ip.is_private or ip in CGNAT) and not (ip.is_loopback or ip.is_link_local)
+
+
+CGNAT = ipaddress.ip_network("100.64.0.0/10")
+
 
 def address_of(node: Node | None) -> str | None:
-    """Where workers of the region reach this node."""
+    """Where workers of the region reach this node, from what it reports of itself (inventory
+    `addresses`, minion/hardware/addresses.py): the address it beats from when that is its own (a control
+    plane on the region's LAN sees it), else the first private IPv4 of a physical NIC, else of any
+    interface but a container bridge; without those, the operator's `--hostname`, then the address it
+    beats from."""
     if node is None:
         return None
-    return node.hostname or node_address.observed(node)
+    inventory = node.inventory or {}
+    own = [
+        (str(a.get("interface") or ""), str(a.get("address") or ""))
+        for a in inventory.get("addresses") or []
+        if isinstance(a, dict)
+    ]
+    observed = node_address.observed(node)
+    if observed and any(address == observed for _, address in own):
+        return observed
+    nics = {str(n.get("name")) for n in inventory.get("nics") or [] if isinstance(n, dict)}
+    for wanted in (lambda i: i in nics, lambda i: not i.startswith(VIRTUAL_PREFIXES)):
+        for interface, address in own:
+            if wanted(interface) and _private_v4(address):
+                return address
+    return node.hostname or observed
 
 
 def _var(group: str) -> str:
