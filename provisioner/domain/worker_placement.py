@@ -16,9 +16,9 @@ candidate each worker goes to (docs/placement.md "Workers, gangs and regions").
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from provisioner.domain.placement import Candidate, Placement, PlacementRequest, Rejection, place
+from provisioner.domain.placement import TRANSIENT, Candidate, Placement, PlacementRequest, place
 from provisioner.domain.states import NodeState
 
 UNPLACEABLE = "Unplaceable"  # the reason's first word for a job the fleet can never hold as it is
@@ -58,18 +58,29 @@ def _regions(order: Sequence[Placement]) -> list[str]:
     return list(seen)
 
 
+Ranked = dict[PlacementRequest, dict[str, list[Candidate]]]  # request -> region -> its fits, best first
+
+
+def _by_region(placements: dict[PlacementRequest, Placement]) -> Ranked:
+    """Each request's ranked fits split by region once, keeping their order."""
+    out: Ranked = {}
+    for request, placement in placements.items():
+        regions: dict[str, list[Candidate]] = {}
+        for c in placement.ranked:
+            regions.setdefault(c.region, []).append(c)
+        out[request] = regions
+    return out
+
+
 def _fill(
-    workers: Sequence[int],
-    requests: Sequence[PlacementRequest],
-    placements: dict[PlacementRequest, Placement],
-    region: str,
+    workers: Sequence[int], requests: Sequence[PlacementRequest], by_region: Ranked, region: str
 ) -> list[Candidate | None]:
     """Pack the workers onto their request's ranked fits in `region`, in order, booking capacity as they
     go (a candidate two requests share is booked once). A pointer per request: a candidate too full for
     one more worker of a request stays too full for it."""
     free: dict[tuple[str, str], list[int]] = {}
     at: dict[PlacementRequest, int] = {}
-    ranked = {r: [c for c in p.ranked if c.region == region] for r, p in placements.items()}
+    ranked = {r: regions.get(region, []) for r, regions in by_region.items()}
     out: list[Candidate | None] = []
     for _worker, request in zip(workers, requests, strict=True):
         gpus, vcpus = _need(request)
@@ -108,9 +119,10 @@ def pack(
             placements[request] = place(request, view)
     order = list(placements.values())
     regions = [region] if region is not None else _regions(order)
+    by_region = _by_region(placements)
     best: tuple[int, str | None, list[Candidate | None]] = (0, None, [None] * len(workers))
     for name in regions:
-        chosen = _fill(workers, requests, placements, name)
+        chosen = _fill(workers, requests, by_region, name)
         count = sum(c is not None for c in chosen)
         if count == len(workers):
             return Packing(list(workers), chosen, placements, name)
@@ -121,12 +133,42 @@ def pack(
     return Packing(list(workers), best[2], placements, best[1])
 
 
+def _emptied(c: Candidate) -> Candidate:
+    """The candidate as it could be: active, online, with nothing running on it (written out: 10,000
+    dataclasses.replace calls cost more than the decision)."""
+    return Candidate(
+        source=c.source,
+        id=c.id,
+        name=c.name,
+        region=c.region,
+        region_account_id=c.region_account_id,
+        region_public_jobs=c.region_public_jobs,
+        provider=c.provider,
+        gpu_type=c.gpu_type,
+        gpus_total=c.gpus_total,
+        gpus_free=c.gpus_total,
+        vcpus=c.vcpus,
+        memory_gib=c.memory_gib,
+        price_per_gpu_hour=c.price_per_gpu_hour,
+        state=NodeState.ACTIVE.value,
+        online=True,
+        requirements_ok=c.requirements_ok,
+        failed_rules=c.failed_rules,
+        vcpus_free=c.vcpus,
+        preemptible=c.preemptible,
+    )
+
+
 def as_empty(candidates: Sequence[Candidate]) -> list[Candidate]:
     """The fleet as it could be: every candidate active, online, with nothing running on it."""
-    return [
-        replace(c, gpus_free=c.gpus_total, vcpus_free=c.vcpus, state=NodeState.ACTIVE.value, online=True)
-        for c in candidates
-    ]
+    return [_emptied(c) for c in candidates]
+
+
+def eligible(request: PlacementRequest, candidates: Sequence[Candidate]) -> list[Candidate]:
+    """The candidates `request` could use once what clears by itself has (a node back, capacity freed,
+    credits): those that fit now and those rejected only for a TRANSIENT reason, emptied."""
+    placement = place(request, candidates)
+    return as_empty(placement.ranked + [c for c, r in placement.reasons if r in TRANSIENT])
 
 
 def never_reason(
@@ -135,20 +177,12 @@ def never_reason(
     """Why the fleet can never hold the job as it is (None: it can, or nothing could be said: no node is
     eligible at all, e.g. no node of its GPU type yet, which a joining node may change). A gang must fit
     whole in one region of the empty fleet; an independent job's every worker must fit on some node."""
-    empty = as_empty(candidates)
-    workers = list(range(len(requests)))
-    if whole:
-        if pack(workers, requests, empty, whole=True).complete:
-            return None
-    else:
-        distinct = list(dict.fromkeys(requests))
-        if all(place(r, empty).ranked for r in distinct):
-            return None
-    for request in dict.fromkeys(requests):
-        eligible = _eligible(request, empty)
-        if not eligible:
-            return None  # rejected for what a new node may bring (type, price, rules): the usual reasons
-        largest = max(eligible, key=lambda c: (_size(request, c), c.name))
+    distinct = list(dict.fromkeys(requests))
+    usable = {r: eligible(r, candidates) for r in distinct}
+    if any(not usable[r] for r in distinct):
+        return None  # rejected for what a new node may bring (type, price, rules): the usual reasons
+    for request in distinct:
+        largest = max(usable[request], key=lambda c: (_size(request, c), c.name))
         if _size(request, largest) < _amount(request):
             return (
                 f"{UNPLACEABLE}: no node {_of(request)} can hold one worker of {_amount(request)} "
@@ -156,28 +190,19 @@ def never_reason(
                 f"{_size(request, largest)}: ask for at most {_size(request, largest)} {_unit(request)} "
                 f"per worker ({_field(request)}), or add a larger node"
             )
-    # each worker fits a node, but a gang's sum fits no region
+    if not whole or pack(range(len(requests)), requests, usable, whole=True).complete:
+        return None  # every worker fits a node of its own; a gang fits one region of the empty fleet
     totals: dict[str, int] = {}
-    for request in dict.fromkeys(requests):
-        for c in _eligible(request, empty):
+    for request in distinct:
+        for c in usable[request]:
             totals[c.region] = totals.get(c.region, 0) + _size(request, c)
+    region, has = max(totals.items(), key=lambda kv: (kv[1], kv[0]))
     need = sum(_amount(r) for r in requests)
-    unit = _unit(requests[0])
-    if totals:
-        region, has = max(totals.items(), key=lambda kv: (kv[1], kv[0]))
-        return (
-            f"{UNPLACEABLE}: the gang's {len(requests)} workers need {need} {unit} in one region; the "
-            f"largest region for them, {region}, has {has} in all: use fewer or smaller workers, make it "
-            "an independent job, or add nodes to one region"
-        )
-    return None
-
-
-def _eligible(request: PlacementRequest, empty: Sequence[Candidate]) -> list[Candidate]:
-    """Candidates that pass every check but capacity (what only a larger node would change)."""
-    placement = place(request, empty)
-    capacity = {Rejection.TOO_FEW_GPUS, Rejection.TOO_FEW_CPUS}
-    return placement.ranked + [c for c, r in placement.reasons if r in capacity]
+    return (
+        f"{UNPLACEABLE}: the gang's {len(requests)} workers need {need} {_unit(requests[0])} in one "
+        f"region; the largest region for them, {region}, has {has} in all: use fewer or smaller workers, "
+        "make it an independent job, or add nodes to one region"
+    )
 
 
 def _size(request: PlacementRequest, c: Candidate) -> int:
