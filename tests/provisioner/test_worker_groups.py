@@ -302,3 +302,46 @@ def test_a_peers_address_is_the_nodes_own_in_the_region(
     }
     node = Node(name="n", minion_id="0" * 32, hostname=hostname, inventory=inventory)
     assert job_peers.address_of(node) == expected
+
+
+def test_a_gang_starts_only_once_every_peer_has_an_address(store: Store) -> None:
+    """A gang's worker is not sent to its node until every worker's node has an address; a single
+    worker is sent at once."""
+    sessions: sessionmaker[Session] = store.sessions  # type: ignore[assignment]
+    root = _fleet(sessions)
+    with sessions.begin() as s:
+        n2 = nodes.get(s, "n2")
+        n2.inventory = {k: v for k, v in (n2.inventory or {}).items() if k != node_address.KEY}
+    spec = _spec({"name": "ddp", "kind": "gang", "resources": _a100(2), "workers": ["x"] * 3})
+    with sessions.begin() as s:
+        sub = jobs.create(s, root, spec)
+        assert sub.job is not None and sub.job.state == "starting"
+        job_id = sub.job.id
+    with sessions.begin() as s:
+        assert all(not _desired(s, n) for n in NODES)  # n2 has no address yet: nobody starts
+        node_address.record(nodes.get(s, "n2"), "10.9.0.12")  # its next beat says where it is
+    with sessions.begin() as s:
+        assert all(len(_desired(s, n)) == 1 for n in NODES)
+        assert {w["worker"] for n in NODES for w in _desired(s, n) if w["job_id"] == job_id} == {0, 1, 2}
+
+
+def test_a_waiting_job_the_fleet_shrank_under_is_marked_unplaceable(store: Store) -> None:
+    sessions: sessionmaker[Session] = store.sessions  # type: ignore[assignment]
+    root = _fleet(sessions)
+    with sessions.begin() as s:  # all six GPUs busy: a gang of 3 x 2 waits for them
+        busy = jobs.create(s, root, _spec({"name": "busy", "resources": _a100(2), "workers": ["x"] * 3}))
+        assert busy.job is not None and busy.job.state == "starting"
+        later = jobs.create(s, root, _spec({"name": "later", "resources": _a100(2), "workers": ["x"] * 3}))
+        assert later.job is not None and later.job.state == "waiting"
+        assert later.job.reason is not None and later.job.reason.startswith("Waiting for GPUs: the gang's 3")
+        later_id = later.job.id
+    with sessions.begin() as s:  # one node leaves the fleet: 4 GPUs can never hold 3 x 2
+        nodes.transition(s, nodes.get(s, "n2"), NodeState.MAINTENANCE, actor=ACTOR)
+        nodes.transition(s, nodes.get(s, "n2"), NodeState.REMOVED, actor=ACTOR)
+    with sessions.begin() as s:
+        jobs.place_waiting(s, s.get_one(Job, later_id), actor=ACTOR)
+        job = s.get_one(Job, later_id)
+        assert job.state == "waiting"  # nodes may join: it waits, saying why it cannot start as things are
+        assert job.reason is not None and job.reason.startswith(
+            "Unplaceable: the gang's 3 workers need 6 GPUs"
+        )

@@ -18,6 +18,7 @@ from sqlalchemy import delete, insert, select
 from sqlalchemy.orm import Session
 
 from contracts.jobs import WorkerUsage
+from contracts.jobspec import JobSpec
 from provisioner.domain.roles import Principal
 from provisioner.services.jobs import jobs
 from provisioner.store.job_models import Job, JobWorker, WorkerUsageSample
@@ -121,10 +122,13 @@ def read(
     rows = list(
         session.scalars(stmt.order_by(WorkerUsageSample.at.desc(), WorkerUsageSample.worker).limit(READ_MAX))
     )
-    resources = job.spec.get("resources") or {}
+    plan = JobSpec.model_validate(job.spec).plan()
     return UsagePage(
         job_id=job.id,
         job_state=job.state,
-        disk_gb=int(resources.get("disk_size") or 0),
+        # a worker's disk (its group's); of every worker, the largest
+        disk_gb=plan[worker].resources.disk_size
+        if worker is not None and worker < len(plan)
+        else max(w.resources.disk_size for w in plan),
         samples=rows[::-1],
     )
