@@ -16,7 +16,7 @@ candidate each worker goes to (docs/placement.md "Workers, gangs and regions").
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from provisioner.domain.placement import TRANSIENT, Candidate, Placement, PlacementRequest, place
 from provisioner.domain.states import NodeState
@@ -177,6 +177,8 @@ def never_reason(
     """Why the fleet can never hold the job as it is (None: it can, or nothing could be said: no node is
     eligible at all, e.g. no node of its GPU type yet, which a joining node may change). A gang must fit
     whole in one region of the empty fleet; an independent job's every worker must fit on some node."""
+    # as things could be: the account with credits too (NO_CREDITS clears when it is topped up)
+    requests = [replace(r, public_credit=True) for r in requests]
     distinct = list(dict.fromkeys(requests))
     usable = {r: eligible(r, candidates) for r in distinct}
     if any(not usable[r] for r in distinct):
