@@ -11,7 +11,7 @@ job is created (services.jobs)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
@@ -164,15 +164,22 @@ def snapshot(session: Session) -> list[Candidate]:
     return [c for source in SOURCES for c in source(session)]
 
 
-def take(candidates: list[Candidate], chosen: Candidate, request: PlacementRequest) -> list[Candidate]:
-    """The snapshot after one worker of `request` went to `chosen` (the next worker sees less free)."""
-    return [
-        replace(
-            c,
-            gpus_free=c.gpus_free - request.gpu_count,
-            vcpus_free=c.free_vcpus - (0 if request.gpu_count else request.cpu_count),
-        )
-        if c.id == chosen.id and c.source == chosen.source
-        else c
-        for c in candidates
-    ]
+def take_all(
+    candidates: list[Candidate], placed: Sequence[tuple[Candidate, PlacementRequest]]
+) -> list[Candidate]:
+    """The snapshot after every (candidate, request) worker in `placed` went there: one pass over the
+    snapshot however many workers (a gang of 64 over 10,000 nodes), not one per worker."""
+    taken: dict[tuple[str, str], list[int]] = {}
+    for cand, request in placed:
+        held = taken.setdefault((cand.source, cand.id), [0, 0])
+        held[0] += request.gpu_count
+        held[1] += 0 if request.gpu_count else request.cpu_count
+    if not taken:
+        return candidates
+    out: list[Candidate] = []
+    for c in candidates:
+        gpus, vcpus = taken.get((c.source, c.id), (0, 0))
+        if gpus or vcpus:
+            c = replace(c, gpus_free=c.gpus_free - gpus, vcpus_free=c.free_vcpus - vcpus)
+        out.append(c)
+    return out

@@ -345,10 +345,10 @@ def decide(
             views[request] = job_placement.priced_for(job_placement.allowed(candidates, request), account)
     packing = worker_placement.pack(numbers, requests, views, whole=whole, region=region)
     first = packing.placements[requests[0]]
-    after = list(candidates)
-    for request, cand in zip(requests, packing.chosen, strict=True):
-        if cand is not None:
-            after = job_placement.take(after, cand, request)
+    after = job_placement.take_all(
+        list(candidates),
+        [(cand, request) for request, cand in zip(requests, packing.chosen, strict=True) if cand is not None],
+    )
     view = views[requests[0]]
     if packing.complete:
         return Decision(first, packing, None, after)
