@@ -102,6 +102,7 @@ class Worker:
         self.exit_code: int | None = None
         self.message: str | None = None
         self.ran_s: float | None = None  # how long its container ran, once it ended
+        self.started_mono: float | None = None  # when this minion saw `podman run -d` return
         self.gpu_indices: list[int] = []
         self.usage: UsageSampler | None = None  # while its container runs
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -216,6 +217,7 @@ class Worker:
         finally:  # podman has read them; secrets stay off the disk
             (self.dir / "env").unlink(missing_ok=True)
             (self.dir / "auth.json").unlink(missing_ok=True)
+        self.started_mono = time.monotonic()
         self._set(WorkerRunState.RUNNING)
         return True
 
@@ -302,6 +304,8 @@ class Worker:
         stopped = self.stop_requested.is_set() and note is None
         state = WorkerRunState.STOPPED if stopped else WorkerRunState.EXITED
         self.ran_s = self.rt.podman.ran_s(self.name)  # before the container is removed
+        if self.ran_s is None and self.started_mono is not None:  # podman could not say (busy, gone)
+            self.ran_s = time.monotonic() - self.started_mono
         self._set(state, exit_code, note or (None if exit_code is not None else "exit code unknown"))
         self._save_outcome()
         self._clean_up()
