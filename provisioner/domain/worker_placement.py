@@ -28,12 +28,14 @@ UNPLACEABLE = "Unplaceable"  # the reason's first word for a job the fleet can n
 class Packing:
     """The decision for the workers asked (`requests[i]` is worker `workers[i]`): `chosen[i]` its
     candidate or None (it waits). `placements`: each distinct request's placement (the match table is the
-    first's). `region`: where they went (None: nothing placed)."""
+    first's). `region`: where they went (None: nothing placed). `fit_now`: the most of them one region
+    holds now (what a gang that waits whole says)."""
 
     workers: list[int]
     chosen: list[Candidate | None]
     placements: dict[PlacementRequest, Placement]
     region: str | None
+    fit_now: int = 0
 
     @property
     def placed(self) -> list[tuple[int, Candidate]]:
@@ -125,12 +127,12 @@ def pack(
         chosen = _fill(workers, requests, by_region, name)
         count = sum(c is not None for c in chosen)
         if count == len(workers):
-            return Packing(list(workers), chosen, placements, name)
+            return Packing(list(workers), chosen, placements, name, count)
         if count > best[0]:
             best = (count, name, chosen)
     if whole or best[1] is None:
-        return Packing(list(workers), [None] * len(workers), placements, None)
-    return Packing(list(workers), best[2], placements, best[1])
+        return Packing(list(workers), [None] * len(workers), placements, None, best[0])
+    return Packing(list(workers), best[2], placements, best[1], best[0])
 
 
 def _emptied(c: Candidate) -> Candidate:

@@ -33,6 +33,9 @@ def _private_v4(address: str) -> bool:
 CGNAT = ipaddress.ip_network("100.64.0.0/10")
 
 
+PORT_LABEL = "port"  # the one port type a rigbase worker has (OpenPAI's portList label)
+
+
 def address_of(node: Node | None) -> str | None:
     """Where workers of the region reach this node, from what it reports of itself (inventory
     `addresses`, minion/hardware/addresses.py): the address it beats from when that is its own (a control
@@ -125,6 +128,3 @@ def environment(job: Job, worker: JobWorker, kind: JobKind, memory_mb: int) -> d
             env[f"PAI_PORT_LIST_{key}_{PORT_LABEL}"] = str(w.port)
             env[f"PAI_{key}_{PORT_LABEL}_PORT"] = str(w.port)
     return env
-
-
-PORT_LABEL = "port"  # the one port type a rigbase worker has (OpenPAI's portList label)

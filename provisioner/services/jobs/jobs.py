@@ -2,13 +2,13 @@
 run and what it reports are services.job_assignments. docs/jobs.md is the operator's view.
 
 A job belongs to a project of the caller's account; every lookup is scoped to that account, so another
-account's job answers exactly as a missing one (404). A job runs one container per entry of `workers`
-(each a JobWorker row with its own node, state and exit code); placement puts each worker on a candidate
-of `domain.placement.place` and takes its GPUs from the snapshot before placing the next, so a job is
-placed whole or waits whole. The job's state follows its workers' (`_settle`): running when all run,
-succeeded when all exit 0, failed with the first failure's reason (the others are stopped), stopped when
-the operator stops it. Every change is one audit line (kinds `job` and `job_worker`): `provision job
-history`.
+account's job answers exactly as a missing one (404). A job runs one container per worker of its groups
+(each a JobWorker row with its own node, resources, state and exit code); `domain.worker_placement.pack`
+puts them on the ranked candidates of one region: a gang whole or not at all, an independent job what fits
+now. The job's state follows its workers' (`settle`): a gang runs when all run and fails with the first
+failure's reason (the others are stopped); an independent job runs while any runs and ends with its last
+worker; stopped when the operator stops it. Every change is one audit line (kinds `job` and
+`job_worker`): `provision job history`.
 
 A regional resource (a datastore of `data.input`/`data.output`, the `reservation`) pins the job to its
 region, and so does `region:`; a GPU type that region does not have is refused at create
@@ -360,23 +360,13 @@ def decide(
     blocked = packing.placements[waiting[0]]
     placed = len(packing.placed)
     if whole and len(numbers) > 1:
-        fit = _best_partial(numbers, requests, views, region)
+        fit = packing.fit_now
         why = f"{what}: the gang's {len(numbers)} workers wait together ({fit} fit in one region now); "
     elif placed:
         why = f"{what}: {placed} of {len(numbers)} workers placed, the others wait; "
     else:
         why = f"{what}: "
     return Decision(first, packing, why + blocked.summary(), after)
-
-
-def _best_partial(
-    numbers: Sequence[int],
-    requests: Sequence[PlacementRequest],
-    views: Mapping[PlacementRequest, Sequence[Candidate]],
-    region: str | None,
-) -> int:
-    """How many of a gang's workers one region holds now (the words of its waiting reason)."""
-    return len(worker_placement.pack(numbers, requests, views, whole=False, region=region).placed)
 
 
 def _locked_price(requests: Sequence[PlacementRequest], decision: Decision) -> float | None:
