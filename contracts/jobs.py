@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from enum import StrEnum
 from pathlib import PurePosixPath
-from typing import Annotated, Final
+from typing import Annotated, Any, Final
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SerializerFunctionWrapHandler, field_validator, model_serializer, model_validator
 
 from contracts.errors import InvalidInput
 from contracts.images import RegistryHost, RegistryImage
@@ -33,6 +33,8 @@ from contracts.regional import DatastoreType, Protocol, check_datastore, request
 LOG_ROUTE: Final = "/v1/nodes/{node_id}/jobs/{job_id}/workers/{worker}/logs"
 OUTPUT_PATH: Final = "/opt/ml/output"  # RIGBASE_OUTPUT_PATH inside every container
 INPUT_PATH: Final = "/opt/ml/input"
+MODELS_PATH: Final = "/opt/ml/models"
+CHECKPOINT_PATH: Final = "/opt/ml/checkpoint"
 
 # the ports a worker's peers reach it on (RIGBASE_PORT, MASTER_PORT for rank 0): torchrun's default first,
 # one per live worker of a node (a node runs at most MAX_WORKERS_PER_NODE)
@@ -95,6 +97,7 @@ class UserNamespace(ControlPlaneMessage):
 class MountSource(StrEnum):
     DATASTORE = "datastore"  # a regional datastore; `path` is below the datastore's root
     CACHE = "cache"  # the region cache on the node (/data/cache or /scratch); `path` is below it
+    OBJECT = "object"  # a dataset, model or checkpoint the node fetches by digest (contracts/data_objects.py)
 
 
 class WorkerRunState(StrEnum):
@@ -115,6 +118,9 @@ class Mount(ControlPlaneMessage):
 
     source_kind: MountSource
     datastore: str | None = Field(None, min_length=1, max_length=128)  # the datastore's name (datastore only)
+    object_id: str | None = Field(None, min_length=1, max_length=32)  # an object mount's object
+    digest: str | None = Field(None, pattern=r"^sha256:[0-9a-f]{64}$")  # …and its manifest's digest
+    name: str | None = Field(None, max_length=128)  # …and its name, for the worker's messages
     path: str = Field("/", max_length=MAX_PATH)  # below the datastore root / the cache; `/` = the root
     target: str = Field(max_length=MAX_PATH)  # absolute path in the container, e.g. /opt/ml/output
     read_only: bool = False
@@ -138,10 +144,22 @@ class Mount(ControlPlaneMessage):
             raise ValueError("a mount target cannot be the container's root; use e.g. /opt/ml/output")
         return value
 
+    @model_serializer(mode="wrap")
+    def _without_unused(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """An object mount's three fields only on an object mount: every other mount travels as before."""
+        data: dict[str, Any] = handler(self)
+        for name in ("object_id", "digest", "name"):
+            if data.get(name) is None:
+                data.pop(name, None)
+        return data
+
     @model_validator(mode="after")
     def _datastore_named(self) -> Mount:
         if (self.source_kind is MountSource.DATASTORE) != (self.datastore is not None):
             raise ValueError("`datastore` names the datastore of a datastore mount, and only of one")
+        named = self.object_id is not None and self.digest is not None
+        if (self.source_kind is MountSource.OBJECT) != named:
+            raise ValueError("`object_id` and `digest` name the object of an object mount, and only of one")
         return self
 
 

@@ -24,16 +24,26 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     WithJsonSchema,
     field_validator,
     model_validator,
 )
 
+from contracts.data_objects import ObjectKind
 from contracts.errors import InvalidInput, plain_validation_message
 from contracts.gpu_types import GPU_TYPES, resolve_gpu_type
 from contracts.identity import DNS_LABEL_PATTERN
 from contracts.images import RegistryImage
-from contracts.jobs import INPUT_PATH, MAX_COMMAND, MAX_ENV, MAX_ENV_VALUE, OUTPUT_PATH
+from contracts.jobs import (
+    CHECKPOINT_PATH,
+    INPUT_PATH,
+    MAX_COMMAND,
+    MAX_ENV,
+    MAX_ENV_VALUE,
+    MODELS_PATH,
+    OUTPUT_PATH,
+)
 from contracts.regional import requested_parts
 
 DISK_MIN_GB: Final = 10
@@ -265,22 +275,84 @@ class Environment(_Section):
         return value
 
 
+def _from_root(value: str) -> str:
+    try:
+        requested_parts(value)
+    except InvalidInput as exc:
+        raise ValueError(exc.message) from None
+    if not value.startswith("/"):
+        raise ValueError(f"must begin with / (from the datastore root), e.g. /{value}")
+    return value
+
+
 class DataPath(_Section):
     """A path in a regional datastore, given from the datastore's root (`/` = the whole datastore)."""
 
     datastore: _DnsLabel
     path: str = Field("/", min_length=1, max_length=4096)
 
-    @field_validator("path")
-    @classmethod
-    def _from_root(cls, value: str) -> str:
-        try:
-            requested_parts(value)
-        except InvalidInput as exc:
-            raise ValueError(exc.message) from None
-        if not value.startswith("/"):
-            raise ValueError(f"must begin with / (from the datastore root), e.g. /{value}")
-        return value
+    _path = field_validator("path")(classmethod(lambda cls, value: _from_root(value)))
+
+
+OUTPUT_SCHEMES: Final = ("s3://", "gs://")
+
+
+class Output(_Section):
+    """Where a worker's /opt/ml/output goes (docs/data.md, "Outputs"): a datastore path mounted there, or,
+    when the worker ends, a zip at a bucket URI (`JOB.zip`, `JOB_WORKER.zip` for several workers), or a new
+    dataset, model or checkpoint of the project. Always also kept for `provision job output`."""
+
+    datastore: _DnsLabel | None = Field(None, description="a regional datastore, mounted at /opt/ml/output")
+    path: str = Field("/", min_length=1, max_length=4096, description="below the datastore's root")
+    uri: str | None = Field(None, max_length=2048, description="s3://BUCKET/PREFIX or gs://BUCKET/PREFIX")
+    key: _DnsLabel | None = Field(None, description="the project key that writes `uri`; else its `default`")
+    endpoint_url: str | None = Field(None, max_length=2048, description="an S3-compatible store's endpoint")
+    kind: ObjectKind | None = Field(None, description="dataset, model or checkpoint: a new one named `name`")
+    name: Annotated[str, Field(min_length=1, max_length=120)] | None = Field(
+        None, description="the new object's name (several workers: NAME_WORKER each)"
+    )
+
+    _path = field_validator("path")(classmethod(lambda cls, value: _from_root(value)))
+
+    def _bucket_uri(self) -> bool:
+        parts = (self.uri or "").split("/")
+        return (self.uri or "").startswith(OUTPUT_SCHEMES) and len(parts) >= 3 and bool(parts[2])
+
+    @model_validator(mode="after")
+    def _one_place(self) -> Output:
+        given = [self.datastore, self.uri, self.name]
+        rules: list[tuple[bool, str]] = [  # (broken, what to write instead), in the order they are told
+            (
+                sum(v is not None for v in given) != 1,
+                "give one of datastore (and path), uri, or kind and name",
+            ),
+            (
+                self.uri is not None and not self._bucket_uri(),
+                "write uri as s3://BUCKET[/PREFIX] or gs://BUCKET[/PREFIX]",
+            ),
+            (
+                self.uri is None and (self.key, self.endpoint_url) != (None, None),
+                "key and endpoint_url go with a uri",
+            ),
+            (
+                self.endpoint_url is not None and not (self.uri or "").startswith("s3://"),
+                "endpoint_url is for s3://",
+            ),
+            (
+                self.name is not None and self.kind is None,
+                "name a new object's kind: dataset, model or checkpoint",
+            ),
+            (self.name is None and self.kind is not None, "kind goes with name"),
+            (
+                self.name is not None and ("/" in self.name or not self.name.isprintable()),
+                "a name has no '/'",
+            ),
+            (self.path != "/" and self.datastore is None, "path goes with a datastore"),
+        ]
+        for broken, message in rules:
+            if broken:
+                raise ValueError(message)
+        return self
 
 
 def dataset_dir(name: str) -> str:
@@ -288,8 +360,29 @@ def dataset_dir(name: str) -> str:
     return name.replace(" ", "_")
 
 
+class ModelRef(_Section):
+    """The job's model (trainml-job-configuration.txt's `model`): one of the project's models by name, or
+    a source `provision job create` makes the model from first (a local directory it uploads, a git, s3,
+    gs or web URI it has read), naming it in the job it sends."""
+
+    name: Annotated[str, Field(min_length=1, max_length=128)] | None = Field(
+        None, description="a model of the project (`provision model create NAME --source …`)"
+    )
+    source: Annotated[str, Field(min_length=1, max_length=4096)] | None = Field(
+        None, description="./DIR (next to the spec file), git+https://…[@REF], s3://…, gs://…, https://…"
+    )
+
+    @model_validator(mode="after")
+    def _one(self) -> ModelRef:
+        if (self.name is None) == (self.source is None):
+            raise ValueError("give the model's name, or its source")
+        return self
+
+
 class DataRole(StrEnum):
     DATASET = "dataset"  # read-only, /opt/ml/input[/NAME]
+    MODEL = "model"  # read-only, /opt/ml/models
+    CHECKPOINT = "checkpoint"  # read-only, /opt/ml/checkpoint[/NAME]
     INPUT = "input"  # read-only, /opt/ml/input
     OUTPUT = "output"  # read-write, /opt/ml/output
 
@@ -300,8 +393,8 @@ class DataMount(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     role: DataRole
-    name: str  # the dataset's name, or the datastore's
-    datastore: str | None  # None for a dataset (the jobs service resolves it)
+    name: str  # the dataset's, model's or checkpoint's name, or the datastore's
+    datastore: str | None  # None for a dataset, model or checkpoint (the jobs service resolves it)
     path: str  # below the datastore root ("/" for a dataset)
     target: str
     read_only: bool
@@ -313,23 +406,31 @@ class Data(_Section):
         max_length=MAX_DATASETS,
         description="one: mounted at /opt/ml/input; several: /opt/ml/input/NAME_WITH_UNDERSCORES each",
     )
+    checkpoints: list[Annotated[str, Field(min_length=1, max_length=128)]] = Field(
+        default_factory=list,
+        max_length=MAX_DATASETS,
+        description="one: at /opt/ml/checkpoint; several: /opt/ml/checkpoint/NAME_WITH_UNDERSCORES each",
+    )
     input: DataPath | None = Field(None, description="mounted read-only at /opt/ml/input")
-    output: DataPath | None = Field(
-        None, description="mounted at /opt/ml/output (RIGBASE_OUTPUT_PATH in each worker)"
+    output: Output | None = Field(
+        None, description="where /opt/ml/output goes (RIGBASE_OUTPUT_PATH in each worker)"
     )
 
-    @field_validator("datasets")
+    @field_validator("datasets", "checkpoints")
     @classmethod
-    def _distinct_dirs(cls, value: list[str]) -> list[str]:
+    def _distinct_dirs(cls, value: list[str], info: ValidationInfo) -> list[str]:
         errors: list[tuple[FieldPath, str]] = []
         seen: dict[str, str] = {}
+        what, base = (
+            ("dataset", INPUT_PATH) if info.field_name == "datasets" else ("checkpoint", CHECKPOINT_PATH)
+        )
         for index, name in enumerate(value):
             if not name.isprintable() or "/" in name or name.strip() in ("", ".", ".."):
-                errors.append(((index,), f"{name!r} is not a dataset name (no '/', no control characters)"))
+                errors.append(((index,), f"{name!r} is not a {what} name (no '/', no control characters)"))
             elif dataset_dir(name) in seen:
                 other = seen[dataset_dir(name)]
                 errors.append(
-                    ((index,), f"{name!r} and {other!r} would both mount at {INPUT_PATH}/{dataset_dir(name)}")
+                    ((index,), f"{name!r} and {other!r} would both mount at {base}/{dataset_dir(name)}")
                 )
             else:
                 seen[dataset_dir(name)] = name
@@ -345,20 +446,26 @@ class Data(_Section):
             )
         return self
 
-    def mounts(self) -> list[DataMount]:
-        """Every data mount of a worker, with its container path."""
-        several = len(self.datasets) > 1
-        out = [
-            DataMount(
-                role=DataRole.DATASET,
-                name=name,
-                datastore=None,
-                path="/",
-                target=f"{INPUT_PATH}/{dataset_dir(name)}" if several else INPUT_PATH,
-                read_only=True,
-            )
-            for name in self.datasets
-        ]
+    def mounts(self, model: str | None = None) -> list[DataMount]:
+        """Every data mount of a worker, with its container path (`model`: the job's model's name)."""
+
+        def objects(role: DataRole, names: list[str], base: str) -> list[DataMount]:
+            several = len(names) > 1
+            return [
+                DataMount(
+                    role=role,
+                    name=name,
+                    datastore=None,
+                    path="/",
+                    target=f"{base}/{dataset_dir(name)}" if several else base,
+                    read_only=True,
+                )
+                for name in names
+            ]
+
+        out = objects(DataRole.DATASET, self.datasets, INPUT_PATH)
+        out += objects(DataRole.MODEL, [model] if model else [], MODELS_PATH)
+        out += objects(DataRole.CHECKPOINT, self.checkpoints, CHECKPOINT_PATH)
         if self.input is not None:
             out.append(
                 DataMount(
@@ -370,7 +477,7 @@ class Data(_Section):
                     read_only=True,
                 )
             )
-        if self.output is not None:
+        if self.output is not None and self.output.datastore is not None:
             out.append(
                 DataMount(
                     role=DataRole.OUTPUT,
@@ -450,6 +557,7 @@ class JobSpec(_Section):
     )
     environment: Environment = Field(default_factory=Environment)
     data: Data = Field(default_factory=Data)
+    model: ModelRef | None = Field(None, description="a model of the project, mounted at /opt/ml/models")
     reservation: _DnsLabel | None = Field(None, description="a regional port reservation the job serves on")
     region: _DnsLabel | None = Field(None, description="run only in this region")
     preemptible: bool = Field(
@@ -571,12 +679,13 @@ class JobSpec(_Section):
         return [w.command for w in self.plan()]
 
     def mounts(self) -> list[DataMount]:
-        return self.data.mounts()
+        """A model given by its source mounts once `provision job create` has named it."""
+        return self.data.mounts(self.model.name if self.model is not None else None)
 
     def datastores(self) -> list[str]:
         """The regional datastores the job uses (each pins the job to its region)."""
         used = [self.data.input, self.data.output]
-        return list(dict.fromkeys(path.datastore for path in used if path is not None))
+        return list(dict.fromkeys(p.datastore for p in used if p is not None and p.datastore is not None))
 
     @property
     def input_path(self) -> str:

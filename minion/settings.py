@@ -44,6 +44,7 @@ JOBS_GPU_KIND_ENV = "RIGBASE_JOBS_GPU_KIND"
 JOBS_DISK_QUOTA_ENV = "RIGBASE_JOBS_DISK_QUOTA"
 JOBS_CACHE_DIR_ENV = "RIGBASE_JOBS_CACHE_DIR"
 JOBS_DATASTORE_DIR_ENV = "RIGBASE_JOBS_DATASTORE_DIR"
+JOBS_OBJECT_DIR_ENV = "RIGBASE_JOBS_OBJECT_DIR"
 JOBS_PODMAN_ROOT_ENV = "RIGBASE_JOBS_PODMAN_ROOT"
 JOBS_PODMAN_RUNROOT_ENV = "RIGBASE_JOBS_PODMAN_RUNROOT"
 
@@ -85,6 +86,7 @@ class ContainerSettings:
     disk_quota: str = "watch"  # one of DISK_QUOTA_MODES
     cache_dir: Path = Path("/data/cache")  # the region cache that `cache` mounts are below
     datastore_dir: Path = Path("/run/rigbase/datastores")  # where datastore roots are mounted, one per name
+    object_dir: Path | None = None  # the node's object cache (minion/jobs/objects.py); else STATE/objects
     podman_root: Path | None = None  # --root (a separate image/container store; the lab, tests)
     podman_runroot: Path | None = None  # --runroot
     usage_sample_s: float = USAGE_SAMPLE_S  # how often a running worker's usage is sampled
@@ -116,6 +118,7 @@ class ContainerSettings:
             disk_quota=environ.get(JOBS_DISK_QUOTA_ENV) or "watch",
             cache_dir=path(JOBS_CACHE_DIR_ENV) or Path("/data/cache"),
             datastore_dir=path(JOBS_DATASTORE_DIR_ENV) or Path("/run/rigbase/datastores"),
+            object_dir=path(JOBS_OBJECT_DIR_ENV),
             podman_root=path(JOBS_PODMAN_ROOT_ENV),
             podman_runroot=path(JOBS_PODMAN_RUNROOT_ENV),
         )

@@ -96,13 +96,29 @@ class Settings(BaseSettings):
     regions_dir: Path | None = Field(
         None, description="catalogue data (regions/*.yaml) instead of the shipped"
     )
+    # datasets, models and checkpoints (provisioner/adapters/object_store.py; docs/data.md)
+    object_store: str | None = Field(
+        None, description="where object bytes live: s3://BUCKET[/PREFIX] or a directory; else HOME/objects"
+    )
+    object_store_endpoint: str | None = Field(
+        None, description="the endpoint URL of an S3-compatible object store that is not AWS"
+    )
+    # a source's or an output's host on these networks may be read although it is not a public address (the
+    # operator's own MinIO, a LAN web server); any other private, loopback or link-local host is refused,
+    # so no tenant can make the control plane fetch its cloud metadata or an internal service
+    source_networks: Annotated[tuple[str, ...], NoDecode] = Field(
+        (), description="CIDRs that sources and outputs may reach besides public addresses (comma-separated)"
+    )
+    storage_quota_gb: float = Field(
+        1000.0, gt=0, description="the bytes of datasets, models and checkpoints one project may hold (GB)"
+    )
     # X-Forwarded-For and X-Forwarded-Proto are believed only from these peers (HAProxy in front of
     # the control plane): from any other client they could be set to dodge, or aim, the rate limits
     trusted_proxies: Annotated[tuple[str, ...], NoDecode] = Field(
         (), description="addresses (or CIDRs) of reverse proxies whose X-Forwarded-* headers are trusted"
     )
 
-    @field_validator("advertise", "trusted_proxies", mode="before")
+    @field_validator("advertise", "trusted_proxies", "source_networks", mode="before")
     @classmethod
     def _comma_separated(cls, value: object) -> object:
         """RIGBASE_ADVERTISE=cp.example,192.0.2.10 (the flag is repeated instead)."""

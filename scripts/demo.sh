@@ -3,7 +3,7 @@
 # simulated nodes (network namespaces, each with its own swtpm, umockdev hardware and minion) come up;
 # the nodes show up pending, are adopted by minion_id, attest and are finalized into maintenance; one is
 # activated; a reservation assigned to it resolves from the operator's laptop namespace; a job runs on it
-# in a podman container and its logs are followed to `succeeded`, and a job asking for a GPU type the lab
+# in a podman container, reading a dataset uploaded from a local directory, and its logs are followed to `succeeded`, and a job asking for a GPU type the lab
 # lacks waits with the reason; the lab is torn down and nothing is left. Every command is printed before
 # it runs. Needs root (network namespaces).
 set -euo pipefail
@@ -56,6 +56,9 @@ fi
 # Jobs (docs/lab.md, step 5): a project, a job on node-1's (simulated) GPU in a podman container of the
 # lab's own image, its logs followed to the end; then a job for a GPU type the lab does not have
 provision project create lab-demo --description "the lab walkthrough"
+# the job's dataset, uploaded from this checkout (docs/data.md); the node fetches it by digest
+provision dataset create hello-numbers --source docs/examples/hello-data --project lab-demo
+provision dataset show hello-numbers --project lab-demo
 provision job create -f docs/examples/lab-hello.yaml --project lab-demo -y
 provision job logs hello-lab --follow
 job_state() { "$PROVISION" job show "$1" --json | "$PY" -c 'import json, sys; print(json.load(sys.stdin)["state"])'; }

@@ -7,5 +7,6 @@ pytest_plugins = [
     "tests.fixtures.netns",
     "tests.fixtures.umockdev",
     "tests.fixtures.gcp",
+    "tests.fixtures.s3",
     "tests.fixtures.leftovers",
 ]

@@ -42,6 +42,8 @@ from minion.jobs.gpus import GpuPool
 from minion.jobs.logs import ControlPlaneLogs, LogTransport
 from minion.jobs.mounts import unbind_all
 from minion.jobs.network import JobsNetwork, NetworkRefused, peer_ports
+from minion.jobs.objects import ControlPlaneObjects, ObjectCache, ObjectSource
+from minion.jobs.outputs import ControlPlaneOutputs, OutputSink
 from minion.jobs.podman import LABEL_GENERATION, LABEL_JOB, LABEL_WORKER, Container, Podman, PodmanError
 from minion.jobs.worker import ContainerRuntime, Worker
 from minion.settings import ContainerSettings
@@ -63,8 +65,15 @@ def owner_of(root: Path) -> str:
         return owner
 
 
-def runtime_for(settings: ContainerSettings, root: Path, transport: LogTransport) -> ContainerRuntime:
-    """The podman, GPUs and log transport the workers under `root` share (its own owner label)."""
+def runtime_for(
+    settings: ContainerSettings,
+    root: Path,
+    transport: LogTransport,
+    objects: ObjectCache | None = None,
+    outputs: OutputSink | None = None,
+) -> ContainerRuntime:
+    """The podman, GPUs, log transport and object cache the workers under `root` share (its own owner
+    label)."""
     return ContainerRuntime(
         podman=Podman(settings),
         settings=settings,
@@ -73,6 +82,8 @@ def runtime_for(settings: ContainerSettings, root: Path, transport: LogTransport
         owner=owner_of(root),
         root=root,
         closing=threading.Event(),
+        objects=objects,
+        outputs=outputs,
     )
 
 
@@ -92,8 +103,18 @@ class JobsAgent:
     gpu_spec: CdiKeeper | None = None  # keeps the node's NVIDIA CDI spec in step with its driver
 
     @classmethod
-    def create(cls, settings: ContainerSettings, state_dir: Path, transport: LogTransport) -> JobsAgent:
-        rt = runtime_for(settings, state_dir / "jobs", transport)
+    def create(
+        cls,
+        settings: ContainerSettings,
+        state_dir: Path,
+        transport: LogTransport,
+        objects: ObjectSource | None = None,
+        outputs: OutputSink | None = None,
+    ) -> JobsAgent:
+        """`objects`: where datasets, models and checkpoints are fetched from, into STATE/objects (or
+        settings.object_dir); `outputs`: where workers' own /opt/ml/output goes when they end."""
+        cache = ObjectCache(settings.object_dir or state_dir / "objects", objects) if objects else None
+        rt = runtime_for(settings, state_dir / "jobs", transport, cache, outputs)
         own = (
             None if settings.network else JobsNetwork(rt.podman, settings.jobs_network, settings.jobs_subnet)
         )
@@ -217,7 +238,13 @@ def setup(ctx: Any) -> None:
 
     cp = ControlPlane(ctx.enrollment)
     settings = getattr(ctx, "jobs", None) or ContainerSettings()
-    agent = JobsAgent.create(settings, ctx.state.path, ControlPlaneLogs(cp, lambda: ctx.node))
+    agent = JobsAgent.create(
+        settings,
+        ctx.state.path,
+        ControlPlaneLogs(cp, lambda: ctx.node),
+        ControlPlaneObjects(cp, lambda: ctx.node),
+        ControlPlaneOutputs(cp, lambda: ctx.node),
+    )
     if settings.gpu_kind == cdi.KIND:  # the node's NVIDIA GPUs: the minion writes their CDI spec
         agent.gpu_spec = CdiKeeper(settings.cdi_spec_dirs[-1], settings.cdi_spec_dirs)
         if note := agent.gpu_spec.refresh():

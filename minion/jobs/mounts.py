@@ -11,12 +11,14 @@ the region cache directory as the root."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from contracts.errors import RigbaseError
-from contracts.jobs import DatastoreAccess, Mount, MountSource, UserNamespace
+from contracts.jobs import OUTPUT_PATH, DatastoreAccess, Mount, MountSource, UserNamespace
 from minion.datastores.mounts import DatastoreMount, bind_job_path, is_mountpoint, mount_root, umount
+from minion.jobs.objects import ObjectCache, ObjectUnavailable
 from minion.settings import ContainerSettings
 
 
@@ -34,7 +36,27 @@ class Bound:
         return f"{self.host}:{self.target}:{'ro' if self.read_only else 'rw'}"
 
 
-def _root_of(mount: Mount, settings: ContainerSettings, access: dict[str, DatastoreAccess]) -> Path:
+def _root_of(
+    mount: Mount,
+    settings: ContainerSettings,
+    access: dict[str, DatastoreAccess],
+    objects: ObjectCache | None,
+    progress: Callable[[str], None] | None,
+) -> Path:
+    if mount.source_kind is MountSource.OBJECT:
+        if objects is None:
+            raise MountRefused("this minion has no object cache: run it with `minion run`")
+        assert mount.object_id is not None and mount.digest is not None  # the contract's validator
+
+        def show(done: int, total: int) -> None:
+            if progress is not None:
+                share = done * 100 // max(total, 1)
+                progress(f"fetching {mount.name or mount.object_id}: {share} % of {total} bytes")
+
+        try:
+            return objects.ensure(mount.object_id, mount.digest, show)
+        except ObjectUnavailable as exc:
+            raise MountRefused(str(exc)) from None
     if mount.source_kind is MountSource.CACHE:
         if not settings.cache_dir.is_dir():
             raise MountRefused(f"the region cache {settings.cache_dir} does not exist on this node")
@@ -67,12 +89,23 @@ def bind_all(
     settings: ContainerSettings,
     access: dict[str, DatastoreAccess],
     userns: UserNamespace | None = None,
+    objects: ObjectCache | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> list[Bound]:
-    """Every mount of a worker bound under WORKER_DIR/mounts; all or none (a failure undoes the rest)."""
+    """Every mount of a worker bound under WORKER_DIR/mounts; all or none (a failure undoes the rest).
+    Without a mount at /opt/ml/output the worker gets its own empty directory there (WORKER_DIR/output),
+    so a job can always write its results where the format says. `progress` is told how an object's
+    fetch goes."""
     bound: list[Bound] = []
+    if not any(m.target == OUTPUT_PATH for m in mounts):
+        own = worker_dir / "output"
+        own.mkdir(exist_ok=True, mode=0o755)
+        if userns is not None:
+            _give_to(own, userns)
+        bound.append(Bound(own, OUTPUT_PATH, read_only=False))
     try:
         for number, mount in enumerate(mounts):
-            root = _root_of(mount, settings, access)
+            root = _root_of(mount, settings, access, objects, progress)
             host = worker_dir / "mounts" / str(number)
             if not is_mountpoint(host):
                 bind_job_path(root, mount.path, host, read_only=mount.read_only)
@@ -81,7 +114,11 @@ def bind_all(
             bound.append(Bound(host, mount.target, mount.read_only))
     except (RigbaseError, OSError) as exc:
         unbind_all(worker_dir)
-        what = f"{mount.datastore or 'cache'}:{mount.path}"
+        what = (
+            mount.name
+            if mount.source_kind is MountSource.OBJECT
+            else f"{mount.datastore or 'cache'}:{mount.path}"
+        )
         raise MountRefused(f"mount {what} → {mount.target}: {exc}") from None
     return bound
 

@@ -41,6 +41,8 @@ from minion.jobs.container import (
 from minion.jobs.gpus import GpuPool, NotEnoughGpus
 from minion.jobs.logs import LogShipper, LogTransport, LogUnavailable
 from minion.jobs.mounts import MountRefused, bind_all, unbind_all
+from minion.jobs.objects import ObjectCache
+from minion.jobs.outputs import OutputRefused, OutputSink, OutputUnavailable, upload
 from minion.jobs.podman import RUN_TIMEOUT_S, Container, Podman, PodmanError
 from minion.jobs.usage import UsageSampler
 from minion.settings import ContainerSettings
@@ -64,6 +66,8 @@ class ContainerRuntime:
     owner: str  # this minion's label value (rigbase.owner)
     root: Path  # STATE/jobs
     closing: threading.Event  # the agent shuts down: threads return, containers keep running
+    objects: ObjectCache | None = None  # datasets, models and checkpoints, fetched by digest
+    outputs: OutputSink | None = None  # where a worker's own /opt/ml/output goes when it ends
 
 
 def disk_used(path: str) -> int:
@@ -195,7 +199,15 @@ class Worker:
             return False
         try:
             self.gpu_indices = self.rt.gpus.take(self.key, a.gpu_count)
-            bound = bind_all(a.mounts, self.dir, self.rt.settings, self.access, a.userns)
+            bound = bind_all(
+                a.mounts,
+                self.dir,
+                self.rt.settings,
+                self.access,
+                a.userns,
+                objects=self.rt.objects,
+                progress=lambda note: self._set(WorkerRunState.STARTING, message=note),
+            )
             env_file, auth_file = self.dir / "env", self.dir / "auth.json"
             write_env_file(env_file, environment(a, self.gpu_indices))
             if is_customers(a):
@@ -336,9 +348,33 @@ class Worker:
             return False
 
     def _ship_rest(self) -> None:
+        """The output first, then the rest of the log and its end: a closed log tells the control plane
+        the worker has nothing more to send."""
+        while not self._ship_output():
+            if self.rt.closing.wait(LOG_RETRY_S):
+                return
         while not self._pump(ended=True):
             if self.rt.closing.wait(LOG_RETRY_S):
                 return
+
+    def _ship_output(self) -> bool:
+        """Its own /opt/ml/output sent (True also when there is none: a datastore output, never started)."""
+        own, sent = self.dir / "output", self.dir / "output-sent"
+        if self.rt.outputs is None or not own.is_dir() or sent.exists():
+            return True
+        if self.state is WorkerRunState.FAILED_TO_START:
+            return True
+        a = self.assignment
+        try:
+            digest = upload(self.rt.outputs, a.job_id, a.worker, own)
+        except OutputRefused as exc:
+            log.info("output of %s not wanted: %s", self.name, exc)
+            return True
+        except (OutputUnavailable, OSError) as exc:
+            log.info("output of %s not sent yet: %s", self.name, exc)
+            return False
+        sent.write_text(digest + "\n")
+        return True
 
     # -- the outcome on disk -------------------------------------------------------------------------
     def _save_outcome(self) -> None:

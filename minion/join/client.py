@@ -84,9 +84,29 @@ class ControlPlane:
         self.http.close()
 
     def post(self, path: str, body: Mapping[str, Any], token: str | None = None) -> httpx.Response:
+        return self._send("POST", path, token, json=body)
+
+    def get(self, path: str, token: str | None = None) -> httpx.Response:
+        return self._send("GET", path, token)
+
+    def send(
+        self,
+        method: str,
+        path: str,
+        token: str | None,
+        headers: Mapping[str, str] | None = None,
+        **kwargs: Any,
+    ) -> httpx.Response:
+        """Any request (`json=`, `content=`); ConnectionProblem as for post."""
+        return self._send(method, path, token, headers, **kwargs)
+
+    def _send(
+        self, method: str, path: str, token: str | None, more: Mapping[str, str] | None = None, **kwargs: Any
+    ) -> httpx.Response:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
+        headers.update(more or {})
         try:
-            response = self.http.post(path, json=body, headers=headers)
+            response = self.http.request(method, path, headers=headers, **kwargs)
         except httpx.TransportError as exc:
             raise ConnectionProblem(
                 f"cannot reach the control plane at {self.enrollment.control_plane_url} "

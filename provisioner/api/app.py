@@ -27,6 +27,7 @@ from provisioner.api.limits import RequestLimits
 from provisioner.api.routes import (
     accounts,
     billing,
+    data_objects,
     datastores,
     devices,
     enrollment,
@@ -72,6 +73,7 @@ OPERATOR_ROUTERS = [
     project_keys.router,  # before projects: its /{ref:anypath} would take …/keys
     projects.router,
     jobs.router,
+    data_objects.router,
     billing.router,
 ]
 # join token / node credential auth of their own
@@ -79,6 +81,7 @@ OPEN_ROUTERS: list = [
     join.router,
     finalize.router,
     jobs.node_router,
+    data_objects.node_router,
     devices.node_router,
     fleet_metrics.router,  # a scrape token of its own (api/deps.py Scraper)
 ]

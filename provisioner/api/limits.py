@@ -36,6 +36,7 @@ from typing import Final
 from starlette.types import ASGIApp as App
 from starlette.types import Message, Receive, Scope, Send
 
+from contracts.data_objects import CHUNK_BYTES
 from provisioner.settings import Settings
 
 KiB: Final = 1024
@@ -132,6 +133,22 @@ POLICIES: Final[tuple[Policy, ...]] = (
     Policy("POST", _path(r"/v1/nodes/[^/]+/device/logs"), 2 * MiB, Auth.NODE),
     # the playbook bundle download: a GET, no body
     Policy("GET", _path(r"/v1/finalize/bundles/[^/]+"), 1 * KiB, Auth.NODE),
+    # A node fetching an object a worker of it mounts (contracts/data_objects.py): GETs, no body.
+    Policy("GET", _path(r"/v1/nodes/[^/]+/objects/.+"), 1 * KiB, Auth.NODE),
+    # A worker's /opt/ml/output going up from its node: the same three steps as an upload (below).
+    Policy("POST", _path(r"/v1/nodes/[^/]+/jobs/[^/]+/workers/[^/]+/output/missing"), 16 * MiB, Auth.NODE),
+    Policy(
+        "PUT",
+        _path(r"/v1/nodes/[^/]+/jobs/[^/]+/workers/[^/]+/output/chunks/[^/]+"),
+        CHUNK_BYTES + 4 * KiB,
+        Auth.NODE,
+    ),
+    Policy("POST", _path(r"/v1/nodes/[^/]+/jobs/[^/]+/workers/[^/]+/output/manifest"), 64 * MiB, Auth.NODE),
+    # An upload's chunk (at most contracts/data_objects.py CHUNK_BYTES), the chunk list of an object of
+    # MAX_FILES files at ~67 bytes a chunk, and its manifest (~200 bytes a file).
+    Policy("PUT", _path(r"/v1/objects/[^/]+/chunks/[^/]+"), CHUNK_BYTES + 4 * KiB, Auth.OPERATOR),
+    Policy("POST", _path(r"/v1/objects/[^/]+/missing"), 16 * MiB, Auth.OPERATOR),
+    Policy("POST", _path(r"/v1/objects/[^/]+/manifest"), 64 * MiB, Auth.OPERATOR),
     # An image manifest lists every package of the image (thousands of lines), sent base64-encoded.
     Policy("POST", _path(r"/v1/images"), 8 * MiB, Auth.OPERATOR),
     # Other operator routes carry names, PEM certificates, service-account keys: a few KiB at most.

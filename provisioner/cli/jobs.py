@@ -18,7 +18,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from contracts.jobspec import SpecError
+from contracts.jobspec import ModelRef, SpecError
 from provisioner.cli import render
 from provisioner.cli.common import EXIT_USAGE, Json, Yes, fail, group, output_options, read_input, show_one
 from provisioner.cli.settings import connect
@@ -207,8 +207,22 @@ def create(
     parsed = _read_spec(file)
     for note in parsed.notes:  # what the conversion changed or dropped, before anything runs
         print(f"warning: {note}", file=sys.stderr)
-    body = {"spec": parsed.spec.model_dump(mode="json"), "project": project}
     client = connect()
+    spec = parsed.spec
+    source = spec.model.source if spec.model is not None else None
+    if source is not None:
+        if dry_run:  # nothing is uploaded for a dry run: where it runs does not depend on the code
+            print(
+                f"warning: model.source {source!r} is made into a model when the job is created",
+                file=sys.stderr,
+            )
+            spec = spec.model_copy(update={"model": None})
+        else:
+            from provisioner.cli.job_code import model_for
+
+            named = model_for(client, source, file.resolve().parent, project)
+            spec = spec.model_copy(update={"model": ModelRef(name=named)})
+    body = {"spec": spec.model_dump(mode="json"), "project": project}
     if dry_run or not yes:
         placement = client.post("/v1/jobs/dry-run", body)
         if dry_run:
@@ -270,11 +284,16 @@ def show(name: Name, json_out: Json = False) -> None:
     if render.is_machine(json_out):
         show_one(f"/v1/jobs/{name}", as_json=json_out)
         return
-    job = connect().get(f"/v1/jobs/{name}")
+    client = connect()
+    job = client.get(f"/v1/jobs/{name}")
     job["node"] = nodes_of(job)
     render.detail(job, fields=None if render.chosen() is render.Output.WIDE else SHOW_FIELDS)
     print()
     render.table(job["workers"], WORKER_COLUMNS)
+    left = client.get(f"/v1/jobs/{job['id']}/outputs")["items"]
+    if left:  # what the workers left in /opt/ml/output, and whether it reached the spec's destination
+        print("\nOutputs (provision job output " + job["name"] + " --download DIR):")
+        render.table(left, OUTPUT_COLUMNS)
 
 
 @app.command("history")
@@ -488,3 +507,44 @@ USAGE_COLUMNS: render.Columns = [
     ("gpus", "GPUS (UTIL MEM POWER TEMP)"),
     ("at", "SAMPLED"),
 ]
+
+
+OUTPUT_COLUMNS: list[render.Column] = [
+    ("worker", "WORKER"),
+    ("state", "STATE"),
+    ("file_count", "FILES"),
+    ("size_bytes", "SIZE", lambda r: render.human_bytes(r["size_bytes"])),
+    ("destination", "DESTINATION", lambda r: r["destination"] or "kept here"),
+    ("reason", "REASON", lambda r: r["reason"] or ""),
+]
+
+
+@app.command("output")
+@output_options
+def output(
+    name: Name,
+    worker: Annotated[int | None, typer.Option("--worker", "-w", min=0, help="Only this worker.")] = None,
+    download: Annotated[
+        Path | None,
+        typer.Option("--download", "-d", help="Write the files here (several workers: DIR/worker-N)."),
+    ] = None,
+    json_out: Json = False,
+) -> None:
+    """What the job's workers left in /opt/ml/output, and where it was delivered; --download fetches it,
+    every chunk checked against its SHA-256."""
+    from provisioner.client.object_download import download_output
+
+    client = connect()
+    rows = [r for r in client.get(f"/v1/jobs/{name}/outputs")["items"] if worker in (None, r["worker"])]
+    if download is None:
+        render.table(rows, OUTPUT_COLUMNS, as_json=json_out, empty=f"job '{name}' has left no output yet")
+        return
+    if not rows:
+        fail(f"job '{name}' has left no output yet{'' if worker is None else f' for worker {worker}'}")
+    several = len(rows) > 1 or worker is None and len(client.get(f"/v1/jobs/{name}")["workers"]) > 1
+    for row in rows:
+        where = download / f"worker-{row['worker']}" if several else download
+        files, size = download_output(client, name, row["worker"], where)
+        print(
+            f"worker {row['worker']}: {files} file(s), {render.human_bytes(size)} in {where}", file=sys.stderr
+        )

@@ -30,6 +30,9 @@ GROUPS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "account": ("accounts", "app", ()),
     "project": ("projects", "app", ()),
     "job": ("jobs", "app", ()),
+    "dataset": ("data_objects", "dataset_app", ()),
+    "model": ("data_objects", "model_app", ()),
+    "checkpoint": ("data_objects", "checkpoint_app", ()),
     "billing": ("billing", "app", ()),
     "price": ("billing", "price_app", ()),
 }

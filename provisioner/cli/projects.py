@@ -89,38 +89,61 @@ def unshare(name: Name, account: Account, json_out: Json = False) -> None:
 
 
 keys = group(
-    "A project's third-party keys: a private registry's credentials, used to pull its jobs' images. "
+    "A project's third-party keys: a private registry's credentials, used to pull its jobs' images, and "
+    "keys of AWS, GCP and Azure, which read datasets' and models' sources. "
     "The secret is stored encrypted and never shown again."
 )
 app.add_typer(keys, name="key")
 KEY_COLUMNS = [
     ("kind", "KIND"),
-    ("registry", "REGISTRY"),
+    ("name", "NAME"),
     ("username", "USERNAME"),
     ("updated_at", "UPDATED"),
 ]
 Registry = Annotated[
-    str,
+    str | None,
     typer.Option("--registry", help="The registry's host[:port], as the image names it: ghcr.io, nvcr.io."),
 ]
+KeyKindOpt = Annotated[
+    str,
+    typer.Option("--kind", help="registry, aws, gcp, azure, huggingface, kaggle or wandb."),
+]
+KeyName = Annotated[
+    str | None, typer.Option("--name", help="A label for a key that is not a registry's (default: default).")
+]
+
+
+def _key_name(kind: str, registry: str | None, name: str | None) -> str:
+    if kind == "registry":
+        if not registry:
+            raise typer.BadParameter("a registry key needs --registry HOST (ghcr.io, nvcr.io, docker.io)")
+        return registry
+    if registry:
+        raise typer.BadParameter(f"--registry is for registry keys: name a {kind} key with --name")
+    return name or "default"
 
 
 @keys.command("set")
 def key_set(
     project: Name,
-    registry: Registry,
-    username: Annotated[str, typer.Option("--username", "-u", help="The registry's username (shown).")],
+    username: Annotated[
+        str, typer.Option("--username", "-u", help="The public half, shown: a username, an access key id.")
+    ],
     secret_file: Annotated[
         Path,
         typer.Option("--secret-file", help="File (mode 600) holding the password or token; - reads stdin."),
     ],
+    kind: KeyKindOpt = "registry",
+    registry: Registry = None,
+    name: KeyName = None,
     json_out: Json = False,
 ) -> None:
-    """Add the project's key for a registry, or replace it; prints its id. Your jobs in this project pull
-    images from that registry with it (never a federated job of another account)."""
+    """Add the project's key, or replace it; prints its id. Your jobs in this project pull images from a
+    registry with its key (never a federated job of another account); an aws, gcp or azure key reads the
+    project's s3://, gs:// and azure:// sources (docs/data.md)."""
     body = {
-        "kind": "registry",
-        "registry": registry,
+        "kind": kind,
+        "name": _key_name(kind, registry, name),
         "username": username,
         "secret": read_secret_file(secret_file, "a file holding the password or token", called="secret file"),
     }
@@ -140,12 +163,21 @@ def key_list(project: Name, json_out: Json = False) -> None:
 
 
 @keys.command("remove")
-def key_remove(project: Name, registry: Registry, yes: Yes = False, json_out: Json = False) -> None:
-    """Remove the project's key for a registry: its jobs pull from there anonymously from now on."""
+def key_remove(
+    project: Name,
+    kind: KeyKindOpt = "registry",
+    registry: Registry = None,
+    name: KeyName = None,
+    yes: Yes = False,
+    json_out: Json = False,
+) -> None:
+    """Remove a key of the project: jobs pull from that registry anonymously, and sources it read are read
+    without it, from now on."""
+    label = _key_name(kind, registry, name)
     remove_one(
-        f"remove the {registry} key of project '{project}'?",
-        f"/v1/projects/{project}/keys/registry/{registry}",
+        f"remove the {kind} key {label} of project '{project}'?",
+        f"/v1/projects/{project}/keys/{kind}/{label}",
         yes=yes,
         as_json=json_out,
-        kind="registry key",
+        kind=f"{kind} key",
     )

@@ -122,6 +122,8 @@ class Client:
                 f"cannot reach the control plane at {self.url} ({type(exc).__name__}): "
                 "start it with `provision serve` or fix RIGBASE_URL"
             ) from exc
+        if response.status_code == 204:
+            return None
         if response.is_success:
             return response.json()
         try:
@@ -145,6 +147,20 @@ class Client:
 
     def put(self, path: str, body: dict[str, Any]) -> Any:
         return self.request("PUT", path, json=body)
+
+    def get_bytes(self, path: str) -> bytes:
+        """A GET whose answer is raw bytes (a chunk); errors as `request` words them."""
+        try:
+            response = self.http.get(path)
+        except httpx.TransportError:
+            response = None
+        if response is not None and response.is_success:
+            return response.content
+        self.request("GET", path)  # raises the refusal (or the unreachable server) in its own words
+        raise ControlPlaneError(f"the control plane sent no bytes for {path}")
+
+    def put_bytes(self, path: str, data: bytes) -> Any:
+        return self.request("PUT", path, content=data, headers={"Content-Type": "application/octet-stream"})
 
     def delete(self, path: str, **params: Any) -> Any:
         return self.request("DELETE", path, params={k: v for k, v in params.items() if v is not None})

@@ -3,7 +3,9 @@
 Read as Launch reads it (github:FedML-AI/FedML, python/fedml/computing/scheduler/scheduler_entry/
 launch_manager.py FedMLJobConfig, and comm_utils/job_utils.py parse_job_type):
 
-workspace: hello_world             -> the job's name (the code itself is not uploaded: see notes)
+workspace: hello_world             -> model.source: `provision job create` uploads the directory (next to
+                                      the file) as the job's model, and the commands run in it
+                                      (/opt/ml/models), as Launch runs them in the workspace; also the name
 bootstrap: |  …                    -> run before the job's commands, in the same worker
 job: |  …                          -> the worker's command; {run_on_posix, run_on_windows}: the posix one
 server_job: |  …                   -> a second group, `server` (one worker), beside the `client` group
@@ -23,6 +25,7 @@ from pathlib import PurePath
 from typing import Any, Final
 
 from contracts.gpu_types import resolve_gpu_type
+from contracts.jobs import MODELS_PATH
 from contracts.jobspec import CPU_STEP, DEFAULT_IMAGE, FieldPath, JobKind, JobType, RuleErrors, format_path
 from provisioner.domain.job_source import Converted, dns_name
 
@@ -105,14 +108,20 @@ def to_rigbase(doc: Mapping[str, Any], filename: str | None) -> Converted:
     if image is not None:
         data["environment"] = {"image": image}
         origin[("environment", "image")] = ("docker", "image")
+    workspace = doc.get("workspace")
+    here = ""  # Launch runs the bootstrap and the job in the workspace: so do the workers, in its upload
+    if isinstance(workspace, str) and workspace:
+        data["model"] = {"source": workspace if "://" in workspace else f"./{workspace.removeprefix('./')}"}
+        origin[("model",)] = ("workspace",)
+        here = f"cd {MODELS_PATH}\n"
     if server is None:
-        data["workers"] = [_with_bootstrap(bootstrap, "job", job)]
+        data["workers"] = [here + _with_bootstrap(bootstrap, "job", job)]
         return Converted(data=data, origin=origin, notes=notes)
     # a federated job: the server half and the clients, placed and failed together
     data["kind"] = JobKind.GANG.value
     data["groups"] = [
-        {"name": SERVER_GROUP, "command": _with_bootstrap(bootstrap, "server_job", server)},
-        {"name": CLIENT_GROUP, "command": _with_bootstrap(bootstrap, "job", job)},
+        {"name": SERVER_GROUP, "command": here + _with_bootstrap(bootstrap, "server_job", server)},
+        {"name": CLIENT_GROUP, "command": here + _with_bootstrap(bootstrap, "job", job)},
     ]
     origin[("groups", 0)] = server_at
     origin[("groups", 1)] = job_at
@@ -147,8 +156,8 @@ def _notes(doc: Mapping[str, Any], image: str | None) -> list[str]:
     workspace = doc.get("workspace")
     if workspace:
         notes.append(
-            f"workspace {workspace!r} is not uploaded: put the code in environment.image or a dataset "
-            "(rigbase runs the commands in the container image)"
+            f"workspace {workspace!r}: uploaded by `provision job create` as the job's model (its .gitignore "
+            "honoured); the commands run in it, at /opt/ml/models"
         )
     if image is None:
         notes.append(

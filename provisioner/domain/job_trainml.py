@@ -15,7 +15,12 @@ environment.custom_image -> environment.image
 environment.env          -> environment.env ([{key, value}] or a mapping)
 environment.packages     -> environment.packages (apt, conda, pip)
 data.datasets            -> data.datasets (names, or {id | name} each)
-data.input_*/output_*, model -> refused while rigbase reads no external source or output for them
+data.output_type/_uri    -> data.output: aws and wasabi -> {uri: s3://…}, gcp -> {uri: gs://…}, trainml ->
+                            a new {kind: output_uri (model, checkpoint, dataset), name: the job's name};
+                            local, azure and regional datastores are refused with what to write instead
+model (trainml source)   -> model.name (the model's name or id); a git, s3 or web source is refused: create
+                            the model first (`provision model create`)
+data.input_*             -> refused: an inference job's one-time download is not built
 """
 
 from __future__ import annotations
@@ -33,8 +38,10 @@ MARKERS: Final = frozenset({*RESOURCE_KEYS, "worker_commands", "project_uuid", "
 KNOWN: Final = frozenset(
     {"name", "type", "resources", "workers", "environment", "data", "model", "endpoint", *MARKERS}
 )
-# trainML's external data fields, which land on the persistence layer's sources and outputs
-EXTERNAL_DATA: Final = ("input_type", "input_uri", "output_type", "output_uri")
+# trainML's external data fields: the inference input that is not read yet
+EXTERNAL_INPUT: Final = ("input_type", "input_uri")
+OWN_STORE: Final = frozenset({"trainml", "proximl"})  # trainML's own models, checkpoints, datasets
+BUCKET_OUTPUTS: Final = {"aws": "s3://", "wasabi": "s3://", "gcp": "gs://"}
 
 
 def is_trainml(doc: Mapping[str, Any]) -> bool:
@@ -62,12 +69,18 @@ def to_rigbase(doc: Mapping[str, Any]) -> Converted:
         data["kind"] = JobKind.INDEPENDENT.value
         notes.append(f"{len(data['workers'])} workers run as independent runs, as trainML runs them")
     data["environment"] = _environment(doc.get("environment"), origin, errors, notes)
-    data["data"] = _data(doc.get("data"), origin, errors)
-    if doc.get("model"):
+    data["data"] = _data(doc.get("data"), name, origin, errors)
+    model = doc.get("model")
+    if isinstance(model, Mapping) and model.get("source_type") in OWN_STORE and model.get("source_uri"):
+        data["model"] = {"name": str(model["source_uri"])}
+        origin[("model", "name")] = ("model", "source_uri")
+    elif model:
+        uri = model.get("source_uri", "") if isinstance(model, Mapping) else ""
         errors.append(
             (
                 ("model",),
-                "a model source is not read yet: put the code in the image, or use a rigbase spec",
+                f"create the model first (`provision model create NAME --source {uri or 'SRC'}`), then "
+                "name it: model: {source_type: trainml, source_uri: NAME}",
             )
         )
     if doc.get("endpoint"):
@@ -195,8 +208,34 @@ def _environment(
     return out
 
 
+def _output(raw: Mapping[str, Any], job: str, errors: list[tuple[FieldPath, str]]) -> dict[str, Any] | None:
+    kind, uri = str(raw.get("output_type") or ""), str(raw.get("output_uri") or "")
+    if kind in BUCKET_OUTPUTS and uri.startswith(BUCKET_OUTPUTS[kind]):
+        options = raw.get("output_options")
+        endpoint = options.get("endpoint_url") if isinstance(options, Mapping) else None
+        return {
+            "uri": uri,
+            **({"endpoint_url": str(endpoint)} if endpoint and uri.startswith("s3://") else {}),
+        }
+    if kind in OWN_STORE:
+        return {"kind": uri or "model", "name": job}
+    if kind in BUCKET_OUTPUTS:
+        errors.append(
+            (("data", "output_uri"), f"an output_uri for {kind} begins with {BUCKET_OUTPUTS[kind]}")
+        )
+    else:
+        errors.append(
+            (
+                ("data", "output_type"),
+                f"output_type {kind!r} is not written: use aws, gcp, wasabi or trainml, or a rigbase spec's "
+                "data.output {datastore, path} for a regional datastore",
+            )
+        )
+    return None
+
+
 def _data(
-    raw: Any, origin: dict[FieldPath, FieldPath], errors: list[tuple[FieldPath, str]]
+    raw: Any, job: str, origin: dict[FieldPath, FieldPath], errors: list[tuple[FieldPath, str]]
 ) -> dict[str, Any]:
     if not isinstance(raw, Mapping):
         return {}
@@ -208,13 +247,18 @@ def _data(
             names.append(item.get("name") or item.get("id") if isinstance(item, Mapping) else item)
         out["datasets"] = names
         origin[("data", "datasets")] = ("data", "datasets")
-    for key in EXTERNAL_DATA:
+    if raw.get("output_type"):
+        output = _output(raw, job, errors)
+        if output is not None:
+            out["output"] = output
+            origin[("data", "output")] = ("data", "output_type")
+    for key in EXTERNAL_INPUT:
         if raw.get(key):
             errors.append(
                 (
                     ("data", key),
-                    "external inputs and outputs are not read yet: /opt/ml/output goes to a regional "
-                    "datastore (a rigbase spec's data.output); remove it, or use a rigbase spec",
+                    "an inference job's one-time input is not read yet: create a dataset from it "
+                    "(`provision dataset create`) and name it in data.datasets of a training job",
                 )
             )
     return out

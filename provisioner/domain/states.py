@@ -169,6 +169,43 @@ DATASTORE_TRANSITIONS: dict[DatastoreState, frozenset[DatastoreState]] = {
 }
 
 
+# ------------------------------------------------------------------------------- data objects
+
+
+class ObjectState(StrEnum):
+    """A dataset, model or checkpoint (services/data/data_objects.py)."""
+
+    DOWNLOADING = "downloading"  # its source is being read (or the CLI is uploading it)
+    READY = "ready"  # complete and immutable: jobs may mount it
+    FAILED = "failed"  # its source could not be read; `reason` says why; remove it and create it again
+    REMOVED = "removed"  # kept for the audit trail; the name may be reused
+
+
+OBJECT_TRANSITIONS: dict[ObjectState, frozenset[ObjectState]] = {
+    ObjectState.DOWNLOADING: frozenset({ObjectState.READY, ObjectState.FAILED, ObjectState.REMOVED}),
+    ObjectState.READY: frozenset({ObjectState.REMOVED}),
+    ObjectState.FAILED: frozenset({ObjectState.REMOVED}),
+    ObjectState.REMOVED: frozenset(),
+}
+
+
+class OutputState(StrEnum):
+    """A worker's uploaded /opt/ml/output (services/objects/outputs.py)."""
+
+    KEPT = "kept"  # held by the control plane for `provision job output`; the spec names nowhere else
+    PENDING = "pending"  # to be delivered where the spec's data.output says (retried)
+    DELIVERED = "delivered"
+    FAILED = "failed"  # delivery failed FAILED_AFTER times; `reason` says why; still kept
+
+
+OUTPUT_TRANSITIONS: dict[OutputState, frozenset[OutputState]] = {
+    OutputState.KEPT: frozenset(),
+    OutputState.PENDING: frozenset({OutputState.DELIVERED, OutputState.FAILED}),
+    OutputState.DELIVERED: frozenset(),
+    OutputState.FAILED: frozenset(),
+}
+
+
 # ------------------------------------------------------------------------------- device configurations
 
 
@@ -452,6 +489,8 @@ TABLES: dict[type[StrEnum], Mapping[Any, frozenset[Any]]] = {
     JobState: JOB_TRANSITIONS,
     WorkerState: WORKER_TRANSITIONS,
     DeviceConfigState: DEVICE_CONFIG_TRANSITIONS,
+    ObjectState: OBJECT_TRANSITIONS,
+    OutputState: OUTPUT_TRANSITIONS,
 }
 
 # The states whose `reason` is kept: errored says why it failed; offline says why it went away
@@ -464,6 +503,8 @@ KEEPS_REASON: frozenset[StrEnum] = frozenset(
         RegionState.OFFLINE,
         NodeState.ERRORED,
         PublicationState.FAILED,
+        ObjectState.FAILED,
+        OutputState.FAILED,
         JobState.WAITING,
         JobState.FAILED,
         JobState.STOPPED,

@@ -312,6 +312,8 @@ def _ensure_control_plane(state: LabState, progress: Progress) -> None:
         "TSS2_LOG": "all+none",
         "RIGBASE_PUBLIC_URL": f"https://{address(HostRole.CP)}:{CP_PORT}",
     }
+    # a lab's data may come from this machine (a bucket of a local MinIO, a web server): loopback is allowed
+    env.setdefault("RIGBASE_SOURCE_NETWORKS", "127.0.0.0/8,::1/128")
     log = open(lab_dir() / "serve.log", "ab")
     try:
         proc = subprocess.Popen(

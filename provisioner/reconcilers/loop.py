@@ -50,6 +50,7 @@ RECONCILER_MODULES: list[str] = [
     "provisioner.reconcilers.region_health",  # regions new/healthy/offline from heartbeats
     "provisioner.reconcilers.jobs",  # place waiting jobs; workers of lost nodes fail or re-queue
     "provisioner.reconcilers.metering",  # job hours to the ledger, earned credits to balances
+    "provisioner.reconcilers.objects",  # remote sources of datasets, models and checkpoints → the store
 ]
 
 

@@ -11,6 +11,7 @@ metadata = Base.metadata
 from provisioner.store import (  # noqa: F401,E402
     account_models,
     billing_models,
+    data_models,
     device_models,
     gcp_models,
     image_models,

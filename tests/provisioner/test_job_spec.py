@@ -26,7 +26,7 @@ from provisioner.domain.job_source import MAX_SPEC_BYTES
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = Path(__file__).with_name("jobspecs")
-# trainML's own example names a model source and an external output, which rigbase does not read yet
+# trainML's own example names a model by its git source, which a job cannot create: it is refused
 REFUSED_EXAMPLES = frozenset({"trainml-custom-container.yaml"})
 EXAMPLE_FILES = [
     p for p in sorted(EXAMPLES.iterdir()) if p.suffix in (".yaml", ".json") and p.name not in REFUSED_EXAMPLES
@@ -61,7 +61,10 @@ def test_launch_seed_hello_world() -> None:
     assert (spec.resources.gpu_count, spec.resources.max_price) == (1, 1.75)
     (command,) = spec.workers
     assert command.index("pip install -r requirements.txt") < command.index("python hello_world.py")
-    assert any("workspace 'hello_world' is not uploaded" in note for note in parsed.notes)
+    assert any("workspace 'hello_world': uploaded by `provision job create`" in note for note in parsed.notes)
+    # the workspace becomes the job's model, and the commands run in it, as Launch runs them
+    assert spec.model is not None and spec.model.source == "./hello_world"
+    assert command.startswith("cd /opt/ml/models\n")
     assert any(note.startswith("no image: the file names none (docker.image)") for note in parsed.notes)
 
 
@@ -603,7 +606,7 @@ def test_error_lines_cannot_be_forged_or_huge() -> None:
     )
     assert errors == [
         "line 1: x\\nline 9: y: unknown field; allowed here: name, type, kind, resources, workers, groups, "
-        "environment, data, reservation, region, preemptible"
+        "environment, data, model, reservation, region, preemptible"
     ]
     (long,) = _errors(BASE.replace("RTX 3090", "R" * 100_000))
     assert len(long) < 1100 and long.endswith("chars)")
@@ -661,12 +664,44 @@ def test_trainml_forms_as_its_sdk_sends_them_convert_with_its_gpu_ids() -> None:
 def test_a_trainml_job_with_what_rigbase_does_not_read_yet_is_refused_naming_each_field() -> None:
     with pytest.raises(SpecError) as caught:
         read((EXAMPLES / "trainml-custom-container.yaml").read_text(), "job.yaml")
-    assert [line.split(": ")[1] for line in caught.value.errors] == [
-        "model",
-        "data.output_type",
-        "data.output_uri",
-    ]
-    assert caught.value.errors[0].startswith("job.yaml:8: model: a model source is not read yet")
+    assert [line.split(": ")[1] for line in caught.value.errors] == ["model"]
+    assert caught.value.errors[0].startswith(
+        "job.yaml:8: model: create the model first (`provision model create"
+    )
+    # without the model it converts, its wasabi output to the bucket at that endpoint
+    text = (EXAMPLES / "trainml-custom-container.yaml").read_text()
+    converted = read(text.replace("  source_type: git", "  source_type: trainml"))
+    assert converted.spec.model is not None
+    assert converted.spec.model.name == "git@github.com:trainML/environment-tests.git"
+    output = converted.spec.data.output
+    assert output is not None
+    assert (output.uri, output.endpoint_url) == (
+        "s3://trainml-example/output/resnet_cifar10",
+        "https://s3.wasabisys.com",
+    )
+
+
+def test_trainml_outputs_become_a_bucket_uri_or_a_new_object_named_after_the_job() -> None:
+    base = {
+        "name": "pipeline",
+        "type": "training",
+        "gpu_types": ["rtx3090"],
+        "gpu_count": 1,
+        "workers": ["x"],
+    }
+    for data, expected in [
+        ({"output_type": "trainml", "output_uri": "model"}, ("model", "pipeline", None)),
+        ({"output_type": "gcp", "output_uri": "gs://b/out"}, (None, None, "gs://b/out")),
+    ]:
+        out = read(json.dumps({**base, "data": data})).spec.data.output
+        assert out is not None and (out.kind, out.name, out.uri) == expected
+    for data, words in [
+        ({"output_type": "aws", "output_uri": "gs://b"}, "an output_uri for aws begins with s3://"),
+        ({"output_type": "local", "output_uri": "/tmp"}, "output_type 'local' is not written"),
+        ({"input_type": "aws", "input_uri": "s3://b/x"}, "one-time input is not read yet"),
+    ]:
+        (line, *_) = _errors(json.dumps({**base, "data": data}))
+        assert words in line, line
 
 
 # --- Launch files as Launch reads them (FedML's own examples, tests/provisioner/jobspecs/SOURCES.md) --------
@@ -683,7 +718,9 @@ def test_launch_reads_the_posix_blocks_and_a_server_job_beside_the_job() -> None
     federated = read((EXAMPLES / "chainopera-launch-fedml-federated.yaml").read_text())
     assert [w.group for w in federated.spec.plan()] == ["server", "client"]
     assert "python3 torch_server.py" in federated.spec.plan()[0].command
-    assert federated.spec.plan()[0].command.startswith("# bootstrap\nbash config/bootstrap.sh")
+    assert federated.spec.plan()[0].command.startswith(
+        "cd /opt/ml/models\n# bootstrap\nbash config/bootstrap.sh"
+    )
 
 
 def test_launch_reads_job_type_then_task_type_and_its_docker_image() -> None:

@@ -156,9 +156,13 @@ def test_other_formats_convert_and_a_job_waits_for_a_gpu_type_the_fleet_lacks(fl
     assert "wrong GPU type" in job["reason"]
     dry = fleet.cp.provision("job", "create", "-f", str(SPECS / "chainopera-launch-hello.yaml"), "--dry-run")
     assert dry.returncode == 0, dry.stderr
-    # what the conversion dropped is said before anything runs: the code it does not upload, the image
+    # what the conversion changed is said before anything runs: the workspace (a dry run uploads nothing),
+    # the image
     warned = [line for line in dry.stderr.splitlines() if line.startswith("warning: ")]
-    assert any("workspace 'hello_world' is not uploaded" in line for line in warned), dry.stderr
+    assert any("workspace 'hello_world': uploaded" in line for line in warned), dry.stderr
+    assert any("model.source './hello_world' is made into a model when" in line for line in warned), (
+        dry.stderr
+    )
     assert any("no image: the file names none (docker.image)" in line for line in warned), dry.stderr
     assert fleet.cp.provision("job", "stop", job["id"]).returncode == 0
     listed = fleet.cp.provision("job", "list", "--state", "stopped", "--json")

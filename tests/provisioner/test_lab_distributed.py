@@ -118,6 +118,9 @@ def _serve_is_an_endpoint_and_never_is_refused(home: Path) -> None:
     _ok(home, "job", "create", "-f", str(EXAMPLES / "lab-launch-serve.yaml"), "-y")
     serve = _wait_state(home, "serve-lab", {"succeeded", "failed"}, timeout=TIMEOUT_S)
     assert (serve["type"], serve["state"]) == ("endpoint", "succeeded"), serve["reason"]
+    # its workspace travelled with it: uploaded as a model, and the job ran in it
+    served = _ok(home, "job", "logs", "serve-lab")
+    assert served.startswith("serving from /opt/ml/models on port "), served
 
     # a gang of 5 x 2 GPUs: the lab's 4 nodes hold 8 GPUs in all, so it could never start
     never = home / "never.yaml"

@@ -185,6 +185,16 @@ def test_a_job_runs_in_the_lab_and_its_logs_follow_to_succeeded(
     assert (job_runtime.CDI_DIR / "rigbase-lab-node1.json").exists()
     _ok(home, "node", "maintenance", "node-1", "off")  # only active nodes take jobs
     _ok(home, "project", "create", "lab-demo")
+    _ok(
+        home,
+        "dataset",
+        "create",
+        "hello-numbers",
+        "--source",
+        str(EXAMPLES / "hello-data"),
+        "--project",
+        "lab-demo",
+    )
 
     job_id = _ok(home, "job", "create", "-f", str(EXAMPLES / "lab-hello.yaml"), "--project", "lab-demo", "-y")
     assert job_id.strip().startswith("job_")

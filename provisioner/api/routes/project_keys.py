@@ -23,15 +23,19 @@ class KeyIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     kind: str = Field(service.KeyKind.REGISTRY.value, max_length=16, description="what the key opens")
-    registry: str = Field(max_length=253, description="the registry's host[:port], e.g. ghcr.io")
-    username: str = Field(max_length=256)
+    registry: str | None = Field(
+        None, max_length=253, description="a registry key's host[:port], e.g. ghcr.io"
+    )
+    name: str | None = Field(None, max_length=63, description="another kind's label (default: `default`)")
+    username: str = Field(max_length=256, description="the public half: a username, an access key id")
     secret: str = Field(max_length=service.SECRET_MAX, description="a password or token; never returned")
 
 
 class KeyOut(BaseModel):
     id: str
     kind: str
-    registry: str
+    registry: str = Field(description="a registry key's host; another kind's label (as `name`)")
+    name: str
     username: str
     created_by: str
     created_at: datetime
@@ -43,6 +47,7 @@ class KeyOut(BaseModel):
             id=row.id,
             kind=row.kind,
             registry=row.name,
+            name=row.name,
             username=row.key_id,
             created_by=row.created_by,
             created_at=row.created_at,
@@ -63,7 +68,7 @@ def set_key(ref: str, body: KeyIn, response: Response, session: Db, principal: P
         principal,
         ref,
         kind=body.kind,
-        name=body.registry,
+        name=body.registry or body.name or service.DEFAULT_NAME,
         key_id=body.username,
         secret=body.secret,
     )

@@ -12,6 +12,7 @@ job pulls anonymously."""
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 
 from sqlalchemy import select
@@ -33,7 +34,19 @@ SECRET_MAX = 8192
 
 
 class KeyKind(StrEnum):
+    """trainML's third-party key types; a registry key's name is its host, any other's a label."""
+
     REGISTRY = "registry"  # a container registry's username and password (or token), for `podman pull`
+    AWS = "aws"  # an access key id and its secret: s3:// sources and outputs
+    GCP = "gcp"  # a service account's JSON key (the key id is its client email): gs://
+    AZURE = "azure"  # a storage account's name and key: azure://
+    HUGGINGFACE = "huggingface"
+    KAGGLE = "kaggle"
+    WANDB = "wandb"
+
+
+DEFAULT_NAME = "default"  # the label of a non-registry key that is not given one
+_LABEL = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 
 
 def _checked(kind: str, name: str, key_id: str, secret: str) -> KeyKind:
@@ -44,14 +57,22 @@ def _checked(kind: str, name: str, key_id: str, secret: str) -> KeyKind:
         raise InvalidInput(
             f"key kind {kind!r}: use one of {', '.join(k.value for k in KeyKind)}", code="invalid_key"
         ) from None
-    if not REGISTRY_HOST.fullmatch(name) or len(name) > 253:
+    if known is not KeyKind.REGISTRY:
+        if not _LABEL.fullmatch(name):
+            raise InvalidInput(
+                f"{known} key name {name[:80]!r}: a lowercase label such as {DEFAULT_NAME} or prod",
+                code="invalid_key",
+            )
+    elif not REGISTRY_HOST.fullmatch(name) or len(name) > 253:
         raise InvalidInput(
             f"registry {name[:80]!r}: give its host[:port], such as ghcr.io, nvcr.io or docker.io",
             code="invalid_key",
         )
     if not 0 < len(key_id) <= 256 or not key_id.isprintable():
         raise InvalidInput("the key's username: 1 to 256 printable characters", code="invalid_key")
-    if not 0 < len(secret) <= SECRET_MAX or not secret.isprintable():
+    # a GCP key is a service account's JSON file: several lines
+    printable = secret.replace("\n", "").isprintable() if known is KeyKind.GCP else secret.isprintable()
+    if not 0 < len(secret) <= SECRET_MAX or not printable:
         raise InvalidInput(
             f"the key's secret: 1 to {SECRET_MAX} printable characters (one line)", code="invalid_key"
         )
@@ -127,6 +148,15 @@ def remove_key(
     session.delete(row)
     session.flush()
     return row
+
+
+def secret_of(session: Session, project_id: str, kind: KeyKind, name: str) -> tuple[str, str] | None:
+    """(key id, secret) of the project's key of that kind and name, unsealed; None without one."""
+    project = session.get(Project, project_id)
+    row = None if project is None else _row(session, project, kind, name)
+    if row is None:
+        return None
+    return row.key_id, runtime_of(session).sealer.unseal(row.sealed_secret).decode()
 
 
 def registry_auth(session: Session, job: Job, image: str) -> RegistryAuth | None:

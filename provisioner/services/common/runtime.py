@@ -14,6 +14,7 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from provisioner.adapters.object_store import ObjectStore, open_store
 from provisioner.adapters.secrets import Sealer
 from provisioner.providers.base import ProviderDriver, provider_for
 from provisioner.services.common.heartbeat_timing import HeartbeatTiming
@@ -30,6 +31,7 @@ class Runtime:
     # provider drivers built with something of their own (GCP: the catalogue directory, or in tests
     # endpoints of local fakes); kinds not here are built plainly
     providers: Mapping[str, ProviderDriver] = field(default_factory=dict)
+    _objects: dict[str, ObjectStore] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def from_settings(
@@ -54,6 +56,16 @@ class Runtime:
             ),
             providers={**built, **(providers or {})},
         )
+
+    def objects(self) -> ObjectStore:
+        """The object store the settings name (opened once per runtime)."""
+        store = self._objects.get("store")
+        if store is None:
+            store = open_store(
+                self.settings.object_store, self.settings.object_store_endpoint, self.settings.home
+            )
+            self._objects["store"] = store
+        return store
 
     def provider(self, kind: str) -> ProviderDriver:
         """The driver for `kind`: the one this runtime was given, else the plain one."""

@@ -28,6 +28,7 @@ class Wake(StrEnum):
     GCP_BURST = "gcp-burst"  # jobs' burst VMs: create, delete when done, reap strays; quota cache
     JOBS = "jobs"  # place waiting jobs; fail (or re-queue) the workers of lost nodes
     METERING = "metering"  # post job hours to the ledger; move earned credits daily (docs/billing.md)
+    OBJECTS = "objects"  # read datasets', models' and checkpoints' remote sources into the object store
 
 
 # the reconciler that does a provider's work of each kind (providers/base.py Feature): the one that sets

@@ -47,6 +47,7 @@ from provisioner.services.common.errors import flush
 from provisioner.services.common.runtime import runtime_of
 from provisioner.services.common.wakeups import Wake, wake_after_commit
 from provisioner.services.jobs import job_peers, job_secrets, job_usage, jobs
+from provisioner.services.objects import data_objects
 from provisioner.store.account_models import Account
 from provisioner.store.expressions import one_of
 from provisioner.store.job_models import Job, JobWorker
@@ -127,12 +128,27 @@ def _share(node: Node, worker: JobWorker) -> tuple[float, int]:
     return max(cpus, 0.01), max(memory, 16)
 
 
-def _mounts(job_spec: JobSpec) -> list[Mount]:
-    """The spec's data mounts (contracts.jobspec.Data.mounts) on the node: a dataset from the region cache
-    (CACHE/datasets/NAME, read-only), input and output from their datastores."""
+def _mounts(session: Session, job: Job, job_spec: JobSpec) -> list[Mount]:
+    """The spec's data mounts (contracts.jobspec.Data.mounts) on the node: a dataset, model or checkpoint
+    as the object the job was created with (the node fetches it by digest), input and output from their
+    datastores. A job created before objects existed mounts its datasets from the region cache
+    (CACHE/datasets/NAME, read-only)."""
+    wanted = job_spec.mounts()
+    # read only for a job that mounts objects: most beats carry jobs that mount none
+    objects = data_objects.mounted_by(session, job.id) if any(m.datastore is None for m in wanted) else {}
     out: list[Mount] = []
-    for m in job_spec.mounts():
-        if m.datastore is None:
+    for m in wanted:
+        obj = objects.get(m.target) if m.datastore is None else None
+        if obj is not None:
+            source = Mount(
+                source_kind=MountSource.OBJECT,
+                object_id=obj.id,
+                digest=obj.digest,
+                name=obj.name,
+                target=m.target,
+                read_only=True,
+            )
+        elif m.datastore is None:
             source = Mount(
                 source_kind=MountSource.CACHE,
                 path=f"{DATASETS_DIR}/{m.name}",
@@ -210,7 +226,7 @@ def assignment_of(session: Session, node: Node, worker: JobWorker) -> WorkerAssi
         cpus=cpus,
         memory_mb=memory_mb,
         disk_gb=resources.disk_size,
-        mounts=_mounts(job_spec),
+        mounts=_mounts(session, job, job_spec),
         reservation=reservation if worker.index == 0 else None,  # one worker serves the endpoint
         port=worker.port,
         peers=job_peers.peers_of(job, worker) if kind == JobKind.GANG else [],

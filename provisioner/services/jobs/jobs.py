@@ -64,7 +64,9 @@ from provisioner.services.common import audit, lifecycle
 from provisioner.services.common.errors import flush
 from provisioner.services.common.wakeups import Wake, wake_after_commit
 from provisioner.services.jobs import job_placement, job_secrets, worker_output
+from provisioner.services.objects import data_objects
 from provisioner.store.account_models import Project
+from provisioner.store.data_models import DataObject
 from provisioner.store.job_models import Job, JobWorker
 from provisioner.store.models import Node, Region, new_id
 from provisioner.store.regional_models import Datastore, Reservation
@@ -214,7 +216,12 @@ def _regional(
 
 def datastores_of(spec: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
     data = spec.get("data") or {}
-    return [(key, data[key]) for key in ("input", "output") if isinstance(data.get(key), Mapping)]
+    return [
+        (key, data[key])
+        for key in ("input", "output")
+        if isinstance(data.get(key), Mapping)
+        and data[key].get("datastore") is not None  # not a uri, an object
+    ]
 
 
 def pinned_region(session: Session, account_id: str, spec: Mapping[str, Any]) -> Pinned:
@@ -499,6 +506,7 @@ def create(
             code="duplicate_name",
         )
     _reservation_free(session, spec, pinned)
+    objects = _objects_of(session, job_spec, proj.id)
     stored, sealed_env = job_secrets.seal(session, spec)
     job = Job(
         id=new_id("job"),
@@ -515,6 +523,7 @@ def create(
     )
     session.add(job)
     transition(session, job, JobState.WAITING, actor=principal.actor, reason=decision.reason or "created")
+    data_objects.link(session, job.id, objects)
     for planned, request in zip(plan, requests, strict=True):
         worker = JobWorker(
             id=new_id("jwk"),
@@ -540,6 +549,18 @@ def create(
         job.reason = decision.reason  # an independent job's other workers wait: say why
         wake_after_commit(session, Wake.JOBS)
     return Submission(job, decision, pinned, plan)
+
+
+def _objects_of(session: Session, job_spec: JobSpec, project_id: str) -> list[tuple[DataObject, str]]:
+    """The ready datasets, model and checkpoints the job mounts (services/objects/data_objects.for_job)."""
+    if job_spec.model is not None and job_spec.model.name is None:
+        raise InvalidInput(
+            "model.source is made into a model by `provision job create -f FILE`: send model.name, the "
+            "model it made (or `provision model create NAME --source …` first)",
+            code="model_source",
+        )
+    wanted = [(m.role.value, m.name, m.target) for m in job_spec.mounts() if m.datastore is None]
+    return data_objects.for_job(session, project_id, wanted)
 
 
 def _assign_or_wait(

@@ -1,0 +1,1 @@
+"""A project\x27s datasets, models and checkpoints (docs/data.md)."""
