@@ -58,7 +58,7 @@ def _show(home: Path, name: str) -> dict[str, Any]:
     return dict(json.loads(_run(home, "job", "show", name, "--json")[1].stdout))
 
 
-def _to_running_s(home: Path, name: str, workers: int) -> float:
+def _to_running_s(home: Path, name: str, workers: int, datasets: tuple[str, ...] = ()) -> float:
     """Create a job of `workers` one-GPU workers; seconds from its creation to every worker running (its
     history: the job's first line to its `running` line, both the control plane's clock). Then stop it."""
     spec = home / f"{name}.yaml"
@@ -69,6 +69,7 @@ def _to_running_s(home: Path, name: str, workers: int) -> float:
         "resources": {"gpu_types": ["RTX A6000"], "gpu_count": 1},
         "workers": ["sleep 120"] * workers,
         "environment": {"image": "localhost/rigbase-lab:latest"},
+        "data": {"datasets": list(datasets)},
     }
     spec.write_text(json.dumps(body))
     _run(home, "job", "create", "-f", str(spec), "-y")
@@ -103,6 +104,30 @@ def _gang_start(home: Path) -> None:
     )
     figure("create -> running, one worker", one_s, "s")
     figure(f"create -> running, a gang of {GANG} over {GANG_NODES} nodes / one worker", gang_s / one_s, "x")
+
+
+def _data_start(home: Path) -> None:
+    """A one-worker job with a 256 MB dataset, the first time (the node fetches it) and then with the
+    node's copy, against the same job without data, alternating on one node."""
+    data = home / "bench-dataset"
+    data.mkdir()
+    for i in range(4):
+        (data / f"part-{i}.bin").write_bytes(os.urandom(64 * 2**20))
+    _run(home, "dataset", "create", "bench-256", "--source", str(data))
+    for n in range(2, GANG_NODES + 1):  # one node: the dataset's second use finds it there
+        _run(home, "node", "maintenance", f"node-{n}", "on")
+    first = _to_running_s(home, "data-first", 1, ("bench-256",))
+    plain, cached = [], []
+    for i in range(REPEATS):
+        plain.append(_to_running_s(home, f"plain-{i}", 1))
+        cached.append(_to_running_s(home, f"cached-{i}", 1, ("bench-256",)))
+    plain_s, cached_s = sorted(plain)[len(plain) // 2], sorted(cached)[len(cached) // 2]
+    print(
+        f"create -> running with a 256 MB dataset: first (fetched by the node) {first:.2f} s, cached "
+        f"{cached_s:.2f} s; without data {plain_s:.2f} s (median of {REPEATS})"
+    )
+    figure("create -> running, a 256 MB dataset the node holds / no data", cached_s / plain_s, "x")
+    figure("create -> running, a 256 MB dataset fetched first / no data", first / plain_s, "x")
 
 
 def main() -> None:
@@ -156,6 +181,7 @@ def main() -> None:
                 "so a node may wait for another's playbook)"
             )
             _gang_start(home)
+            _data_start(home)
         finally:
             down_s, _ = _run(home, "lab", "down", "--yes")
             print(f"lab down: {down_s:.1f} s")

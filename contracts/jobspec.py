@@ -237,6 +237,20 @@ class SecretValue(_Section):
     secret: Literal[True]
 
 
+# The variables a project key of each kind becomes in a worker that names it (environment.keys): the
+# names each tool reads by itself. (key id, secret); None: that half is not given.
+KEY_VARIABLES: Final[dict[str, tuple[str | None, str]]] = {
+    "aws": ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"),
+    "azure": ("AZURE_STORAGE_ACCOUNT", "AZURE_STORAGE_KEY"),
+    "huggingface": (None, "HF_TOKEN"),
+    "kaggle": ("KAGGLE_USERNAME", "KAGGLE_KEY"),
+    "wandb": (None, "WANDB_API_KEY"),
+}
+_KeyRef = Annotated[
+    str, Field(pattern=r"^(aws|azure|huggingface|kaggle|wandb)(/[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)?$")
+]
+
+
 class Environment(_Section):
     image: RegistryImage = Field(
         DEFAULT_IMAGE,
@@ -250,6 +264,19 @@ class Environment(_Section):
         description="environment variables, shared by all workers; a secret one as {value, secret: true}",
     )
     packages: Packages = Field(default_factory=Packages)
+    keys: list[_KeyRef] = Field(
+        default_factory=list,
+        max_length=len(KEY_VARIABLES),
+        description="project keys given to every worker as the variables their tools read: KIND[/NAME]",
+    )
+
+    @field_validator("keys")
+    @classmethod
+    def _one_per_kind(cls, value: list[str]) -> list[str]:
+        kinds = [k.split("/", 1)[0] for k in value]
+        if len(set(kinds)) != len(kinds):
+            raise ValueError("one key of each kind: its variables would be set twice")
+        return value
 
     @field_validator("env", mode="before")
     @classmethod

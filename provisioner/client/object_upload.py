@@ -7,7 +7,9 @@ command again finds it, asks again, and sends only what is still missing."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,7 @@ from provisioner.client.errors import ControlPlaneError
 from provisioner.client.http import Client
 from provisioner.domain.states import ObjectState
 
+PARALLEL = 4  # chunks sent at once
 UPLOAD_PREFIX = "upload:"  # services/objects/data_objects.py keeps an uploaded object's source so
 
 # told (bytes sent so far, bytes to send) after every chunk
@@ -76,13 +79,22 @@ def upload(
     todo = [sha for sha in order if sha in missing]
     total = sum(tree.pieces[sha].length for sha in todo)
     sent = 0
+    lock = threading.Lock()
     if progress is not None:
         progress(0, total)
-    for sha in todo:
+
+    def put(sha: str) -> None:
+        nonlocal sent
         data = tree.pieces[sha].read()
         client.put_bytes(f"/v1/objects/{object_id}/chunks/{sha}", data)
-        sent += len(data)
-        if progress is not None:
-            progress(sent, total)
+        with lock:
+            sent += len(data)
+            if progress is not None:
+                progress(sent, total)
+
+    # a few chunks in flight at once: one at a time leaves the link idle while the server hashes and stores
+    with ThreadPoolExecutor(max_workers=PARALLEL) as pool:
+        for done in [pool.submit(put, sha) for sha in todo]:
+            done.result()  # the first refusal is raised; chunks sent before it are kept, for a resume
     done = client.post(f"/v1/objects/{object_id}/manifest", tree.manifest.model_dump(mode="json"))
     return Uploaded(done, len(order), len(todo), sent, resumed, tree.skipped)

@@ -40,6 +40,14 @@ KNOWN: Final = frozenset(
 )
 # trainML's external data fields: the inference input that is not read yet
 EXTERNAL_INPUT: Final = ("input_type", "input_uri")
+# trainML's key types → the project key kinds rigbase gives workers (environment.keys)
+TRAINML_KEY_TYPES: Final = {
+    "aws": "aws",
+    "azure": "azure",
+    "hf": "huggingface",
+    "kaggle": "kaggle",
+    "wandb": "wandb",
+}
 OWN_STORE: Final = frozenset({"trainml", "proximl"})  # trainML's own models, checkpoints, datasets
 BUCKET_OUTPUTS: Final = {"aws": "s3://", "wasabi": "s3://", "gcp": "gs://"}
 
@@ -203,8 +211,7 @@ def _environment(
     packages = raw.get("packages")
     if isinstance(packages, Mapping):
         out["packages"] = {k: v for k, v in packages.items() if k in ("apt", "conda", "pip") and v}
-    if raw.get("worker_key_types"):
-        notes.append("environment.worker_key_types: third-party keys are not given to jobs yet, ignored")
+    _keys(raw.get("worker_key_types"), out, origin, notes)
     return out
 
 
@@ -232,6 +239,19 @@ def _output(raw: Mapping[str, Any], job: str, errors: list[tuple[FieldPath, str]
             )
         )
     return None
+
+
+def _keys(wanted: Any, out: dict[str, Any], origin: dict[FieldPath, FieldPath], notes: list[str]) -> None:
+    """trainML's worker_key_types → environment.keys (the project's `default` key of each kind)."""
+    if not isinstance(wanted, list) or not wanted:
+        return
+    given = [TRAINML_KEY_TYPES[k] for k in wanted if k in TRAINML_KEY_TYPES]
+    if given:
+        out["keys"] = given
+        origin[("environment", "keys")] = ("environment", "worker_key_types")
+    dropped = [str(k) for k in wanted if k not in TRAINML_KEY_TYPES]
+    if dropped:
+        notes.append(f"environment.worker_key_types {', '.join(dropped)}: not given to workers, ignored")
 
 
 def _data(

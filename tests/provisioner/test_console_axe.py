@@ -83,6 +83,7 @@ def pages(fleet: Fleet) -> dict[str, str]:
         "job-new": "/jobs/new",
         "job": f"/jobs/{job_id}",
         "billing": "/billing",
+        "data": "/data",
         "not-found": "/no-such-page",
     }
 

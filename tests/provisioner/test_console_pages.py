@@ -12,6 +12,7 @@ from __future__ import annotations
 import html
 import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -450,3 +451,23 @@ def test_a_regions_compute_grid_comes_in_pages_of_a_hundred(fleet: Fleet) -> Non
         assert (
             html.escape("?q=n-&state=&page=3") in filtered and html.escape("?q=n-&state=&page=1") in filtered
         )
+
+
+def test_the_data_page_lists_the_projects_objects_and_hides_another_accounts(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "a.txt").write_text("a")
+    made = fleet.cp.provision("dataset", "create", "console-set", "--source", str(tmp_path / "d"))
+    assert made.returncode == 0, made.stderr
+    ours = api(fleet, "GET", "/v1/projects/default")["id"]
+    with browser(fleet.cp) as client:
+        sign_in(client, fleet.cp.token)
+        shown = client.get("/data")
+        assert shown.status_code == 200 and "console-set" in shown.text and "ready" in shown.text
+        assert "No model in this project yet." in shown.text
+        assert 'href="/data"' in shown.text
+    with browser(fleet.cp) as client:
+        sign_in(client, fleet.other_token)
+        assert "console-set" not in client.get("/data").text
+        assert client.get("/data", params={"project": ours}).status_code == 404

@@ -441,6 +441,26 @@ def test_digests_are_of_the_canonical_manifest(tmp_path: Path) -> None:
         Manifest.model_validate({"files": [{"path": "b", "size": 0}, {"path": "a", "size": 0}]})
 
 
+def _free(fleet: Fleet) -> None:
+    """Every worker the nodes were told to run reported stopped: the capacity of earlier tests' jobs
+    (stopped, but held until their node says so) is free again."""
+    for node in fleet.node_ids:
+        told = fleet.heartbeat(node)["workers"]
+        reports = [
+            {
+                "job_id": w["job_id"],
+                "worker": w["worker"],
+                "generation": w["generation"],
+                "state": "stopped",
+                "exit_code": 143,
+                "log_eof": True,
+            }
+            for w in told
+        ]
+        if reports:
+            fleet.heartbeat(node, reports)
+
+
 def _outputs(fleet: Fleet, node: str) -> ControlPlaneOutputs:
     enrollment = Enrollment(fleet.cp.url, None, ca_certificate=fleet.cp.ca.read_text())
     ident = {"node_id": fleet.node_ids[node], "node_credential": fleet.credentials[node]}
@@ -649,3 +669,31 @@ def test_sources_and_outputs_reach_only_public_hosts_unless_the_operator_allows_
                 "dataset", "create", name, "--source", source, "--wait", "--timeout", "60"
             )
             assert done.returncode != 0 and words in done.stderr, done.stderr
+
+
+def test_a_job_gets_the_project_keys_its_spec_names_as_their_tools_variables(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    _free(fleet)
+    secret = tmp_path / "s"
+    for kind, key_id, value in [("wandb", "team", "wandb-secret-1"), ("huggingface", "me", "hf_secret_2")]:
+        secret.write_text(value)
+        secret.chmod(0o600)
+        added = fleet.cp.provision(
+            "project", "key", "set", "default", "--kind", kind, "-u", key_id, "--secret-file", str(secret)
+        )
+        assert added.returncode == 0, added.stderr
+    with fleet.http() as http:
+        missing = http.post(
+            "/v1/jobs",
+            json={"spec": spec("no-key", gpus=0, environment={"image": "localhost/x:1", "keys": ["kaggle"]})},
+        )
+        assert missing.status_code == 404 and "has no kaggle key 'default'" in missing.json()["message"]
+        body = spec("keyed", gpus=0, environment={"image": "localhost/x:1", "keys": ["wandb", "huggingface"]})
+        made = http.post("/v1/jobs", json={"spec": body})
+        assert made.status_code == 201, made.text
+        job = http.get(f"/v1/jobs/{made.json()['id']}").json()
+    assert "hf_secret_2" not in json.dumps(job)  # the stored spec names keys, never holds them
+    (w,) = [w for w in fleet.heartbeat(job["workers"][0]["node"])["workers"] if w["job_id"] == job["id"]]
+    assert (w["env"]["WANDB_API_KEY"], w["env"]["HF_TOKEN"]) == ("wandb-secret-1", "hf_secret_2")
+    fleet.cp.provision("job", "stop", job["id"])

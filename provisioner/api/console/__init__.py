@@ -19,7 +19,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import Response
 from starlette.convertors import Convertor, register_url_convertor
 
-from provisioner.api.console import actions, billing_pages, job_pages, pages
+from provisioner.api.console import actions, billing_pages, data_pages, job_pages, pages
 from provisioner.api.console.render import HERE, not_found
 from provisioner.api.console.session import Signer, signing_key
 from provisioner.api.deps import unit_of_work_slot
@@ -73,7 +73,7 @@ def mount(app: FastAPI) -> None:
     # Console handlers open their own sessions: the same admission as the API's units of work
     # (provisioner/api/admission.py), so a page or a form cannot stall behind a join burst holding a thread
     admitted = [Depends(unit_of_work_slot)]
-    for router in (pages.router, job_pages.router, billing_pages.router, actions.router):
+    for router in (pages.router, job_pages.router, billing_pages.router, data_pages.router, actions.router):
         app.include_router(router, dependencies=admitted)
     app.add_api_route("/static/console.css", _stylesheet, methods=["GET"], include_in_schema=False)
     app.add_api_route("/static/console.js", _script, methods=["GET"], include_in_schema=False)

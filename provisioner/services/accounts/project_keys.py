@@ -18,9 +18,10 @@ from enum import StrEnum
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from contracts.errors import InvalidInput, NotFound
+from contracts.errors import InvalidInput, NotFound, RuleViolation
 from contracts.images import REGISTRY_HOST, registry_of
 from contracts.jobs import RegistryAuth
+from contracts.jobspec import KEY_VARIABLES
 from provisioner.domain.roles import Action, Principal
 from provisioner.services.accounts import projects
 from provisioner.services.common import audit
@@ -157,6 +158,46 @@ def secret_of(session: Session, project_id: str, kind: KeyKind, name: str) -> tu
     if row is None:
         return None
     return row.key_id, runtime_of(session).sealer.unseal(row.sealed_secret).decode()
+
+
+def _named(ref: str) -> tuple[KeyKind, str]:
+    kind, _, name = ref.partition("/")
+    return KeyKind(kind), name or DEFAULT_NAME
+
+
+def check_for_job(session: Session, project: Project, account_id: str, refs: list[str]) -> None:
+    """Every key a job names (environment.keys) is the project's own; refused in one line otherwise."""
+    if refs and project.account_id != account_id:
+        raise RuleViolation(
+            f"project {project.name} is shared with your account: it lends its regions, never its keys; "
+            "remove environment.keys, or run the job in a project of your own",
+            code="keys_not_lent",
+        )
+    for ref in refs:
+        kind, name = _named(ref)
+        if _row(session, project, kind, name) is None:
+            raise NotFound(
+                f"environment.keys: project {project.name} has no {kind} key {name!r}: add it with "
+                f"`provision project key set {project.name} --kind {kind} --name {name} -u ID "
+                "--secret-file FILE`",
+                code="key_not_found",
+            )
+
+
+def job_variables(session: Session, job: Job, refs: list[str]) -> dict[str, str]:
+    """The variables the job's named keys become (contracts.jobspec.KEY_VARIABLES); a key removed since the
+    job was created gives none (its tool then says it has no credentials)."""
+    out: dict[str, str] = {}
+    for ref in refs:
+        kind, name = _named(ref)
+        found = secret_of(session, job.project_id, kind, name)
+        if found is None:
+            continue
+        id_var, secret_var = KEY_VARIABLES[kind.value]
+        if id_var is not None:
+            out[id_var] = found[0]
+        out[secret_var] = found[1]
+    return out
 
 
 def registry_auth(session: Session, job: Job, image: str) -> RegistryAuth | None:

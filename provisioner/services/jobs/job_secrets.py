@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from contracts.errors import InvalidInput
+from provisioner.services.accounts import project_keys
 from provisioner.services.common.runtime import runtime_of
 from provisioner.store.job_models import Job
 
@@ -46,9 +47,14 @@ def seal(session: Session, spec: Mapping[str, Any]) -> tuple[dict[str, Any], str
 
 
 def environment(session: Session, job: Job, *, with_secrets: bool) -> dict[str, str]:
-    """The job's variables as a worker gets them: plain ones always, secret ones only `with_secrets`."""
+    """The job's variables as a worker gets them: plain ones always; secret ones and the project keys the
+    spec names (environment.keys, as AWS_ACCESS_KEY_ID, HF_TOKEN, …) only `with_secrets`."""
     plain = {str(k): str(v) for k, v in _env(job.spec).items() if not isinstance(v, Mapping)}
-    if not with_secrets or job.sealed_env is None:
+    if not with_secrets:
         return plain
+    refs = list((job.spec.get("environment") or {}).get("keys") or [])
+    keys = project_keys.job_variables(session, job, refs) if refs else {}
+    if job.sealed_env is None:
+        return {**plain, **keys}
     sealed: dict[str, str] = json.loads(runtime_of(session).sealer.unseal(job.sealed_env))
-    return {**plain, **sealed}
+    return {**plain, **sealed, **keys}

@@ -57,7 +57,7 @@ from provisioner.domain.states import (
     WorkerState,
 )
 from provisioner.domain.worker_placement import Packing
-from provisioner.services.accounts import accounts
+from provisioner.services.accounts import accounts, project_keys
 from provisioner.services.billing import ledger
 from provisioner.services.cloud import gcp_burst
 from provisioner.services.common import audit, lifecycle
@@ -507,6 +507,7 @@ def create(
         )
     _reservation_free(session, spec, pinned)
     objects = _objects_of(session, job_spec, proj.id)
+    project_keys.check_for_job(session, proj, principal.account_id, job_spec.environment.keys)
     stored, sealed_env = job_secrets.seal(session, spec)
     job = Job(
         id=new_id("job"),
