@@ -312,16 +312,45 @@ def _from_root(value: str) -> str:
     return value
 
 
-class DataPath(_Section):
-    """A path in a regional datastore, given from the datastore's root (`/` = the whole datastore)."""
+OUTPUT_SCHEMES: Final = ("s3://", "gs://")
+INPUT_SCHEMES: Final = ("s3://", "gs://", "https://", "http://")
 
-    datastore: _DnsLabel
-    path: str = Field("/", min_length=1, max_length=4096)
+
+class Input(_Section):
+    """An inference job's input at /opt/ml/input: a datastore path, or a one-time download of `uri`
+    (s3://, gs://, https://; an archive is unpacked) that the job waits for and that is removed when the
+    job ends (docs/data.md, "Inference input")."""
+
+    datastore: _DnsLabel | None = Field(None, description="a regional datastore, mounted read-only")
+    path: str = Field("/", min_length=1, max_length=4096, description="below the datastore's root")
+    uri: str | None = Field(None, max_length=2048, description="s3://…, gs://…, https://…, http://…")
+    key: _DnsLabel | None = Field(None, description="the project key that reads `uri`; else its `default`")
+    endpoint_url: str | None = Field(None, max_length=2048, description="an S3-compatible store's endpoint")
 
     _path = field_validator("path")(classmethod(lambda cls, value: _from_root(value)))
 
-
-OUTPUT_SCHEMES: Final = ("s3://", "gs://")
+    @model_validator(mode="after")
+    def _one_place(self) -> Input:
+        rules: list[tuple[bool, str]] = [
+            ((self.datastore is None) == (self.uri is None), "give a datastore (and path), or a uri"),
+            (
+                self.uri is not None and not self.uri.startswith(INPUT_SCHEMES),
+                "a uri is s3://, gs://, https://",
+            ),
+            (
+                self.uri is None and (self.key, self.endpoint_url) != (None, None),
+                "key and endpoint_url go with a uri",
+            ),
+            (
+                self.endpoint_url is not None and not (self.uri or "").startswith("s3://"),
+                "endpoint_url is for s3://",
+            ),
+            (self.path != "/" and self.datastore is None, "path goes with a datastore"),
+        ]
+        for broken, message in rules:
+            if broken:
+                raise ValueError(message)
+        return self
 
 
 class Output(_Section):
@@ -438,7 +467,7 @@ class Data(_Section):
         max_length=MAX_DATASETS,
         description="one: at /opt/ml/checkpoint; several: /opt/ml/checkpoint/NAME_WITH_UNDERSCORES each",
     )
-    input: DataPath | None = Field(None, description="mounted read-only at /opt/ml/input")
+    input: Input | None = Field(None, description="mounted read-only at /opt/ml/input (inference jobs)")
     output: Output | None = Field(
         None, description="where /opt/ml/output goes (RIGBASE_OUTPUT_PATH in each worker)"
     )
@@ -494,10 +523,10 @@ class Data(_Section):
         out += objects(DataRole.MODEL, [model] if model else [], MODELS_PATH)
         out += objects(DataRole.CHECKPOINT, self.checkpoints, CHECKPOINT_PATH)
         if self.input is not None:
-            out.append(
+            out.append(  # a uri input is the job's own download (datastore None: the server names it)
                 DataMount(
                     role=DataRole.INPUT,
-                    name=self.input.datastore,
+                    name=self.input.datastore or "input",
                     datastore=self.input.datastore,
                     path=self.input.path,
                     target=INPUT_PATH,

@@ -18,14 +18,15 @@ data.datasets            -> data.datasets (names, or {id | name} each)
 data.output_type/_uri    -> data.output: aws and wasabi -> {uri: s3://…}, gcp -> {uri: gs://…}, trainml ->
                             a new {kind: output_uri (model, checkpoint, dataset), name: the job's name};
                             local, azure and regional datastores are refused with what to write instead
-model (trainml source)   -> model.name (the model's name or id); a git, s3 or web source is refused: create
-                            the model first (`provision model create`)
-data.input_*             -> refused: an inference job's one-time download is not built
+model                    -> model.name for a trainml source (the model's name or id); model.source for a
+                            git, aws, gcp, web or local one, which `provision job create` makes into a model
+data.input_type/_uri     -> data.input.uri: the one-time download an inference job waits for (aws, wasabi,
+                            gcp, web); local, azure and regional datastores are refused
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from contracts.gpu_types import TRAINML_CPU, TRAINML_GPU_IDS, resolve_gpu_type
@@ -38,8 +39,13 @@ MARKERS: Final = frozenset({*RESOURCE_KEYS, "worker_commands", "project_uuid", "
 KNOWN: Final = frozenset(
     {"name", "type", "resources", "workers", "environment", "data", "model", "endpoint", *MARKERS}
 )
-# trainML's external data fields: the inference input that is not read yet
-EXTERNAL_INPUT: Final = ("input_type", "input_uri")
+# trainML's inference input types → the URI prefixes rigbase reads for them (data.input.uri)
+INPUT_SCHEMES_OF: Final = {
+    "aws": ("s3://",),
+    "wasabi": ("s3://",),
+    "gcp": ("gs://",),
+    "web": ("https://", "http://"),
+}
 # trainML's key types → the project key kinds rigbase gives workers (environment.keys)
 TRAINML_KEY_TYPES: Final = {
     "aws": "aws",
@@ -47,6 +53,15 @@ TRAINML_KEY_TYPES: Final = {
     "hf": "huggingface",
     "kaggle": "kaggle",
     "wandb": "wandb",
+}
+# trainML's model source types → the source rigbase reads (None: this URI is not one of that type)
+MODEL_SOURCES: Final[dict[str, Callable[[str], str | None]]] = {
+    "git": lambda uri: "git+" + uri if uri.startswith(("https://", "http://")) else None,
+    "aws": lambda uri: uri if uri.startswith("s3://") else None,
+    "wasabi": lambda uri: uri if uri.startswith("s3://") else None,
+    "gcp": lambda uri: uri if uri.startswith("gs://") else None,
+    "web": lambda uri: uri if uri.startswith(("https://", "http://")) else None,
+    "local": lambda uri: uri if not uri.startswith(("~", "$")) and "://" not in uri else None,
 }
 OWN_STORE: Final = frozenset({"trainml", "proximl"})  # trainML's own models, checkpoints, datasets
 BUCKET_OUTPUTS: Final = {"aws": "s3://", "wasabi": "s3://", "gcp": "gs://"}
@@ -78,19 +93,10 @@ def to_rigbase(doc: Mapping[str, Any]) -> Converted:
         notes.append(f"{len(data['workers'])} workers run as independent runs, as trainML runs them")
     data["environment"] = _environment(doc.get("environment"), origin, errors, notes)
     data["data"] = _data(doc.get("data"), name, origin, errors)
-    model = doc.get("model")
-    if isinstance(model, Mapping) and model.get("source_type") in OWN_STORE and model.get("source_uri"):
-        data["model"] = {"name": str(model["source_uri"])}
-        origin[("model", "name")] = ("model", "source_uri")
-    elif model:
-        uri = model.get("source_uri", "") if isinstance(model, Mapping) else ""
-        errors.append(
-            (
-                ("model",),
-                f"create the model first (`provision model create NAME --source {uri or 'SRC'}`), then "
-                "name it: model: {source_type: trainml, source_uri: NAME}",
-            )
-        )
+    model = _model(doc.get("model"), errors)
+    if model is not None:
+        data["model"] = model
+        origin[("model",)] = ("model", "source_uri")
     if doc.get("endpoint"):
         notes.append("endpoint: not a rigbase setting yet, ignored")
     notes += [f"{key}: not a rigbase setting, ignored" for key in doc if key not in KNOWN]
@@ -241,6 +247,28 @@ def _output(raw: Mapping[str, Any], job: str, errors: list[tuple[FieldPath, str]
     return None
 
 
+def _model(raw: Any, errors: list[tuple[FieldPath, str]]) -> dict[str, str] | None:
+    """trainML's model: one of the project's by name or id, or a source `provision job create` makes into
+    one (contracts.jobspec.ModelRef.source): git, aws (s3://), gcp (gs://), web, or a local directory."""
+    if not raw:
+        return None
+    kind = str(raw.get("source_type") or "") if isinstance(raw, Mapping) else ""
+    uri = str(raw.get("source_uri") or "") if isinstance(raw, Mapping) else ""
+    if kind in OWN_STORE and uri:
+        return {"name": uri}
+    source = MODEL_SOURCES.get(kind, lambda _: None)(uri) if uri else None
+    if source is None:
+        errors.append(
+            (
+                ("model",),
+                f"source_type {kind!r} with source_uri {uri[:80]!r} is not a model source: use git "
+                "(https://…), aws (s3://…), gcp (gs://…), web (https://…), local (a directory) or "
+                "trainml (a name)",
+            )
+        )
+    return {"source": source} if source else None
+
+
 def _keys(wanted: Any, out: dict[str, Any], origin: dict[FieldPath, FieldPath], notes: list[str]) -> None:
     """trainML's worker_key_types → environment.keys (the project's `default` key of each kind)."""
     if not isinstance(wanted, list) or not wanted:
@@ -272,13 +300,19 @@ def _data(
         if output is not None:
             out["output"] = output
             origin[("data", "output")] = ("data", "output_type")
-    for key in EXTERNAL_INPUT:
-        if raw.get(key):
+    if raw.get("input_type") or raw.get("input_uri"):
+        kind, uri = str(raw.get("input_type") or ""), str(raw.get("input_uri") or "")
+        wanted = INPUT_SCHEMES_OF.get(kind)
+        if wanted is not None and uri.startswith(wanted):
+            out["input"] = {"uri": uri}
+            origin[("data", "input")] = ("data", "input_uri")
+        else:
             errors.append(
                 (
-                    ("data", key),
-                    "an inference job's one-time input is not read yet: create a dataset from it "
-                    "(`provision dataset create`) and name it in data.datasets of a training job",
+                    ("data", "input_type"),
+                    f"input_type {kind!r} with input_uri {uri[:80]!r} is not read: use aws or wasabi "
+                    "(s3://…), gcp (gs://…) or web (https://…), or a rigbase spec's data.input "
+                    "{datastore, path}",
                 )
             )
     return out

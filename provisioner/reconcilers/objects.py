@@ -22,6 +22,8 @@ log = logging.getLogger("rigbase.reconcilers.objects")
 def run_once(sessions: sessionmaker[Session]) -> int:
     """One pass; how many sources it read and outputs it tried to deliver."""
     done = deliver_outputs(sessions)
+    with session_scope(sessions) as session:
+        done += data_objects.purge_inputs(session)
     while True:
         with session_scope(sessions) as session:
             due = data_objects.pending(session)

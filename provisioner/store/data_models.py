@@ -39,6 +39,8 @@ class DataObject(Base):
     endpoint_url: Mapped[str | None] = mapped_column(Text)  # an S3-compatible store's endpoint
     key_name: Mapped[str | None] = mapped_column(String(253))  # the project key that reads the source
     public: Mapped[bool] = mapped_column(Boolean, server_default=false(), default=False)
+    # an inference job's one-time input: removed when that job ends
+    job_id: Mapped[str | None] = mapped_column(String(32), index=True)
     state: Mapped[str] = mapped_column(String(16))
     reason: Mapped[str | None] = mapped_column(Text)
     digest: Mapped[str | None] = mapped_column(String(71))  # sha256:HEX of the manifest, once ready

@@ -14,6 +14,7 @@ import json
 import subprocess
 import tarfile
 import threading
+import time
 import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -31,10 +32,11 @@ from minion.jobs.outputs import ControlPlaneOutputs, OutputRefused, upload
 from minion.join.client import ControlPlane as MinionControlPlane
 from minion.join.client import Enrollment
 from provisioner.adapters.sources import SourceError, check_host, networks_of
+from provisioner.domain.states import ObjectState
 from provisioner.reconcilers.loop import ReconcilerLoop
 from provisioner.services.common.runtime import Runtime, attach
 from provisioner.services.common.wakeups import Wake
-from provisioner.services.objects import outputs
+from provisioner.services.objects import data_objects, outputs
 from provisioner.settings import Settings
 from provisioner.store.data_models import DataObject
 from provisioner.store.engine import make_engine, make_sessionmaker
@@ -697,3 +699,75 @@ def test_a_job_gets_the_project_keys_its_spec_names_as_their_tools_variables(
     (w,) = [w for w in fleet.heartbeat(job["workers"][0]["node"])["workers"] if w["job_id"] == job["id"]]
     assert (w["env"]["WANDB_API_KEY"], w["env"]["HF_TOKEN"]) == ("wandb-secret-1", "hf_secret_2")
     fleet.cp.provision("job", "stop", job["id"])
+
+
+def test_a_job_waits_for_its_data_and_fails_when_the_data_does(fleet: Fleet, tmp_path: Path) -> None:
+    _free(fleet)
+    src = tree(tmp_path / "slow", {"a.bin": b"a" * 5000})
+    local = scan(src)
+    with fleet.http() as http:
+        row = http.post("/v1/datasets", json={"name": "arriving", "source": str(src.resolve())}).json()
+        other = http.post("/v1/datasets", json={"name": "doomed", "source": str(src.resolve())}).json()
+        made = http.post(
+            "/v1/jobs", json={"spec": spec("waits-for-data", gpus=0, data={"datasets": ["arriving"]})}
+        )
+        assert made.status_code == 201, made.text
+        doomed = http.post(
+            "/v1/jobs", json={"spec": spec("loses-data", gpus=0, data={"datasets": ["doomed"]})}
+        )
+        job = made.json()
+        assert job["state"] == "waiting", job
+        assert job["reason"].startswith("Waiting for data: dataset 'arriving' still downloading"), job[
+            "reason"
+        ]
+        fleet.reconcile()
+        assert http.get(f"/v1/jobs/{job['id']}").json()["state"] == "waiting"  # not placed meanwhile
+        # the upload finishes: the job starts at the next pass
+        for sha, piece in local.pieces.items():
+            http.put(f"/v1/objects/{row['id']}/chunks/{sha}", content=piece.read())
+        assert http.post(
+            f"/v1/objects/{row['id']}/manifest", json=local.manifest.model_dump(mode="json")
+        ).is_success
+        fleet.reconcile()
+        assert http.get(f"/v1/jobs/{job['id']}").json()["state"] == "starting"
+    # a source that fails fails the jobs waiting for it (as the objects reconciler marks it)
+    with fleet.sessions.begin() as s:
+        obj = s.get(DataObject, other["id"])
+        assert obj is not None
+        data_objects.transition(s, obj, ObjectState.FAILED, actor="test", reason="HTTP 404")
+    fleet.reconcile()
+    with fleet.http() as http:
+        lost = http.get(f"/v1/jobs/{doomed.json()['id']}").json()
+        assert (
+            lost["state"] == "failed"
+            and lost["reason"] == "its data cannot be had: dataset 'doomed' is failed: HTTP 404"
+        ), lost
+        http.post(f"/v1/jobs/{job['id']}/stop")
+
+
+def test_an_inference_jobs_input_is_downloaded_once_for_it_and_removed_when_it_ends(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    _free(fleet)
+    with web_server(tree(tmp_path / "web", {"batch.csv": b"1,2\n3,4\n"})) as web:
+        body = spec("predicts", gpus=0, type="inference", data={"input": {"uri": f"{web}/batch.csv"}})
+        with fleet.http() as http:
+            made = http.post("/v1/jobs", json={"spec": body})
+            assert made.status_code == 201, made.text
+            job_id = made.json()["id"]
+            assert made.json()["reason"].startswith("Waiting for data: dataset 'predicts-input-"), made.json()
+            deadline = time.monotonic() + 60
+            while (job := http.get(f"/v1/jobs/{job_id}").json())["state"] == "waiting":
+                assert time.monotonic() < deadline, job["reason"]
+                fleet.reconcile()  # placed once the server's objects reconciler has read the input
+                time.sleep(0.2)
+    (w,) = [w for w in fleet.heartbeat(job["workers"][0]["node"])["workers"] if w["job_id"] == job_id]
+    (mount,) = w["mounts"]
+    assert (mount["target"], mount["source_kind"]) == ("/opt/ml/input", "object")
+    files = json.loads(fleet.cp.provision("dataset", "show", mount["name"], "--files", "--json").stdout)
+    assert [f["path"] for f in files] == ["batch.csv"]
+    with fleet.http() as http:
+        assert http.post(f"/v1/jobs/{job_id}/stop").json()["state"] == "stopped"
+    _deliver(fleet)  # the objects reconciler's pass removes the inputs of ended jobs
+    gone = fleet.cp.provision("dataset", "show", mount["name"])
+    assert gone.returncode != 0 and "does not exist" in gone.stderr

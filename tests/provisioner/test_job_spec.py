@@ -26,7 +26,7 @@ from provisioner.domain.job_source import MAX_SPEC_BYTES
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = Path(__file__).with_name("jobspecs")
-# trainML's own example names a model by its git source, which a job cannot create: it is refused
+# trainML's own example names its model by an ssh git URI (git@github.com:…), which rigbase does not read
 REFUSED_EXAMPLES = frozenset({"trainml-custom-container.yaml"})
 EXAMPLE_FILES = [
     p for p in sorted(EXAMPLES.iterdir()) if p.suffix in (".yaml", ".json") and p.name not in REFUSED_EXAMPLES
@@ -666,10 +666,14 @@ def test_a_trainml_job_with_what_rigbase_does_not_read_yet_is_refused_naming_eac
         read((EXAMPLES / "trainml-custom-container.yaml").read_text(), "job.yaml")
     assert [line.split(": ")[1] for line in caught.value.errors] == ["model"]
     assert caught.value.errors[0].startswith(
-        "job.yaml:8: model: create the model first (`provision model create"
+        "job.yaml:8: model: source_type 'git' with source_uri 'git@github.com:trainML/environment-tests.git'"
     )
-    # without the model it converts, its wasabi output to the bucket at that endpoint
     text = (EXAMPLES / "trainml-custom-container.yaml").read_text()
+    # the same repository over https is a model source: `provision job create` makes it into a model
+    https = read(text.replace("git@github.com:trainML/", "https://github.com/trainML/"))
+    assert https.spec.model is not None
+    assert https.spec.model.source == "git+https://github.com/trainML/environment-tests.git"
+    # a trainml model is named; its wasabi output goes to the bucket at that endpoint
     converted = read(text.replace("  source_type: git", "  source_type: trainml"))
     assert converted.spec.model is not None
     assert converted.spec.model.name == "git@github.com:trainML/environment-tests.git"
@@ -698,7 +702,10 @@ def test_trainml_outputs_become_a_bucket_uri_or_a_new_object_named_after_the_job
     for data, words in [
         ({"output_type": "aws", "output_uri": "gs://b"}, "an output_uri for aws begins with s3://"),
         ({"output_type": "local", "output_uri": "/tmp"}, "output_type 'local' is not written"),
-        ({"input_type": "aws", "input_uri": "s3://b/x"}, "one-time input is not read yet"),
+        (
+            {"input_type": "local", "input_uri": "/data"},
+            "input_type 'local' with input_uri '/data' is not read",
+        ),
     ]:
         (line, *_) = _errors(json.dumps({**base, "data": data}))
         assert words in line, line

@@ -64,6 +64,7 @@ class ObjectOut(BaseModel):
     endpoint_url: str | None
     key: str | None
     public: bool
+    job_id: str | None = Field(None, description="an inference job's one-time input: removed when it ends")
     state: str
     reason: str | None
     digest: str | None
@@ -84,6 +85,7 @@ class ObjectOut(BaseModel):
             endpoint_url=row.endpoint_url,
             key=row.key_name,
             public=row.public,
+            job_id=row.job_id,
             state=row.state,
             reason=row.reason,
             digest=row.digest,

@@ -34,7 +34,7 @@ from sqlalchemy.orm import Session
 
 from contracts.errors import Conflict, InvalidInput, NotFound, RuleViolation
 from contracts.jobs import PEER_PORTS
-from contracts.jobspec import JobKind, JobSpec, PlannedWorker
+from contracts.jobspec import DataRole, JobKind, JobSpec, PlannedWorker
 from provisioner.domain import worker_placement
 from provisioner.domain.placement import (
     Candidate,
@@ -524,6 +524,7 @@ def create(
     )
     session.add(job)
     transition(session, job, JobState.WAITING, actor=principal.actor, reason=decision.reason or "created")
+    objects += _input_of(session, principal, job, job_spec)
     data_objects.link(session, job.id, objects)
     for planned, request in zip(plan, requests, strict=True):
         worker = JobWorker(
@@ -543,13 +544,23 @@ def create(
         )
         session.add(worker)
         transition_worker(session, worker, WorkerState.WAITING, actor=principal.actor, reason="created")
+    _start_or_wait(session, job, decision, data=bool(objects), actor=principal.actor)
+    return Submission(job, decision, pinned, plan)
+
+
+def _start_or_wait(session: Session, job: Job, decision: Decision, *, data: bool, actor: str) -> None:
+    """A new job's placed workers assigned, unless its data is still downloading (it waits, saying so,
+    and the objects reconciler wakes the jobs one when it is ready) or the capacity went meanwhile."""
+    data_wait, _ = data_objects.waiting_for(session, job.id) if data else (None, None)
     placed = decision.packing.placed
-    if not placed or not _assign_or_wait(session, job, placed, actor=principal.actor):
+    if data_wait is not None:
+        job.reason = data_wait
+        flush(session, f"job '{job.name}'")
+    elif not placed or not _assign_or_wait(session, job, placed, actor=actor):
         wake_after_commit(session, Wake.JOBS)
     elif not decision.packing.complete:
         job.reason = decision.reason  # an independent job's other workers wait: say why
         wake_after_commit(session, Wake.JOBS)
-    return Submission(job, decision, pinned, plan)
 
 
 def _objects_of(session: Session, job_spec: JobSpec, project_id: str) -> list[tuple[DataObject, str]]:
@@ -560,8 +571,32 @@ def _objects_of(session: Session, job_spec: JobSpec, project_id: str) -> list[tu
             "model it made (or `provision model create NAME --source …` first)",
             code="model_source",
         )
-    wanted = [(m.role.value, m.name, m.target) for m in job_spec.mounts() if m.datastore is None]
+    wanted = [
+        (m.role.value, m.name, m.target)
+        for m in job_spec.mounts()
+        if m.datastore is None and m.role is not DataRole.INPUT  # a uri input is the job's own (_input_of)
+    ]
     return data_objects.for_job(session, project_id, wanted)
+
+
+def _input_of(
+    session: Session, principal: Principal, job: Job, job_spec: JobSpec
+) -> list[tuple[DataObject, str]]:
+    """An inference job's one-time input (data.input.uri), made for it now; none otherwise."""
+    given = job_spec.data.input
+    if given is None or given.uri is None:
+        return []
+    obj = data_objects.input_for(
+        session,
+        principal,
+        job.project_id,
+        job.id,
+        job.name,
+        given.uri,
+        key=given.key,
+        endpoint_url=given.endpoint_url,
+    )
+    return [(obj, job_spec.input_path)]
 
 
 def _assign_or_wait(
@@ -611,6 +646,8 @@ def place_waiting(
     waiting = waiting_workers(job)
     if not waiting:
         return snapshot
+    if JobState(job.state) == JobState.WAITING and _waits_for_data(session, job, actor=actor):
+        return snapshot
     pinned = Pinned(session.get(Region, job.pinned_region_id) if job.pinned_region_id else None, None)
     if pinned.region is not None:
         pinned = Pinned(pinned.region, _pin_words(job.spec))
@@ -637,6 +674,21 @@ def place_waiting(
     if not decision.packing.complete and decision.reason:
         job.reason = decision.reason
     return decision.after
+
+
+def _waits_for_data(session: Session, job: Job, *, actor: str) -> bool:
+    """A waiting job whose data is still downloading keeps waiting, saying so; one whose data failed (or
+    was removed) fails, as a worker that could not start would."""
+    data_wait, lost = data_objects.waiting_for(session, job.id)
+    if lost is not None:
+        reason = f"its data cannot be had: {lost}"
+        _stop_workers(session, job, actor=actor, reason=reason)
+        transition(session, job, JobState.FAILED, actor=actor, reason=reason)
+        return True
+    if data_wait is not None and data_wait != job.reason:
+        job.reason = data_wait  # the same state, a fresher why: not a transition
+        flush(session, f"job '{job.name}'")
+    return data_wait is not None
 
 
 def _pin_words(spec: Mapping[str, Any]) -> str | None:

@@ -141,13 +141,35 @@ def create(
             code="duplicate_name",
         )
     _credentials(session, proj.id, parsed, key)  # a key named but missing is refused now
+    stored = source if parsed.scheme is not SourceScheme.UPLOAD else UPLOAD_PREFIX + source
+    obj = _new(
+        session, principal, proj, known, name, stored, endpoint_url=endpoint_url, key=key, public=public
+    )
+    if parsed.scheme is not SourceScheme.UPLOAD:
+        wake_after_commit(session, Wake.OBJECTS)
+    return obj
+
+
+def _new(
+    session: Session,
+    principal: Principal,
+    project: Project,
+    kind: ObjectKind,
+    name: str,
+    source: str,
+    *,
+    endpoint_url: str | None,
+    key: str | None,
+    public: bool = False,
+) -> DataObject:
+    """A new object of the project, downloading (its first audit line says from where)."""
     obj = DataObject(
         id=new_id("obj"),  # set now: its first audit line is written before the flush
-        project_id=proj.id,
-        account_id=proj.account_id,
-        kind=known.value,
+        project_id=project.id,
+        account_id=project.account_id,
+        kind=kind.value,
         name=name,
-        source=source if parsed.scheme is not SourceScheme.UPLOAD else UPLOAD_PREFIX + source,
+        source=source,
         endpoint_url=endpoint_url,
         key_name=key,
         public=public,
@@ -157,8 +179,6 @@ def create(
     )
     session.add(obj)
     transition(session, obj, ObjectState.DOWNLOADING, actor=principal.actor, reason=f"from {source}")
-    if parsed.scheme is not SourceScheme.UPLOAD:
-        wake_after_commit(session, Wake.OBJECTS)
     return obj
 
 
@@ -324,6 +344,7 @@ def mark_ready(session: Session, obj: DataObject, manifest: Manifest, *, actor: 
     runtime_of(session).objects().put(manifest_key(obj.project_id, digest), manifest.canonical())
     obj.digest, obj.size_bytes, obj.file_count = digest, manifest.size, len(manifest.files)
     obj.ready_at = datetime.now(UTC)
+    wake_after_commit(session, Wake.JOBS)  # a job waiting for it may start now
     transition(
         session, obj, ObjectState.READY, actor=actor, reason=f"{len(manifest.files)} file(s), {digest[:19]}"
     )
@@ -405,6 +426,7 @@ def ingest(sessions: sessionmaker[Session], job: Pending, work_dir: Path) -> Non
                     reason = exc.message
             if reason is not None:
                 transition(session, obj, ObjectState.FAILED, actor="rigbase:objects", reason=reason[:1000])
+                wake_after_commit(session, Wake.JOBS)  # a job waiting for it fails now
             else:
                 mark_ready(session, obj, tree.manifest, actor="rigbase:objects")
     finally:
@@ -458,9 +480,9 @@ ROLE_KIND = {"dataset": ObjectKind.DATASET, "model": ObjectKind.MODEL, "checkpoi
 def for_job(
     session: Session, project_id: str, mounts: list[tuple[str, str, str]]
 ) -> list[tuple[DataObject, str]]:
-    """The ready objects a new job mounts: (role, name, target) → (object, target), each by name in the
-    job's project, else among the public ones. Refused in one line, nothing stored, for a name that is not
-    there, and for one that is not ready yet (the line says when it will be)."""
+    """The objects a new job mounts: (role, name, target) → (object, target), each by name in the job's
+    project, else among the public ones. Refused in one line, nothing stored, for a name that is not there
+    and for a failed one; one still downloading is taken (the job waits for it: waiting_for)."""
     out: list[tuple[DataObject, str]] = []
     for role, name, target in mounts:
         kind = ROLE_KIND[role]
@@ -479,13 +501,11 @@ def for_job(
                 code="object_not_found",
             )
         obj = rows[0]
-        if obj.state != ObjectState.READY:
-            hint = (
-                f"wait until `provision {kind} show {name}` says ready"
-                if obj.state == ObjectState.DOWNLOADING
-                else f"its source failed ({obj.reason}): remove it and create it again"
+        if obj.state == ObjectState.FAILED:
+            raise RuleViolation(
+                f"{kind} {name!r} is failed ({obj.reason}): remove it and create it again",
+                code="object_not_ready",
             )
-            raise RuleViolation(f"{kind} {name!r} is {obj.state}: {hint}", code="object_not_ready")
         out.append((obj, target))
     return out
 
@@ -499,3 +519,70 @@ def mounted_by(session: Session, job_id: str) -> dict[str, DataObject]:
     """A job's objects by the target they mount at."""
     stmt = select(JobObject.target, DataObject).join(DataObject, DataObject.id == JobObject.object_id)
     return {target: obj for target, obj in session.execute(stmt.where(JobObject.job_id == job_id))}
+
+
+WAITING_FOR_DATA = "Waiting for data"
+
+
+def waiting_for(session: Session, job_id: str) -> tuple[str | None, str | None]:
+    """(why the job waits for its data, why it cannot have it): a dataset, model or checkpoint still
+    downloading, or one that failed (or was removed) since the job was created; (None, None) when all are
+    ready."""
+    stmt = select(DataObject).join(JobObject, JobObject.object_id == DataObject.id)
+    waiting: list[DataObject] = []
+    for obj in session.scalars(stmt.where(JobObject.job_id == job_id).order_by(DataObject.name)):
+        if obj.state in (ObjectState.FAILED, ObjectState.REMOVED):
+            return None, f"{obj.kind} {obj.name!r} is {obj.state}" + (f": {obj.reason}" if obj.reason else "")
+        if obj.state == ObjectState.DOWNLOADING:
+            waiting.append(obj)
+    if not waiting:
+        return None, None
+    named = ", ".join(f"{o.kind} {o.name!r}" for o in waiting)
+    first = waiting[0]
+    return f"{WAITING_FOR_DATA}: {named} still downloading (`provision {first.kind} show {first.name}`)", None
+
+
+# ------------------------------------------------------------------------------- an inference job's input
+
+
+def input_for(
+    session: Session,
+    principal: Principal,
+    project_id: str,
+    job_id: str,
+    job_name: str,
+    uri: str,
+    *,
+    key: str | None,
+    endpoint_url: str | None,
+) -> DataObject:
+    """An inference job's one-time input (data.input.uri): a dataset of its own, read like any remote
+    source, mounted at /opt/ml/input once ready, and removed when the job ends (purge_inputs)."""
+    source = parse_source(uri)
+    _credentials(session, project_id, source, key)  # a key named but missing is refused now
+    project = session.get(Project, project_id)
+    assert project is not None
+    name = f"{job_name}-input-{job_id.removeprefix('job_')[:8]}"
+    obj = _new(session, principal, project, ObjectKind.DATASET, name, uri, endpoint_url=endpoint_url, key=key)
+    obj.job_id = job_id
+    wake_after_commit(session, Wake.OBJECTS)
+    return obj
+
+
+def purge_inputs(session: Session) -> int:
+    """Remove the inputs of jobs that ended; how many."""
+    from provisioner.domain.states import JOB_DONE
+
+    stmt = (
+        select(DataObject)
+        .join(Job, Job.id == DataObject.job_id)
+        .where(_live(), Job.state.in_([s.value for s in JOB_DONE]))
+    )
+    done = 0
+    for obj in session.scalars(stmt):
+        digest = obj.digest
+        transition(session, obj, ObjectState.REMOVED, actor="rigbase:objects", reason="its job ended")
+        if digest is not None:
+            runtime_of(session).objects().delete(manifest_key(obj.project_id, digest))
+        done += 1
+    return done

@@ -30,6 +30,7 @@ def upgrade() -> None:
         sa.Column("endpoint_url", sa.Text(), nullable=True),
         sa.Column("key_name", sa.String(253), nullable=True),
         sa.Column("public", sa.Boolean(), server_default=sa.false(), nullable=False),
+        sa.Column("job_id", sa.String(32), nullable=True),
         sa.Column("state", sa.String(16), nullable=False),
         sa.Column("reason", sa.Text(), nullable=True),
         sa.Column("digest", sa.String(71), nullable=True),
@@ -43,6 +44,7 @@ def upgrade() -> None:
     )
     op.create_index("ix_data_objects_project_id", "data_objects", ["project_id"])
     op.create_index("ix_data_objects_account_id", "data_objects", ["account_id"])
+    op.create_index("ix_data_objects_job_id", "data_objects", ["job_id"])
     op.create_index(
         "uq_data_objects_project_kind_name_live",
         "data_objects",
