@@ -124,7 +124,7 @@ def test_a_bad_spec_is_shown_line_by_line_with_the_text_kept(fleet: Fleet) -> No
         assert refused.status_code == 422, refused.text
         lines = re.findall(r'<p class="line">(.*?)</p>', refused.text, re.S)
         assert [html.unescape(line) for line in lines] == [
-            "error: line 9: environment.gpu: unknown field; allowed here: image, env, packages"
+            "error: line 9: environment.gpu: unknown field; allowed here: image, env, packages, keys"
         ]
         assert html.escape("gpu: x", quote=False) in refused.text  # the text as typed
         empty = submit(client, "  ")
