@@ -13,6 +13,7 @@ from provisioner.api import convertors  # noqa: F401  (registers {ref:anypath})
 from provisioner.api.deps import Db, Principal
 from provisioner.api.errors import documented
 from provisioner.api.schemas import Page
+from provisioner.domain.key_kinds import DEFAULT_NAME, KeyKind
 from provisioner.services.accounts import project_keys as service
 from provisioner.store.account_models import ProjectKey
 
@@ -22,7 +23,7 @@ router = APIRouter(prefix="/v1/projects", tags=["projects"], responses=documente
 class KeyIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    kind: str = Field(service.KeyKind.REGISTRY.value, max_length=16, description="what the key opens")
+    kind: str = Field(KeyKind.REGISTRY.value, max_length=16, description="what the key opens")
     registry: str | None = Field(
         None, max_length=253, description="a registry key's host[:port], e.g. ghcr.io"
     )
@@ -68,7 +69,7 @@ def set_key(ref: str, body: KeyIn, response: Response, session: Db, principal: P
         principal,
         ref,
         kind=body.kind,
-        name=body.registry or body.name or service.DEFAULT_NAME,
+        name=body.registry or body.name or DEFAULT_NAME,
         key_id=body.username,
         secret=body.secret,
     )

@@ -13,7 +13,6 @@ job pulls anonymously."""
 from __future__ import annotations
 
 import re
-from enum import StrEnum
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -22,6 +21,7 @@ from contracts.errors import InvalidInput, NotFound, RuleViolation
 from contracts.images import REGISTRY_HOST, registry_of
 from contracts.jobs import RegistryAuth
 from contracts.jobspec import KEY_VARIABLES
+from provisioner.domain.key_kinds import DEFAULT_NAME, KeyKind
 from provisioner.domain.roles import Action, Principal
 from provisioner.services.accounts import projects
 from provisioner.services.common import audit
@@ -34,19 +34,6 @@ PRESENT = projects.PRESENT
 SECRET_MAX = 8192
 
 
-class KeyKind(StrEnum):
-    """trainML's third-party key types; a registry key's name is its host, any other's a label."""
-
-    REGISTRY = "registry"  # a container registry's username and password (or token), for `podman pull`
-    AWS = "aws"  # an access key id and its secret: s3:// sources and outputs
-    GCP = "gcp"  # a service account's JSON key (the key id is its client email): gs://
-    AZURE = "azure"  # a storage account's name and key: azure://
-    HUGGINGFACE = "huggingface"
-    KAGGLE = "kaggle"
-    WANDB = "wandb"
-
-
-DEFAULT_NAME = "default"  # the label of a non-registry key that is not given one
 _LABEL = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 
 

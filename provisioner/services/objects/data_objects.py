@@ -35,6 +35,7 @@ from contracts.errors import Conflict, InvalidInput, NotFound, RuleViolation
 from contracts.object_tree import scan
 from provisioner.adapters.object_store import check_held, chunk_key, manifest_key
 from provisioner.adapters.sources import Credentials, Networks, SourceError, fetch, networks_of
+from provisioner.domain.key_kinds import DEFAULT_NAME, KeyKind
 from provisioner.domain.roles import Action, Principal
 from provisioner.domain.states import JOB_LIVE, OBJECT_TRANSITIONS, ObjectState
 from provisioner.services.accounts import accounts, project_keys
@@ -89,8 +90,8 @@ def _credentials(session: Session, project_id: str, source: Source, key: str | N
         if key:
             raise InvalidInput(f"{source.scheme}:// sources take no key: leave out --key", code="invalid_key")
         return None
-    name = key or project_keys.DEFAULT_NAME
-    found = project_keys.secret_of(session, project_id, project_keys.KeyKind(kind), name)
+    name = key or DEFAULT_NAME
+    found = project_keys.secret_of(session, project_id, KeyKind(kind), name)
     if found is None:
         if key:
             raise NotFound(

@@ -31,6 +31,7 @@ from contracts.errors import InvalidInput, NotFound, RuleViolation
 from contracts.jobspec import JobSpec
 from provisioner.adapters.object_store import ObjectStore, check_held, chunk_key, manifest_key
 from provisioner.adapters.sources import Credentials, SourceError, networks_of, upload_file
+from provisioner.domain.key_kinds import DEFAULT_NAME, KeyKind
 from provisioner.domain.states import OUTPUT_TRANSITIONS, ObjectState, OutputState
 from provisioner.services.accounts import project_keys
 from provisioner.services.common import lifecycle
@@ -212,8 +213,8 @@ def deliver(sessions: sessionmaker[Session], job_id: str, worker: int, work_dir:
         assert target is not None
         creds: Credentials | None = None
         if target.uri is not None:
-            kind = project_keys.KeyKind.AWS if target.uri.startswith("s3://") else project_keys.KeyKind.GCP
-            label = target.key or project_keys.DEFAULT_NAME
+            kind = KeyKind.AWS if target.uri.startswith("s3://") else KeyKind.GCP
+            label = target.key or DEFAULT_NAME
             found = project_keys.secret_of(session, job.project_id, kind, label)
             creds = Credentials(f"{kind}/{label}", *found) if found else None
         if target.kind is not None:
