@@ -14,6 +14,8 @@ from __future__ import annotations
 import hashlib
 import shutil
 import tempfile
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -467,8 +469,32 @@ def for_node(session: Session, node_id: str, credential: str | None, object_id: 
     return mounted
 
 
+# a ready object's chunks by (project, digest): a node fetching an object asks once per chunk, and reading a
+# manifest of many files for each would cost more than the chunk (a ready object never changes)
+_CHUNK_SETS: OrderedDict[tuple[str, str], frozenset[str]] = OrderedDict()
+_CHUNK_SETS_HELD = 64
+
+
+_CHUNK_SETS_LOCK = threading.Lock()  # the API's handlers run in a thread pool
+
+
+def _chunks_of(session: Session, obj: DataObject) -> frozenset[str]:
+    key = (obj.project_id, obj.digest or "")
+    with _CHUNK_SETS_LOCK:
+        held = _CHUNK_SETS.get(key)
+        if held is not None:
+            _CHUNK_SETS.move_to_end(key)
+            return held
+    held = frozenset(manifest_of(session, obj).chunk_set())
+    with _CHUNK_SETS_LOCK:
+        _CHUNK_SETS[key] = held
+        while len(_CHUNK_SETS) > _CHUNK_SETS_HELD:
+            _CHUNK_SETS.popitem(last=False)
+    return held
+
+
 def chunk_for_node(session: Session, obj: DataObject, sha256: str) -> bytes:
-    if sha256 not in manifest_of(session, obj).chunk_set():
+    if sha256 not in _chunks_of(session, obj):
         raise NotFound(f"object {obj.id!r} has no chunk {sha256[:16]}…", code="chunk_not_found")
     return runtime_of(session).objects().get(chunk_key(obj.project_id, sha256))
 
