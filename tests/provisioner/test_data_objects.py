@@ -771,3 +771,27 @@ def test_an_inference_jobs_input_is_downloaded_once_for_it_and_removed_when_it_e
     _deliver(fleet)  # the objects reconciler's pass removes the inputs of ended jobs
     gone = fleet.cp.provision("dataset", "show", mount["name"])
     assert gone.returncode != 0 and "does not exist" in gone.stderr
+
+
+def test_a_public_object_is_the_root_admins_to_make_and_everyones_to_read(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    _free(fleet)
+    src = tree(tmp_path / "pub", {"mnist.idx": b"m" * 100})
+    with fleet.http(fleet.other_token) as http:
+        refused = http.post(
+            "/v1/datasets", json={"name": "theirs-public", "source": "https://example.org/x", "public": True}
+        )
+        assert refused.status_code == 409 and "only the root account's admins" in refused.json()["message"]
+    made = fleet.cp.provision("dataset", "create", "mnist-public", "--source", str(src), "--public")
+    assert made.returncode == 0, made.stderr
+    with fleet.http(fleet.other_token) as http:
+        listed = [r["name"] for r in http.get("/v1/datasets").json()["items"]]
+        assert "mnist-public" in listed
+        job = http.post(
+            "/v1/jobs", json={"spec": spec("reads-public", gpus=0, data={"datasets": ["mnist-public"]})}
+        )
+        assert job.status_code == 201, job.text
+        removal = http.delete("/v1/datasets/mnist-public")
+        assert removal.status_code == 409 and "public and not this account's" in removal.json()["message"]
+        http.post(f"/v1/jobs/{job.json()['id']}/stop")

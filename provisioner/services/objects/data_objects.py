@@ -127,8 +127,11 @@ def create(
             "azure:// sources are not read yet: copy the data to s3://, gs:// or https://, or upload it",
             code="invalid_source",
         )
-    if public and not principal.root:
-        raise RuleViolation("only the root account's admins create public objects", code="forbidden_public")
+    if public and not principal.is_fleet_admin:
+        raise RuleViolation(
+            "only the root account's admins create public objects: leave out --public",
+            code="forbidden_public",
+        )
     if endpoint_url is not None and parsed.scheme is not SourceScheme.S3:
         raise InvalidInput("--endpoint-url is for s3:// sources only", code="invalid_source")
     proj = accounts.project_for(session, principal, project)
@@ -201,7 +204,7 @@ def get(
     rows = session.scalars(
         select(DataObject)
         .where(DataObject.kind == known.value, _live(), or_(DataObject.id == ref, DataObject.name == ref))
-        .where(_visible(principal, proj.id) if not principal.root else DataObject.id.is_not(None))
+        .where(_visible(principal, proj.id) if not principal.is_fleet_admin else DataObject.id.is_not(None))
         .order_by((DataObject.project_id == proj.id).desc(), DataObject.public.desc())
     ).all()
     for row in rows:
@@ -239,7 +242,7 @@ def users_of(session: Session, obj: DataObject) -> list[str]:
 
 
 def _own(principal: Principal, obj: DataObject) -> None:
-    if obj.account_id != principal.account_id and not principal.root:
+    if obj.account_id != principal.account_id and not principal.is_fleet_admin:
         raise RuleViolation(
             f"{obj.kind} {obj.name!r} is public and not this account's: it can be read, not changed",
             code="not_owner",
