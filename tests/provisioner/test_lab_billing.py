@@ -85,10 +85,13 @@ def _when(value: str) -> datetime:
 
 
 def _expected(job: dict[str, Any], facts: JobFacts) -> set[tuple[str, str, str, Decimal, int, int]]:
-    """(rule, payer, payee, amount, worker, hour) of every entry the rules make of this recorded run."""
-    started, ended = _when(job["started_at"]), _when(job["ended_at"])
+    """(rule, payer, payee, amount, worker, hour) of every entry the rules make of this recorded run: each
+    worker is billed from its own start to its own end (docs/billing.md), which may differ from the job's
+    by the moments between the node's reports."""
     out = set()
     for worker in job["workers"]:
+        started = _when(worker.get("started_at") or job["started_at"])
+        ended = _when(worker.get("ended_at") or job["ended_at"])
         for piece in rules.pieces(started, ended, ended):
             for c in rules.charges_for(facts, int(worker["index"]), piece):
                 out.add((c.rule.value, c.payer, c.payee, c.amount, int(worker["index"]), piece.index))
