@@ -15,6 +15,7 @@ from contracts.device import DeviceActual, DeviceDesired
 from contracts.finalize import FinalizeStatus, FinalizeWork
 from contracts.heartbeat_keys import HeartbeatKey
 from contracts.jobs import JobsActual, JobsDesired
+from contracts.object_cache import ObjectsActual, ObjectsDesired
 from contracts.reservations import ReservationRefusal, ReservationSpec, ReservationStatus
 
 Side = Literal["desired", "actual"]  # HeartbeatResponse.desired or HeartbeatRequest.actual
@@ -29,6 +30,7 @@ DESIRED: Final[Mapping[HeartbeatKey, Any]] = {
     HeartbeatKey.FINALIZE: FinalizeWork | None,
     HeartbeatKey.JOBS: JobsDesired,
     HeartbeatKey.DEVICE_CONFIG: DeviceDesired | None,
+    HeartbeatKey.OBJECTS: ObjectsDesired | None,
 }
 # the type of each key's value in HeartbeatRequest.actual (a key is reported once its handler ran)
 ACTUAL: Final[Mapping[HeartbeatKey, Any]] = {
@@ -38,6 +40,7 @@ ACTUAL: Final[Mapping[HeartbeatKey, Any]] = {
     HeartbeatKey.FINALIZE: FinalizeStatus,
     HeartbeatKey.JOBS: JobsActual,
     HeartbeatKey.DEVICE_CONFIG: DeviceActual,
+    HeartbeatKey.OBJECTS: ObjectsActual,
 }
 
 

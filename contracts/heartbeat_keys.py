@@ -14,3 +14,4 @@ class HeartbeatKey(StrEnum):
     FINALIZE = "finalize"  # desired: FinalizeWork or null; actual: FinalizeReport
     JOBS = "jobs"  # desired: JobsDesired; actual: JobsActual
     DEVICE_CONFIG = "device_config"  # desired: DeviceDesired (devices) or null; actual: DeviceActual
+    OBJECTS = "objects"  # desired: ObjectsDesired or null (devices); actual: ObjectsActual, its cache

@@ -312,20 +312,25 @@ def _from_root(value: str) -> str:
     return value
 
 
-OUTPUT_SCHEMES: Final = ("s3://", "gs://")
-INPUT_SCHEMES: Final = ("s3://", "gs://", "https://", "http://")
+OUTPUT_SCHEMES: Final = ("s3://", "gs://", "azure://")
+INPUT_SCHEMES: Final = ("s3://", "gs://", "azure://", "https://", "http://")
+ENDPOINT_SCHEMES: Final = ("s3://", "azure://")  # a URI that may name its own endpoint
 
 
 class Input(_Section):
     """An inference job's input at /opt/ml/input: a datastore path, or a one-time download of `uri`
-    (s3://, gs://, https://; an archive is unpacked) that the job waits for and that is removed when the
-    job ends (docs/data.md, "Inference input")."""
+    (s3://, gs://, azure://, https://; an archive is unpacked) that the job waits for and that is removed
+    when the job ends (docs/data.md, "Inference input")."""
 
     datastore: _DnsLabel | None = Field(None, description="a regional datastore, mounted read-only")
     path: str = Field("/", min_length=1, max_length=4096, description="below the datastore's root")
-    uri: str | None = Field(None, max_length=2048, description="s3://…, gs://…, https://…, http://…")
+    uri: str | None = Field(
+        None, max_length=2048, description="s3://…, gs://…, azure://ACCOUNT/CONTAINER/…, https://…, http://…"
+    )
     key: _DnsLabel | None = Field(None, description="the project key that reads `uri`; else its `default`")
-    endpoint_url: str | None = Field(None, max_length=2048, description="an S3-compatible store's endpoint")
+    endpoint_url: str | None = Field(
+        None, max_length=2048, description="an S3-compatible store's endpoint, or another blob endpoint"
+    )
 
     _path = field_validator("path")(classmethod(lambda cls, value: _from_root(value)))
 
@@ -335,15 +340,15 @@ class Input(_Section):
             ((self.datastore is None) == (self.uri is None), "give a datastore (and path), or a uri"),
             (
                 self.uri is not None and not self.uri.startswith(INPUT_SCHEMES),
-                "a uri is s3://, gs://, https://",
+                "a uri is s3://, gs://, azure://, https://",
             ),
             (
                 self.uri is None and (self.key, self.endpoint_url) != (None, None),
                 "key and endpoint_url go with a uri",
             ),
             (
-                self.endpoint_url is not None and not (self.uri or "").startswith("s3://"),
-                "endpoint_url is for s3://",
+                self.endpoint_url is not None and not (self.uri or "").startswith(ENDPOINT_SCHEMES),
+                "endpoint_url is for s3:// and azure://",
             ),
             (self.path != "/" and self.datastore is None, "path goes with a datastore"),
         ]
@@ -360,9 +365,15 @@ class Output(_Section):
 
     datastore: _DnsLabel | None = Field(None, description="a regional datastore, mounted at /opt/ml/output")
     path: str = Field("/", min_length=1, max_length=4096, description="below the datastore's root")
-    uri: str | None = Field(None, max_length=2048, description="s3://BUCKET/PREFIX or gs://BUCKET/PREFIX")
+    uri: str | None = Field(
+        None,
+        max_length=2048,
+        description="s3://BUCKET/PREFIX, gs://BUCKET/PREFIX or azure://ACCOUNT/CONTAINER/PREFIX",
+    )
     key: _DnsLabel | None = Field(None, description="the project key that writes `uri`; else its `default`")
-    endpoint_url: str | None = Field(None, max_length=2048, description="an S3-compatible store's endpoint")
+    endpoint_url: str | None = Field(
+        None, max_length=2048, description="an S3-compatible store's endpoint, or another blob endpoint"
+    )
     kind: ObjectKind | None = Field(None, description="dataset, model or checkpoint: a new one named `name`")
     name: Annotated[str, Field(min_length=1, max_length=120)] | None = Field(
         None, description="the new object's name (several workers: NAME_WORKER each)"
@@ -372,7 +383,10 @@ class Output(_Section):
 
     def _bucket_uri(self) -> bool:
         parts = (self.uri or "").split("/")
-        return (self.uri or "").startswith(OUTPUT_SCHEMES) and len(parts) >= 3 and bool(parts[2])
+        named = len(parts) >= 3 and bool(parts[2])
+        if (self.uri or "").startswith("azure://"):  # an account, then a container
+            named = named and len(parts) >= 4 and bool(parts[3])
+        return (self.uri or "").startswith(OUTPUT_SCHEMES) and named
 
     @model_validator(mode="after")
     def _one_place(self) -> Output:
@@ -384,15 +398,15 @@ class Output(_Section):
             ),
             (
                 self.uri is not None and not self._bucket_uri(),
-                "write uri as s3://BUCKET[/PREFIX] or gs://BUCKET[/PREFIX]",
+                "write uri as s3://BUCKET[/PREFIX], gs://BUCKET[/PREFIX] or azure://ACCOUNT/CONTAINER[/PREFIX]",
             ),
             (
                 self.uri is None and (self.key, self.endpoint_url) != (None, None),
                 "key and endpoint_url go with a uri",
             ),
             (
-                self.endpoint_url is not None and not (self.uri or "").startswith("s3://"),
-                "endpoint_url is for s3://",
+                self.endpoint_url is not None and not (self.uri or "").startswith(ENDPOINT_SCHEMES),
+                "endpoint_url is for s3:// and azure://",
             ),
             (
                 self.name is not None and self.kind is None,

@@ -45,6 +45,7 @@ JOBS_DISK_QUOTA_ENV = "RIGBASE_JOBS_DISK_QUOTA"
 JOBS_CACHE_DIR_ENV = "RIGBASE_JOBS_CACHE_DIR"
 JOBS_DATASTORE_DIR_ENV = "RIGBASE_JOBS_DATASTORE_DIR"
 JOBS_OBJECT_DIR_ENV = "RIGBASE_JOBS_OBJECT_DIR"
+JOBS_OBJECT_CACHE_GB_ENV = "RIGBASE_JOBS_OBJECT_CACHE_GB"
 JOBS_PODMAN_ROOT_ENV = "RIGBASE_JOBS_PODMAN_ROOT"
 JOBS_PODMAN_RUNROOT_ENV = "RIGBASE_JOBS_PODMAN_RUNROOT"
 
@@ -86,7 +87,8 @@ class ContainerSettings:
     disk_quota: str = "watch"  # one of DISK_QUOTA_MODES
     cache_dir: Path = Path("/data/cache")  # the region cache that `cache` mounts are below
     datastore_dir: Path = Path("/run/rigbase/datastores")  # where datastore roots are mounted, one per name
-    object_dir: Path | None = None  # the node's object cache (minion/jobs/objects.py); else STATE/objects
+    object_dir: Path | None = None  # the node's object cache (minion/jobs/objects.py); else CACHE/objects
+    object_cache_gb: float | None = None  # its budget; None: its volume's size less a reserve
     podman_root: Path | None = None  # --root (a separate image/container store; the lab, tests)
     podman_runroot: Path | None = None  # --runroot
     usage_sample_s: float = USAGE_SAMPLE_S  # how often a running worker's usage is sampled
@@ -119,9 +121,22 @@ class ContainerSettings:
             cache_dir=path(JOBS_CACHE_DIR_ENV) or Path("/data/cache"),
             datastore_dir=path(JOBS_DATASTORE_DIR_ENV) or Path("/run/rigbase/datastores"),
             object_dir=path(JOBS_OBJECT_DIR_ENV),
+            object_cache_gb=_gb(environ.get(JOBS_OBJECT_CACHE_GB_ENV)),
             podman_root=path(JOBS_PODMAN_ROOT_ENV),
             podman_runroot=path(JOBS_PODMAN_RUNROOT_ENV),
         )
+
+
+def _gb(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        gb = float(value)
+    except ValueError:
+        gb = -1.0
+    if gb <= 0:
+        raise ValueError(f"{JOBS_OBJECT_CACHE_GB_ENV}={value!r}: give the cache's budget in GB, e.g. 500")
+    return gb
 
 
 class CommandContext(Protocol):

@@ -103,3 +103,16 @@ if [[ ! -f .venv/npm/.axe || $(cat .venv/npm/.axe) != "$AXE" ]]; then
     echo "install-deps: npm is missing, so the console's accessibility test will fail: install Node.js and npm" >&2
   fi
 fi
+
+# Azurite, Microsoft's own Azure Blob emulator, for azure:// sources and outputs through the real
+# azure-storage-blob client (tests/fixtures/azurite.py). 3.35.0 is the newest that runs on Node 20.
+AZURITE='azurite@3.35.0'
+if [[ ! -f .venv/azurite/.version || $(cat .venv/azurite/.version) != "$AZURITE" ]]; then
+  if command -v npm >/dev/null; then
+    echo "install-deps: $AZURITE"
+    npm install --no-audit --no-fund --silent --prefix .venv/azurite "$AZURITE"
+    echo "$AZURITE" > .venv/azurite/.version
+  else
+    echo "install-deps: npm is missing, so the azure:// tests will fail: install Node.js and npm" >&2
+  fi
+fi

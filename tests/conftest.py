@@ -8,5 +8,6 @@ pytest_plugins = [
     "tests.fixtures.umockdev",
     "tests.fixtures.gcp",
     "tests.fixtures.s3",
+    "tests.fixtures.azurite",
     "tests.fixtures.leftovers",
 ]

@@ -36,8 +36,10 @@ from contracts.jobs import (
     WorkerRunState,
 )
 from minion import desired
+from minion.finalize.runner import read_facts
 from minion.gpu import cdi
 from minion.gpu.keeper import CdiKeeper
+from minion.jobs.cache_agent import CacheAgent, cache_root
 from minion.jobs.gpus import GpuPool
 from minion.jobs.logs import ControlPlaneLogs, LogTransport
 from minion.jobs.mounts import unbind_all
@@ -110,15 +112,30 @@ class JobsAgent:
         transport: LogTransport,
         objects: ObjectSource | None = None,
         outputs: OutputSink | None = None,
+        object_dir: Path | None = None,
     ) -> JobsAgent:
         """`objects`: where datasets, models and checkpoints are fetched from, into STATE/objects (or
         settings.object_dir); `outputs`: where workers' own /opt/ml/output goes when they end."""
-        cache = ObjectCache(settings.object_dir or state_dir / "objects", objects) if objects else None
+        cache = None
+        if objects is not None:
+            budget = int(settings.object_cache_gb * 10**9) if settings.object_cache_gb else None
+            root = object_dir or settings.object_dir or state_dir / "objects"
+            cache = ObjectCache(root, objects, budget_bytes=budget)
         rt = runtime_for(settings, state_dir / "jobs", transport, cache, outputs)
         own = (
             None if settings.network else JobsNetwork(rt.podman, settings.jobs_network, settings.jobs_subnet)
         )
-        return cls(rt, network=own)
+        agent = cls(rt, network=own)
+        if cache is not None:
+            cache.busy = agent.mounted_objects
+        return agent
+
+    def mounted_objects(self) -> set[str]:
+        """The digests a worker known here mounts (running, starting, or ended and not yet forgotten):
+        never evicted from under it."""
+        with self.lock:
+            workers = [*self.workers.values(), *self.retiring]
+        return {m.digest for w in workers for m in w.assignment.mounts if m.digest is not None}
 
     # -- the handler -----------------------------------------------------------------------------------
     def handle(self, value: Any) -> dict[str, Any]:
@@ -251,5 +268,14 @@ def setup(ctx: Any) -> None:
             log.info("GPUs: %s", note)
         agent.rt.gpus.why_none = lambda: agent.gpu_spec.note if agent.gpu_spec else None
     desired.register(HeartbeatKey.JOBS, agent.handle)
+    if agent.rt.objects is not None:
+        host_root = getattr(ctx, "host_root", None)
+        caching = CacheAgent(
+            agent.rt.objects,
+            # read again each beat: a node's first finalize moves its cache onto the data cache volume
+            root_of=lambda: cache_root(settings, ctx.state.path, read_facts(host_root).get("storage")),
+        )
+        desired.register(HeartbeatKey.OBJECTS, caching.handle)
+        desired.on_shutdown(caching.close)
     desired.on_shutdown(cp.close)
     desired.on_shutdown(agent.close)

@@ -18,7 +18,7 @@ from pathlib import Path
 from contracts.errors import RigbaseError
 from contracts.jobs import OUTPUT_PATH, DatastoreAccess, Mount, MountSource, UserNamespace
 from minion.datastores.mounts import DatastoreMount, bind_job_path, is_mountpoint, mount_root, umount
-from minion.jobs.objects import ObjectCache, ObjectUnavailable
+from minion.jobs.objects import CacheFull, ObjectCache, ObjectUnavailable
 from minion.settings import ContainerSettings
 
 
@@ -36,6 +36,24 @@ class Bound:
         return f"{self.host}:{self.target}:{'ro' if self.read_only else 'rw'}"
 
 
+def _object_root(mount: Mount, objects: ObjectCache | None, progress: Callable[[str], None] | None) -> Path:
+    if objects is None:
+        raise MountRefused("this minion has no object cache: run it with `minion run`")
+    assert mount.object_id is not None and mount.digest is not None  # the contract's validator
+
+    def show(done: int, total: int) -> None:
+        if progress is not None:
+            share = done * 100 // max(total, 1)
+            progress(f"fetching {mount.name or mount.object_id}: {share} % of {total} bytes")
+
+    try:
+        return objects.ensure(mount.object_id, mount.digest, show, name=mount.name or "")
+    except CacheFull:
+        raise  # the worker waits for room (Worker._start)
+    except ObjectUnavailable as exc:
+        raise MountRefused(str(exc)) from None
+
+
 def _root_of(
     mount: Mount,
     settings: ContainerSettings,
@@ -44,19 +62,7 @@ def _root_of(
     progress: Callable[[str], None] | None,
 ) -> Path:
     if mount.source_kind is MountSource.OBJECT:
-        if objects is None:
-            raise MountRefused("this minion has no object cache: run it with `minion run`")
-        assert mount.object_id is not None and mount.digest is not None  # the contract's validator
-
-        def show(done: int, total: int) -> None:
-            if progress is not None:
-                share = done * 100 // max(total, 1)
-                progress(f"fetching {mount.name or mount.object_id}: {share} % of {total} bytes")
-
-        try:
-            return objects.ensure(mount.object_id, mount.digest, show)
-        except ObjectUnavailable as exc:
-            raise MountRefused(str(exc)) from None
+        return _object_root(mount, objects, progress)
     if mount.source_kind is MountSource.CACHE:
         if not settings.cache_dir.is_dir():
             raise MountRefused(f"the region cache {settings.cache_dir} does not exist on this node")
@@ -112,6 +118,9 @@ def bind_all(
                 if userns is not None and not mount.read_only:
                     _give_to(host, userns)
             bound.append(Bound(host, mount.target, mount.read_only))
+    except CacheFull:
+        unbind_all(worker_dir)
+        raise
     except (RigbaseError, OSError) as exc:
         unbind_all(worker_dir)
         what = (

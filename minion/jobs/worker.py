@@ -40,8 +40,8 @@ from minion.jobs.container import (
 )
 from minion.jobs.gpus import GpuPool, NotEnoughGpus
 from minion.jobs.logs import LogShipper, LogTransport, LogUnavailable
-from minion.jobs.mounts import MountRefused, bind_all, unbind_all
-from minion.jobs.objects import ObjectCache
+from minion.jobs.mounts import Bound, MountRefused, bind_all, unbind_all
+from minion.jobs.objects import CacheFull, ObjectCache
 from minion.jobs.outputs import OutputRefused, OutputSink, OutputUnavailable, upload
 from minion.jobs.podman import RUN_TIMEOUT_S, Container, Podman, PodmanError
 from minion.jobs.usage import UsageSampler
@@ -50,6 +50,7 @@ from minion.settings import ContainerSettings
 log = logging.getLogger(__name__)
 
 POLL_S: Final = 1.0  # how often a running worker's log is shipped and its stop/disk checked
+CACHE_RETRY_S: Final = 5.0  # how often a worker waiting for room in the object cache tries again
 DISK_CHECK_S: Final = 15.0  # the best-effort disk quota's measuring interval (disk_quota = "watch")
 LOG_RETRY_S: Final = 5.0  # an ended worker retries an unreachable receiver this often
 MESSAGE_MAX: Final = 1000
@@ -199,15 +200,10 @@ class Worker:
             return False
         try:
             self.gpu_indices = self.rt.gpus.take(self.key, a.gpu_count)
-            bound = bind_all(
-                a.mounts,
-                self.dir,
-                self.rt.settings,
-                self.access,
-                a.userns,
-                objects=self.rt.objects,
-                progress=lambda note: self._set(WorkerRunState.STARTING, message=note),
-            )
+            bound = self._bind_when_room()
+            if bound is None:
+                self._fail(WorkerRunState.STOPPED, "stopped before it started (it waited for cache room)")
+                return False
             env_file, auth_file = self.dir / "env", self.dir / "auth.json"
             write_env_file(env_file, environment(a, self.gpu_indices))
             if is_customers(a):
@@ -232,6 +228,26 @@ class Worker:
         self.started_mono = time.monotonic()
         self._set(WorkerRunState.RUNNING)
         return True
+
+    def _bind_when_room(self) -> list[Bound] | None:
+        """The worker's mounts, waiting while the node's object cache has no room for its data (the
+        reason is reported as the worker's message); None when it was stopped meanwhile."""
+        a = self.assignment
+        while True:
+            try:
+                return bind_all(
+                    a.mounts,
+                    self.dir,
+                    self.rt.settings,
+                    self.access,
+                    a.userns,
+                    objects=self.rt.objects,
+                    progress=lambda note: self._set(WorkerRunState.STARTING, message=note),
+                )
+            except CacheFull as exc:
+                self._set(WorkerRunState.STARTING, message=str(exc))
+            if self.stop_requested.wait(CACHE_RETRY_S) or self.rt.closing.is_set():
+                return None
 
     def _follow(self) -> None:
         """Until the container ends: ship its log, pass on a stop, watch the disk quota."""

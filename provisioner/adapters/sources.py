@@ -1,6 +1,7 @@
 """Reading an object's remote source into a local directory (docs/data.md, "Sources"), each with the
 library made for it: boto3 for s3:// (and S3-compatible stores at an endpoint URL), google-cloud-storage for
-gs://, httpx for https:// and http:// (an archive is unpacked), git for git+https://.
+gs://, azure-storage-blob for azure://ACCOUNT/CONTAINER/PREFIX (an endpoint URL for another blob endpoint),
+httpx for https:// and http:// (an archive is unpacked), git for git+https://.
 
 Every failure is a SourceError with one line that says what to do. An archive's member that would land
 outside the directory (an absolute path, `..`, a link) is refused by Python's own extraction filter."""
@@ -101,6 +102,8 @@ def fetch(
         _s3(source.uri, dest, credentials, endpoint_url, budget)
     elif source.scheme is SourceScheme.GS:
         _gs(source.uri, dest, credentials, budget)
+    elif source.scheme is SourceScheme.AZURE:
+        _azure(source.uri, dest, credentials, endpoint_url, budget)
     elif source.scheme in (SourceScheme.HTTPS, SourceScheme.HTTP):
         _web(source.uri, dest, budget, allowed)
     elif source.scheme in (SourceScheme.GIT, SourceScheme.GIT_HTTP):
@@ -143,9 +146,7 @@ def _s3(uri: str, dest: Path, creds: Credentials | None, endpoint_url: str | Non
 
     bucket, prefix = _bucket_and_prefix(uri)
     client = _s3_client(creds, endpoint_url, signed=creds is not None)
-    whose = (
-        f"with project key {creds.name}" if creds else "without a key (add one: provision project key set)"
-    )
+    whose = _whose(creds)
     try:
         found = 0
         for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
@@ -212,6 +213,73 @@ def _gs(uri: str, dest: Path, creds: Credentials | None, budget: _Budget) -> Non
         raise SourceError(f"{uri}: {exc.code} {exc.message}") from None
     if not found:
         raise SourceError(f"{uri}: no objects under that prefix")
+
+
+def _whose(creds: Credentials | None) -> str:
+    return f"with project key {creds.name}" if creds else "without a key (add one: provision project key set)"
+
+
+def _azure_container(uri: str, creds: Credentials | None, endpoint_url: str | None) -> tuple[Any, str]:
+    """(the container's client, its prefix) for azure://ACCOUNT/CONTAINER[/PREFIX]. The
+    project's azure key is the account's name and key (or a SAS token); without one, anonymous."""
+    from azure.storage.blob import ContainerClient
+
+    account, _, rest = uri.removeprefix("azure://").partition("/")
+    container, _, prefix = rest.partition("/")
+    url = endpoint_url or f"https://{account}.blob.core.windows.net"
+    credential: Any = None
+    if creds is not None:
+        sas = creds.secret.lstrip("?")
+        credential = (
+            sas
+            if sas.startswith("sv=")
+            else {"account_name": creds.key_id or account, "account_key": creds.secret}
+        )
+    client = ContainerClient(url.rstrip("/"), container, credential=credential, retry_total=2)
+    return client, prefix
+
+
+def _azure_error(uri: str, exc: Exception, whose: str) -> SourceError:
+    from azure.core.exceptions import HttpResponseError
+
+    if isinstance(exc, HttpResponseError):
+        code = getattr(exc, "error_code", None) or (exc.reason or "").replace(" ", "")
+        code = getattr(code, "value", code)  # the SDK's StorageErrorCode: its wire name
+        if exc.status_code in (401, 403):
+            return SourceError(f"{uri}: {code} {whose}: check the key's account name and key, or SAS token")
+        return SourceError(f"{uri}: {code} {whose}")
+    return SourceError(f"{uri}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
+
+
+def _azure(
+    uri: str, dest: Path, creds: Credentials | None, endpoint_url: str | None, budget: _Budget
+) -> None:
+    from azure.core.exceptions import AzureError
+
+    whose = _whose(creds)
+    try:
+        client, prefix = _azure_container(uri, creds, endpoint_url)
+    except (ValueError, AzureError) as exc:
+        raise SourceError(f"{uri}: {exc}") from None
+    found = 0
+    try:
+        for blob in client.list_blobs(name_starts_with=prefix or None):
+            name = str(blob.name)
+            if name.endswith("/"):
+                continue
+            relative = (
+                name[len(prefix) :].lstrip("/") if prefix and name != prefix else PurePosixPath(name).name
+            )
+            budget.spend(int(blob.size or 0), uri)
+            target = _target(dest, relative)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with target.open("wb") as fh:
+                client.download_blob(name).readinto(fh)
+            found += 1
+    except AzureError as exc:
+        raise _azure_error(uri, exc, whose) from None
+    if not found:
+        raise SourceError(f"{uri}: no blobs under that prefix")
 
 
 def is_archive(name: str) -> bool:
@@ -317,34 +385,56 @@ def _git(url: str, ref: str | None, dest: Path, budget: _Budget) -> None:
 def upload_file(
     path: Path, uri: str, *, credentials: Credentials | None, endpoint_url: str | None, allowed: Networks = ()
 ) -> None:
-    """One file to `s3://BUCKET/KEY` or `gs://BUCKET/KEY` (a job's output zip); SourceError says why not."""
-    bucket, key = _bucket_and_prefix(uri)
+    """One file to `s3://BUCKET/KEY`, `gs://BUCKET/KEY` or `azure://ACCOUNT/CONTAINER/NAME` (a job's output
+    zip); SourceError says why not. Never with the control plane's own credentials: without the project's
+    key the write is anonymous."""
     if endpoint_url is not None:
         check_host(urlsplit(endpoint_url).hostname, allowed)
     if uri.startswith("s3://"):
-        from boto3.exceptions import S3UploadFailedError
-        from botocore.exceptions import BotoCoreError, ClientError
+        _upload_s3(path, uri, credentials, endpoint_url)
+    elif uri.startswith("azure://"):
+        _upload_azure(path, uri, credentials, endpoint_url)
+    else:
+        _upload_gs(path, uri, credentials)
 
-        # never the control plane's own credentials: without the project's key the write is anonymous
-        client = _s3_client(credentials, endpoint_url, signed=credentials is not None)
+
+def _upload_s3(path: Path, uri: str, credentials: Credentials | None, endpoint_url: str | None) -> None:
+    from boto3.exceptions import S3UploadFailedError
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    bucket, key = _bucket_and_prefix(uri)
+    client = _s3_client(credentials, endpoint_url, signed=credentials is not None)
+    try:
         try:
-            try:
-                client.upload_file(str(path), bucket, key)
-            except S3UploadFailedError as failed:  # its words name this machine's path: its cause's do not
-                raise (
-                    failed.__context__ if isinstance(failed.__context__, ClientError) else failed
-                ) from None
-        except ClientError as exc:
-            error = exc.response.get("Error", {})
-            whose = f"with project key {credentials.name}" if credentials else "without a key"
-            raise SourceError(
-                f"{error.get('Code', '?')} {whose}: {error.get('Message', '')}".strip()
-            ) from None
-        except (BotoCoreError, S3UploadFailedError, OSError) as exc:
-            raise SourceError(str(exc)) from None
-        return
+            client.upload_file(str(path), bucket, key)
+        except S3UploadFailedError as failed:  # its words name this machine's path: its cause's do not
+            raise (failed.__context__ if isinstance(failed.__context__, ClientError) else failed) from None
+    except ClientError as exc:
+        error = exc.response.get("Error", {})
+        whose = f"with project key {credentials.name}" if credentials else "without a key"
+        raise SourceError(f"{error.get('Code', '?')} {whose}: {error.get('Message', '')}".strip()) from None
+    except (BotoCoreError, S3UploadFailedError, OSError) as exc:
+        raise SourceError(str(exc)) from None
+
+
+def _upload_azure(path: Path, uri: str, credentials: Credentials | None, endpoint_url: str | None) -> None:
+    from azure.core.exceptions import AzureError
+
+    blob_at = uri.removeprefix("azure://").split("/", 2)  # account, container, blob name
+    if len(blob_at) < 3 or not blob_at[2]:
+        raise SourceError(f"{uri}: write azure://ACCOUNT/CONTAINER/NAME")
+    try:
+        client, name = _azure_container(uri, credentials, endpoint_url)
+        with path.open("rb") as fh:
+            client.upload_blob(name, fh, overwrite=True)
+    except (ValueError, AzureError) as exc:
+        raise _azure_error(uri, exc, _whose(credentials)) from None
+
+
+def _upload_gs(path: Path, uri: str, credentials: Credentials | None) -> None:
     from google.api_core import exceptions as gexc
 
+    bucket, key = _bucket_and_prefix(uri)
     try:
         _gs_client(credentials).bucket(bucket).blob(key).upload_from_filename(str(path))
     except (ValueError, KeyError) as exc:

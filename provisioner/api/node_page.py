@@ -1,8 +1,8 @@
 """GET /v1/nodes as JSON: a page of NodeOut (provisioner/api/schemas.py) written without decoding the reports.
 
-A node's reports (inventory, requirements, finalize_actual) are most of its bytes — ~6 KiB of a realistic
-8-GPU node — and the store already holds them as JSON text. Decoding and re-encoding them was most of what a
-listed node cost. So list rows carry the reports' stored text
+A node's reports (inventory, requirements, finalize_actual, object_cache) are most of its bytes — ~6 KiB of
+a realistic 8-GPU node — and the store already holds them as JSON text. Decoding and re-encoding them was
+most of what a listed node cost. So list rows carry the reports' stored text
 (provisioner/services/fleet/nodes.py LIST_COLUMNS), the other fields are serialised by pydantic-core in one
 call with a marker where each report goes, and the stored text is spliced in at the markers. The answer
 is the NodeOut page's JSON: same keys in the same order, same values; only the whitespace inside a report
@@ -37,8 +37,9 @@ SOURCE: Final = {
     "inventory": "inventory_json",
     "requirements": "requirements_json",
     "finalize_actual": "finalize_actual_json",
+    "object_cache": "object_cache_json",
 }
-REPORTS: Final = ("inventory", "requirements", "finalize_actual")
+REPORTS: Final = ("inventory", "requirements", "finalize_actual", "object_cache")
 _UNREADABLE_JSON: Final = json.dumps(UNREADABLE_REPORT, separators=(",", ":"))
 # Hashes of report texts found within bounds: three reports of 60,000 nodes in ~15 MB. Past this it starts
 # over (the next lists check again).

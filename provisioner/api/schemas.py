@@ -169,6 +169,11 @@ class NodeOut(BaseModel):
     finalize_actual: dict[str, Any] | None = Field(
         None, description="what the minion last reported of its finalize: state, generation, facts"
     )
+    object_cache: dict[str, Any] | None = Field(
+        None,
+        description="what its object cache last reported: role, the digests "
+        "held whole, used and budget bytes, what it fetches and what waits for room",
+    )
     created_at: datetime
     updated_at: datetime
     version: int
@@ -200,6 +205,7 @@ class NodeOut(BaseModel):
             finalize_applied=n.finalize_applied,
             finalize_retry=n.finalize_retry or 0,
             finalize_actual=getattr(n, "finalize_actual", None),
+            object_cache=getattr(n, "object_cache", None),
             created_at=n.created_at,
             updated_at=n.updated_at,
             version=n.version,

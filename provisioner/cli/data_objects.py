@@ -106,12 +106,14 @@ def build(kind: ObjectKind) -> typer.Typer:
         key: Annotated[
             str | None,
             typer.Option(
-                "--key", help="The project key (aws, gcp) that reads the source; else its `default`."
+                "--key", help="The project key (aws, gcp, azure) that reads the source; else its `default`."
             ),
         ] = None,
         endpoint_url: Annotated[
             str | None,
-            typer.Option("--endpoint-url", help="An S3-compatible store's endpoint (MinIO, Ceph)."),
+            typer.Option(
+                "--endpoint-url", help="An S3-compatible store's endpoint (MinIO, Ceph), or a blob endpoint."
+            ),
         ] = None,
         public: Annotated[
             bool, typer.Option("--public", help="Readable by every account (root admins).")

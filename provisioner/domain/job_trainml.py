@@ -15,19 +15,22 @@ environment.custom_image -> environment.image
 environment.env          -> environment.env ([{key, value}] or a mapping)
 environment.packages     -> environment.packages (apt, conda, pip)
 data.datasets            -> data.datasets (names, or {id | name} each)
-data.output_type/_uri    -> data.output: aws and wasabi -> {uri: s3://…}, gcp -> {uri: gs://…}, trainml ->
-                            a new {kind: output_uri (model, checkpoint, dataset), name: the job's name};
-                            local, azure and regional datastores are refused with what to write instead
+data.output_type/_uri    -> data.output: aws and wasabi -> {uri: s3://…}, gcp -> {uri: gs://…}, azure
+                            (https://ACCOUNT.blob.core.windows.net/CONTAINER/…) -> {uri: azure://…}, trainml
+                            -> a new {kind: output_uri (model, checkpoint, dataset), name: the job's name};
+                            local and regional datastores are refused with what to write instead
 model                    -> model.name for a trainml source (the model's name or id); model.source for a
-                            git, aws, gcp, web or local one, which `provision job create` makes into a model
+                            git, aws, gcp, azure, web or local one, which `provision job create` makes
+                            into a model
 data.input_type/_uri     -> data.input.uri: the one-time download an inference job waits for (aws, wasabi,
-                            gcp, web); local, azure and regional datastores are refused
+                            gcp, azure, web); local and regional datastores are refused
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from typing import Any, Final
+from urllib.parse import urlsplit
 
 from contracts.gpu_types import TRAINML_CPU, TRAINML_GPU_IDS, resolve_gpu_type
 from contracts.jobspec import FieldPath, JobKind, RuleErrors
@@ -54,12 +57,26 @@ TRAINML_KEY_TYPES: Final = {
     "kaggle": "kaggle",
     "wandb": "wandb",
 }
+AZURE_HOST: Final = ".blob.core.windows.net"
+
+
+def azure_uri(uri: str) -> str | None:
+    """trainML's Azure path (https://ACCOUNT.blob.core.windows.net/CONTAINER/PATH) as rigbase's
+    azure://ACCOUNT/CONTAINER/PATH; None when it is not one."""
+    parts = urlsplit(uri)
+    container = parts.path.strip("/")
+    if parts.scheme != "https" or not (parts.hostname or "").endswith(AZURE_HOST) or not container:
+        return None
+    return f"azure://{(parts.hostname or '').removesuffix(AZURE_HOST)}/{container}"
+
+
 # trainML's model source types → the source rigbase reads (None: this URI is not one of that type)
 MODEL_SOURCES: Final[dict[str, Callable[[str], str | None]]] = {
     "git": lambda uri: "git+" + uri if uri.startswith(("https://", "http://")) else None,
     "aws": lambda uri: uri if uri.startswith("s3://") else None,
     "wasabi": lambda uri: uri if uri.startswith("s3://") else None,
     "gcp": lambda uri: uri if uri.startswith("gs://") else None,
+    "azure": azure_uri,
     "web": lambda uri: uri if uri.startswith(("https://", "http://")) else None,
     "local": lambda uri: uri if not uri.startswith(("~", "$")) and "://" not in uri else None,
 }
@@ -230,6 +247,16 @@ def _output(raw: Mapping[str, Any], job: str, errors: list[tuple[FieldPath, str]
             "uri": uri,
             **({"endpoint_url": str(endpoint)} if endpoint and uri.startswith("s3://") else {}),
         }
+    if kind == "azure":
+        if converted := azure_uri(uri):
+            return {"uri": converted}
+        errors.append(
+            (
+                ("data", "output_uri"),
+                f"an output_uri for azure is https://ACCOUNT{AZURE_HOST}/CONTAINER[/PATH]",
+            )
+        )
+        return None
     if kind in OWN_STORE:
         return {"kind": uri or "model", "name": job}
     if kind in BUCKET_OUTPUTS:
@@ -240,8 +267,8 @@ def _output(raw: Mapping[str, Any], job: str, errors: list[tuple[FieldPath, str]
         errors.append(
             (
                 ("data", "output_type"),
-                f"output_type {kind!r} is not written: use aws, gcp, wasabi or trainml, or a rigbase spec's "
-                "data.output {datastore, path} for a regional datastore",
+                f"output_type {kind!r} is not written: use aws, azure, gcp, wasabi or trainml, or a rigbase "
+                "spec's data.output {datastore, path} for a regional datastore",
             )
         )
     return None
@@ -262,7 +289,8 @@ def _model(raw: Any, errors: list[tuple[FieldPath, str]]) -> dict[str, str] | No
             (
                 ("model",),
                 f"source_type {kind!r} with source_uri {uri[:80]!r} is not a model source: use git "
-                "(https://…), aws (s3://…), gcp (gs://…), web (https://…), local (a directory) or "
+                "(https://…), aws (s3://…), gcp (gs://…), azure (https://ACCOUNT.blob.core.windows.net/…), "
+                "web (https://…), local (a directory) or "
                 "trainml (a name)",
             )
         )
@@ -303,15 +331,17 @@ def _data(
     if raw.get("input_type") or raw.get("input_uri"):
         kind, uri = str(raw.get("input_type") or ""), str(raw.get("input_uri") or "")
         wanted = INPUT_SCHEMES_OF.get(kind)
-        if wanted is not None and uri.startswith(wanted):
-            out["input"] = {"uri": uri}
+        read = azure_uri(uri) if kind == "azure" else uri if wanted and uri.startswith(wanted) else None
+        if read is not None:
+            out["input"] = {"uri": read}
             origin[("data", "input")] = ("data", "input_uri")
         else:
             errors.append(
                 (
                     ("data", "input_type"),
                     f"input_type {kind!r} with input_uri {uri[:80]!r} is not read: use aws or wasabi "
-                    "(s3://…), gcp (gs://…) or web (https://…), or a rigbase spec's data.input "
+                    f"(s3://…), gcp (gs://…), azure (https://ACCOUNT{AZURE_HOST}/…) or web (https://…), "
+                    "or a rigbase spec's data.input "
                     "{datastore, path}",
                 )
             )

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from provisioner.domain.placement import Candidate, Placement
+from provisioner.domain.placement import Candidate, Placement, held_share
 
 MATCH_HEADERS: tuple[str, ...] = (
     "Provider",
@@ -16,6 +16,7 @@ MATCH_HEADERS: tuple[str, ...] = (
     "GPU(s)",
     "Region",
     "Cost",
+    "Data",
     "Selected",
 )
 SELECTED_MARK = "√"  # Launch's mark for the row the job will run on
@@ -34,6 +35,7 @@ class MatchRow:
     region: str
     cost_per_hour: float
     selected: bool
+    data: str = "-"  # "cached" (it holds all of the job's objects), "2/3 cached", "fetch"; "-": no data
 
     def cells(self) -> tuple[str, ...]:
         """The row as MATCH_HEADERS' strings."""
@@ -45,6 +47,7 @@ class MatchRow:
             self.gpus,
             self.region,
             f"{self.cost_per_hour:.2f}",
+            self.data,
             SELECTED_MARK if self.selected else "",
         )
 
@@ -53,6 +56,14 @@ def _gpus(c: Candidate) -> str:
     if not c.gpu_type or c.gpus_total == 0:
         return "-"
     return f"{c.gpu_type}:{c.gpus_total} ({c.gpus_free} free)"
+
+
+def _data(placement: Placement, c: Candidate) -> str:
+    wanted = len(placement.request.data)
+    if not wanted:
+        return "-"
+    held = held_share(placement.request, c)
+    return "cached" if held == wanted else f"{held}/{wanted} cached" if held else "fetch"
 
 
 def match_rows(placement: Placement, limit: int | None = 10) -> list[MatchRow]:
@@ -69,6 +80,7 @@ def match_rows(placement: Placement, limit: int | None = 10) -> list[MatchRow]:
             region=c.region,
             cost_per_hour=c.price_per_gpu_hour * gpus,
             selected=i == 0,
+            data=_data(placement, c),
         )
         for i, c in enumerate(shown)
     ]

@@ -42,6 +42,8 @@ GPU_KIND = "RIGBASE_JOBS_GPU_KIND"
 DISK_QUOTA = "RIGBASE_JOBS_DISK_QUOTA"
 CACHE_DIR = "RIGBASE_JOBS_CACHE_DIR"
 DATASTORE_DIR = "RIGBASE_JOBS_DATASTORE_DIR"
+OBJECT_DIR = "RIGBASE_JOBS_OBJECT_DIR"
+OBJECTS_UNDER = Path("cache") / "objects"  # a node's object cache, under its directory
 # what an operator may set for the lab's minions in `provision lab up`'s environment (the rest is per node)
 OPERATOR_SETTINGS = (PODMAN, OCI_RUNTIME, CGROUP_MANAGER, ULIMITS, DISK_QUOTA)
 
@@ -146,13 +148,15 @@ def remove_cdi_specs(directory: Path = CDI_DIR) -> list[Path]:
 
 
 def minion_environment(
-    *, netns: str, node_dir: Path, runtime: Mapping[str, str], gpus: int
+    *, netns: str, node_dir: Path, runtime: Mapping[str, str], gpus: int, objects: Path | None = None
 ) -> dict[str, str]:
-    """The RIGBASE_JOBS_* variables of one node's `minion run`."""
+    """The RIGBASE_JOBS_* variables of one node's `minion run`. `objects`: its object cache, when not its
+    own (a compute node of a central region reads its storage node's)."""
     env = dict(runtime) | {
         NETWORK: "host",
         CACHE_DIR: str(node_dir / "cache"),
         DATASTORE_DIR: str(node_dir / "datastores"),
+        OBJECT_DIR: str(objects or node_dir / OBJECTS_UNDER),
     }
     return env | ({GPU_KIND: gpu_kind(netns)} if gpus else {})
 

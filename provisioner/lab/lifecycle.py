@@ -452,7 +452,12 @@ def _minion_id(identity: list[str]) -> str:
     return str(json.loads(proc.stdout)["minion_id"])
 
 
-def _start_minion(node: LabNodeRecord, tpm: Swtpm | None, bundle: Path) -> None:
+def _start_minion(
+    node: LabNodeRecord, tpm: Swtpm | None, bundle: Path, region_cache: Path | None = None
+) -> None:
+    """`region_cache`: the directory a compute node of a central region reads its objects from, the lab's
+    stand-in for the storage node's cache export that a real node mounts over NFS (the kernel's NFS
+    client cannot run here, docs/lab.md)."""
     d = _node_dir(node.name)
     if node.root is None:
         raise Unavailable(f"{node.name} has no lab root yet: `provision lab down`, then `lab up` again")
@@ -497,6 +502,7 @@ def _start_minion(node: LabNodeRecord, tpm: Swtpm | None, bundle: Path) -> None:
     jobs_env = job_runtime.minion_environment(
         netns=node.netns,
         node_dir=d,
+        objects=region_cache if region_cache is not None and node.service == "compute" else None,
         runtime=job_runtime.runtime_settings(job_runtime.HostFacts.read(), os.environ),
         gpus=gpus,
     )
@@ -524,10 +530,12 @@ def _ensure_nodes(plan: LabPlan, state: LabState, ca: VendorCA, bundle: Path, pr
     with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:  # swtpm_setup ~1 s each
         tpms = list(pool.map(lambda pn: _prepare_node(pn[0], pn[1], ca), todo))
     started = []
+    storage = next((n for n in state.nodes.values() if n.service == "storage"), None)
+    region_cache = _node_dir(storage.name) / job_runtime.OBJECTS_UNDER if storage is not None else None
     for (_, node), tpm in zip(todo, tpms, strict=True):
         if node.minion and node.minion.alive():
             continue
-        _start_minion(node, tpm, bundle)
+        _start_minion(node, tpm, bundle, region_cache)
         started.append(f"{node.name} {node.minion_id} in {node.netns} ({node.address})")
     state.save()
     for line in started:

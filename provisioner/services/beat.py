@@ -18,6 +18,7 @@ from provisioner.services.common.desired_state import Contributor, CouldFind, He
 from provisioner.services.devices import device_deployments
 from provisioner.services.fleet import finalize, heartbeat
 from provisioner.services.jobs import job_assignments
+from provisioner.services.objects import node_caches
 from provisioner.services.regions import reservations
 
 CONTRIBUTORS: Final[Mapping[HeartbeatKey, Contributor]] = {
@@ -25,6 +26,7 @@ CONTRIBUTORS: Final[Mapping[HeartbeatKey, Contributor]] = {
     HeartbeatKey.RESERVATIONS: reservations.desired_for_node,
     HeartbeatKey.JOBS: job_assignments.desired_for_node,
     HeartbeatKey.DEVICE_CONFIG: device_deployments.desired_for_node,
+    HeartbeatKey.OBJECTS: node_caches.desired_for_node,
     HeartbeatKey.FINALIZE: finalize.desired_for_node,
     HeartbeatKey.MAINTENANCE: heartbeat.maintenance_for_node,
 }
@@ -32,6 +34,7 @@ REPORTERS: Final[Mapping[HeartbeatKey, Reporter]] = {
     HeartbeatKey.RESERVATIONS: reservations.record_actual,
     HeartbeatKey.JOBS: job_assignments.record_actual,
     HeartbeatKey.DEVICE_CONFIG: device_deployments.record_actual,
+    HeartbeatKey.OBJECTS: node_caches.record_actual,
     HeartbeatKey.FINALIZE: finalize.record_actual,
 }
 # The store reads a beat makes for its contributors and reporters, each with the question that tells

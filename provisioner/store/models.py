@@ -199,6 +199,8 @@ class Node(Base):
     # what the minion last reported under actual["finalize"] (revision 0011): state, generation and the
     # facts the play found (scratch array and mount, the export); bounded like every report
     finalize_actual: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # what its object cache last reported under actual["objects"] (revision 0032; ObjectsActual)
+    object_cache: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
     version: Mapped[int] = mapped_column(Integer, nullable=False)

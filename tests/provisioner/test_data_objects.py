@@ -7,6 +7,7 @@ Every refusal is checked for its one line, its exit status and that nothing was 
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import http.server
 import io
@@ -40,6 +41,7 @@ from provisioner.services.objects import data_objects, outputs
 from provisioner.settings import Settings
 from provisioner.store.data_models import DataObject
 from provisioner.store.engine import make_engine, make_sessionmaker
+from tests.fixtures.azurite import ACCOUNT, ACCOUNT_KEY, Azurite
 from tests.fixtures.control_plane import start_control_plane
 from tests.fixtures.s3 import S3Server
 from tests.provisioner.test_jobs_api import Fleet, _add_node, inventory, spec
@@ -629,6 +631,67 @@ def test_gs_sources_and_outputs_through_cloud_storage(
     fleet.cp.provision("job", "stop", job["id"])
 
 
+def test_azure_sources_and_outputs_through_azurite(fleet: Fleet, azurite: Azurite, tmp_path: Path) -> None:
+    _free(fleet)  # the nodes' capacity, held by earlier tests' stopped jobs
+    container = f"team-{fleet.store}"  # type: ignore[attr-defined]
+    blobs = azurite.client().create_container(container)
+    for name, data in {"voc/a.xml": b"<a/>", "voc/img/b.jpg": b"B" * 3000, "other.txt": b"no"}.items():
+        blobs.upload_blob(name, data)
+    keys = {"default": ACCOUNT_KEY, "wrong": base64.b64encode(b"not the key" * 6).decode()}
+    for name, secret in keys.items():
+        path = tmp_path / name
+        path.write_text(secret)
+        path.chmod(0o600)
+        added = fleet.cp.provision(
+            "project",
+            "key",
+            "set",
+            "default",
+            "--kind",
+            "azure",
+            "--name",
+            name,
+            "-u",
+            ACCOUNT,
+            "--secret-file",
+            str(path),
+        )
+        assert added.returncode == 0, added.stderr
+    source = ["--source", f"azure://{ACCOUNT}/{container}/voc", "--endpoint-url", azurite.url]
+    # Azurite checks the shared key's signature: a wrong key is refused, named, in one line
+    refused = fleet.cp.provision("dataset", "create", "voc-wrong", *source, "--key", "wrong", "--wait")
+    assert refused.returncode != 0
+    assert "AuthorizationFailure with project key azure/wrong: check" in refused.stderr, refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1
+    assert rows(fleet, "voc-wrong")[0].state == ObjectState.FAILED
+    made = fleet.cp.provision("dataset", "create", "voc-az", *source, "--wait", "--json")
+    assert made.returncode == 0, made.stderr
+    assert json.loads(made.stdout)["file_count"] == 2
+    files = json.loads(fleet.cp.provision("dataset", "show", "voc-az", "--files", "--json").stdout)
+    assert [f["path"] for f in files] == ["a.xml", "img/b.jpg"]
+    target = {"uri": f"azure://{ACCOUNT}/{container}/runs", "endpoint_url": azurite.url}
+    with fleet.http() as http:
+        created = http.post("/v1/jobs", json={"spec": spec("to-azure", gpus=0, data={"output": target})})
+        assert created.status_code == 201, created.text
+        job = http.get(f"/v1/jobs/{created.json()['id']}").json()
+        no_container = {"uri": f"azure://{ACCOUNT}", "endpoint_url": azurite.url}
+        bad = http.post("/v1/jobs", json={"spec": spec("bad-az", gpus=0, data={"output": no_container})})
+        assert bad.status_code == 422 and "azure://ACCOUNT/CONTAINER" in bad.text, bad.text
+    upload(
+        _outputs(fleet, job["workers"][0]["node"]), job["id"], 0, tree(tmp_path / "out", {"p.csv": b"1\n"})
+    )
+    _deliver(fleet)
+    (row,) = json.loads(fleet.cp.provision("job", "output", "to-azure", "--json").stdout)
+    assert (row["state"], row["destination"]) == (
+        "delivered",
+        f"azure://{ACCOUNT}/{container}/runs/to-azure.zip",
+    )
+    archive = blobs.download_blob("runs/to-azure.zip").readall()
+    with zipfile.ZipFile(io.BytesIO(archive)) as zf:
+        assert zf.read("p.csv") == b"1\n"
+    fleet.cp.provision("job", "stop", job["id"])
+
+
 def test_a_source_larger_than_the_quota_left_is_refused(tmp_path: Path) -> None:
     quota = {"RIGBASE_STORAGE_QUOTA_GB": "0.000004", "RIGBASE_SOURCE_NETWORKS": LOOPBACK}
     with start_control_plane(tmp_path / "home", env=quota) as cp:
@@ -764,6 +827,10 @@ def test_an_inference_jobs_input_is_downloaded_once_for_it_and_removed_when_it_e
     (w,) = [w for w in fleet.heartbeat(job["workers"][0]["node"])["workers"] if w["job_id"] == job_id]
     (mount,) = w["mounts"]
     assert (mount["target"], mount["source_kind"]) == ("/opt/ml/input", "object")
+    assert w["disk_gb"] == 10 - 1  # the input counts against the worker's disk_size (whole GB)
+    with fleet.sessions() as s:  # an input larger than a worker's disk fails the job, saying what to raise
+        _, lost = data_objects.waiting_for(s, job_id, disk_gb=0)
+    assert lost is not None and lost.endswith("it counts against: raise resources.disk_size"), lost
     files = json.loads(fleet.cp.provision("dataset", "show", mount["name"], "--files", "--json").stdout)
     assert [f["path"] for f in files] == ["batch.csv"]
     with fleet.http() as http:

@@ -696,12 +696,23 @@ def test_trainml_outputs_become_a_bucket_uri_or_a_new_object_named_after_the_job
     for data, expected in [
         ({"output_type": "trainml", "output_uri": "model"}, ("model", "pipeline", None)),
         ({"output_type": "gcp", "output_uri": "gs://b/out"}, (None, None, "gs://b/out")),
+        (
+            {"output_type": "azure", "output_uri": "https://acme.blob.core.windows.net/runs/out"},
+            (None, None, "azure://acme/runs/out"),
+        ),
     ]:
         out = read(json.dumps({**base, "data": data})).spec.data.output
         assert out is not None and (out.kind, out.name, out.uri) == expected
+    given = {"input_type": "azure", "input_uri": "https://acme.blob.core.windows.net/inbox/batch.zip"}
+    inference = read(json.dumps({**base, "type": "inference", "data": given})).spec.data.input
+    assert inference is not None and inference.uri == "azure://acme/inbox/batch.zip"
     for data, words in [
         ({"output_type": "aws", "output_uri": "gs://b"}, "an output_uri for aws begins with s3://"),
         ({"output_type": "local", "output_uri": "/tmp"}, "output_type 'local' is not written"),
+        (
+            {"output_type": "azure", "output_uri": "s3://b"},
+            "an output_uri for azure is https://ACCOUNT.blob.core.windows.net/CONTAINER",
+        ),
         (
             {"input_type": "local", "input_uri": "/data"},
             "input_type 'local' with input_uri '/data' is not read",

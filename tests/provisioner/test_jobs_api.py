@@ -144,9 +144,12 @@ NODES = {
 }
 
 
-def _add_node(fleet: Fleet, http: httpx.Client, name: str, region: str, inv: dict[str, Any]) -> None:
+def _add_node(
+    fleet: Fleet, http: httpx.Client, name: str, region: str, inv: dict[str, Any], service: str = "compute"
+) -> None:
     minion = secrets.token_hex(16)
-    answer = http.post("/v1/nodes", json={"name": name, "region": region, "minion_id": minion})
+    body = {"name": name, "region": region, "minion_id": minion, "service": service}
+    answer = http.post("/v1/nodes", json=body)
     assert answer.status_code == 201, answer.text
     credential = "rbn_" + secrets.token_urlsafe(32)
     with fleet.sessions.begin() as s:

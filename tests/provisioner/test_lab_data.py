@@ -107,7 +107,7 @@ def test_a_job_reads_a_dataset_from_s3_and_a_model_from_git_on_a_lab_node(
     assert (tmp_path / "got" / "result.txt").read_text() == "reads-cifar\n"
 
     # the node holds each object once; a second job on the same dataset does not fetch it again
-    (cache,) = list(home.glob("lab/nodes/node-1/minion/objects"))
+    (cache,) = list(home.glob("lab/nodes/node-1/cache/objects"))
     held = sorted(p for p in cache.iterdir() if not p.name.startswith("."))
     assert len(held) == 2, held
     before = {p: p.stat().st_ino for p in held}

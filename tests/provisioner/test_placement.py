@@ -430,14 +430,37 @@ def test_other_capacity_sources_compete_on_the_same_rules() -> None:
     assert limited.chosen is None and Rejection.OVER_MAX_PRICE in limited.counts()
 
 
+def test_a_candidate_holding_the_jobs_data_ranks_first_among_those_of_its_price() -> None:
+    data = frozenset({"sha256:" + "1" * 64, "sha256:" + "2" * 64})
+    fits = [
+        node("a", gpus_free=8, price_per_gpu_hour=1.0),  # most GPUs free: first without data
+        node("b", gpus_free=2, price_per_gpu_hour=1.0, holds=data),
+        node("c", gpus_free=4, price_per_gpu_hour=1.0, holds=frozenset({"sha256:" + "1" * 64})),
+        node("d", gpus_free=8, price_per_gpu_hour=0.5),  # cheaper: first whatever it holds
+    ]
+    without = place(job(gpu_count=1), fits)
+    assert [c.name for c in without.ranked] == ["d", "a", "c", "b"]
+    with_data = replace(job(gpu_count=1), data=data)
+    placed = place(with_data, fits)
+    assert [c.name for c in placed.ranked] == ["d", "b", "c", "a"]
+    assert [c.name for c in Fleet(fits).place(with_data).ranked] == ["d", "b", "c", "a"]
+    assert [r.data for r in match_rows(placed)] == ["fetch", "cached", "1/2 cached", "fetch"]
+    cpu = replace(job(**CPU_JOB), data=data)
+    cpus = [
+        node(n, gpu_type=None, gpus_total=0, gpus_free=0, holds=h)
+        for n, h in (("x", frozenset()), ("y", data))
+    ]
+    assert [c.name for c in place(cpu, cpus).ranked] == ["y", "x"]
+
+
 def test_match_rows_print_like_launch() -> None:
     placement = place(
         job(), [node("b", gpus_free=4, price_per_gpu_hour=1.09), node("a", price_per_gpu_hour=2.0)]
     )
     rows = match_rows(placement)
     assert [r.cells() for r in rows] == [
-        ("physical", "b", "64", "512.00", "A100:8 (4 free)", "lab", "2.18", SELECTED_MARK),
-        ("physical", "a", "64", "512.00", "A100:8 (8 free)", "lab", "4.00", ""),
+        ("physical", "b", "64", "512.00", "A100:8 (4 free)", "lab", "2.18", "-", SELECTED_MARK),
+        ("physical", "a", "64", "512.00", "A100:8 (8 free)", "lab", "4.00", "-", ""),
     ]
     assert len(MATCH_HEADERS) == len(rows[0].cells())
     assert match_rows(placement, limit=1) == rows[:1]

@@ -164,6 +164,11 @@ class MatchRowOut(BaseModel):
     region: str
     cost_per_hour: float
     selected: bool
+    data: str = Field(
+        "-",
+        description="what it holds of the job's datasets, models and checkpoints: cached, K/N cached, "
+        "fetch; - for a job without data",
+    )
 
 
 class PlacementRejectedOut(BaseModel):

@@ -345,6 +345,7 @@ LIST_COLUMNS = (
     cast(Node.inventory, Text).label("inventory_json"),
     cast(Node.requirements, Text).label("requirements_json"),
     cast(Node.finalize_actual, Text).label("finalize_actual_json"),
+    cast(Node.object_cache, Text).label("object_cache_json"),
 )
 
 

@@ -10,6 +10,7 @@ takes no NEW jobs (placement rejects the node) and lets running ones finish."""
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -32,6 +33,7 @@ from contracts.jobs import (
     WorkerRunState,
 )
 from contracts.jobspec import JobKind, JobSpec
+from contracts.regional import StorageMode
 from provisioner.domain.states import (
     NODE_READY,
     WORKER_DONE,
@@ -47,7 +49,7 @@ from provisioner.services.common.errors import flush
 from provisioner.services.common.runtime import runtime_of
 from provisioner.services.common.wakeups import Wake, wake_after_commit
 from provisioner.services.jobs import job_peers, job_secrets, job_usage, jobs
-from provisioner.services.objects import data_objects
+from provisioner.services.objects import data_objects, node_caches
 from provisioner.store.account_models import Account
 from provisioner.store.expressions import one_of
 from provisioner.store.job_models import Job, JobWorker
@@ -225,7 +227,8 @@ def assignment_of(session: Session, node: Node, worker: JobWorker) -> WorkerAssi
         gpu_count=worker.gpu_count,
         cpus=cpus,
         memory_mb=memory_mb,
-        disk_gb=resources.disk_size,
+        # an inference input is the worker's own data: it counts against its disk, left for its writes
+        disk_gb=max(1, resources.disk_size - math.ceil(_input_bytes(session, job_spec, job.id) / 10**9)),
         mounts=_mounts(session, job, job_spec),
         reservation=reservation if worker.index == 0 else None,  # one worker serves the endpoint
         port=worker.port,
@@ -238,12 +241,22 @@ def assignment_of(session: Session, node: Node, worker: JobWorker) -> WorkerAssi
     )
 
 
-def _may_start(worker: JobWorker) -> bool:
+def _input_bytes(session: Session, job_spec: JobSpec, job_id: str) -> int:
+    given = job_spec.data.input
+    return data_objects.input_bytes(session, job_id) if given is not None and given.uri else 0
+
+
+def _may_start(session: Session, worker: JobWorker) -> bool:
     """A gang's worker is sent once every peer has a node with an address (it starts with all of them
-    known); one to stop, or listed for its log, is always sent."""
+    known), and in a central region once the region's storage node holds the job's data (the node reads
+    it from there); one to stop, or listed for its log, is always sent."""
     if worker.stop_requested or WorkerState(worker.state) != WorkerState.STARTING:
         return True
     job = worker.job
+    if job.region is not None and job.region.storage_mode == StorageMode.CENTRAL.value:
+        _, missing = node_caches.missing_in_region(session, job)
+        if missing:
+            return False
     if len(job.workers) == 1 or JobSpec.model_validate(job.spec).job_kind != JobKind.GANG:
         return True
     return job_peers.peers_ready(job)
@@ -281,7 +294,7 @@ def desired_for_node(session: Session, node: Node) -> dict[str, Any]:
     workers: list[WorkerAssignment] = []
     datastores: set[str] = set()
     for worker in _workers_on(session, node):
-        if not _may_start(worker):
+        if not _may_start(session, worker):
             continue
         try:
             assignment = assignment_of(session, node, worker)

@@ -19,6 +19,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from contracts.regional import StorageMode
 from provisioner.domain import billing_rules
 from provisioner.domain.hardware_text import failed_rules
 from provisioner.domain.inventory_gpus import gpu_type_of as gpu_type_of
@@ -27,6 +28,7 @@ from provisioner.domain.placement import Candidate, CandidateSource, PlacementRe
 from provisioner.domain.states import WORKER_ON_NODE, NodeState, Service, is_online
 from provisioner.services.billing import prices
 from provisioner.services.cloud import gcp_capacity
+from provisioner.services.objects import node_caches
 from provisioner.store.gcp_models import GcpBurstVm
 from provisioner.store.job_models import JobWorker
 from provisioner.store.models import Node
@@ -109,7 +111,11 @@ def busy_by_node(session: Session) -> dict[str, Busy]:
 
 
 def candidate_of(
-    node: Node, busy: Busy, now: datetime | None = None, public: Mapping[str, float] | None = None
+    node: Node,
+    busy: Busy,
+    now: datetime | None = None,
+    public: Mapping[str, float] | None = None,
+    holds: frozenset[str] = frozenset(),
 ) -> Candidate:
     inventory = node.inventory or {}
     gpus = gpus_of(inventory)
@@ -135,6 +141,7 @@ def candidate_of(
         requirements_ok=not failing and (node.requirements or {}).get("ok") is not False,
         failed_rules=tuple(failing),
         vcpus_free=max(0, vcpus - busy.vcpus),
+        holds=holds,
     )
 
 
@@ -150,7 +157,13 @@ def node_candidates(session: Session, now: datetime | None = None) -> list[Candi
     )
     busy = busy_by_node(session)
     public = {row.gpu_type: float(row.price_per_gpu_hour) for row in prices.list_prices(session)}
-    return [candidate_of(n, busy.get(n.id, Busy()), now, public) for n in nodes]
+    regional = node_caches.region_caches(session)  # a central region's nodes read its storage node's
+
+    def holds(n: Node) -> frozenset[str]:
+        central = n.region.storage_mode == StorageMode.CENTRAL.value
+        return regional.get(n.region_id, frozenset()) if central else node_caches.held_by(n)
+
+    return [candidate_of(n, busy.get(n.id, Busy()), now, public, holds(n)) for n in nodes]
 
 
 # The capacity sources placement chooses from, each giving its candidates from the store: the seam of

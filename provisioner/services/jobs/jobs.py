@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -64,7 +64,7 @@ from provisioner.services.common import audit, lifecycle
 from provisioner.services.common.errors import flush
 from provisioner.services.common.wakeups import Wake, wake_after_commit
 from provisioner.services.jobs import job_placement, job_secrets, worker_output
-from provisioner.services.objects import data_objects
+from provisioner.services.objects import data_objects, node_caches
 from provisioner.store.account_models import Project
 from provisioner.store.data_models import DataObject
 from provisioner.store.job_models import Job, JobWorker
@@ -316,6 +316,11 @@ def requests_of(
     return out
 
 
+def _with_data(requests: list[PlacementRequest], digests: frozenset[str]) -> list[PlacementRequest]:
+    """The requests of a job that mounts these objects: placement prefers where they are cached."""
+    return [replace(r, data=digests) for r in requests] if digests else requests
+
+
 @dataclass(frozen=True)
 class Decision:
     """Placement of the workers asked: `packing.placed` the (worker, candidate) pairs that go now; `first`
@@ -441,6 +446,9 @@ def _assign(session: Session, job: Job, placed: Sequence[tuple[int, Candidate]],
     where = ", ".join(sorted({f"{c.name} ({c.region})" for _, c in placed}))
     if JobState(job.state) == JobState.WAITING:
         transition(session, job, JobState.STARTING, actor=actor, reason=f"placed on {where}")
+    storage, missing = node_caches.missing_in_region(session, job)
+    if missing:  # a central region's workers start once its storage node holds their data
+        job.reason = node_caches.caching_reason(storage, missing)
 
 
 @dataclass(frozen=True)
@@ -470,6 +478,8 @@ def create(
     owner = proj.account_id  # a federated job places, and pays usage, as its project owner's would
     pinned = pinned_region(session, owner, spec)
     requests = requests_of(job_spec, owner, pinned, public_credit=ledger.can_cover(session, owner))
+    objects = _objects_of(session, job_spec, proj.id)
+    requests = _with_data(requests, frozenset(o.digest for o, _ in objects if o.digest))
     candidates = job_placement.snapshot(session)
     for request in dict.fromkeys(requests):
         refusal = refusal_at_create(request, candidates)
@@ -506,7 +516,6 @@ def create(
             code="duplicate_name",
         )
     _reservation_free(session, spec, pinned)
-    objects = _objects_of(session, job_spec, proj.id)
     project_keys.check_for_job(session, proj, principal.account_id, job_spec.environment.keys)
     stored, sealed_env = job_secrets.seal(session, spec)
     job = Job(
@@ -551,7 +560,7 @@ def create(
 def _start_or_wait(session: Session, job: Job, decision: Decision, *, data: bool, actor: str) -> None:
     """A new job's placed workers assigned, unless its data is still downloading (it waits, saying so,
     and the objects reconciler wakes the jobs one when it is ready) or the capacity went meanwhile."""
-    data_wait, _ = data_objects.waiting_for(session, job.id) if data else (None, None)
+    data_wait, _ = data_objects.waiting_for(session, job.id, disk_of(job)) if data else (None, None)
     placed = decision.packing.placed
     if data_wait is not None:
         job.reason = data_wait
@@ -654,6 +663,7 @@ def place_waiting(
     owner = job.project.account_id  # as at create: the project owner's placement
     job_spec = JobSpec.model_validate(job.spec)
     every = requests_of(job_spec, owner, pinned, public_credit=ledger.can_cover(session, owner))
+    every = _with_data(every, node_caches.digests_of(session, job.id))
     requests = [every[w.index] for w in waiting]
     started = JobState(job.state) != JobState.WAITING
     region = job.region.name if started and job.region is not None else None
@@ -676,10 +686,15 @@ def place_waiting(
     return decision.after
 
 
+def disk_of(job: Job) -> int:
+    """The smallest disk_size of the job's workers, in GB (what an inference input must fit)."""
+    return min(w.resources.disk_size for w in JobSpec.model_validate(job.spec).plan())
+
+
 def _waits_for_data(session: Session, job: Job, *, actor: str) -> bool:
     """A waiting job whose data is still downloading keeps waiting, saying so; one whose data failed (or
     was removed) fails, as a worker that could not start would."""
-    data_wait, lost = data_objects.waiting_for(session, job.id)
+    data_wait, lost = data_objects.waiting_for(session, job.id, disk_of(job))
     if lost is not None:
         reason = f"its data cannot be had: {lost}"
         _stop_workers(session, job, actor=actor, reason=reason)

@@ -34,6 +34,7 @@ from contracts.data_objects import (
     parse_source,
 )
 from contracts.errors import Conflict, InvalidInput, NotFound, RuleViolation
+from contracts.object_cache import CacheRole
 from contracts.object_tree import scan
 from provisioner.adapters.object_store import check_held, chunk_key, manifest_key
 from provisioner.adapters.sources import Credentials, Networks, SourceError, fetch, networks_of
@@ -44,11 +45,12 @@ from provisioner.services.accounts import accounts, project_keys
 from provisioner.services.common import lifecycle
 from provisioner.services.common.runtime import runtime_of
 from provisioner.services.common.wakeups import Wake, wake_after_commit
+from provisioner.services.objects import node_caches
 from provisioner.store.account_models import Project
 from provisioner.store.data_models import DataObject, JobObject
 from provisioner.store.engine import session_scope
 from provisioner.store.job_models import Job
-from provisioner.store.models import new_id
+from provisioner.store.models import Node, new_id
 
 GB = 10**9
 UPLOAD_PREFIX = "upload:"  # an uploaded object's source: the path the CLI read, for the record only
@@ -122,18 +124,16 @@ def create(
     known = _kind(kind)
     check_name(known, name)
     parsed = parse_source(source)
-    if parsed.scheme is SourceScheme.AZURE:
-        raise InvalidInput(
-            "azure:// sources are not read yet: copy the data to s3://, gs:// or https://, or upload it",
-            code="invalid_source",
-        )
     if public and not principal.is_fleet_admin:
         raise RuleViolation(
             "only the root account's admins create public objects: leave out --public",
             code="forbidden_public",
         )
-    if endpoint_url is not None and parsed.scheme is not SourceScheme.S3:
-        raise InvalidInput("--endpoint-url is for s3:// sources only", code="invalid_source")
+    if endpoint_url is not None and parsed.scheme not in (SourceScheme.S3, SourceScheme.AZURE):
+        raise InvalidInput(
+            "--endpoint-url is for s3:// and azure:// sources only (an S3-compatible store, a blob endpoint)",
+            code="invalid_source",
+        )
     proj = accounts.project_for(session, principal, project)
     taken = session.scalar(
         select(DataObject).where(
@@ -448,13 +448,20 @@ def project_name(session: Session, obj: DataObject) -> str:
 
 
 def for_node(session: Session, node_id: str, credential: str | None, object_id: str) -> DataObject:
-    """The object, if a worker placed on this node (starting or running) belongs to a job that mounts it;
-    NotFound otherwise, the same answer whether the object exists or not."""
+    """The object, if a worker placed on this node (a central region's storage node: on any node of its
+    region), starting or running, belongs to a job that mounts it; NotFound otherwise, the same answer
+    whether the object exists or not."""
     from provisioner.domain.states import WORKER_ON_NODE
     from provisioner.services.fleet import node_credentials
     from provisioner.store.job_models import JobWorker
 
     node, _ = node_credentials.node_for_credential(session, node_id, credential)
+    # a central region's storage node fetches for every node of its region (node_caches)
+    where = (
+        JobWorker.node_id.in_(select(Node.id).where(Node.region_id == node.region_id))
+        if node_caches.role_of(node) is CacheRole.REGION
+        else JobWorker.node_id == node.id
+    )
     mounted = session.scalar(
         select(DataObject)
         .join(JobObject, JobObject.object_id == DataObject.id)
@@ -462,7 +469,7 @@ def for_node(session: Session, node_id: str, credential: str | None, object_id: 
         .where(
             DataObject.id == object_id,
             DataObject.state == ObjectState.READY.value,
-            JobWorker.node_id == node.id,
+            where,
             JobWorker.state.in_([s.value for s in WORKER_ON_NODE]),
         )
         .limit(1)
@@ -554,10 +561,11 @@ def mounted_by(session: Session, job_id: str) -> dict[str, DataObject]:
 WAITING_FOR_DATA = "Waiting for data"
 
 
-def waiting_for(session: Session, job_id: str) -> tuple[str | None, str | None]:
+def waiting_for(session: Session, job_id: str, disk_gb: int | None = None) -> tuple[str | None, str | None]:
     """(why the job waits for its data, why it cannot have it): a dataset, model or checkpoint still
-    downloading, or one that failed (or was removed) since the job was created; (None, None) when all are
-    ready."""
+    downloading, or one that failed (or was removed) since the job was created, or an inference input
+    larger than the worker's disk (`disk_gb`, resources.disk_size: the input counts against it);
+    (None, None) when all are ready."""
     stmt = select(DataObject).join(JobObject, JobObject.object_id == DataObject.id)
     waiting: list[DataObject] = []
     for obj in session.scalars(stmt.where(JobObject.job_id == job_id).order_by(DataObject.name)):
@@ -565,6 +573,11 @@ def waiting_for(session: Session, job_id: str) -> tuple[str | None, str | None]:
             return None, f"{obj.kind} {obj.name!r} is {obj.state}" + (f": {obj.reason}" if obj.reason else "")
         if obj.state == ObjectState.DOWNLOADING:
             waiting.append(obj)
+        elif obj.job_id == job_id and disk_gb is not None and obj.size_bytes > disk_gb * GB:
+            return None, (
+                f"its input is {obj.size_bytes / GB:.1f} GB, more than the worker's disk_size of {disk_gb} "
+                "GB it counts against: raise resources.disk_size"
+            )
     if not waiting:
         return None, None
     named = ", ".join(f"{o.kind} {o.name!r}" for o in waiting)
@@ -573,6 +586,11 @@ def waiting_for(session: Session, job_id: str) -> tuple[str | None, str | None]:
 
 
 # ------------------------------------------------------------------------------- an inference job's input
+
+
+def input_bytes(session: Session, job_id: str) -> int:
+    """The size of a job's own inference input (0: none, or not downloaded yet)."""
+    return int(session.scalar(select(DataObject.size_bytes).where(DataObject.job_id == job_id)) or 0)
 
 
 def input_for(

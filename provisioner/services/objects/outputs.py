@@ -26,7 +26,7 @@ from typing import Final
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from contracts.data_objects import CHUNK_BYTES, SHA256_HEX, Manifest, ObjectKind
+from contracts.data_objects import CHUNK_BYTES, KEY_KIND_OF, SHA256_HEX, Manifest, ObjectKind, parse_source
 from contracts.errors import InvalidInput, NotFound, RuleViolation
 from contracts.jobspec import JobSpec
 from provisioner.adapters.object_store import ObjectStore, check_held, chunk_key, manifest_key
@@ -213,7 +213,7 @@ def deliver(sessions: sessionmaker[Session], job_id: str, worker: int, work_dir:
         assert target is not None
         creds: Credentials | None = None
         if target.uri is not None:
-            kind = KeyKind.AWS if target.uri.startswith("s3://") else KeyKind.GCP
+            kind = KeyKind(KEY_KIND_OF[parse_source(target.uri).scheme])
             label = target.key or DEFAULT_NAME
             found = project_keys.secret_of(session, job.project_id, kind, label)
             creds = Credentials(f"{kind}/{label}", *found) if found else None
