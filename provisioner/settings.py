@@ -103,6 +103,11 @@ class Settings(BaseSettings):
     object_store_endpoint: str | None = Field(
         None, description="the endpoint URL of an S3-compatible object store that is not AWS"
     )
+    object_store_presign: bool = Field(
+        True,
+        description="nodes read chunks straight from a bucket store through short-lived pre-signed URLs "
+        "(false: through the control plane)",
+    )
     # a source's or an output's host on these networks may be read although it is not a public address (the
     # operator's own MinIO, a LAN web server); any other private, loopback or link-local host is refused,
     # so no tenant can make the control plane fetch its cloud metadata or an internal service

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Protocol
 
+import httpx
 from pydantic import ValidationError
 
 from contracts.data_objects import CHUNK_ROUTE, MANIFEST_ROUTE, Manifest, check_relative
@@ -37,6 +38,7 @@ from minion.join.client import ConnectionProblem, ControlPlane
 log = logging.getLogger(__name__)
 
 FETCH_TRIES: Final = 3
+DIRECT_TIMEOUT_S: Final = 60.0
 READ_ONLY: Final = 0o555  # the most a cached file or directory may be: no write, no set-id
 RESERVE: Final = 0.05  # of the cache's volume, never filled (its filesystem and the node's logs need it)
 GB: Final = 10**9
@@ -62,6 +64,7 @@ class ControlPlaneObjects:
 
     cp: ControlPlane
     node: Callable[[], dict[str, Any]]
+    direct_bytes: int = 0  # read straight from the bucket, through pre-signed URLs
 
     def _get(self, path: str) -> bytes:
         node = self.node()
@@ -79,7 +82,29 @@ class ControlPlaneObjects:
         return self._get(MANIFEST_ROUTE.replace("{object_id}", object_id))
 
     def chunk(self, object_id: str, sha256: str) -> bytes:
-        return self._get(CHUNK_ROUTE.replace("{object_id}", object_id).replace("{chunk}", sha256))
+        """Through the control plane, or straight from its bucket when it answers with a pre-signed URL
+        (307); a URL this node cannot read falls back to the control plane."""
+        path = CHUNK_ROUTE.replace("{object_id}", object_id).replace("{chunk}", sha256)
+        node = self.node()
+        try:
+            answer = self.cp.get(path.format(node_id=node["node_id"]), token=node["node_credential"])
+        except ConnectionProblem as exc:
+            raise ObjectUnavailable(str(exc)) from None
+        if answer.status_code == 307 and (url := answer.headers.get("location")):
+            try:  # a plain GET: the URL is the credential, the node's own must not go to the bucket
+                direct = httpx.get(url, timeout=DIRECT_TIMEOUT_S)
+                if direct.status_code == 200:
+                    self.direct_bytes += len(direct.content)
+                    return direct.content
+                log.warning("the bucket answered HTTP %d for chunk %s", direct.status_code, sha256[:12])
+            except httpx.HTTPError as exc:
+                log.warning("the bucket could not be read for chunk %s (%s)", sha256[:12], exc)
+            return self._get(path + "?direct=false")
+        if answer.status_code != 200:
+            raise ObjectUnavailable(
+                f"the control plane answered HTTP {answer.status_code}: {answer.text[:200]}"
+            )
+        return answer.content
 
 
 Progress = Callable[[int, int], None]  # bytes fetched, bytes of the object

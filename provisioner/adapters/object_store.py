@@ -1,6 +1,7 @@
 """Where the control plane keeps object bytes (docs/data.md, "Where objects live"): an S3-compatible bucket
-(AWS, or MinIO, Ceph RGW, SeaweedFS or Garage run by the operator) through boto3, or, embedded, a
-directory under RIGBASE_HOME behind the same interface, as SQLite stands in for PostgreSQL.
+(AWS, or MinIO, Ceph RGW, SeaweedFS or Garage run by the operator) through boto3, a Cloud Storage bucket
+through google-cloud-storage, or, embedded, a directory under RIGBASE_HOME behind the same interface, as
+SQLite stands in for PostgreSQL.
 
 Keys are `PREFIX/projects/PROJECT/chunks/SHA256` and `PREFIX/projects/PROJECT/manifests/DIGEST`: content
 addressed within a project. Chunks are not shared across projects, so no account can learn from a
@@ -35,6 +36,10 @@ class ObjectStore(Protocol):
     def delete(self, key: str) -> None: ...
 
     def describe(self) -> str: ...
+
+    def presign(self, key: str, expires_s: int) -> str | None:
+        """A URL that reads `key` for `expires_s` seconds without credentials; None: the store has none."""
+        ...
 
 
 def chunk_key(project_id: str, sha256: str) -> str:
@@ -83,6 +88,9 @@ class DirectoryStore:
 
     def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
+
+    def presign(self, key: str, expires_s: int) -> str | None:
+        return None  # a directory has no URLs: nodes read through the control plane
 
     def describe(self) -> str:
         return f"directory {self.root}"
@@ -144,14 +152,82 @@ class S3Store:
     def delete(self, key: str) -> None:
         self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
 
+    def presign(self, key: str, expires_s: int) -> str | None:
+        """A SigV4 GET URL (boto3 signs locally: no request is made)."""
+        params = {"Bucket": self.bucket, "Key": self._key(key)}
+        return str(self.client.generate_presigned_url("get_object", Params=params, ExpiresIn=expires_s))
+
     def describe(self) -> str:
         where = f" at {self.endpoint_url}" if self.endpoint_url else ""
         return f"s3://{self.bucket}/{self.prefix}{where}"
 
 
+@dataclass(frozen=True)
+class GcsStore:
+    """A Cloud Storage bucket; credentials from Application Default Credentials (a service account's
+    key file in GOOGLE_APPLICATION_CREDENTIALS, or the VM's), as every Google tool reads them."""
+
+    bucket: str
+    prefix: str
+    client: Any  # google.cloud.storage.Client
+
+    @classmethod
+    def connect(cls, bucket: str, prefix: str) -> GcsStore:
+        from google.cloud import storage
+
+        return cls(bucket, prefix.strip("/"), storage.Client())
+
+    def _blob(self, key: str) -> Any:
+        return self.client.bucket(self.bucket).blob(f"{self.prefix}/{key}" if self.prefix else key)
+
+    def has(self, key: str) -> bool:
+        return self.size(key) is not None
+
+    def size(self, key: str) -> int | None:
+        blob = self.client.bucket(self.bucket).get_blob(self._blob(key).name)
+        return None if blob is None else int(blob.size or 0)
+
+    def put(self, key: str, data: bytes) -> None:
+        self._blob(key).upload_from_string(data)
+
+    def get(self, key: str) -> bytes:
+        from google.api_core.exceptions import NotFound
+
+        try:
+            return bytes(self._blob(key).download_as_bytes())
+        except NotFound:
+            raise KeyError(key) from None
+
+    def delete(self, key: str) -> None:
+        from google.api_core.exceptions import NotFound
+
+        try:
+            self._blob(key).delete()
+        except NotFound:
+            pass
+
+    def presign(self, key: str, expires_s: int) -> str | None:
+        """A V4 signed URL when the credentials can sign (a service account's key); None otherwise (a
+        VM's own credentials sign only through the IAM API, which is not asked here)."""
+        from datetime import timedelta
+
+        from google.auth.exceptions import TransportError
+
+        try:
+            url = self._blob(key).generate_signed_url(
+                version="v4", expiration=timedelta(seconds=expires_s), method="GET"
+            )
+        except (AttributeError, TypeError, ValueError, TransportError):
+            return None
+        return str(url)
+
+    def describe(self) -> str:
+        return f"gs://{self.bucket}/{self.prefix}"
+
+
 def open_store(setting: str | None, endpoint_url: str | None, home: Path) -> ObjectStore:
     """RIGBASE_OBJECT_STORE: `s3://BUCKET[/PREFIX]` (with RIGBASE_OBJECT_STORE_ENDPOINT for a store
-    that is not AWS), or a directory; unset, HOME/objects."""
+    that is not AWS), `gs://BUCKET[/PREFIX]`, or a directory; unset, HOME/objects."""
     if not setting:
         return DirectoryStore(home / "objects")
     parts = urlsplit(setting)
@@ -161,10 +237,17 @@ def open_store(setting: str | None, endpoint_url: str | None, home: Path) -> Obj
                 f"object store {setting!r}: write s3://BUCKET[/PREFIX]", code="invalid_setting"
             )
         return S3Store.connect(parts.netloc, parts.path, endpoint_url)
+    if parts.scheme == "gs":
+        if not parts.netloc:
+            raise InvalidInput(
+                f"object store {setting!r}: write gs://BUCKET[/PREFIX]", code="invalid_setting"
+            )
+        return GcsStore.connect(parts.netloc, parts.path)
     if parts.scheme in ("", "file"):
         return DirectoryStore(Path(parts.path or setting))
     raise InvalidInput(
-        f"object store {setting!r}: use s3://BUCKET[/PREFIX] or a directory", code="invalid_setting"
+        f"object store {setting!r}: use s3://BUCKET[/PREFIX], gs://BUCKET[/PREFIX] or a directory",
+        code="invalid_setting",
     )
 
 

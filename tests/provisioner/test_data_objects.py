@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from contracts.data_objects import Manifest
+from contracts.data_objects import CHUNK_ROUTE, Manifest
 from contracts.object_tree import scan
 from minion.jobs.objects import ControlPlaneObjects, ObjectCache, ObjectUnavailable
 from minion.jobs.outputs import ControlPlaneOutputs, OutputRefused, upload
@@ -383,6 +383,19 @@ def test_a_jobs_objects_reach_only_its_nodes_and_are_checked_there(fleet: Fleet,
     cache.source = tampering
     where = cache.ensure(dataset["object_id"], dataset["digest"])
     assert tampering.tampered == 1
+    # a bucket store answers with pre-signed URLs: the chunks come straight from moto's bucket (the first
+    # one twice, as it was tampered with); the embedded store sends them through the control plane
+    direct = tampering.inner.direct_bytes
+    assert direct == (9_000_001 + 8 * 2**20 if fleet.store == "s3" else 0), direct  # type: ignore[attr-defined]
+    manifest = Manifest.model_validate_json(tampering.inner.manifest(dataset["object_id"]))
+    sha = manifest.files[0].chunks[0]
+    route = CHUNK_ROUTE.format(node_id=fleet.node_ids[node], object_id=dataset["object_id"], chunk=sha)
+    auth = {"Authorization": f"Bearer {fleet.credentials[node]}"}
+    with fleet.cp.client() as http:
+        asked, through = http.get(route, headers=auth), http.get(route + "?direct=false", headers=auth)
+    assert asked.status_code == (307 if fleet.store == "s3" else 200), asked.status_code  # type: ignore[attr-defined]
+    # a node that cannot reach the bucket asks for the bytes themselves (what the minion falls back to)
+    assert through.status_code == 200 and hashlib.sha256(through.content).hexdigest() == sha
     assert (where / "x" / "data.bin").read_bytes() == b"D" * 9_000_000
     assert (where / "y.txt").stat().st_mode & 0o777 == 0o444
     assert cache.held() == [dataset["digest"]]
@@ -417,6 +430,39 @@ def test_the_bytes_are_where_the_setting_says(fleet: Fleet, s3_server: S3Server,
     in_bucket = any(item["Key"].endswith(f"/chunks/{sha}") for item in listed)
     at_home = any((fleet.cp.home / "objects" / "projects").glob(f"*/chunks/{sha}"))
     assert (in_bucket, at_home) == ((True, False) if fleet.store == "s3" else (False, True))  # type: ignore[attr-defined]
+
+
+def test_a_cloud_storage_bucket_holds_the_objects(
+    storage_emulator: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RIGBASE_OBJECT_STORE=gs://…: the chunks and manifests in a Cloud Storage bucket (the emulator, through
+    the real google-cloud-storage client); anonymous credentials cannot sign, so nodes read through the
+    control plane."""
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage
+
+    from provisioner.adapters.object_store import GcsStore
+
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", storage_emulator)  # this process's clients: never Google's
+    gcs = storage.Client(project="test", credentials=AnonymousCredentials())
+    if not gcs.bucket("cp-objects").exists():
+        gcs.create_bucket("cp-objects")
+    env = {"RIGBASE_OBJECT_STORE": "gs://cp-objects/cp", "STORAGE_EMULATOR_HOST": storage_emulator}
+    src = tree(tmp_path / "gs-held", {"a.bin": b"A" * 9_000_000, "b.txt": b"b"})
+    with start_control_plane(tmp_path / "home", env=env) as cp:
+        made = cp.provision("dataset", "create", "held", "--source", str(src))
+        assert made.returncode == 0, made.stderr
+        shown = json.loads(cp.provision("dataset", "show", "held", "--json").stdout)
+        assert shown["state"] == "ready"
+        names = {b.name for b in gcs.list_blobs("cp-objects", prefix="cp/projects/")}
+        assert {n.rsplit("/", 1)[1] for n in names if "/chunks/" in n} == set(scan(src).pieces)
+        assert any(n.endswith("/manifests/" + shown["digest"].removeprefix("sha256:")) for n in names)
+        assert not (cp.home / "objects").exists()
+    store = GcsStore("cp-objects", "cp", gcs)
+    key = next(n for n in names if "/chunks/" in n).removeprefix("cp/")
+    assert store.size(key) in (8 * 2**20, 9_000_000 - 8 * 2**20, 1) and store.presign(key, 60) is None
+    with pytest.raises(KeyError):
+        store.get("projects/none/chunks/" + "0" * 64)
 
 
 def test_another_accounts_private_object_is_not_there(fleet: Fleet, tmp_path: Path) -> None:

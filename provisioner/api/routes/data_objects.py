@@ -9,7 +9,8 @@ from datetime import datetime
 from enum import Enum
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Path, Request, Response
+from fastapi import APIRouter, Body, Path, Query, Request, Response
+from fastapi.responses import RedirectResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
@@ -211,11 +212,22 @@ def node_manifest(node_id: str, object_id: str, session: Db, credential: NodeCre
 
 @node_router.get(CHUNK_ROUTE, responses={**NODE_ERRORS, **documented(404)})
 def node_chunk(
-    node_id: str, object_id: str, chunk: _SHA, session: Db, credential: NodeCredential
+    node_id: str,
+    object_id: str,
+    chunk: _SHA,
+    session: Db,
+    credential: NodeCredential,
+    direct: Annotated[
+        bool, Query(description="false: the bytes through the control plane, never a pre-signed URL")
+    ] = True,
 ) -> Response:
-    """One chunk of that object."""
+    """One chunk of that object: its bytes, or a 307 to a pre-signed URL of the bucket store that holds
+    it (the node checks the bytes against the chunk's SHA-256 either way)."""
     obj = service.for_node(session, node_id, credential, object_id)
-    return Response(service.chunk_for_node(session, obj, chunk), media_type="application/octet-stream")
+    answer = service.chunk_for_node(session, obj, chunk, direct=direct)
+    if isinstance(answer, str):
+        return RedirectResponse(answer, status_code=307)
+    return Response(answer, media_type="application/octet-stream")
 
 
 # ------------------------------------------------------------------------------- a worker's output

@@ -503,10 +503,21 @@ def _chunks_of(session: Session, obj: DataObject) -> frozenset[str]:
     return held
 
 
-def chunk_for_node(session: Session, obj: DataObject, sha256: str) -> bytes:
+PRESIGNED_S = 300  # how long a chunk's pre-signed URL reads: one chunk's fetch, with retries
+
+
+def chunk_for_node(session: Session, obj: DataObject, sha256: str, *, direct: bool = True) -> bytes | str:
+    """One chunk's bytes, or (`direct`, the store offers them and the setting allows) a short-lived
+    pre-signed URL the node reads it from straight from the bucket."""
     if sha256 not in _chunks_of(session, obj):
         raise NotFound(f"object {obj.id!r} has no chunk {sha256[:16]}…", code="chunk_not_found")
-    return runtime_of(session).objects().get(chunk_key(obj.project_id, sha256))
+    runtime = runtime_of(session)
+    key = chunk_key(obj.project_id, sha256)
+    if direct and runtime.settings.object_store_presign:
+        url = runtime.objects().presign(key, PRESIGNED_S)
+        if url is not None:
+            return url
+    return runtime.objects().get(key)
 
 
 # ------------------------------------------------------------------------------- jobs mounting objects
