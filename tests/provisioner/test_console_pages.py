@@ -467,7 +467,29 @@ def test_the_data_page_lists_the_projects_objects_and_hides_another_accounts(
         assert shown.status_code == 200 and "console-set" in shown.text and "ready" in shown.text
         assert "No model in this project yet." in shown.text
         assert 'href="/data"' in shown.text
+        token = csrf_of(shown)
+        form = {"csrf": token, "project": "default", "kind": "dataset", "name": "from-web"}
+        # a local path is the CLI's to upload; the refusal says so, and nothing is stored
+        local = client.post("/data", data={**form, "source": str(tmp_path / "d")}, follow_redirects=True)
+        assert flash(local).startswith("error: a local path is uploaded from your machine"), flash(local)
+        # a remote source: created, downloading (then failed with its one line: a loopback host is not a
+        # public address, refused before any connection)
+        web = {**form, "source": "http://127.0.0.1:9/none.zip"}
+        made_web = client.post("/data", data=web, follow_redirects=True)
+        assert flash(made_web).startswith("dataset from-web created (obj_"), flash(made_web)
+        assert "from-web" in made_web.text
+        # each own object's Remove asks first, then removes it
+        (row,) = [r for r in api(fleet, "GET", "/v1/datasets")["items"] if r["name"] == "console-set"]
+        asked = client.get(f"/data/dataset/{row['id']}/remove")
+        assert asked.status_code == 200 and "Remove dataset console-set" in asked.text
+        gone = client.post(
+            f"/data/dataset/{row['id']}/remove", data={"csrf": csrf_of(asked)}, follow_redirects=True
+        )
+        assert flash(gone) == "dataset console-set removed"
+        assert "<td>console-set</td>" not in gone.text and "<td>from-web</td>" in gone.text
     with browser(fleet.cp) as client:
         sign_in(client, fleet.other_token)
-        assert "console-set" not in client.get("/data").text
+        assert "from-web" not in client.get("/data").text
         assert client.get("/data", params={"project": ours}).status_code == 404
+        # another account's object cannot be removed from its console: the same 404 as for none
+        assert client.get(f"/data/dataset/{row['id']}/remove").status_code == 404

@@ -32,10 +32,11 @@ from minion.jobs.objects import ControlPlaneObjects, ObjectCache, ObjectUnavaila
 from minion.jobs.outputs import ControlPlaneOutputs, OutputRefused, upload
 from minion.join.client import ControlPlane as MinionControlPlane
 from minion.join.client import Enrollment
+from provisioner.adapters.object_store import chunk_key
 from provisioner.adapters.sources import SourceError, check_host, networks_of
 from provisioner.domain.states import ObjectState
 from provisioner.reconcilers.loop import ReconcilerLoop
-from provisioner.services.common.runtime import Runtime, attach
+from provisioner.services.common.runtime import Runtime, attach, runtime_of
 from provisioner.services.common.wakeups import Wake
 from provisioner.services.objects import data_objects, outputs
 from provisioner.settings import Settings
@@ -463,6 +464,29 @@ def test_a_cloud_storage_bucket_holds_the_objects(
     assert store.size(key) in (8 * 2**20, 9_000_000 - 8 * 2**20, 1) and store.presign(key, 60) is None
     with pytest.raises(KeyError):
         store.get("projects/none/chunks/" + "0" * 64)
+
+
+def test_removing_an_object_deletes_the_chunks_nothing_else_of_the_project_names(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    shared, first, second = b"S" * 3_000_000, b"1" * 3_000, b"2" * 3_000
+    one = tree(tmp_path / "gc-1", {"shared.bin": shared, "own.bin": first})
+    two = tree(tmp_path / "gc-2", {"shared.bin": shared, "own.bin": second})
+    for name, src in (("gc-one", one), ("gc-two", two)):
+        assert fleet.cp.provision("dataset", "create", name, "--source", str(src)).returncode == 0
+    sha = {k: hashlib.sha256(v).hexdigest() for k, v in (("shared", shared), ("1", first), ("2", second))}
+    project = rows(fleet, "gc-one")[0].project_id
+
+    def held() -> set[str]:
+        with fleet.sessions() as s:
+            store = runtime_of(s).objects()
+            return {k for k, h in sha.items() if store.has(chunk_key(project, h))}
+
+    assert held() == {"shared", "1", "2"}
+    assert fleet.cp.provision("dataset", "remove", "gc-one", "--yes").returncode == 0
+    assert held() == {"shared", "2"}  # gc-two still names the shared chunk
+    assert fleet.cp.provision("dataset", "remove", "gc-two", "--yes").returncode == 0
+    assert held() == set()
 
 
 def test_another_accounts_private_object_is_not_there(fleet: Fleet, tmp_path: Path) -> None:

@@ -47,7 +47,7 @@ from provisioner.services.common.runtime import runtime_of
 from provisioner.services.common.wakeups import Wake, wake_after_commit
 from provisioner.services.objects import node_caches
 from provisioner.store.account_models import Project
-from provisioner.store.data_models import DataObject, JobObject
+from provisioner.store.data_models import DataObject, JobObject, JobOutput
 from provisioner.store.engine import session_scope
 from provisioner.store.job_models import Job
 from provisioner.store.models import Node, new_id
@@ -265,15 +265,44 @@ def remove(
         )
     digest = obj.digest
     transition(session, obj, ObjectState.REMOVED, actor=principal.actor, reason="removed")
-    if digest is not None:
-        same = session.scalar(
-            select(func.count()).where(
-                DataObject.project_id == obj.project_id, DataObject.digest == digest, _live()
-            )
-        )
-        if not same:
-            runtime_of(session).objects().delete(manifest_key(obj.project_id, digest))
+    _forget_bytes(session, obj.project_id, digest)
     return obj
+
+
+def _forget_bytes(session: Session, project_id: str, digest: str | None) -> int:
+    """After an object of `digest` was removed: its manifest and every chunk no other live object or kept
+    job output of the project names, deleted from the store; how many chunks. Nothing while another live
+    object has the same digest. An upload in progress that counted on a deleted chunk is told it is
+    missing when it finishes, and the same command sends it again."""
+    if digest is None:
+        return 0
+    same = session.scalar(
+        select(func.count()).where(DataObject.project_id == project_id, DataObject.digest == digest, _live())
+    )
+    if same:
+        return 0
+    store = runtime_of(session).objects()
+    try:
+        gone = Manifest.model_validate_json(store.get(manifest_key(project_id, digest))).chunk_set()
+    except KeyError:
+        return 0
+    others = session.scalars(
+        select(DataObject).where(DataObject.project_id == project_id, DataObject.digest.is_not(None), _live())
+    )
+    for other in others:
+        gone -= _chunks_of(session, other)
+    kept = session.scalars(
+        select(JobOutput.digest).where(JobOutput.project_id == project_id, JobOutput.digest.is_not(None))
+    )
+    for out_digest in set(kept):
+        try:
+            gone -= Manifest.model_validate_json(store.get(manifest_key(project_id, out_digest))).chunk_set()
+        except KeyError:
+            continue
+    store.delete(manifest_key(project_id, digest))
+    for sha in gone:
+        store.delete(chunk_key(project_id, sha))
+    return len(gone)
 
 
 # ------------------------------------------------------------------------------- reading and writing bytes
@@ -641,7 +670,6 @@ def purge_inputs(session: Session) -> int:
     for obj in session.scalars(stmt):
         digest = obj.digest
         transition(session, obj, ObjectState.REMOVED, actor="rigbase:objects", reason="its job ended")
-        if digest is not None:
-            runtime_of(session).objects().delete(manifest_key(obj.project_id, digest))
+        _forget_bytes(session, obj.project_id, digest)
         done += 1
     return done
