@@ -583,15 +583,15 @@ def _order(node: LabNodeRecord) -> tuple[bool, int]:
     return (node.service == "device", node.k)
 
 
-def _add_nodes(state: LabState, progress: Progress, *, devices: bool = False) -> list[LabNodeRecord]:
-    """Adopt each minion by its minion_id, as `provision node add` does (POST /v1/nodes); with `devices`,
-    the lab's devices instead, as `provision device add` does (the same call with service `device`). Each
-    minion then finalizes its own root (`minion run --host-root`): the control plane needs no path."""
+def _add_nodes(state: LabState, progress: Progress, services: set[str]) -> list[LabNodeRecord]:
+    """Adopt each minion of these services by its minion_id, as `provision node add` does (POST /v1/nodes;
+    a device as `provision device add` does, the same call with service `device`). Each minion then
+    finalizes its own root (`minion run --host-root`): the control plane needs no path."""
     client = _client(state)
     existing = {n["name"] for n in client.pages("/v1/nodes", region=REGION)}
     added = []
     for node in sorted(state.nodes.values(), key=_order):
-        if node.name in existing or (node.service == "device") != devices:
+        if node.name in existing or node.service not in services:
             continue
         body: dict[str, Any] = {
             "name": node.name,
@@ -703,19 +703,28 @@ def up(
             _client(state).post(f"/v1/regions/{REGION}/attestation", {"allow_devices_without_tpm": True})
             step(f"region {REGION} allows devices without a TPM (the Xavier's device key)")
         _ensure_nodes(plan, state, ca, bundle, step)
-        new = [n for n in state.nodes.values() if n.added_at is None]
-        if new:
-            _show_pending(state, new, step, pending, timeout)
-            _add_nodes(state, step)
+        _adopt_new(state, step, pending, timeout)
         image.result()
     _wait_ready(state, step, timeout)
     step("all nodes in maintenance" if plan.devices == 0 else "all nodes ready (the storage node active)")
     if any(n.service == "device" and n.added_at is None for n in state.nodes.values()):
-        # a device is refused until the region's storage node is active: added only now
-        _add_nodes(state, step, devices=True)
+        _add_nodes(state, step, {"device"})
         _wait_ready(state, step, timeout)
         step("all devices active")
     return state
+
+
+def _adopt_new(state: LabState, step: Progress, pending: PendingView, timeout: float) -> None:
+    """Add the nodes not added yet: the storage node first, and the compute nodes once it is active (a
+    central region refuses them until then; devices come after every node is ready)."""
+    new = [n for n in state.nodes.values() if n.added_at is None]
+    if not new:
+        return
+    _show_pending(state, new, step, pending, timeout)
+    if _add_nodes(state, step, {"storage"}):
+        _wait_ready(state, step, timeout)
+        step("the storage node is active")
+    _add_nodes(state, step, {"compute"})
 
 
 def _ensure_job_image(base: concurrent.futures.Future[Path], progress: Progress) -> str:

@@ -118,3 +118,40 @@ def test_a_job_reads_a_dataset_from_s3_and_a_model_from_git_on_a_lab_node(
     assert sorted(p for p in cache.iterdir() if not p.name.startswith(".")) == held
 
     _ok(home, "lab", "down", "--yes", timeout=120)
+
+
+def test_a_central_regions_storage_node_caches_the_data_its_compute_node_mounts(
+    cached_lab_home: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """`lab up --devices 1` makes region `lab` central with node-1 its storage node: node-1's minion fetches
+    the job's dataset into the region's cache, and node-2's worker mounts that copy (the lab's stand-in for
+    the NFS export) without fetching it itself."""
+    home = cached_lab_home
+    _ok(home, "lab", "up", "--nodes", "2", "--devices", "1", timeout=600)
+    _ok(home, "node", "maintenance", "node-2", "off")
+    src = tmp_path / "frames"
+    src.mkdir()
+    frames = bytes(range(256)) * 40_000  # 10 MB: two chunks
+    (src / "frames.bin").write_bytes(frames)
+    _ok(home, "dataset", "create", "frames", "--source", str(src), timeout=120)
+    digest = json.loads(_ok(home, "dataset", "show", "frames", "--json"))["digest"]
+    spec = home / "central.yaml"
+    spec.write_text(
+        f"name: central\ntype: training\nresources: {{gpu_types: [RTX A6000], gpu_count: 1}}\n"
+        f"workers: ['sha256sum /opt/ml/input/frames.bin | cut -c1-16']\nenvironment: {{image: {IMAGE}}}\n"
+        "data: {datasets: [frames]}\n"
+    )
+    _ok(home, "job", "create", "-f", str(spec), "-y")
+    logs = _ok(home, "job", "logs", "central", "--follow", timeout=JOB_TIMEOUT_S)
+    assert logs.splitlines() == [hashlib.sha256(frames).hexdigest()[:16]], logs
+    job = _wait_state(home, "central", {"succeeded", "failed"})
+    assert job["state"] == "succeeded" and job["workers"][0]["node"] == "node-2", job
+    storage = json.loads(_ok(home, "node", "show", "node-1", "--json"))["object_cache"]
+    assert storage["role"] == "region" and digest in storage["held"], storage
+    compute = json.loads(_ok(home, "node", "show", "node-2", "--json"))["object_cache"]
+    assert compute["role"] == "shared" and compute["fetching"] == [], compute
+    held = home / "lab" / "nodes" / "node-1" / "cache" / "objects" / digest.removeprefix("sha256:")
+    assert (held / "frames.bin").read_bytes() == frames
+    assert not (home / "lab" / "nodes" / "node-2" / "cache" / "objects").exists()  # it fetched nothing
+    _ok(home, "lab", "down", "--yes", timeout=120)
