@@ -7,6 +7,10 @@ Where a region's objects are cached depends on its storage mode (contracts/regio
   (role `region`), and the compute nodes read that export at their data cache mount (role `shared`):
   they never fetch, so an object is pulled once per region however many nodes use it.
 
+An object removed from the store (an ended inference job's input, a removed dataset) is listed in `drop`
+for a while: a node that caches for itself or for its region deletes its copy then, rather than when its
+cache next needs room.
+
 The control plane lists, for each node, the objects its region's live jobs use there; the node fetches
 the ones it lacks (a `shared` node fetches none) and never evicts a listed one or one a worker of its own
 mounts. It reports what it holds whole, what it is fetching and what waits for room, every beat."""
@@ -40,6 +44,9 @@ class WantedObject(ControlPlaneMessage):
 class ObjectsDesired(ControlPlaneMessage):
     role: CacheRole
     objects: list[WantedObject] = Field(default_factory=list)  # fetch these, and never evict them
+    # removed since (an ended job's input, a removed dataset) and held by no live object: drop the copy
+    # unless a worker here still mounts it
+    drop: list[str] = Field(default_factory=list, max_length=MAX_REPORTED)
 
 
 class Fetching(MinionMessage):

@@ -40,10 +40,14 @@ from contracts.device import (
 )
 from contracts.heartbeat_keys import HeartbeatKey
 from contracts.jobs import ENDED, OUTPUT_PATH, LogAck, LogChunk, WorkerAssignment
+from contracts.object_cache import CacheRole
 from minion import desired
+from minion.finalize.runner import read_facts
 from minion.jobs.agent import runtime_for
+from minion.jobs.cache_agent import cache_root
 from minion.jobs.logs import ControlPlaneLogs, entry_bytes, post_chunk
 from minion.jobs.mounts import unbind_all
+from minion.jobs.objects import ControlPlaneObjects, ObjectCache
 from minion.jobs.podman import LABEL_GENERATION, LABEL_JOB, Container, PodmanError
 from minion.jobs.worker import ContainerRuntime, Worker
 from minion.join.client import ControlPlane
@@ -124,8 +128,11 @@ class DeviceAgent:
         boot_id_path: Path = BOOT_ID_PATH,
         accelerator: str | None = ACCELERATOR,
         devices: Callable[[], list[str]] = media_devices,
+        objects: ObjectCache | None = None,
     ) -> DeviceAgent:
-        rt = runtime_for(settings, state_dir / "device", transport)
+        """`objects`: the region's cache as the device sees it (a `shared` one: it fetches nothing), for
+        a configuration's public models and checkpoints."""
+        rt = runtime_for(settings, state_dir / "device", transport, objects)
 
         def boot_id() -> str:
             try:
@@ -249,7 +256,13 @@ def setup(ctx: Any) -> None:
     cp = ControlPlane(ctx.enrollment)
     settings = getattr(ctx, "jobs", None) or ContainerSettings()
     transport = DeviceLogs(cp, lambda: ctx.node)
-    agent = DeviceAgent.create(settings, ctx.state.path, transport)
+    storage = read_facts(getattr(ctx, "host_root", None)).get("storage")
+    cache = ObjectCache(
+        cache_root(settings, ctx.state.path, storage),
+        ControlPlaneObjects(cp, lambda: ctx.node),
+        role=CacheRole.SHARED,
+    )
+    agent = DeviceAgent.create(settings, ctx.state.path, transport, objects=cache)
     desired.register(HeartbeatKey.DEVICE_CONFIG, agent.handle)
     desired.on_shutdown(cp.close)
     desired.on_shutdown(agent.close)

@@ -62,6 +62,8 @@ class CacheAgent:
             self.cache.move_to(root)
         self.cache.role = wanted.role
         self.cache.pinned = {w.digest for w in wanted.objects}
+        if wanted.drop and wanted.role is not CacheRole.SHARED:
+            self.cache.drop(set(wanted.drop))
         if wanted.role is not CacheRole.SHARED:
             held = set(self.cache.held())
             for w in wanted.objects:

@@ -154,6 +154,25 @@ class ObjectCache:
             log.info("object cache: %s (was %s)", root, self.root)
             self.root, self._sizes = root, None
 
+    def drop(self, digests: set[str]) -> list[str]:
+        """Delete the copies of these objects (removed from the store), but not one a worker here mounts
+        or the control plane lists; the digests dropped."""
+        keep = self.busy() | self.pinned
+        dropped = []
+        for digest in sorted(digests - keep):
+            with self._guard:
+                lock = self._locks.setdefault(digest, threading.Lock())
+            with lock:
+                if self.path_of(digest).is_dir():
+                    _remove(self.path_of(digest))
+                    dropped.append(digest)
+                with self._guard:
+                    if self._sizes is not None:
+                        self._sizes.pop(digest, None)
+        if dropped:
+            log.info("dropped %d object(s) removed from the store", len(dropped))
+        return dropped
+
     def budget(self) -> int:
         if self.budget_bytes is not None:
             return self.budget_bytes

@@ -455,9 +455,9 @@ def _minion_id(identity: list[str]) -> str:
 def _start_minion(
     node: LabNodeRecord, tpm: Swtpm | None, bundle: Path, region_cache: Path | None = None
 ) -> None:
-    """`region_cache`: the directory a compute node of a central region reads its objects from, the lab's
-    stand-in for the storage node's cache export that a real node mounts over NFS (the kernel's NFS
-    client cannot run here, docs/lab.md)."""
+    """`region_cache`: the directory a compute node or device of a central region reads its objects from,
+    the lab's stand-in for the storage node's cache export that a real node mounts over NFS (the kernel's
+    NFS client cannot run here, docs/lab.md)."""
     d = _node_dir(node.name)
     if node.root is None:
         raise Unavailable(f"{node.name} has no lab root yet: `provision lab down`, then `lab up` again")
@@ -502,7 +502,7 @@ def _start_minion(
     jobs_env = job_runtime.minion_environment(
         netns=node.netns,
         node_dir=d,
-        objects=region_cache if region_cache is not None and node.service == "compute" else None,
+        objects=region_cache if region_cache is not None and node.service in ("compute", "device") else None,
         runtime=job_runtime.runtime_settings(job_runtime.HostFacts.read(), os.environ),
         gpus=gpus,
     )

@@ -26,7 +26,9 @@ CONTRIBUTORS: Final[Mapping[HeartbeatKey, Contributor]] = {
     HeartbeatKey.RESERVATIONS: reservations.desired_for_node,
     HeartbeatKey.JOBS: job_assignments.desired_for_node,
     HeartbeatKey.DEVICE_CONFIG: device_deployments.desired_for_node,
-    HeartbeatKey.OBJECTS: node_caches.desired_for_node,
+    HeartbeatKey.OBJECTS: functools.partial(
+        node_caches.desired_for_node, also=device_deployments.objects_in_region
+    ),
     HeartbeatKey.FINALIZE: finalize.desired_for_node,
     HeartbeatKey.MAINTENANCE: heartbeat.maintenance_for_node,
 }
@@ -43,6 +45,7 @@ REPORTERS: Final[Mapping[HeartbeatKey, Reporter]] = {
 SKIPPABLE_READS: Final[Mapping[str, CouldFind]] = {
     reservations.SERVED_READ: reservations.could_serve,
     job_assignments.WORKERS_READ: job_assignments.could_know_workers,
+    node_caches.MOUNTED_READ: node_caches.could_mount,
 }
 KEYS: Final = HeartbeatKeys(CONTRIBUTORS, REPORTERS, SKIPPABLE_READS)
 

@@ -117,6 +117,20 @@ def test_a_worker_waiting_for_room_is_told_why_and_nothing_stays_bound(
     assert not (worker / "mounts").exists() or not any((worker / "mounts").iterdir())
 
 
+def test_objects_removed_from_the_store_are_dropped_unless_a_worker_mounts_them(
+    tmp_path: Path, served: Served
+) -> None:
+    cache = _cache(tmp_path, served, budget_bytes=100 * MB)
+    for name in ("a", "b", "c"):
+        cache.ensure(name, served.digests[name])
+    cache.busy = lambda: {served.digests["a"]}
+    cache.pinned = {served.digests["b"]}
+    dropped = cache.drop({served.digests[n] for n in ("a", "b", "c")})
+    assert dropped == [served.digests["c"]]
+    assert cache.held() == sorted([served.digests["a"], served.digests["b"]])
+    assert cache.report().used_bytes == 20 * MB
+
+
 def test_a_shared_cache_fetches_nothing_and_sees_the_storage_nodes_objects(
     tmp_path: Path, served: Served
 ) -> None:

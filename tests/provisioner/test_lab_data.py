@@ -126,7 +126,8 @@ def test_a_central_regions_storage_node_caches_the_data_its_compute_node_mounts(
 ) -> None:
     """`lab up --devices 1` makes region `lab` central with node-1 its storage node: node-1's minion fetches
     the job's dataset into the region's cache, and node-2's worker mounts that copy (the lab's stand-in for
-    the NFS export) without fetching it itself."""
+    the NFS export) without fetching it itself; so does device-1's inference container with the public
+    model its configuration names."""
     home = cached_lab_home
     _ok(home, "lab", "up", "--nodes", "2", "--devices", "1", timeout=600)
     _ok(home, "node", "maintenance", "node-2", "off")
@@ -154,4 +155,25 @@ def test_a_central_regions_storage_node_caches_the_data_its_compute_node_mounts(
     held = home / "lab" / "nodes" / "node-1" / "cache" / "objects" / digest.removeprefix("sha256:")
     assert (held / "frames.bin").read_bytes() == frames
     assert not (home / "lab" / "nodes" / "node-2" / "cache" / "objects").exists()  # it fetched nothing
+
+    # a device's configuration names a public model: the storage node caches it, the device mounts it
+    weights = tmp_path / "detector"
+    weights.mkdir()
+    (weights / "weights.txt").write_text("detector weights v3\n")
+    _ok(home, "model", "create", "detector", "--source", str(weights), "--public", timeout=120)
+    config = ["--region", "lab", "--image", IMAGE, "--model", "detector"]
+    _ok(home, "device-config", "add", "detect", *config, "--command", "cat /opt/ml/model/weights.txt; exit 0")
+    _ok(home, "device", "set-config", "device-1", "detect")
+    _ok(home, "device", "deploy", "device-1")
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while (shown := json.loads(_ok(home, "device", "status", "device-1", "--json")))[
+        "inference_status"
+    ] not in ("exited", "failed"):
+        assert time.monotonic() < deadline, shown
+        time.sleep(1)
+    assert (shown["inference_status"], shown["last_lines"]) == ("exited", "detector weights v3"), shown
+    model = json.loads(_ok(home, "model", "show", "detector", "--json"))["digest"]
+    storage = json.loads(_ok(home, "node", "show", "node-1", "--json"))["object_cache"]
+    assert model in storage["held"], storage
+    assert not (home / "lab" / "nodes" / "device-1" / "cache" / "objects").exists()
     _ok(home, "lab", "down", "--yes", timeout=120)

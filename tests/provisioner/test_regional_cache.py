@@ -144,7 +144,7 @@ def test_a_local_node_caches_for_itself_and_placement_then_prefers_it(fleet: Fle
     desired = beat(fleet, "edge-2")
     assert desired["objects"]["role"] == CacheRole.NODE.value
     assert [o["digest"] for o in desired["objects"]["objects"]] == [frames["digest"]]
-    assert beat(fleet, "edge-1")["objects"] == {"role": "node", "objects": []}
+    assert beat(fleet, "edge-1")["objects"] == {"role": "node", "objects": [], "drop": []}
     agent, source = agent_of(fleet, "edge-2", tmp_path / "edge-2")
     cached(fleet, "edge-2", agent, frames["digest"])
     assert source.sent == frames["size_bytes"]
@@ -163,7 +163,21 @@ def test_a_local_node_caches_for_itself_and_placement_then_prefers_it(fleet: Fle
     table = fleet.cp.provision("job", "create", "-f", "-", "--dry-run", input=json.dumps(body))
     assert table.returncode == 0, table.stderr
     assert "Data" in table.stdout and "cached" in table.stdout, table.stdout
+    # once the job ended and the dataset is removed, the node is told to drop its copy, and does
     stop(fleet, first["id"])
+    ended = [
+        {"job_id": w["job_id"], "worker": w["worker"], "generation": w["generation"], "state": "stopped"}
+        for w in beat(fleet, "edge-2")["jobs"]["workers"]
+    ]
+    beat(fleet, "edge-2", {"jobs": {"workers": ended}})
+    assert fleet.cp.provision("dataset", "remove", "frames", "--yes").returncode == 0
+    deadline = time.monotonic() + 30  # the control plane answers the removed digests from a 10 s memo
+    while frames["digest"] not in (wanted := beat(fleet, "edge-2")["objects"])["drop"]:
+        assert time.monotonic() < deadline, wanted
+        time.sleep(0.5)
+    report = agent.handle(wanted)
+    assert frames["digest"] not in report["held"]
+    assert not [p for p in (tmp_path / "edge-2").iterdir() if not p.name.startswith(".")]
 
 
 def test_a_central_region_pulls_once_on_its_storage_node_and_its_nodes_read_that_copy(
@@ -175,7 +189,7 @@ def test_a_central_region_pulls_once_on_its_storage_node_and_its_nodes_read_that
     assert made["reason"].startswith("Caching its data in the region (storage node st-1)"), made["reason"]
     # the compute node gets no worker yet, and fetches nothing itself
     hub = beat(fleet, "hub-1")
-    assert hub["objects"] == {"role": "shared", "objects": []}
+    assert hub["objects"] == {"role": "shared", "objects": [], "drop": []}
     assert not [w for w in hub["jobs"]["workers"] if w["job_id"] == made["id"]]
     export = tmp_path / "st-1-export" / "objects"
     storage, pulled = agent_of(fleet, "st-1", export)

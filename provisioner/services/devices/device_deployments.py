@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from contracts.data_objects import ObjectKind
 from contracts.device import (
     CHECKPOINTS_PATH,
     MODEL_PATH,
@@ -27,12 +28,13 @@ from contracts.device import (
 )
 from contracts.errors import InvalidInput, RuleViolation
 from contracts.jobs import OUTPUT_PATH, DatastoreAccess, Mount, MountSource
-from provisioner.domain.states import NodeState, Service
+from provisioner.domain.states import NodeState, ObjectState, Service
 from provisioner.services.common import audit
 from provisioner.services.common.errors import flush
 from provisioner.services.devices import device_configs
 from provisioner.services.fleet import nodes
 from provisioner.services.jobs import job_assignments
+from provisioner.store.data_models import DataObject
 from provisioner.store.device_models import DeviceConfig, DeviceDeployment
 from provisioner.store.models import Node
 
@@ -165,6 +167,61 @@ def list_deployments(session: Session, region: str | None = None) -> list[Device
 # ------------------------------------------------------------------ the heartbeat
 
 
+def _public_object(session: Session, kind: ObjectKind, name: str) -> DataObject | None:
+    """The newest ready public object of that kind and name: the fleet's own models and checkpoints,
+    which the root account's admins make (docs/data.md)."""
+    return session.scalar(
+        select(DataObject)
+        .where(
+            DataObject.kind == kind.value,
+            DataObject.name == name,
+            DataObject.public.is_(True),
+            DataObject.state == ObjectState.READY.value,
+        )
+        .order_by(DataObject.created_at.desc())
+        .limit(1)
+    )
+
+
+def _object_mount(session: Session, kind: ObjectKind, name: str, target: str) -> Mount | None:
+    """A configuration's model or checkpoint as the public object of its name, read from the region's
+    cache; None when there is none (then it is a directory of the region cache, as placed by hand)."""
+    obj = _public_object(session, kind, name)
+    if obj is None or obj.digest is None:
+        return None
+    return Mount(
+        source_kind=MountSource.OBJECT,
+        object_id=obj.id,
+        digest=obj.digest,
+        name=obj.name,
+        target=target,
+        read_only=True,
+    )
+
+
+def objects_in_region(session: Session, region_id: str) -> list[DataObject]:
+    """The public objects the configurations deployed to the region's devices mount: the region's
+    storage node keeps them in its cache (services/objects/node_caches.py)."""
+    deps = session.scalars(
+        select(DeviceDeployment)
+        .join(Node, Node.id == DeviceDeployment.node_id)
+        .where(Node.region_id == region_id, Node.state != NodeState.REMOVED)
+    )
+    found: dict[str, DataObject] = {}
+    for dep in deps:
+        if dep.config is None or dep.deployed_revision is None:
+            continue
+        spec = device_configs.revision_of(session, dep.config, dep.deployed_revision).spec
+        wanted = [(ObjectKind.MODEL, spec["model"])] + [
+            (ObjectKind.CHECKPOINT, c) for c in spec["checkpoints"]
+        ]
+        for kind, name in wanted:
+            obj = _public_object(session, kind, name)
+            if obj is not None:
+                found[obj.id] = obj
+    return list(found.values())
+
+
 def inference_of(
     session: Session, node: Node, dep: DeviceDeployment, config: DeviceConfig
 ) -> DeviceInference:
@@ -172,7 +229,8 @@ def inference_of(
     revision = device_configs.revision_of(session, config, dep.deployed_revision)
     spec = revision.spec
     mounts = [
-        Mount(
+        _object_mount(session, ObjectKind.MODEL, spec["model"], MODEL_PATH)
+        or Mount(
             source_kind=MountSource.CACHE,
             path=f"{MODELS_DIR}/{spec['model']}",
             target=MODEL_PATH,
@@ -180,7 +238,8 @@ def inference_of(
         )
     ]
     mounts += [
-        Mount(
+        _object_mount(session, ObjectKind.CHECKPOINT, c, f"{CHECKPOINTS_PATH}/{c}")
+        or Mount(
             source_kind=MountSource.CACHE,
             path=f"{CHECKPOINTS_DIR}/{c}",
             target=f"{CHECKPOINTS_PATH}/{c}",

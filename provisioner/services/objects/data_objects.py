@@ -478,17 +478,27 @@ def project_name(session: Session, obj: DataObject) -> str:
 
 def for_node(session: Session, node_id: str, credential: str | None, object_id: str) -> DataObject:
     """The object, if a worker placed on this node (a central region's storage node: on any node of its
-    region), starting or running, belongs to a job that mounts it; NotFound otherwise, the same answer
-    whether the object exists or not."""
+    region), starting or running, belongs to a job that mounts it, or, for a storage node, if it is public
+    (its devices' configurations mount those); NotFound otherwise, the same answer whether the object
+    exists or not."""
     from provisioner.domain.states import WORKER_ON_NODE
     from provisioner.services.fleet import node_credentials
     from provisioner.store.job_models import JobWorker
 
     node, _ = node_credentials.node_for_credential(session, node_id, credential)
     # a central region's storage node fetches for every node of its region (node_caches)
+    region = node_caches.role_of(node) is CacheRole.REGION
+    if region:  # the fleet's public models and checkpoints, which its devices' configurations mount
+        public = session.scalar(
+            select(DataObject).where(
+                DataObject.id == object_id, DataObject.public.is_(True), DataObject.state == ObjectState.READY
+            )
+        )
+        if public is not None:
+            return public
     where = (
         JobWorker.node_id.in_(select(Node.id).where(Node.region_id == node.region_id))
-        if node_caches.role_of(node) is CacheRole.REGION
+        if region
         else JobWorker.node_id == node.id
     )
     mounted = session.scalar(

@@ -3,8 +3,9 @@
 
 - Contributor: each node's role (by its region's storage mode and its service) and the ready objects
   the region's live jobs use there: on a storage node of a central region, every object a starting or
-  running worker anywhere in the region mounts; on a compute node of a local region, those its own
-  workers mount. A central region's compute nodes fetch nothing (role `shared`).
+  running worker anywhere in the region mounts, and the public models and checkpoints its devices'
+  configurations mount; on a compute node of a local region, those its own workers mount. A central
+  region's compute nodes and devices fetch nothing (role `shared`).
 - Reporter: the node's report kept in `nodes.object_cache`, written only when it changed; a storage
   node's report also brings the reason of its region's jobs still waiting for the cache up to date.
 - Reads: what a node, or a central region's storage node, holds (placement prefers it) and whether a
@@ -13,16 +14,20 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+import threading
+import time
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import select
+from sqlalchemy import exists, select
 from sqlalchemy.orm import Session
 
-from contracts.object_cache import CacheRole, ObjectsActual, ObjectsDesired, WantedObject
+from contracts.object_cache import MAX_REPORTED, CacheRole, ObjectsActual, ObjectsDesired, WantedObject
 from contracts.regional import StorageMode
 from provisioner.domain.states import NODE_STOPPED, WORKER_ON_NODE, ObjectState, Service, WorkerState
+from provisioner.services.common import desired_state
 from provisioner.services.common.errors import flush
 from provisioner.store.data_models import DataObject, JobObject
 from provisioner.store.job_models import Job, JobWorker
@@ -34,12 +39,25 @@ CACHING = "Caching its data in the region"  # a job's reason while its region's 
 
 
 def role_of(node: Node) -> CacheRole | None:
-    if node.service == Service.DEVICE.value:
-        return None
     central = node.region.storage_mode == StorageMode.CENTRAL.value
+    if node.service == Service.DEVICE.value:  # devices serve only in central regions: they read its cache
+        return CacheRole.SHARED if central else None
     if node.service == Service.STORAGE.value:
         return CacheRole.REGION if central else None
     return CacheRole.SHARED if central else CacheRole.NODE
+
+
+MOUNTED_READ = "objects.mounted"
+
+
+def could_mount(node_id: Any) -> Any:
+    """Whether a starting or running worker on the node mounts an object (`node_id`: a column it
+    correlates to): most nodes' beats skip the read of their objects."""
+    return exists().where(
+        JobWorker.node_id == node_id,
+        JobWorker.state.in_([s.value for s in WORKER_ON_NODE]),
+        JobObject.job_id == JobWorker.job_id,
+    )
 
 
 def _live_objects(session: Session, *, node_id: str | None = None, region_id: str | None = None) -> Any:
@@ -61,26 +79,72 @@ def _live_objects(session: Session, *, node_id: str | None = None, region_id: st
     return session.scalars(stmt)
 
 
-def wanted_on(session: Session, node: Node) -> list[DataObject]:
-    """The ready objects this node should hold for the live jobs it caches for."""
+RegionObjects = Callable[[Session, str], list[DataObject]]
+
+
+def wanted_on(session: Session, node: Node, also: RegionObjects | None = None) -> list[DataObject]:
+    """The ready objects this node should hold for the live jobs it caches for; a storage node also those
+    `also` names for its region (the models of the configurations deployed to its devices)."""
     role = role_of(node)
+    if role is CacheRole.NODE and desired_state.nothing_to_read(session, MOUNTED_READ):
+        return []  # the beat's first query found no live worker of the node mounting an object
     if role is CacheRole.REGION:
-        return list(_live_objects(session, region_id=node.region_id))
+        listed = {o.id: o for o in _live_objects(session, region_id=node.region_id)}
+        for obj in also(session, node.region_id) if also is not None else []:
+            listed.setdefault(obj.id, obj)
+        return sorted(listed.values(), key=lambda o: o.name)
     if role is CacheRole.NODE:
         return list(_live_objects(session, node_id=node.id))
     return []
 
 
-def desired_for_node(session: Session, node: Node) -> dict[str, Any] | None:
+def desired_for_node(
+    session: Session, node: Node, also: RegionObjects | None = None
+) -> dict[str, Any] | None:
     role = role_of(node)
     if role is None:
         return None
     wanted = [
         WantedObject(object_id=o.id, digest=o.digest, size=o.size_bytes or 0, name=o.name)
-        for o in wanted_on(session, node)
+        for o in wanted_on(session, node, also)
         if o.digest
     ]
-    return ObjectsDesired(role=role, objects=wanted).model_dump(mode="json")
+    drop = recently_removed(session) if role is not CacheRole.SHARED else []
+    return ObjectsDesired(role=role, objects=wanted, drop=drop).model_dump(mode="json")
+
+
+DROP_WINDOW = timedelta(hours=1)  # a node offline longer than this evicts the copy by LRU instead
+_REMOVED: dict[str, tuple[float, list[str]]] = {}  # one answer for every beat of a few seconds
+_REMOVED_TTL_S = 10.0
+_REMOVED_LOCK = threading.Lock()
+
+
+def recently_removed(session: Session) -> list[str]:
+    """The digests removed from the store within DROP_WINDOW that no live object has."""
+    now = time.monotonic()
+    with _REMOVED_LOCK:
+        held = _REMOVED.get("digests")
+        if held is not None and now - held[0] < _REMOVED_TTL_S:
+            return held[1]
+    live = select(DataObject.digest).where(
+        DataObject.state.in_([ObjectState.READY.value, ObjectState.DOWNLOADING.value]),
+        DataObject.digest.is_not(None),
+    )
+    rows = session.scalars(
+        select(DataObject.digest)
+        .where(
+            DataObject.state == ObjectState.REMOVED.value,
+            DataObject.digest.is_not(None),
+            DataObject.updated_at > datetime.now(UTC) - DROP_WINDOW,
+            DataObject.digest.not_in(live),
+        )
+        .distinct()
+        .limit(MAX_REPORTED)
+    )
+    digests = sorted(d for d in rows if d)
+    with _REMOVED_LOCK:
+        _REMOVED["digests"] = (now, digests)
+    return digests
 
 
 def record_actual(session: Session, node: Node, value: Any) -> None:
