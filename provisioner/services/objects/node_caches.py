@@ -109,7 +109,10 @@ def desired_for_node(
         for o in wanted_on(session, node, also)
         if o.digest
     ]
-    drop = recently_removed(session) if role is not CacheRole.SHARED else []
+    held = held_by(node)  # the copies its last report named: nothing to drop on a node that holds none
+    drop = (
+        [d for d in recently_removed(session) if d in held] if held and role is not CacheRole.SHARED else []
+    )
     return ObjectsDesired(role=role, objects=wanted, drop=drop).model_dump(mode="json")
 
 

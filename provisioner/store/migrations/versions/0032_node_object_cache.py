@@ -23,5 +23,4 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("nodes") as batch:
-        batch.drop_column("object_cache")
+    op.drop_column("nodes", "object_cache")
