@@ -84,7 +84,7 @@ class CacheAgent:
         while (wanted := self._todo.get()) is not None:
             try:
                 self.cache.ensure(wanted.object_id, wanted.digest, name=wanted.name)
-            except ObjectUnavailable as exc:  # CacheFull included: reported, tried at the next listing
+            except ObjectUnavailable as exc:  # a wait included: reported, tried at the next listing
                 log.info("object %s waits: %s", wanted.name or wanted.object_id, exc)
             except OSError as exc:
                 log.warning("object %s: %s", wanted.name or wanted.object_id, exc)

@@ -18,7 +18,7 @@ from pathlib import Path
 from contracts.errors import RigbaseError
 from contracts.jobs import OUTPUT_PATH, DatastoreAccess, Mount, MountSource, UserNamespace
 from minion.datastores.mounts import DatastoreMount, bind_job_path, is_mountpoint, mount_root, umount
-from minion.jobs.objects import CacheFull, ObjectCache, ObjectUnavailable
+from minion.jobs.objects import ObjectCache, ObjectUnavailable, ObjectWait
 from minion.settings import ContainerSettings
 
 
@@ -48,8 +48,8 @@ def _object_root(mount: Mount, objects: ObjectCache | None, progress: Callable[[
 
     try:
         return objects.ensure(mount.object_id, mount.digest, show, name=mount.name or "")
-    except CacheFull:
-        raise  # the worker waits for room (Worker._start)
+    except ObjectWait:
+        raise  # the worker waits (Worker._bind_when_room)
     except ObjectUnavailable as exc:
         raise MountRefused(str(exc)) from None
 
@@ -118,7 +118,7 @@ def bind_all(
                 if userns is not None and not mount.read_only:
                     _give_to(host, userns)
             bound.append(Bound(host, mount.target, mount.read_only))
-    except CacheFull:
+    except ObjectWait:
         unbind_all(worker_dir)
         raise
     except (RigbaseError, OSError) as exc:

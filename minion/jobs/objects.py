@@ -48,8 +48,16 @@ class ObjectUnavailable(Exception):
     """The object cannot be fetched now; the message says why."""
 
 
-class CacheFull(ObjectUnavailable):
-    """No room for the object without evicting what a job uses: the fetch waits and is tried again."""
+class ObjectWait(ObjectUnavailable):
+    """The object cannot be had yet, and waiting helps: the worker waits and tries again."""
+
+
+class CacheFull(ObjectWait):
+    """No room for the object without evicting what a job uses."""
+
+
+class NotInRegionCache(ObjectWait):
+    """A shared cache (the region's, read over NFS) does not hold it yet: the storage node fetches it."""
 
 
 class ObjectSource(Protocol):
@@ -209,7 +217,7 @@ class ObjectCache:
                     self._waiting.pop(digest, None)
                 return final
             if self.role is CacheRole.SHARED:
-                raise ObjectUnavailable(
+                raise NotInRegionCache(
                     f"{name or object_id} is not in the region's cache yet: the region's storage node "
                     "fetches it (provision node show STORAGE-NODE says how far)"
                 )

@@ -41,7 +41,7 @@ from minion.jobs.container import (
 from minion.jobs.gpus import GpuPool, NotEnoughGpus
 from minion.jobs.logs import LogShipper, LogTransport, LogUnavailable
 from minion.jobs.mounts import Bound, MountRefused, bind_all, unbind_all
-from minion.jobs.objects import CacheFull, ObjectCache
+from minion.jobs.objects import ObjectCache, ObjectWait
 from minion.jobs.outputs import OutputRefused, OutputSink, OutputUnavailable, upload
 from minion.jobs.podman import RUN_TIMEOUT_S, Container, Podman, PodmanError
 from minion.jobs.usage import UsageSampler
@@ -202,7 +202,7 @@ class Worker:
             self.gpu_indices = self.rt.gpus.take(self.key, a.gpu_count)
             bound = self._bind_when_room()
             if bound is None:
-                self._fail(WorkerRunState.STOPPED, "stopped before it started (it waited for cache room)")
+                self._fail(WorkerRunState.STOPPED, "stopped before it started (it waited for its data)")
                 return False
             env_file, auth_file = self.dir / "env", self.dir / "auth.json"
             write_env_file(env_file, environment(a, self.gpu_indices))
@@ -230,8 +230,9 @@ class Worker:
         return True
 
     def _bind_when_room(self) -> list[Bound] | None:
-        """The worker's mounts, waiting while the node's object cache has no room for its data (the
-        reason is reported as the worker's message); None when it was stopped meanwhile."""
+        """The worker's mounts, waiting while its data cannot be had yet (no room in the node's object
+        cache, or not yet in the region's: the reason is the worker's message); None when it was stopped
+        meanwhile."""
         a = self.assignment
         while True:
             try:
@@ -244,7 +245,7 @@ class Worker:
                     objects=self.rt.objects,
                     progress=lambda note: self._set(WorkerRunState.STARTING, message=note),
                 )
-            except CacheFull as exc:
+            except ObjectWait as exc:
                 self._set(WorkerRunState.STARTING, message=str(exc))
             if self.stop_requested.wait(CACHE_RETRY_S) or self.rt.closing.is_set():
                 return None
