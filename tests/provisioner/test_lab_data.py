@@ -173,7 +173,12 @@ def test_a_central_regions_storage_node_caches_the_data_its_compute_node_mounts(
         time.sleep(1)
     assert (shown["inference_status"], shown["last_lines"]) == ("exited", "detector weights v3"), shown
     model = json.loads(_ok(home, "model", "show", "detector", "--json"))["digest"]
-    storage = json.loads(_ok(home, "node", "show", "node-1", "--json"))["object_cache"]
-    assert model in storage["held"], storage
+    deadline = time.monotonic() + 30  # its next beat reports what it fetched
+    while (
+        model
+        not in (storage := json.loads(_ok(home, "node", "show", "node-1", "--json"))["object_cache"])["held"]
+    ):
+        assert time.monotonic() < deadline, storage
+        time.sleep(0.5)
     assert not (home / "lab" / "nodes" / "device-1" / "cache" / "objects").exists()
     _ok(home, "lab", "down", "--yes", timeout=120)
