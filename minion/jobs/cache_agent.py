@@ -86,8 +86,8 @@ class CacheAgent:
                 self.cache.ensure(wanted.object_id, wanted.digest, name=wanted.name)
             except ObjectUnavailable as exc:  # a wait included: reported, tried at the next listing
                 log.info("object %s waits: %s", wanted.name or wanted.object_id, exc)
-            except OSError as exc:
-                log.warning("object %s: %s", wanted.name or wanted.object_id, exc)
+            except Exception:  # one object's failure must not end the only fetching thread
+                log.exception("object %s could not be cached", wanted.name or wanted.object_id)
             finally:
                 with self._lock:
                     self._queued.discard(wanted.digest)

@@ -201,10 +201,14 @@ def missing_in_region(session: Session, job: Job) -> tuple[Node | None, list[Dat
     if region is None or region.storage_mode != StorageMode.CENTRAL.value:
         return None, []
     storage = storage_node_of(session, region.id)
-    held = held_by(storage) if storage is not None else frozenset()
+    return storage, _not_held(session, job.id, held_by(storage) if storage is not None else frozenset())
+
+
+def _not_held(session: Session, job_id: str, held: frozenset[str]) -> list[DataObject]:
+    """The job's objects whose digest is not in `held`, by name."""
     stmt = select(DataObject).join(JobObject, JobObject.object_id == DataObject.id)
-    objects = session.scalars(stmt.where(JobObject.job_id == job.id).order_by(DataObject.name))
-    return storage, [o for o in objects if o.digest not in held]
+    objects = session.scalars(stmt.where(JobObject.job_id == job_id).order_by(DataObject.name))
+    return [o for o in objects if o.digest not in held]
 
 
 def caching_reason(storage: Node | None, missing: Iterable[DataObject]) -> str:
@@ -235,9 +239,8 @@ def _update_waiting_reasons(session: Session, storage: Node, report: ObjectsActu
     )
     held = frozenset(report.held)
     for job in jobs:
-        stmt = select(DataObject).join(JobObject, JobObject.object_id == DataObject.id)
-        missing = [o for o in session.scalars(stmt.where(JobObject.job_id == job.id)) if o.digest not in held]
-        reason = caching_reason(storage, sorted(missing, key=lambda o: o.name)) if missing else None
+        missing = _not_held(session, job.id, held)
+        reason = caching_reason(storage, missing) if missing else None
         if reason is not None and reason != job.reason:
             job.reason = reason
         elif reason is None and (job.reason or "").startswith(CACHING):
