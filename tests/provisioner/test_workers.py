@@ -35,12 +35,24 @@ def _leader(cp: ControlPlane, timeout: float, not_pid: int | None = None) -> int
     raise AssertionError(f"no process took the reconcilers over within {timeout:.0f} s: {_who(cp)}")
 
 
+def _both_answer(cp: ControlPlane, timeout: float) -> dict[int, bool]:
+    """The second worker may still be importing when the first answers: ask until both have."""
+    deadline = time.monotonic() + timeout
+    seen: dict[int, bool] = {}
+    while time.monotonic() < deadline:
+        seen = _who(cp)
+        if len(seen) == 2:
+            return seen
+        time.sleep(0.5)
+    return seen
+
+
 def test_two_workers_one_reconciler_leader_and_failover(tmp_path: Path, postgres_cluster: Any) -> None:
     url = postgres_cluster.create_database()
     with start_control_plane(tmp_path / "home", url, extra_args=("--workers", "2")) as cp:
         leader = _leader(cp, 20)
         assert not cp.session_tickets()  # the workers unpickled uvicorn's ssl_context_factory
-        seen = _who(cp)
+        seen = _both_answer(cp, 30)
         assert len(seen) == 2 and sum(seen.values()) == 1, seen  # two workers, one leader
         os.kill(leader, signal.SIGKILL)
         successor = _leader(cp, 30, not_pid=leader)
