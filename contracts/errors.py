@@ -49,6 +49,12 @@ class Conflict(RigbaseError):
     default_code = "conflict"
 
 
+class Gone(RigbaseError):
+    """What was asked for existed and has ended: a job's URL after the job ended."""
+
+    default_code = "gone"
+
+
 class RuleViolation(RigbaseError):
     """A product rule refuses the request: an illegal transition, a device in a local-storage region."""
 

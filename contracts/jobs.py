@@ -192,6 +192,17 @@ class ReservationBinding(ControlPlaneMessage):
     protocol: Protocol = Protocol.TCP
 
 
+class ServeBinding(ControlPlaneMessage):
+    """The server a notebook or endpoint worker runs (docs/job-urls.md): the minion reports the worker
+    running only once GET `health_path` on `port` answers below 500, and its tunnel reaches that port."""
+
+    port: int = Field(ge=1, le=65535)
+    health_path: str = Field("/", max_length=512, pattern=r"^/[^\s]*$")
+    # Jupyter's /api/status under this path (a notebook: its activity and open connections); None for an
+    # endpoint, whose activity is the connections the tunnel carries to it
+    status_path: str | None = Field(None, max_length=512, pattern=r"^/[^\s]*$")
+
+
 class Peer(ControlPlaneMessage):
     """Where another worker of the same job listens: its node's address in the region and its port."""
 
@@ -217,6 +228,7 @@ class WorkerAssignment(ControlPlaneMessage):
     disk_gb: int = Field(0, ge=0, le=100_000)  # 0: no quota
     mounts: list[Mount] = Field(default_factory=list, max_length=MAX_MOUNTS)
     reservation: ReservationBinding | None = None
+    serve: ServeBinding | None = None  # a notebook's or endpoint's server, reached through the tunnel
     # the port its peers reach it on, published on the node (host port = container port), and where each
     # peer listens: a customer's job may reach exactly these over the LAN (minion/jobs/network.py)
     port: int | None = Field(None, ge=1024, le=65535)
@@ -313,6 +325,10 @@ class WorkerReport(MinionMessage):
     # how long its container ran, from podman's start and finish times: reported once it ended, so a worker
     # that began and ended between two beats is billed for the time it ran (services/jobs)
     ran_s: float | None = Field(None, ge=0, le=2**40)
+    # a notebook's or endpoint's server (ServeBinding): seconds since its last activity (a notebook: with no
+    # connection open, since Jupyter's last kernel or API activity; an endpoint: since its last connection
+    # through the tunnel), for the job's autostop
+    idle_s: float | None = Field(None, ge=0, le=2**40)
 
 
 class JobsActual(MinionMessage):

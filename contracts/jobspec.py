@@ -102,7 +102,10 @@ ONLY_FOR: Final[dict[tuple[str, ...], frozenset[JobType]]] = {
     ("data", "input"): frozenset({JobType.INFERENCE}),
     ("data", "output"): frozenset({JobType.TRAINING, JobType.INFERENCE}),
     ("reservation",): frozenset({JobType.ENDPOINT, JobType.NOTEBOOK}),
+    ("endpoint",): frozenset({JobType.ENDPOINT}),
+    ("autostop_minutes",): frozenset({JobType.NOTEBOOK, JobType.ENDPOINT}),
 }
+NOTEBOOK_AUTOSTOP_MINUTES: Final = 60  # a notebook's default; an endpoint's is never
 
 _GpuTypeName = Annotated[str, WithJsonSchema({"type": "string", "enum": list(GPU_TYPES)})]
 _Package = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[^\s]+$")]
@@ -222,6 +225,9 @@ class Packages(_Section):
 
 
 DEFAULT_IMAGE: Final = "docker.io/library/python:3.12-slim"
+# a notebook job's image when its spec names none: Project Jupyter's own, which brings JupyterLab
+DEFAULT_NOTEBOOK_IMAGE: Final = "quay.io/jupyter/minimal-notebook:python-3.12"
+NOTEBOOK_PORT: Final = 8888  # where a notebook job's JupyterLab listens in its container
 
 
 class SecretValue(_Section):
@@ -594,6 +600,24 @@ class PlannedWorker:
     resources: Resources
 
 
+class Endpoint(_Section):
+    """An endpoint job's server (docs/job-urls.md): what its URL reaches and when it is ready."""
+
+    port: int = Field(ge=1, le=65535, description="the port the server listens on in its container")
+    start_command: _Command | None = Field(
+        None, description="the command that starts the server (instead of `workers`)"
+    )
+    health_path: str = Field(
+        "/",
+        max_length=512,
+        pattern=r"^/[^\s]*$",
+        description="the job is running once GET on this path answers below 500",
+    )
+    public: bool = Field(
+        False, description="true: anyone with the URL may call it; false: a token of the project"
+    )
+
+
 class JobSpec(_Section):
     """A job as rigbase runs it. Converted specs (ChainOpera Launch, OpenPAI) become this too."""
 
@@ -629,12 +653,31 @@ class JobSpec(_Section):
     data: Data = Field(default_factory=Data)
     model: ModelRef | None = Field(None, description="a model of the project, mounted at /opt/ml/models")
     reservation: _DnsLabel | None = Field(None, description="a regional port reservation the job serves on")
+    endpoint: Endpoint | None = Field(None, description="an endpoint job's server: port, start, health")
+    autostop_minutes: int | None = Field(
+        None,
+        ge=0,
+        le=30 * 24 * 60,
+        description="a notebook or endpoint idle this long is stopped (0: never); default 60 for a "
+        "notebook (no kernel activity, no connection), never for an endpoint (no request through its URL)",
+    )
     region: _DnsLabel | None = Field(None, description="run only in this region")
     preemptible: bool = Field(
         False,
         description="may run on preemptible (GCP Spot) capacity: cheaper, but Google may take it back; "
         "a preempted training job is re-queued once, any other job fails",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _notebook_image(cls, data: Any) -> Any:
+        """A notebook that names no image gets one that brings JupyterLab."""
+        if not isinstance(data, dict) or data.get("type") != JobType.NOTEBOOK.value:
+            return data
+        environment = data.get("environment")
+        if environment is None or (isinstance(environment, dict) and "image" not in environment):
+            data = {**data, "environment": {**(environment or {}), "image": DEFAULT_NOTEBOOK_IMAGE}}
+        return data
 
     @field_validator("workers", mode="before")
     @classmethod
@@ -674,7 +717,12 @@ class JobSpec(_Section):
     @model_validator(mode="after")
     def _one_form(self) -> JobSpec:
         errors: list[tuple[FieldPath, str]] = []
-        if self.workers is None and self.groups is None:
+        starts = self.endpoint is not None and self.endpoint.start_command is not None
+        if starts and (self.workers is not None or self.groups is not None):
+            errors.append((("endpoint", "start_command"), "give `start_command` or `workers`, not both"))
+        elif self.workers is None and self.groups is None and self.resources is None:
+            errors.append((("resources",), "required: what each worker gets (gpu_types, gpu_count, …)"))
+        elif self.workers is None and self.groups is None and not (starts or self.type is JobType.NOTEBOOK):
             errors.append((("workers",), "required: one command per worker (or `groups`)"))
         elif self.workers is not None and self.groups is not None:
             errors.append((("groups",), "give `workers` or `groups`, not both"))
@@ -699,6 +747,8 @@ class JobSpec(_Section):
             ("data", "input"): self.data.input is not None,
             ("data", "output"): self.data.output is not None,
             ("reservation",): self.reservation is not None,
+            ("endpoint",): self.endpoint is not None,
+            ("autostop_minutes",): self.autostop_minutes is not None,
         }
         errors: list[tuple[FieldPath, str]] = []
         for path, types in ONLY_FOR.items():
@@ -714,7 +764,31 @@ class JobSpec(_Section):
     def worker_count(self) -> int:
         if self.groups is not None:
             return sum(g.count for g in self.groups)
-        return len(self.workers or [])
+        return len(self.commands)
+
+    @property
+    def commands(self) -> list[str]:
+        """The `workers` commands; else the endpoint's start_command, or for a notebook nothing before
+        JupyterLab starts (an empty command)."""
+        if self.workers is not None:
+            return self.workers
+        if self.endpoint is not None and self.endpoint.start_command is not None:
+            return [self.endpoint.start_command]
+        return [""] if self.type is JobType.NOTEBOOK and self.groups is None else []
+
+    @property
+    def autostop(self) -> int:
+        """Minutes idle before the job is stopped; 0: never."""
+        if self.autostop_minutes is not None:
+            return self.autostop_minutes
+        return NOTEBOOK_AUTOSTOP_MINUTES if self.type is JobType.NOTEBOOK else 0
+
+    @property
+    def serve_port(self) -> int | None:
+        """The container port a notebook's or endpoint's URL reaches (NOTEBOOK_PORT for a notebook)."""
+        if self.type is JobType.NOTEBOOK:
+            return NOTEBOOK_PORT
+        return self.endpoint.port if self.endpoint is not None else None
 
     @property
     def job_kind(self) -> JobKind:
@@ -734,7 +808,7 @@ class JobSpec(_Section):
             assert self.resources is not None  # _one_form
             return [
                 PlannedWorker(i, DEFAULT_GROUP, i, script(command), self.resources)
-                for i, command in enumerate(self.workers or [])
+                for i, command in enumerate(self.commands)
             ]
         out: list[PlannedWorker] = []
         for group in self.groups:

@@ -57,8 +57,8 @@ class ReservationSpec:
             raise ValueError(
                 f"hostname {self.hostname!r} must be a DNS label (a-z, 0-9, '-'), e.g. 'jupyter'"
             )
-        if not 1024 <= self.port <= 65535:
-            raise ValueError(f"port {self.port} must be between 1024 and 65535")
+        if not 1 <= self.port <= 65535:
+            raise ValueError(f"port {self.port} must be between 1 and 65535")
         object.__setattr__(self, "protocol", Protocol(self.protocol))
         if not isinstance(self.expose_wan, bool):
             raise ValueError(f"expose_wan {self.expose_wan!r} must be true or false")

@@ -103,6 +103,11 @@ class Settings(BaseSettings):
     object_store_endpoint: str | None = Field(
         None, description="the endpoint URL of an S3-compatible object store that is not AWS"
     )
+    # a notebook's or endpoint's URL (docs/job-urls.md): connections open at once through the tunnels
+    tunnel_streams_per_job: int = Field(512, ge=1, description="connections open at once to one job's URL")
+    tunnel_streams_per_source: int = Field(
+        256, ge=1, description="connections one source address holds open at once to jobs' URLs"
+    )
     object_store_presign: bool = Field(
         True,
         description="nodes read chunks straight from a bucket store through short-lived pre-signed URLs "

@@ -35,6 +35,7 @@ from contracts.jobs import (
     WorkerReport,
     WorkerRunState,
 )
+from contracts.tunnel import StreamOpen
 from minion import desired
 from minion.finalize.runner import read_facts
 from minion.gpu import cdi
@@ -47,6 +48,7 @@ from minion.jobs.network import JobsNetwork, NetworkRefused, peer_ports
 from minion.jobs.objects import ControlPlaneObjects, ObjectCache, ObjectSource
 from minion.jobs.outputs import ControlPlaneOutputs, OutputSink
 from minion.jobs.podman import LABEL_GENERATION, LABEL_JOB, LABEL_WORKER, Container, Podman, PodmanError
+from minion.jobs.tunnel import NotHere, Tunnel
 from minion.jobs.worker import ContainerRuntime, Worker
 from minion.settings import ContainerSettings
 
@@ -129,6 +131,19 @@ class JobsAgent:
         if cache is not None:
             cache.busy = agent.mounted_objects
         return agent
+
+    def dial(self, opening: StreamOpen) -> tuple[str, int]:
+        """Where the tunnel takes a stream: the port of that worker's container, while it runs here;
+        nothing else on the node (NotHere)."""
+        with self.lock:
+            worker = self.workers.get((opening.job_id, opening.worker))
+        address = (
+            worker.serving_address() if worker is not None and not worker.stop_requested.is_set() else None
+        )
+        if worker is None or address is None:
+            raise NotHere(f"worker {opening.worker} of job {opening.job_id} does not run on this node")
+        worker.touched()
+        return address, opening.port
 
     def mounted_objects(self) -> set[str]:
         """The digests a worker known here mounts (running, starting, or ended and not yet forgotten):
@@ -268,6 +283,9 @@ def setup(ctx: Any) -> None:
             log.info("GPUs: %s", note)
         agent.rt.gpus.why_none = lambda: agent.gpu_spec.note if agent.gpu_spec else None
     desired.register(HeartbeatKey.JOBS, agent.handle)
+    tunnel = Tunnel(ctx.enrollment.control_plane_url, lambda: ctx.node, agent.dial, cp.ssl_context())
+    tunnel.start()
+    desired.on_shutdown(tunnel.close)
     if agent.rt.objects is not None:
         host_root = getattr(ctx, "host_root", None)
         caching = CacheAgent(

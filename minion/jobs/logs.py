@@ -84,6 +84,19 @@ def entry_bytes(line: bytes) -> bytes:
     return text + b"\n" if parts[2].split(b":")[0] == b"F" else text
 
 
+def last_lines(path: Path, count: int, window: int = 16 * 1024) -> list[str]:
+    """The last `count` output lines of a k8s-file log (read from its last `window` bytes)."""
+    try:
+        with path.open("rb") as handle:
+            start = max(0, path.stat().st_size - window)
+            handle.seek(start)
+            lines = handle.read().splitlines(keepends=True)
+    except OSError:
+        return []
+    text = b"".join(entry_bytes(line) for line in (lines[1:] if start else lines))  # not a cut first line
+    return [line for line in text.decode("utf-8", "replace").splitlines() if line.strip()][-count:]
+
+
 def entries(path: Path, position: int) -> Iterator[tuple[int, bytes]]:
     """(position after the line, its output) for each complete line from `position`."""
     try:

@@ -176,6 +176,19 @@ class Podman:
         except PodmanError:
             return None
 
+    def address(self, name: str) -> str | None:
+        """Where the node reaches the running container: its address on its own network; loopback for one
+        that shares a namespace (ns:…, host), which listens on the node's own addresses; None when podman
+        cannot say."""
+        try:
+            out = self.call(
+                ["inspect", "--format", "{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}", name]
+            )
+        except PodmanError:
+            return None
+        found = [a for a in out.split() if a and a != "<no"]
+        return found[0] if found else "127.0.0.1"
+
     def pid_and_upper_dir(self, name: str) -> tuple[int, str | None] | None:
         """The host pid of the running container's first process and its writable layer (overlay)."""
         try:

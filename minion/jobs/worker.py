@@ -15,6 +15,7 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
@@ -22,12 +23,13 @@ from contracts.jobs import (
     ENDED,
     USAGE_PER_REPORT,
     DatastoreAccess,
+    ServeBinding,
     WorkerAssignment,
     WorkerReport,
     WorkerRunState,
 )
 from minion.durable import write_atomic
-from minion.jobs import usage
+from minion.jobs import served, usage
 from minion.jobs.container import (
     EnvRefused,
     RunPlan,
@@ -39,7 +41,7 @@ from minion.jobs.container import (
     write_private,
 )
 from minion.jobs.gpus import GpuPool, NotEnoughGpus
-from minion.jobs.logs import LogShipper, LogTransport, LogUnavailable
+from minion.jobs.logs import LogShipper, LogTransport, LogUnavailable, last_lines
 from minion.jobs.mounts import Bound, MountRefused, bind_all, unbind_all
 from minion.jobs.objects import ObjectCache, ObjectWait
 from minion.jobs.outputs import OutputRefused, OutputSink, OutputUnavailable, upload
@@ -52,8 +54,13 @@ log = logging.getLogger(__name__)
 POLL_S: Final = 1.0  # how often a running worker's log is shipped and its stop/disk checked
 CACHE_RETRY_S: Final = 5.0  # how often a worker waiting for room in the object cache tries again
 DISK_CHECK_S: Final = 15.0  # the best-effort disk quota's measuring interval (disk_quota = "watch")
+IDLE_CHECK_S: Final = 30.0  # how often a running notebook's idle time is read from Jupyter
+NOTEBOOK_TOKEN: Final = "JUPYTER_TOKEN"  # the notebook's token, in its environment (docs/job-urls.md)
 LOG_RETRY_S: Final = 5.0  # an ended worker retries an unreachable receiver this often
 MESSAGE_MAX: Final = 1000
+RESTARTS: Final = 3  # a notebook's or endpoint's server that exits is started again this often, then fails
+RESTART_PAUSE_S: Final = 1.0  # the pause before the first restart, doubled before each next one
+LAST_LINES: Final = 5  # of its log, in the reason of a served worker that kept exiting
 
 
 @dataclass(frozen=True)
@@ -110,6 +117,11 @@ class Worker:
         self.started_mono: float | None = None  # when this minion saw `podman run -d` return
         self.gpu_indices: list[int] = []
         self.usage: UsageSampler | None = None  # while its container runs
+        self.address: str | None = None  # where the node reaches its running container (its server)
+        self.last_stream_mono: float | None = None  # the tunnel's last connection to it (an endpoint's use)
+        self.idle: tuple[float, float] | None = None  # its server's idle seconds, and when they were measured
+        self.next_idle_check = 0.0
+        self.restarts = 0  # times its server was started again after it exited (_restarted)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.shipper = LogShipper(
             assignment.job_id,
@@ -150,7 +162,20 @@ class Worker:
                 log_eof=self.shipper.state.eof,
                 usage=usage,
                 ran_s=self.ran_s,
+                idle_s=self.idle_s(),
             )
+
+    def idle_s(self) -> float | None:
+        if self.idle is None or self.state is not WorkerRunState.RUNNING:
+            return None
+        seconds, at = self.idle
+        return round(seconds + time.monotonic() - at, 1)
+
+    def touched(self) -> None:
+        """The tunnel carries a connection to it: an endpoint is in use."""
+        self.last_stream_mono = time.monotonic()
+        if self.assignment.serve is not None and self.assignment.serve.status_path is None:
+            self.idle = (0.0, self.last_stream_mono)
 
     @property
     def finished(self) -> bool:
@@ -181,7 +206,7 @@ class Worker:
         if found is not None and found.running:
             self.gpu_indices = found.gpus
             self.rt.gpus.adopt(self.key, found.gpus)
-            self._set(WorkerRunState.RUNNING)
+            self._set(*self._started())
         elif found is not None and found.state in ("exited", "stopped") and found.exit_code is not None:
             self.gpu_indices = found.gpus
             self._end(found.exit_code)  # it ended while the minion was away
@@ -191,7 +216,11 @@ class Worker:
                 self.rt.podman.remove(self.name)
             if not self._start():
                 return
-        self._follow()
+        while (ended := self._follow()) is not None:
+            code, note = ended
+            if note is not None or not self._restarted(code):
+                self._end(code, self._last_words(code) if self.restarts else note)
+                return
 
     def _start(self) -> bool:
         a = self.assignment
@@ -226,8 +255,16 @@ class Worker:
             (self.dir / "env").unlink(missing_ok=True)
             (self.dir / "auth.json").unlink(missing_ok=True)
         self.started_mono = time.monotonic()
-        self._set(WorkerRunState.RUNNING)
+        self._set(*self._started())
         return True
+
+    def _started(self) -> tuple[WorkerRunState, None, str | None]:
+        """A started container is running, unless it serves (a notebook, an endpoint): that one is running
+        only once its server answers (served.check)."""
+        serve = self.assignment.serve
+        if serve is None:
+            return WorkerRunState.RUNNING, None, None
+        return WorkerRunState.STARTING, None, served.waiting(serve, "its container started")
 
     def _bind_when_room(self) -> list[Bound] | None:
         """The worker's mounts, waiting while its data cannot be had yet (no room in the node's object
@@ -250,8 +287,9 @@ class Worker:
             if self.stop_requested.wait(CACHE_RETRY_S) or self.rt.closing.is_set():
                 return None
 
-    def _follow(self) -> None:
-        """Until the container ends: ship its log, pass on a stop, watch the disk quota."""
+    def _follow(self) -> tuple[int | None, str | None] | None:
+        """Until the container ends: ship its log, pass on a stop, watch the disk quota. Its exit code and
+        why it was stopped (over its quota); None when the minion shuts down while it runs on."""
         waiter = self.rt.podman.wait(self.name)
         stopper: threading.Thread | None = None
         quota_note: str | None = None
@@ -268,8 +306,9 @@ class Worker:
             if self.rt.closing.is_set():  # the minion stops; the container runs on and is adopted later
                 waiter.kill()
                 waiter.wait()
-                return
+                return None
             self._pump(ended=False)
+            self._check_server()
             if self.stop_requested.is_set() and stopper is None:
                 stopper = self._stop_in_background()
             if self.usage is not None and time.monotonic() >= next_sample:
@@ -286,7 +325,75 @@ class Worker:
         if code is None:
             found = self.rt.podman.find(self.name)
             code = found.exit_code if found else None
-        self._end(code, quota_note)
+        return code, quota_note
+
+    def _restarted(self, code: int | None) -> bool:
+        """A served worker whose server exited on its own is started again, at most RESTARTS times, after
+        a growing pause; the same container, so its log goes on where it was."""
+        if self.assignment.serve is None or self.stop_requested.is_set() or self.restarts >= RESTARTS:
+            return False
+        self.restarts += 1
+        note = f"its server exited with code {code}; starting it again ({self.restarts} of {RESTARTS})"
+        self._set(WorkerRunState.STARTING, message=note)
+        if self.stop_requested.wait(RESTART_PAUSE_S * 2 ** (self.restarts - 1)) or self.rt.closing.is_set():
+            return False
+        try:
+            self.rt.podman.call(["start", self.name])
+        except PodmanError as exc:
+            log.warning("restarting %s: %s", self.name, exc)
+            return False
+        self.address, self.idle = None, None
+        return True
+
+    def _last_words(self, code: int | None) -> str:
+        """Why a served worker's job fails: its server kept exiting; its last lines say how."""
+        tail = last_lines(self.dir / "output.log", LAST_LINES)
+        said = " | ".join(tail) if tail else "it wrote nothing"
+        return f"its server exited {self.restarts + 1} times (last code {code}); its last lines: {said}"
+
+    def _check_server(self) -> None:
+        """Running once its server answers its health path; until then starting, with why not. Once
+        running, a notebook's idle time is read from Jupyter now and then."""
+        serve = self.assignment.serve
+        if serve is None:
+            return
+        if self.state is WorkerRunState.RUNNING:
+            self._measure_idle(serve)
+            return
+        if self.state is not WorkerRunState.STARTING:
+            return
+        if self.address is None:
+            self.address = self.rt.podman.address(self.name)
+        if self.address is None:
+            return
+        note = served.check(self.address, serve)
+        if note is None:
+            self._set(WorkerRunState.RUNNING)
+            self._measure_idle(serve)
+        elif not self.stop_requested.is_set():
+            self._set(WorkerRunState.STARTING, message=note)
+
+    def _measure_idle(self, serve: ServeBinding) -> None:
+        now = time.monotonic()
+        if serve.status_path is None:  # an endpoint: idle since its last connection, or since it answered
+            if self.idle is None:
+                self.idle = (0.0, now)
+            return
+        if now < self.next_idle_check or self.address is None:
+            return
+        self.next_idle_check = now + IDLE_CHECK_S
+        token = self.assignment.env.get(NOTEBOOK_TOKEN)
+        seconds = served.notebook_idle_s(self.address, serve, token, datetime.now(UTC))
+        if seconds is not None:
+            self.idle = (seconds, now)
+
+    def serving_address(self) -> str | None:
+        """Where the tunnel dials its ports: its container's address, while it runs (or its server starts)."""
+        if self.state not in (WorkerRunState.RUNNING, WorkerRunState.STARTING):
+            return None
+        if self.address is None and (self.started_mono is not None or self.found is not None):
+            self.address = self.rt.podman.address(self.name)
+        return self.address
 
     def _sampler(self) -> UsageSampler | None:
         """The usage sampler of its running container; None when podman cannot say where it runs."""

@@ -73,12 +73,16 @@ class ControlPlane:
         self.enrollment = enrollment
         # Only the bundle's CA (not the system's store): a certificate any public CA signed for the name is
         # no proof that this is the control plane the join token belongs to.
-        verify: Any = True
-        if enrollment.ca_certificate:
-            verify = ssl.create_default_context(cadata=enrollment.ca_certificate)
+        verify: Any = self.ssl_context()
         self.http = httpx.Client(
             base_url=enrollment.control_plane_url.rstrip("/"), verify=verify, timeout=timeout
         )
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """The bundle's CA only when it has one; the system's store otherwise."""
+        if self.enrollment.ca_certificate:
+            return ssl.create_default_context(cadata=self.enrollment.ca_certificate)
+        return ssl.create_default_context()
 
     def close(self) -> None:
         self.http.close()

@@ -21,8 +21,9 @@ from typing import Any
 from fastapi import Depends, FastAPI
 from sqlalchemy import Engine
 
-from provisioner.api import console, errors, fleet_metrics, links
+from provisioner.api import console, errors, fleet_metrics, job_proxy, links
 from provisioner.api.deps import FleetScope, require_operator
+from provisioner.api.job_proxy import Proxy
 from provisioner.api.limits import RequestLimits
 from provisioner.api.routes import (
     accounts,
@@ -44,7 +45,9 @@ from provisioner.api.routes import (
     reservations,
     status,
     tokens,
+    tunnel,
 )
+from provisioner.api.tunnel_hub import TunnelHub
 from provisioner.providers.base import ProviderDriver
 from provisioner.reconcilers.loop import ReconcilerLoop
 from provisioner.services.common.heartbeat_timing import HeartbeatTiming
@@ -73,6 +76,7 @@ OPERATOR_ROUTERS = [
     project_keys.router,  # before projects: its /{ref:anypath} would take …/keys
     projects.router,
     jobs.router,
+    tunnel.router,
     data_objects.router,
     billing.router,
 ]
@@ -83,6 +87,8 @@ OPEN_ROUTERS: list = [
     jobs.node_router,
     data_objects.node_router,
     devices.node_router,
+    tunnel.node_router,
+    tunnel.connect_router,  # a WebSocket: its operator token is checked by the route itself
     fleet_metrics.router,  # a scrape token of its own (api/deps.py Scraper)
 ]
 
@@ -145,6 +151,9 @@ def create_app(
     app.state.runtime = runtime
     app.state.engine = engine
     app.state.sessions = attach(make_sessionmaker(engine), runtime)
+    app.state.job_proxy = Proxy(
+        TunnelHub(settings.tunnel_streams_per_job, settings.tunnel_streams_per_source)
+    )
     errors.install(app)
     # before FastAPI reads a body: 429 for abusive sources, 401 without a token, 413 past the route's cap
     app.add_middleware(RequestLimits, settings=settings)
@@ -171,5 +180,6 @@ def create_app(
         app.include_router(
             router, dependencies=[Depends(require_operator), FleetScope], responses=errors.OPERATOR_ERRORS
         )
+    app.include_router(job_proxy.router)  # /j/JOB_ID/: notebooks' and endpoints' URLs
     console.mount(app)  # the operator's console at / (after the API: its 404 page never shadows /v1)
     return app

@@ -17,6 +17,7 @@ from starlette.exceptions import HTTPException
 from contracts.errors import (
     Conflict,
     Forbidden,
+    Gone,
     InvalidInput,
     NotFound,
     RigbaseError,
@@ -37,6 +38,7 @@ HTTP_STATUS: dict[type[RigbaseError], int] = {
     InvalidInput: 422,
     NotFound: 404,
     Conflict: 409,
+    Gone: 410,
     RuleViolation: 409,
     Unauthorized: 401,
     Forbidden: 403,
@@ -51,6 +53,7 @@ MEANING: dict[int, str] = {
     403: "refused: the message says which check failed",
     404: "no such resource (or API route)",
     409: "conflicts with the current state: already exists, still in use, or not allowed in this state",
+    410: "it has ended: the message gives its state",
     413: "the body is larger than this route accepts",
     422: "invalid input: the message names the first invalid field",
     429: "too many failed authentications or join attempts from this address lately: see Retry-After",

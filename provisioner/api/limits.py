@@ -158,6 +158,9 @@ POLICIES: Final[tuple[Policy, ...]] = (
     # the console's sign-in form: a token guessed there spends from the same budget (redirected back
     # to /signin on a refusal, to the next page on success)
     Policy("POST", _path(r"/signin"), 16 * KiB, None, SIGNIN_FAILED, guarded=True),
+    # a notebook's or endpoint's URL (api/job_proxy.py): the proxy checks who calls; JupyterLab uploads a
+    # file in chunks of 1 MiB, and an endpoint's request bodies are the job's own business, within this
+    Policy(None, _path(r"/j/.*"), 64 * MiB, None),
     # /healthz, /openapi.json and unknown routes: public, and no body worth reading.
     Policy(None, _path(r".*"), 64 * KiB, None),
 )

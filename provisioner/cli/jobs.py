@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import json
 import re
+import ssl
 import sys
 import time
 from datetime import UTC, datetime
@@ -81,6 +82,7 @@ SHOW_FIELDS = [
     "type",
     "state",
     "reason",
+    "url",
     "region",
     "node",
     "gpu_type",
@@ -287,6 +289,8 @@ def show(name: Name, json_out: Json = False) -> None:
     client = connect()
     job = client.get(f"/v1/jobs/{name}")
     job["node"] = nodes_of(job)
+    if job.get("url_path"):  # a notebook's or endpoint's URL (provision job url)
+        job["url"] = client.url + job["url_path"]
     render.detail(job, fields=None if render.chosen() is render.Output.WIDE else SHOW_FIELDS)
     print()
     render.table(job["workers"], WORKER_COLUMNS)
@@ -294,6 +298,73 @@ def show(name: Name, json_out: Json = False) -> None:
     if left:  # what the workers left in /opt/ml/output, and whether it reached the spec's destination
         print("\nOutputs (provision job output " + job["name"] + " --download DIR):")
         render.table(left, OUTPUT_COLUMNS)
+
+
+@app.command("url")
+@output_options
+def url(name: Name, json_out: Json = False) -> None:
+    """A notebook's or endpoint's URL, whether it answers yet (and why not), and a notebook's token (for
+    its LAN address: through the URL you are signed in already)."""
+    shown = connect().get(f"/v1/jobs/{name}/url")
+    if render.is_machine(json_out):
+        render.detail(shown, as_json=json_out)
+        return
+    print(shown["url"])
+    if not shown["ready"]:
+        print(f"not serving yet: {shown['reason']}", file=sys.stderr)
+    if shown.get("token"):
+        print(f"token: {shown['token']}", file=sys.stderr)
+
+
+@app.command("connect")
+def connect_port(
+    name: Name,
+    port: Annotated[
+        str,
+        typer.Option(
+            "--port",
+            "-p",
+            help="LOCAL[:REMOTE]: forward 127.0.0.1:LOCAL to the worker's REMOTE (default: LOCAL).",
+        ),
+    ],
+) -> None:
+    """Forward a local port to a port of the job's worker 0 through its node's tunnel, as
+    `kubectl port-forward` does (TensorBoard, a debugger, a database); Ctrl-C stops it."""
+    import socket
+
+    from provisioner.client.http import client_context
+    from provisioner.client.job_connect import Forward, serve
+
+    local_text, _, remote_text = port.partition(":")
+    if not (local_text.isdigit() and (remote_text or local_text).isdigit()):
+        fail(f"--port {port!r} is not LOCAL[:REMOTE]: give port numbers, e.g. --port 6006 or 8080:6006")
+    local, remote = int(local_text), int(remote_text or local_text)
+    if not (0 < local < 65536 and 0 < remote < 65536):
+        fail(f"--port {port!r}: ports are 1-65535")
+    client = connect()
+    job = client.get(f"/v1/jobs/{name}")
+    context = client_context(client.ca)
+    forward = Forward(
+        client.url,
+        client.token or "",
+        context if isinstance(context, ssl.SSLContext) else None,
+        job["id"],
+        remote,
+    )
+    try:
+        listener = socket.create_server(("127.0.0.1", local))
+    except OSError as exc:
+        fail(f"cannot listen on 127.0.0.1:{local} ({exc.strerror}): choose another local port")
+    print(
+        f"forwarding 127.0.0.1:{local} to port {remote} of job {job['name']} ({job['id']}); Ctrl-C stops",
+        flush=True,
+    )
+    try:
+        serve(forward, listener, lambda note: print(note, file=sys.stderr, flush=True))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        listener.close()
 
 
 @app.command("history")

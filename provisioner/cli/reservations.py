@@ -76,7 +76,7 @@ def add(
     hostname: Annotated[
         str, typer.Option("--hostname", help="DNS label published as HOSTNAME.local; unique in the region.")
     ],
-    port: Annotated[int, typer.Option("--port", help="1024-65535; unique in the region.")],
+    port: Annotated[int, typer.Option("--port", help="1-65535; unique in the region.")],
     protocol: Annotated[Protocol, typer.Option("--protocol", help="tcp or udp.")] = Protocol.TCP,
     expose_wan: ExposeWan = False,
     json_out: Json = False,

@@ -73,6 +73,7 @@ class Client:
         """`ca`: the only CA the server's certificate may chain to; None: the system's trust store."""
         self.url = url.rstrip("/")
         self.ca = ca
+        self.token = token
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         try:
             verify = client_context(ca)

@@ -104,7 +104,10 @@ def to_rigbase(doc: Mapping[str, Any]) -> Converted:
         notes.append(f"name {name!r} from {doc.get('name')!r} (a rigbase name is a DNS label)")
     data: dict[str, Any] = {"name": name, "type": doc.get("type", "training")}
     data["resources"] = _resources(doc, origin, errors, notes)
-    data["workers"] = _workers(doc, origin, errors)
+    endpoint = doc.get("endpoint")
+    serves = isinstance(endpoint, Mapping) and endpoint.get("start_command")
+    given = doc.get("workers") or doc.get("worker_commands")
+    data["workers"] = _workers(doc, origin, errors) if given or not serves else []
     if len(data["workers"]) > 1:
         data["kind"] = JobKind.INDEPENDENT.value
         notes.append(f"{len(data['workers'])} workers run as independent runs, as trainML runs them")
@@ -115,7 +118,7 @@ def to_rigbase(doc: Mapping[str, Any]) -> Converted:
         data["model"] = model
         origin[("model",)] = ("model", "source_uri")
     if doc.get("endpoint"):
-        notes.append("endpoint: not a rigbase setting yet, ignored")
+        data.update(_endpoint(doc["endpoint"], data, errors, notes))
     notes += [f"{key}: not a rigbase setting, ignored" for key in doc if key not in KNOWN]
     for key in ("project_uuid", "source_job_uuid"):
         if key in doc:
@@ -126,6 +129,23 @@ def to_rigbase(doc: Mapping[str, Any]) -> Converted:
 
 
 Errors = list[tuple[FieldPath, str]]
+TRAINML_ENDPOINT_PORT = 80  # "The server must listen on port 80"
+
+
+def _endpoint(given: Any, data: dict[str, Any], errors: Errors, notes: list[str]) -> dict[str, Any]:
+    """trainML's manual server command → `endpoint: {port: 80, start_command}` (docs/job-urls.md); its
+    built-in server's routes are not run by rigbase."""
+    if not isinstance(given, Mapping):
+        errors.append((("endpoint",), "must be a mapping"))
+        return {}
+    if given.get("routes"):
+        notes.append("endpoint.routes: trainML's built-in server is not run; give endpoint.start_command")
+    command = given.get("start_command")
+    if not command:
+        return {}
+    if data.pop("workers", None):
+        notes.append("endpoint.start_command starts the server; the workers' commands are not run")
+    return {"endpoint": {"port": TRAINML_ENDPOINT_PORT, "start_command": str(command)}}
 
 
 def _nested(doc: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -102,6 +102,8 @@ class JobWorker(Base):
     # the newest usage sample kept (its Unix time): a report's older samples are already here
     usage_at: Mapped[float | None] = mapped_column(Float)
     reported_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # a notebook's or endpoint's server: idle since then, as its node last reported (services.job_autostop)
+    idle_since: Mapped[datetime | None] = mapped_column(UTCDateTime)
     # when it began to run, as the control plane measured it (services.jobs: its running report, or the
     # run time its node reported for a worker that ended between two beats): billing starts here
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

@@ -41,8 +41,8 @@ def test_summary_state_rules(mdns: MdnsState, upnp: UpnpState, expected: Reporte
     [
         ({"name": "a", "hostname": "Bad_Name", "port": 8080}, "DNS label"),
         ({"name": "a", "hostname": "-x", "port": 8080}, "DNS label"),
-        ({"name": "a", "hostname": "ok", "port": 80}, "between 1024 and 65535"),
-        ({"name": "a", "hostname": "ok", "port": 70000}, "between 1024 and 65535"),
+        ({"name": "a", "hostname": "ok", "port": 0}, "between 1 and 65535"),
+        ({"name": "a", "hostname": "ok", "port": 70000}, "between 1 and 65535"),
         ({"name": "a", "hostname": "ok", "port": 8080, "expose_wan": "yes"}, "true or false"),
     ],
 )

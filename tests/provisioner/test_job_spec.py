@@ -606,7 +606,7 @@ def test_error_lines_cannot_be_forged_or_huge() -> None:
     )
     assert errors == [
         "line 1: x\\nline 9: y: unknown field; allowed here: name, type, kind, resources, workers, groups, "
-        "environment, data, model, reservation, region, preemptible"
+        "environment, data, model, reservation, endpoint, autostop_minutes, region, preemptible"
     ]
     (long,) = _errors(BASE.replace("RTX 3090", "R" * 100_000))
     assert len(long) < 1100 and long.endswith("chars)")

@@ -96,7 +96,12 @@ def test_no_operator_route_answers_a_minion_routes_method_and_path() -> None:
     def concrete(path: str) -> str:  # a path the route itself matches, each parameter filled in
         return re.sub(r"\{[^}]+\}", "x1", path)
 
-    minion = [(route, m) for router in OPEN_ROUTERS for route in router.routes for m in route.methods]
+    minion = [
+        (route, m)
+        for router in OPEN_ROUTERS
+        for route in router.routes
+        for m in getattr(route, "methods", ())
+    ]
     operator = [
         (route, m)
         for router in OPERATOR_ROUTERS + FLEET_ROUTERS

@@ -228,8 +228,8 @@ def test_bad_input_is_one_line_and_changes_nothing(fleet: tuple[ControlPlane, St
     cases = [
         (
             2,
-            ["reservation", "add", "web", "--region", "lab-1", "--hostname", "web", "--port", "80"],
-            "port 80 is out of range",
+            ["reservation", "add", "web", "--region", "lab-1", "--hostname", "web", "--port", "0"],
+            "port 0 is out of range",
         ),
         (
             2,

@@ -189,7 +189,7 @@ BAD: list[tuple[str, type[RigbaseError], str, Callable[[Session], object]]] = [
         "reservation host name 'web.example'",
         _rsv(hostname="web.example"),
     ),
-    ("port low", InvalidInput, "port 80 is out of range", _rsv(port=80)),
+    ("port low", InvalidInput, "port 0 is out of range", _rsv(port=0)),
     ("port high", InvalidInput, "port 70000", _rsv(port=70000)),
     ("protocol", InvalidInput, "protocol 'sctp'", _rsv(protocol="sctp")),
     ("unknown region", NotFound, "region 'nowhere'", _rsv(region="nowhere")),

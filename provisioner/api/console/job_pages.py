@@ -37,7 +37,7 @@ from provisioner.domain.states import JOB_DONE, JobState
 from provisioner.domain.text import printable
 from provisioner.services.accounts import projects
 from provisioner.services.billing import job_cost
-from provisioner.services.jobs import job_logs, job_metrics, job_usage, jobs
+from provisioner.services.jobs import job_autostop, job_logs, job_metrics, job_usage, jobs
 from provisioner.store.job_models import Job
 
 router = APIRouter(include_in_schema=False, route_class=ConsoleRoute)
@@ -187,6 +187,8 @@ def job_page(request: Request, ref: str, who: SignedIn) -> Response:
         worker = _worker_index(request, job)
         log = job_logs.read(session, who.principal, job.id, worker, 0) if job.workers else None
         metrics = job_metrics.read(session, who.principal, job.id)
+        first = job.workers[0] if job.workers else None
+        now = datetime.now(UTC)
         return page(
             request,
             "job.html",
@@ -194,7 +196,8 @@ def job_page(request: Request, ref: str, who: SignedIn) -> Response:
             job=job,
             worker=worker,
             log=log,
-            cost=job_cost.costs(session, [job], datetime.now(UTC))[job.id],
+            cost=job_cost.costs(session, [job], now)[job.id],
+            autostop_left=job_autostop.left_s(job, first, now) if first is not None else None,
             latest=charts.latest_points(metrics.points),
             stoppable=_stoppable(job),
             history=jobs.history(session, who.principal, job.id),

@@ -12,11 +12,12 @@ from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from contracts.jobs import INT64_END, LOG_ROUTE, WORKER_NUMBERS, GpuUsage, LogAck, LogChunk
-from contracts.jobspec import JobSpec, spec_from_data
+from contracts.jobspec import JobSpec, JobType, spec_from_data
 from provisioner.api.deps import Db, NodeCredential, Principal
 from provisioner.api.errors import NODE_ERRORS, documented
 from provisioner.api.schemas import EventOut, Page
 from provisioner.domain.placement_rows import match_rows
+from provisioner.domain.served_jobs import SERVED, job_path
 from provisioner.providers.base import Feature, provider_for
 from provisioner.services.billing import job_cost
 from provisioner.services.cloud import gcp_capacity
@@ -116,6 +117,11 @@ class JobOut(BaseModel):
     credits_per_hour: Decimal | None = Field(
         None, description="what one more hour of the running job costs (list and show)"
     )
+    url_path: str | None = Field(
+        None,
+        description="a notebook's or endpoint's URL on this control plane, /j/JOB_ID/ "
+        "(docs/job-urls.md); null for other jobs",
+    )
 
     def with_cost(self, cost: job_cost.JobCost) -> JobOut:
         return self.model_copy(
@@ -150,6 +156,7 @@ class JobOut(BaseModel):
             updated_at=j.updated_at,
             started_at=j.started_at,
             ended_at=j.ended_at,
+            url_path=job_path(j.id) if JobType(j.type) in SERVED else None,
         )
 
 

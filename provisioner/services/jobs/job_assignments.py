@@ -32,13 +32,15 @@ from contracts.jobs import (
     WorkerReport,
     WorkerRunState,
 )
-from contracts.jobspec import JobKind, JobSpec
+from contracts.jobspec import JobKind, JobSpec, JobType
 from contracts.regional import StorageMode
+from provisioner.domain import served_jobs
 from provisioner.domain.states import (
     NODE_READY,
     WORKER_DONE,
     WORKER_ON_NODE,
     DatastoreState,
+    JobState,
     NodeState,
     ReservationState,
     WorkerState,
@@ -48,7 +50,7 @@ from provisioner.services.common import desired_state
 from provisioner.services.common.errors import flush
 from provisioner.services.common.runtime import runtime_of
 from provisioner.services.common.wakeups import Wake, wake_after_commit
-from provisioner.services.jobs import job_peers, job_secrets, job_usage, jobs
+from provisioner.services.jobs import job_autostop, job_peers, job_secrets, job_urls, job_usage, jobs
 from provisioner.services.objects import data_objects, node_caches
 from provisioner.store.account_models import Account
 from provisioner.store.expressions import one_of
@@ -216,14 +218,21 @@ def assignment_of(session: Session, node: Node, worker: JobWorker) -> WorkerAssi
             reservation = ReservationBinding(port=rsv.port, hostname=rsv.hostname, protocol=rsv.protocol)
     image = str((job.spec.get("environment") or {}).get("image"))
     secrets = needs_secrets(node, worker)
+    env = _env(session, job, worker, kind, memory_mb, with_secrets=secrets)
+    command = worker.command
+    serve = served_jobs.serve_binding(job_spec, job.id) if worker.index == 0 else None
+    if job_spec.type is JobType.NOTEBOOK:
+        command = served_jobs.notebook_command(job.id, worker.command)
+        if secrets:
+            env[served_jobs.NOTEBOOK_TOKEN_VARIABLE] = job_urls.token_of(session, job.id)
     return WorkerAssignment(
         job_id=job.id,
         job_name=job.name,
         worker=worker.index,
         generation=worker.generation or f"{job.id}.{job.placements}",
         image=image,
-        command=worker.command,
-        env=_env(session, job, worker, kind, memory_mb, with_secrets=secrets),
+        command=command,
+        env=env,
         gpu_count=worker.gpu_count,
         cpus=cpus,
         memory_mb=memory_mb,
@@ -231,6 +240,7 @@ def assignment_of(session: Session, node: Node, worker: JobWorker) -> WorkerAssi
         disk_gb=max(1, resources.disk_size - math.ceil(_input_bytes(session, job_spec, job.id) / 10**9)),
         mounts=_mounts(session, job, job_spec),
         reservation=reservation if worker.index == 0 else None,  # one worker serves the endpoint
+        serve=serve,
         port=worker.port,
         peers=job_peers.peers_of(job, worker) if kind == JobKind.GANG else [],
         userns=_userns(session, job),
@@ -326,6 +336,8 @@ def _apply_report(session: Session, node: Node, worker: JobWorker, report: Worke
         jobs.transition_worker(
             session, worker, WorkerState.RUNNING, actor=actor, reason=f"running on {node.name}"
         )
+    elif report.state == WorkerRunState.STARTING and report.message and state == WorkerState.STARTING:
+        _starting_note(worker, report.message)
     elif report.state in (WorkerRunState.EXITED, WorkerRunState.STOPPED):
         worker.exit_code = report.exit_code
         code = report.exit_code
@@ -338,9 +350,8 @@ def _apply_report(session: Session, node: Node, worker: JobWorker, report: Worke
                 session, worker, WorkerState.SUCCEEDED, actor=actor, reason="exited with code 0"
             )
         elif report.state == WorkerRunState.EXITED:
-            jobs.transition_worker(
-                session, worker, WorkerState.FAILED, actor=actor, reason=f"exited with code {code}"
-            )
+            why = f"exited with code {code}" + (f": {report.message}" if report.message else "")
+            jobs.transition_worker(session, worker, WorkerState.FAILED, actor=actor, reason=why)
         else:
             why = f"stopped on node {node.name}" + (f": {report.message}" if report.message else "")
             jobs.transition_worker(session, worker, WorkerState.FAILED, actor=actor, reason=why)
@@ -351,6 +362,17 @@ def _apply_report(session: Session, node: Node, worker: JobWorker, report: Worke
     if WorkerState(worker.state) in WORKER_DONE:
         _ran_between_beats(worker, report)
         wake_after_commit(session, Wake.JOBS)  # capacity freed: a waiting job may fit now
+
+
+def _starting_note(worker: JobWorker, message: str) -> None:
+    """What a starting worker's node says it waits for (its data, its server's first answer) becomes the
+    worker's reason and, while the job starts, the job's; written only when it changes."""
+    if worker.reason == message:
+        return
+    worker.reason = message
+    job = worker.job
+    if JobState(job.state) is JobState.STARTING:
+        job.reason = message if len(job.workers) == 1 else f"worker {worker.index}: {message}"
 
 
 def _ran_between_beats(worker: JobWorker, report: WorkerReport) -> None:
@@ -374,6 +396,7 @@ def record_actual(session: Session, node: Node, reported: Any) -> None:
         return
     mine = {(w.job_id, w.index): w for w in _workers_on(session, node)}
     actor = f"minion:{node.minion_id}"
+    now = datetime.now(UTC)
     touched: dict[str, Job] = {}
     for report in actual.workers:
         worker = mine.get((report.job_id, report.worker))
@@ -381,6 +404,7 @@ def record_actual(session: Session, node: Node, reported: Any) -> None:
             continue
         _apply_report(session, node, worker, report, actor)
         job_usage.record(session, worker, report.usage)
+        job_autostop.record(session, worker, report, now)
         touched[worker.job_id] = worker.job
     for job in touched.values():
         jobs.settle(session, job, actor=actor)

@@ -726,10 +726,14 @@ def stop(session: Session, principal: Principal, ref: str) -> Job:
         raise RuleViolation(
             f"job '{job.name}' already ended ({job.state}): nothing to stop", code="job_ended"
         )
-    reason = f"stopped by {principal.actor}"
-    _stop_workers(session, job, actor=principal.actor, reason=reason)
-    transition(session, job, JobState.STOPPED, actor=principal.actor, reason=reason)
+    stop_as(session, job, actor=principal.actor, reason=f"stopped by {principal.actor}")
     return job
+
+
+def stop_as(session: Session, job: Job, *, actor: str, reason: str) -> None:
+    """Stop a live job for `actor` (an operator, or a rule such as autostop), with `reason`."""
+    _stop_workers(session, job, actor=actor, reason=reason)
+    transition(session, job, JobState.STOPPED, actor=actor, reason=reason)
 
 
 def _stop_workers(session: Session, job: Job, *, actor: str, reason: str) -> None:

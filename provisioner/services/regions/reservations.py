@@ -45,7 +45,7 @@ from provisioner.store.regional_models import Reservation
 
 KIND = "reservation"
 ACTUAL_KIND = "reservation_actual"  # audit lines of what nodes report, apart from operator decisions
-PORTS = range(1024, 65536)
+PORTS = range(1, 65536)  # an endpoint serves on 80 or 443 as readily as on 8080
 # node services that may serve a reservation: compute nodes (GPU servers, devices); never the
 # storage node (docs/product-rules.md "Regional resources")
 SERVING = frozenset({Service.COMPUTE.value})
@@ -63,7 +63,7 @@ def transition(
 def _check_port(port: int) -> int:
     if port not in PORTS:
         raise InvalidInput(
-            f"port {port} is out of range: use 1024-65535 (ports below 1024 need root on clients)",
+            f"port {port} is out of range: use 1-65535",
             code="invalid_port",
         )
     return port
