@@ -26,8 +26,15 @@ from websockets.asyncio.server import ServerConnection, serve
 
 from bench.results import figure
 from tests.fixtures.control_plane import free_port
-from tests.provisioner.test_job_urls import Worker, endpoint, file_server, fleet_at, running, tunnel_of
-from tests.provisioner.test_jobs_api import _add_node, inventory
+from tests.provisioner.test_job_urls import (
+    Worker,
+    endpoint,
+    file_server,
+    fleet_at,
+    one_node,
+    running,
+    tunnel_of,
+)
 
 REQUESTS = 300
 DOWNLOAD_MB = 64
@@ -119,13 +126,12 @@ def main() -> None:
         ready = threading.Event()
         stop_echo = _echo_server(ws_port, ready)
         assert ready.wait(10)
-        with file_server(site) as http_port, fleet_at(root / "home", free_port()) as fleet:
-            with fleet.http() as http:
-                assert http.post("/v1/providers", json={"kind": "physical"}).status_code == 201
-                assert (
-                    http.post("/v1/regions", json={"name": "lab", "provider": "physical"}).status_code == 201
-                )
-                _add_node(fleet, http, "n-1", "lab", inventory([], threads=16))
+        with (
+            file_server(site) as http_port,
+            fleet_at(root / "home", free_port(), per_source=4 * SOCKETS) as fleet,
+        ):
+            os.environ["SSL_CERT_FILE"] = str(fleet.cp.ca)  # the fleet's plain httpx calls trust its CA
+            one_node(fleet)
             files = running(fleet, "n-1", endpoint("files", public=True))
             echo = running(fleet, "n-1", endpoint("echo", public=True))
             tunnel = tunnel_of(fleet, "n-1", Worker({files["id"]: http_port, echo["id"]: ws_port}))

@@ -77,14 +77,23 @@ def file_server(root: Path) -> Iterator[int]:
 
 
 @contextmanager
-def fleet_at(home: Path, port: int) -> Iterator[Fleet]:
+def fleet_at(home: Path, port: int, per_source: int = 40) -> Iterator[Fleet]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("RIGBASE_QUOTE_EVERY", "100000")
-        with start_control_plane(home, port=port, env={"RIGBASE_TUNNEL_STREAMS_PER_SOURCE": "40"}) as cp:
+        limit = {"RIGBASE_TUNNEL_STREAMS_PER_SOURCE": str(per_source)}
+        with start_control_plane(home, port=port, env=limit) as cp:
             engine = make_engine(cp.database_url)
             settings = Settings(home=cp.home, database_url=cp.database_url)
             yield Fleet(cp, attach(make_sessionmaker(engine), Runtime.from_settings(settings)))
             engine.dispose()
+
+
+def one_node(fleet: Fleet) -> None:
+    """Region `lab` with the active node n-1."""
+    with fleet.http() as http:
+        assert http.post("/v1/providers", json={"kind": "physical"}).status_code == 201
+        assert http.post("/v1/regions", json={"name": "lab", "provider": "physical"}).status_code == 201
+        _add_node(fleet, http, "n-1", "lab", inventory([], threads=64))
 
 
 def tunnel_of(fleet: Fleet, node: str, worker: Worker) -> Tunnel:
@@ -271,7 +280,6 @@ def test_job_connect_carries_a_large_stream_both_ways(world: dict[str, Any], tmp
         listener.close()
 
 
-@pytest.mark.skipif(JUPYTER is None, reason="jupyterlab is a test dependency: `make test` installs it")
 def test_a_notebooks_kernel_runs_a_cell_through_the_url(world: dict[str, Any], tmp_path: Path) -> None:
     fleet: Fleet = world["fleet"]
     job = running(
@@ -380,7 +388,7 @@ def run_cell(fleet: Fleet, base: str, kernel_id: str, code: str) -> str:
 
 @contextmanager
 def jupyter(tmp_path: Path, job_id: str, token: str) -> Iterator[int]:
-    assert JUPYTER is not None
+    assert JUPYTER is not None, "jupyterlab is a test dependency: run `make deps`"
     port = free_port()
     d = tmp_path / "jupyter"
     for sub in ("config", "data", "runtime", "ipython", "home", "nb"):
@@ -432,12 +440,7 @@ def test_the_url_works_again_after_the_control_plane_restarts(tmp_path: Path) ->
     port = free_port()
     with file_server(site) as http_port:
         with fleet_at(tmp_path / "home", port) as fleet:
-            with fleet.http() as http:
-                assert http.post("/v1/providers", json={"kind": "physical"}).status_code == 201
-                assert (
-                    http.post("/v1/regions", json={"name": "lab", "provider": "physical"}).status_code == 201
-                )
-                _add_node(fleet, http, "n-1", "lab", inventory([], threads=16))
+            one_node(fleet)
             job = running(fleet, "n-1", endpoint("survivor", public=True))
             worker = Worker({job["id"]: http_port})
             tunnel = tunnel_of(fleet, "n-1", worker)

@@ -6,6 +6,7 @@ accepts a connection), a private endpoint refuses a caller without a token, and 
 from __future__ import annotations
 
 import json
+import ssl
 import time
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from tests.provisioner.test_lab_jobs import EXAMPLES, _job, _ok, _wait_state
 
 def _client(home: Path) -> tuple[dict[str, str], httpx.Client]:
     config = json.loads((home / "client.json").read_text())
-    return config, httpx.Client(verify=config["ca"], timeout=30)
+    return config, httpx.Client(verify=ssl.create_default_context(cafile=config["ca"]), timeout=30)
 
 
 def test_an_endpoint_in_the_lab_runs_once_it_answers_and_its_url_reaches_it(
