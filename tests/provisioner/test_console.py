@@ -174,10 +174,10 @@ def test_actions_call_the_services_and_show_the_apis_one_line_refusals(cp: Contr
         assert flash(added) == "datastore scratch added" and ">scratch</td>" in added.text
         port = client.post(
             f"/regions/{region_id}/reservations",
-            data={"csrf": token, "name": "web", "hostname": "web", "port": "80", "protocol": "tcp"},
+            data={"csrf": token, "name": "web", "hostname": "web", "port": "70000", "protocol": "tcp"},
             follow_redirects=True,
         )
-        assert flash(port).startswith("error: port 80 is out of range: use 1024-65535")
+        assert flash(port).startswith("error: port 70000 is out of range: use 1-65535")
         rsv = client.post(
             f"/regions/{region_id}/reservations",
             data={"csrf": token, "name": "web", "hostname": "web", "port": "8080", "protocol": "tcp"},

@@ -21,7 +21,7 @@ class ReservationIn(BaseModel):
     name: str
     region: str
     hostname: str = Field(description="DNS label, published as HOSTNAME.local")
-    port: int = Field(description="1024-65535, unique in the region")
+    port: int = Field(description="1-65535, unique in the region")
     protocol: str = "tcp"
     expose_wan: bool = Field(
         default=False, description="map the port on the router (UPnP, nodes with UPnP on); default LAN-only"
