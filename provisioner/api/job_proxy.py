@@ -246,9 +246,8 @@ async def job_http(request: Request, job_id: str, path: str) -> Response:
     proxy = proxy_of(request)
     host = proxy.backend.host_for(served)
     prefix = job_urls.job_path(served.job_id).rstrip("/")
-    admitted = proxy.hub.admit(served.job_id, _source(request))
     try:
-        admitted.__enter__()
+        release = proxy.hub.take(served.job_id, _source(request))
     except TooManyStreams as exc:
         return _refusal(exc)
     try:
@@ -270,10 +269,10 @@ async def job_http(request: Request, job_id: str, path: str) -> Response:
             )
         )
     except RigbaseError as exc:
-        admitted.__exit__(None, None, None)
+        release()
         return _refusal(exc)
     except (httpcore.ProtocolError, httpcore.NetworkError, httpcore.TimeoutException) as exc:
-        admitted.__exit__(None, None, None)
+        release()
         return _refusal(
             StreamRefused(
                 f"the worker's server closed the connection ({type(exc).__name__})", code="bad_gateway"
@@ -284,14 +283,17 @@ async def job_http(request: Request, job_id: str, path: str) -> Response:
         headers.append((b"content-security-policy", ENDPOINT_CSP))
 
     async def body_of() -> AsyncIterator[bytes]:
-        async for chunk in upstream.aiter_stream():
-            yield chunk
+        try:
+            async for chunk in upstream.aiter_stream():
+                yield chunk
+        finally:  # also when the client went away mid-body and the background task never runs
+            release()
 
     async def done() -> None:
         try:
             await upstream.aclose()
         finally:
-            admitted.__exit__(None, None, None)
+            release()
 
     response = StreamingResponse(body_of(), status_code=upstream.status, background=BackgroundTask(done))
     response.raw_headers = [h for h in response.raw_headers if h[0] != b"content-type"] + headers

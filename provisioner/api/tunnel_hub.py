@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Final
@@ -111,6 +111,15 @@ class TunnelHub:
     @contextmanager
     def admit(self, job_id: str, source: str) -> Iterator[None]:
         """One connection of `source` to `job_id`'s worker, within both limits (TooManyStreams)."""
+        release = self.take(job_id, source)
+        try:
+            yield
+        finally:
+            release()
+
+    def take(self, job_id: str, source: str) -> Callable[[], None]:
+        """As `admit`, for a connection that outlives its handler (a streamed response): the callable
+        gives the place back, once however often it is called."""
         if self.per_job[job_id] >= self.streams_per_job:
             raise TooManyStreams(
                 f"job {job_id} has {self.per_job[job_id]} connections open, its limit: close some and retry"
@@ -122,13 +131,19 @@ class TunnelHub:
             )
         self.per_job[job_id] += 1
         self.per_source[source] += 1
-        try:
-            yield
-        finally:
+        given_back = False
+
+        def release() -> None:
+            nonlocal given_back
+            if given_back:
+                return
+            given_back = True
             for counter, key in ((self.per_job, job_id), (self.per_source, source)):
                 counter[key] -= 1
                 if counter[key] <= 0:
                     del counter[key]
+
+        return release
 
     async def open(self, node_id: str, job_id: str, worker: int, port: int) -> TunnelStream:
         """A TCP stream to `port` of the worker's container; Unavailable when the node has no tunnel here
