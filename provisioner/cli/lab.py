@@ -165,6 +165,19 @@ def status(json_out: Json = False) -> None:
     _show_nodes(report["nodes"])
 
 
+@app.command("notebook-image")
+def notebook_image(json_out: Json = False) -> None:
+    """Build the lab's notebook image (JupyterLab over the lab's job image; no registry is reachable from
+    the lab) and print its name, for a notebook job's `environment.image` (docs/job-urls.md)."""
+    from provisioner.lab import lifecycle
+
+    image, image_id, built = _run(lifecycle.ensure_notebook_image, progress=_progress)
+    if json_out:
+        render.print_json({"image": image, "id": image_id, "built": built})
+        return
+    print(image)
+
+
 @app.command("down")
 def down(yes: Yes = False, json_out: Json = False) -> None:
     """Remove every namespace, process and file the lab made (the cached Debian root is kept)."""

@@ -36,7 +36,7 @@ from contracts.errors import Conflict, RigbaseError, Unavailable
 from provisioner.adapters.tls import TlsFiles
 from provisioner.client import Client, ControlPlaneError, read_client_config
 from provisioner.domain.states import NODE_READY, NODE_STOPPED
-from provisioner.lab import hardware, job_image, job_runtime, netns, rootfs
+from provisioner.lab import hardware, job_image, job_runtime, netns, notebook_image, rootfs
 from provisioner.lab.state import (
     LabNodeRecord,
     LabState,
@@ -741,6 +741,21 @@ def _ensure_job_image(base: concurrent.futures.Future[Path], progress: Progress)
     )
     progress(f"job image: {job_image.IMAGE} ({image_id[:12]}, {how})")
     return image_id
+
+
+def ensure_notebook_image(progress: Progress = _quiet) -> tuple[str, str, bool]:
+    """The lab's notebook image (notebook_image.py), built over the job image once per base and
+    requirement. Returns (its name, its id, whether it was built now)."""
+    started = time.monotonic()
+    podman = job_runtime.runtime_settings(job_runtime.HostFacts.read(), os.environ).get(job_runtime.PODMAN)
+    cache = rootfs.cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    image_id, built = notebook_image.ensure_notebook_image(
+        job_image.IMAGE, podman=podman or "podman", lock_dir=cache
+    )
+    how = f"built in {time.monotonic() - started:.1f} s" if built else "present"
+    progress(f"notebook image: {notebook_image.IMAGE} ({image_id[:12]}, {how})")
+    return notebook_image.IMAGE, image_id, built
 
 
 def _stray_processes(home: Path) -> list[int]:

@@ -23,7 +23,8 @@ from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
-from provisioner.lab import job_image, job_runtime
+from contracts.errors import Unavailable
+from provisioner.lab import job_image, job_runtime, notebook_image
 from provisioner.lab.job_runtime import HostFacts
 from tests.provisioner.test_console_browser import browser  # noqa: F401 - a fixture, used by name
 from tests.provisioner.test_console_charts import chart_data
@@ -134,6 +135,14 @@ def _image_id(ref: str) -> str:
 def test_a_missing_root_is_refused_with_what_to_do(tmp_path: Path) -> None:
     with pytest.raises(Exception, match="provision lab up"):
         job_image.ensure_image(tmp_path / "cache" / "nokey" / "root")
+    with pytest.raises(
+        Unavailable, match="job image localhost/rigbase-none:latest is missing: run `provision lab up`"
+    ):
+        notebook_image.ensure_notebook_image("localhost/rigbase-none:latest", lock_dir=tmp_path)
+    assert list(tmp_path.iterdir()) == []  # nothing built, nothing left
+    # the key follows the base image and the requirement, so a new base or pin builds a new image
+    keys = {notebook_image.image_key(b, r) for b in ("a", "b") for r in (("x",), ("y",))}
+    assert len(keys) == 4
 
 
 # -- a lab with one node ---------------------------------------------------------------------------------
