@@ -105,7 +105,10 @@ ONLY_FOR: Final[dict[tuple[str, ...], frozenset[JobType]]] = {
     ("endpoint",): frozenset({JobType.ENDPOINT}),
     ("autostop_minutes",): frozenset({JobType.NOTEBOOK, JobType.ENDPOINT}),
 }
-NOTEBOOK_AUTOSTOP_MINUTES: Final = 60  # a notebook's default; an endpoint's is never
+NOTEBOOK_AUTOSTOP_MINUTES: Final = (
+    60  # a notebook's default (a project may set its own); an endpoint's is never
+)
+AUTOSTOP_MAX_MINUTES: Final = 30 * 24 * 60
 
 _GpuTypeName = Annotated[str, WithJsonSchema({"type": "string", "enum": list(GPU_TYPES)})]
 _Package = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[^\s]+$")]
@@ -657,9 +660,10 @@ class JobSpec(_Section):
     autostop_minutes: int | None = Field(
         None,
         ge=0,
-        le=30 * 24 * 60,
-        description="a notebook or endpoint idle this long is stopped (0: never); default 60 for a "
-        "notebook (no kernel activity, no connection), never for an endpoint (no request through its URL)",
+        le=AUTOSTOP_MAX_MINUTES,
+        description="a notebook or endpoint idle this long is stopped (0: never); default: the project's "
+        "notebook autostop, else 60 for a notebook (no kernel activity, no connection), never for an "
+        "endpoint (no request through its URL)",
     )
     region: _DnsLabel | None = Field(None, description="run only in this region")
     preemptible: bool = Field(

@@ -83,6 +83,7 @@ SHOW_FIELDS = [
     "state",
     "reason",
     "url",
+    "autostop_minutes",
     "region",
     "node",
     "gpu_type",

@@ -9,10 +9,13 @@ from typing import Annotated
 
 import typer
 
+from contracts.jobspec import AUTOSTOP_MAX_MINUTES, NOTEBOOK_AUTOSTOP_MINUTES
 from provisioner.cli import render
 from provisioner.cli.common import (
+    EXIT_USAGE,
     Json,
     Yes,
+    fail,
     group,
     output_options,
     read_secret_file,
@@ -29,10 +32,25 @@ COLUMNS = [
     ("description", "DESCRIPTION"),
     ("created_at", "CREATED"),
 ]
-WIDE = [("account", "ACCOUNT"), ("shared_with", "SHARED WITH")]
+WIDE = [
+    ("account", "ACCOUNT"),
+    ("shared_with", "SHARED WITH"),
+    ("notebook_autostop_minutes", "NOTEBOOK AUTOSTOP"),
+]
 Name = Annotated[str, typer.Argument(help="Project name or id.")]
 Shown = Annotated[str, typer.Argument(help="Project name or id, or OWNER/PROJECT for one shared with you.")]
 Account = Annotated[str, typer.Option("--account", help="The account (name or id) to share it with.")]
+NotebookAutostop = Annotated[
+    int | None,
+    typer.Option(
+        "--notebook-autostop",
+        min=0,
+        max=AUTOSTOP_MAX_MINUTES,
+        metavar="MINUTES",
+        help=f"Minutes a notebook that names no autostop may be idle before it is stopped (0: never; "
+        f"default {NOTEBOOK_AUTOSTOP_MINUTES}).",
+    ),
+]
 
 
 @app.command("create")
@@ -41,11 +59,44 @@ def create(
     description: Annotated[
         str | None, typer.Option("--description", "-d", help="One line: what the project is for.")
     ] = None,
+    notebook_autostop: NotebookAutostop = None,
     json_out: Json = False,
 ) -> None:
     """Create a project in this token's account; prints its id."""
-    body = {"name": name, "description": description}
+    body = {"name": name, "description": description, "notebook_autostop_minutes": notebook_autostop}
     render.created(connect().post("/v1/projects", body), as_json=json_out)
+
+
+@app.command("update")
+def update(
+    name: Name,
+    notebook_autostop: NotebookAutostop = None,
+    default_autostop: Annotated[
+        bool,
+        typer.Option(
+            "--default-notebook-autostop",
+            help=f"Back to the built-in notebook autostop ({NOTEBOOK_AUTOSTOP_MINUTES} min).",
+        ),
+    ] = False,
+    json_out: Json = False,
+) -> None:
+    """Change a project: its notebooks' default autostop (running notebooks follow it)."""
+    if (notebook_autostop is None) == (not default_autostop):
+        fail(
+            "say one change: --notebook-autostop MINUTES or --default-notebook-autostop",
+            exit_code=EXIT_USAGE,
+        )
+    row = connect().patch(f"/v1/projects/{name}", {"notebook_autostop_minutes": notebook_autostop})
+    if json_out:
+        render.print_json(row)
+        return
+    minutes = row["notebook_autostop_minutes"]
+    said = f"{NOTEBOOK_AUTOSTOP_MINUTES} min (the default)" if minutes is None else f"{minutes} min"
+    print(
+        f"project {row['ref']}: notebooks without an autostop of their own stop after {said} idle"
+        if minutes != 0
+        else f"project {row['ref']}: notebooks without an autostop of their own never autostop"
+    )
 
 
 @app.command("list")

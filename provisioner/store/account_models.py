@@ -64,6 +64,9 @@ class Project(Base):
     # `default` is an SQL keyword: the column is is_default
     default: Mapped[bool] = mapped_column("is_default", Boolean, default=False)
     description: Mapped[str | None] = mapped_column(String(200))
+    # minutes a notebook of the project that names no autostop of its own may be idle (0: never);
+    # None: contracts.jobspec.NOTEBOOK_AUTOSTOP_MINUTES
+    notebook_autostop_minutes: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     removed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 

@@ -169,6 +169,40 @@ def test_project_commands(two_accounts: tuple[ControlPlane, dict[str, str]]) -> 
     assert _ok(cp, "project", "create", "speech").strip() not in ("", project_id)
 
 
+def test_a_projects_notebook_autostop_is_set_shown_and_refused_out_of_range(
+    two_accounts: tuple[ControlPlane, dict[str, str]],
+) -> None:
+    cp, tokens = two_accounts
+    _ok(cp, "project", "create", "notebooks", "--notebook-autostop", "15")
+    assert json.loads(_ok(cp, "project", "show", "notebooks", "--json"))["notebook_autostop_minutes"] == 15
+    said = _ok(cp, "project", "update", "notebooks", "--notebook-autostop", "0")
+    assert said.strip() == "project notebooks: notebooks without an autostop of their own never autostop"
+    back = json.loads(_ok(cp, "project", "update", "notebooks", "--default-notebook-autostop", "--json"))
+    assert back["notebook_autostop_minutes"] is None
+    assert "NOTEBOOK AUTOSTOP" in _ok(cp, "project", "list", "-o", "wide")
+    assert "say one change" in _refused(cp, 2, "project", "update", "notebooks")
+    assert "say one change" in _refused(
+        cp, 2, "project", "update", "notebooks", "--notebook-autostop", "5", "--default-notebook-autostop"
+    )
+    assert "43200" in _refused(cp, 2, "project", "update", "notebooks", "--notebook-autostop", "50000")
+    with _as(cp, cp.token) as http:  # the API refuses what the CLI would not send, and changes nothing
+        refused = http.patch("/v1/projects/notebooks", json={"notebook_autostop_minutes": -1})
+        assert refused.status_code == 422, refused.text
+        assert http.patch("/v1/projects/notebooks", json={}).status_code == 422
+        assert http.get("/v1/projects/notebooks").json()["notebook_autostop_minutes"] is None
+    with _as(cp, tokens["acme_admin"]) as http:  # another account's project is not there to change
+        assert http.patch("/v1/projects/notebooks", json={"notebook_autostop_minutes": 5}).status_code == 404
+    reasons = _sql(
+        sa.create_engine(cp.database_url),
+        "SELECT reason FROM audit_events WHERE resource_kind = 'project' AND resource_name = 'notebooks'",
+    )
+    assert [r[0] for r in reasons] == [
+        "created",
+        "notebook autostop: never",
+        "notebook autostop: the built-in default",
+    ]
+
+
 def test_regions_belong_to_the_account_that_created_them(
     two_accounts: tuple[ControlPlane, dict[str, str]],
 ) -> None:

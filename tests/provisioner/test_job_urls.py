@@ -109,10 +109,10 @@ def tunnel_of(fleet: Fleet, node: str, worker: Worker) -> Tunnel:
     return tunnel
 
 
-def running(fleet: Fleet, node: str, body: dict[str, Any]) -> dict[str, Any]:
+def running(fleet: Fleet, node: str, body: dict[str, Any], project: str | None = None) -> dict[str, Any]:
     """Create the job and report its worker running from `node` (as its minion would)."""
     with fleet.http() as http:
-        made = http.post("/v1/jobs", json={"spec": body})
+        made = http.post("/v1/jobs", json={"spec": body, "project": project})
         assert made.status_code == 201, made.text
         job = made.json()
     jobs = fleet.heartbeat(node)
@@ -341,6 +341,7 @@ def test_an_idle_notebook_is_autostopped_and_a_used_one_keeps_running(world: dic
         assert stopped["state"] == "stopped", stopped
         assert stopped["reason"] == "autostopped: idle for 30 min (no kernel activity and no connection)"
         assert http.get(f"/v1/jobs/{used['id']}").json()["state"] == "running"
+    assert (stopped["autostop_minutes"], idle["autostop_minutes"]) == (30, 30)
     with browser(fleet.cp) as client:  # the console says how long is left, and links the URL
         sign_in(client, fleet.cp.token)
         page = client.get(f"/jobs/{used['id']}")
@@ -465,3 +466,32 @@ def test_the_url_works_again_after_the_control_plane_restarts(tmp_path: Path) ->
         finally:
             client.close()
             tunnel.close()
+
+
+def test_a_projects_notebook_autostop_stops_its_notebooks_that_name_none(world: dict[str, Any]) -> None:
+    fleet: Fleet = world["fleet"]
+    with fleet.http() as http:
+        made = http.post("/v1/projects", json={"name": "short-nb", "notebook_autostop_minutes": 10})
+        assert made.status_code == 201, made.text
+    spec = {"type": "notebook", "resources": {"gpu_count": 0, "cpu_count": 4}}
+    short = running(fleet, "n-1", {"name": "short-nb", **spec}, project="short-nb")
+    own = running(fleet, "n-1", {"name": "own-nb", **spec, "autostop_minutes": 20}, project="short-nb")
+    usual = running(fleet, "n-1", {"name": "usual-nb", **spec})  # the default project: the built-in hour
+    assert [j["autostop_minutes"] for j in (short, own, usual)] == [10, 20, 60]
+    mine = {a["job_id"]: a for a in fleet.heartbeat("n-1")["workers"]}
+    eleven = [report(mine[j["id"]], "running", idle_s=11 * 60) for j in (short, own, usual)]
+    stopping = {a["job_id"]: a["stop"] for a in fleet.heartbeat("n-1", eleven)["workers"]}
+    assert [stopping[j["id"]] for j in (short, own, usual)] == [True, False, False]
+    with fleet.http() as http:
+        stopped = http.get(f"/v1/jobs/{short['id']}").json()
+        assert stopped["reason"] == "autostopped: idle for 10 min (no kernel activity and no connection)"
+        # a new project default reaches running notebooks that name none, at their next report
+        changed = http.patch("/v1/projects/default", json={"notebook_autostop_minutes": 0})
+        assert changed.status_code == 200, changed.text
+        assert http.get(f"/v1/jobs/{usual['id']}").json()["autostop_minutes"] == 0
+        late = [report(mine[usual["id"]], "running", idle_s=5 * 3600)]
+        assert fleet.heartbeat("n-1", late)["workers"]
+        assert http.get(f"/v1/jobs/{usual['id']}").json()["state"] == "running"
+        http.patch("/v1/projects/default", json={"notebook_autostop_minutes": None})
+        for job in (own, usual):
+            http.post(f"/v1/jobs/{job['id']}/stop")

@@ -21,7 +21,7 @@ from provisioner.domain.served_jobs import SERVED, job_path
 from provisioner.providers.base import Feature, provider_for
 from provisioner.services.billing import job_cost
 from provisioner.services.cloud import gcp_capacity
-from provisioner.services.jobs import job_logs, job_metrics, job_usage
+from provisioner.services.jobs import job_autostop, job_logs, job_metrics, job_usage
 from provisioner.services.jobs import jobs as service
 from provisioner.store.job_models import Job, JobWorker
 
@@ -122,6 +122,11 @@ class JobOut(BaseModel):
         description="a notebook's or endpoint's URL on this control plane, /j/JOB_ID/ "
         "(docs/job-urls.md); null for other jobs",
     )
+    autostop_minutes: int | None = Field(
+        None,
+        description="a notebook or endpoint idle this long is stopped (0: never): its own, else its "
+        "project's notebook default, else the type's; null for other jobs",
+    )
 
     def with_cost(self, cost: job_cost.JobCost) -> JobOut:
         return self.model_copy(
@@ -157,6 +162,7 @@ class JobOut(BaseModel):
             started_at=j.started_at,
             ended_at=j.ended_at,
             url_path=job_path(j.id) if JobType(j.type) in SERVED else None,
+            autostop_minutes=job_autostop.minutes_of(j) if JobType(j.type) in SERVED else None,
         )
 
 

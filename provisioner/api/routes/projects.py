@@ -8,9 +8,10 @@ from __future__ import annotations
 from datetime import datetime
 
 from fastapi import APIRouter
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.orm import Session
 
+from contracts.jobspec import AUTOSTOP_MAX_MINUTES, NOTEBOOK_AUTOSTOP_MINUTES
 from provisioner.api import convertors  # noqa: F401  (registers {ref:anypath})
 from provisioner.api.deps import Db, Principal
 from provisioner.api.errors import documented
@@ -23,9 +24,20 @@ from provisioner.store.account_models import Project
 router = APIRouter(prefix="/v1/projects", tags=["projects"], responses=documented(403))
 
 
+_AUTOSTOP = "minutes a notebook of the project that names no autostop may be idle before it is stopped "
+_AUTOSTOP += f"(0: never; null: {NOTEBOOK_AUTOSTOP_MINUTES})"
+
+
 class ProjectIn(BaseModel):
     name: str = Field(max_length=63, description="a DNS label, unique among the account's projects")
     description: str | None = Field(None, max_length=service.DESCRIPTION_MAX)
+    notebook_autostop_minutes: int | None = Field(None, ge=0, le=AUTOSTOP_MAX_MINUTES, description=_AUTOSTOP)
+
+
+class ProjectPatch(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    notebook_autostop_minutes: int | None = Field(ge=0, le=AUTOSTOP_MAX_MINUTES, description=_AUTOSTOP)
 
 
 class ShareIn(BaseModel):
@@ -45,6 +57,7 @@ class ProjectOut(BaseModel):
         description="the accounts it is shared with (their jobs here are federated); the owner's view only",
     )
     description: str | None
+    notebook_autostop_minutes: int | None = Field(description=_AUTOSTOP)
     created_at: datetime
     removed_at: datetime | None
 
@@ -60,6 +73,7 @@ class ProjectOut(BaseModel):
             shared=shared,
             shared_with=shared_with or [],
             description=row.description,
+            notebook_autostop_minutes=row.notebook_autostop_minutes,
             created_at=row.created_at,
             removed_at=row.removed_at,
         )
@@ -73,7 +87,21 @@ def _out(session: Session, principal: PrincipalValue, row: Project) -> ProjectOu
 
 @router.post("", status_code=201)
 def create(body: ProjectIn, session: Db, principal: Principal) -> ProjectOut:
-    return ProjectOut.of(service.create(session, principal, body.name, description=body.description))
+    row = service.create(
+        session,
+        principal,
+        body.name,
+        description=body.description,
+        notebook_autostop_minutes=body.notebook_autostop_minutes,
+    )
+    return ProjectOut.of(row)
+
+
+@router.patch("/{ref}")
+def update(ref: str, body: ProjectPatch, session: Db, principal: Principal) -> ProjectOut:
+    """Change one of the caller's projects: its notebooks' default autostop."""
+    row = service.set_notebook_autostop(session, principal, ref, body.notebook_autostop_minutes)
+    return _out(session, principal, row)
 
 
 @router.get("")

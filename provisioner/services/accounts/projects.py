@@ -176,7 +176,14 @@ def _add(
     return row
 
 
-def create(session: Session, principal: Principal, name: str, *, description: str | None = None) -> Project:
+def create(
+    session: Session,
+    principal: Principal,
+    name: str,
+    *,
+    description: str | None = None,
+    notebook_autostop_minutes: int | None = None,
+) -> Project:
     principal.require(Action.MANAGE_PROJECTS)
     names.dns_label(KIND, name)
     if session.scalar(_live(principal.account_id).where(Project.name == name)):
@@ -184,7 +191,31 @@ def create(session: Session, principal: Principal, name: str, *, description: st
             f"project '{name}' already exists in this account: choose another name", code="duplicate_name"
         )
     text = (description or "").strip() or None
-    return _add(session, principal.account_id, name, default=False, description=text, actor=principal.actor)
+    row = _add(session, principal.account_id, name, default=False, description=text, actor=principal.actor)
+    row.notebook_autostop_minutes = notebook_autostop_minutes
+    return row
+
+
+def set_notebook_autostop(session: Session, principal: Principal, ref: str, minutes: int | None) -> Project:
+    """The project's default autostop for notebooks that name none (0: never; None: the built-in hour).
+    Running notebooks follow it from their next report (services/jobs/job_autostop.py)."""
+    principal.require(Action.MANAGE_PROJECTS)
+    row = get(session, principal.account_id, ref)
+    if row.notebook_autostop_minutes == minutes:
+        return row
+    said = "the built-in default" if minutes is None else ("never" if minutes == 0 else f"{minutes} min")
+    row.notebook_autostop_minutes = minutes
+    audit.record(
+        session,
+        kind=KIND,
+        resource_id=row.id,
+        name=row.name,
+        actor=principal.actor,
+        from_state=PRESENT,
+        to_state=PRESENT,
+        reason=f"notebook autostop: {said}",
+    )
+    return row
 
 
 def remove(session: Session, principal: Principal, ref: str) -> Project:

@@ -21,7 +21,13 @@ ACTOR = "rigbase:autostop"
 
 
 def minutes_of(job: Job) -> int:
-    return JobSpec.model_validate(job.spec).autostop
+    """The job's own `autostop_minutes`; else, for a notebook, its project's notebook autostop; else the
+    type's default. Read at each report, so a project's new default reaches its running notebooks."""
+    spec = JobSpec.model_validate(job.spec)
+    project_default = job.project.notebook_autostop_minutes
+    if spec.autostop_minutes is None and spec.type is JobType.NOTEBOOK and project_default is not None:
+        return project_default
+    return spec.autostop
 
 
 def left_s(job: Job, worker: JobWorker, now: datetime) -> float | None:
