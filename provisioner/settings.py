@@ -108,6 +108,11 @@ class Settings(BaseSettings):
     tunnel_streams_per_source: int = Field(
         256, ge=1, description="connections one source address holds open at once to jobs' URLs"
     )
+    tunnel_relay_dir: Path | None = Field(
+        None,
+        description="set by `provision serve --workers N` for its workers: where each one's Unix socket "
+        "lets the others reach the node tunnels it holds (api/tunnel_relay.py)",
+    )
     object_store_presign: bool = Field(
         True,
         description="nodes read chunks straight from a bucket store through short-lived pre-signed URLs "

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
 from fastapi import Depends, FastAPI
@@ -48,6 +48,7 @@ from provisioner.api.routes import (
     tunnel,
 )
 from provisioner.api.tunnel_hub import TunnelHub
+from provisioner.api.tunnel_relay import TunnelRelay
 from provisioner.providers.base import ProviderDriver
 from provisioner.reconcilers.loop import ReconcilerLoop
 from provisioner.services.common.heartbeat_timing import HeartbeatTiming
@@ -102,14 +103,20 @@ class ControlPlaneApp(FastAPI):
 
 
 @asynccontextmanager
-async def _reconciler_lifespan(app: FastAPI) -> AsyncIterator[None]:
-    loop = ReconcilerLoop(app.state.sessions)
-    app.state.reconciler_loop = loop
-    loop.start()
-    try:
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    """The relay to this process's siblings under `serve --workers N`, and the reconcilers when asked."""
+    async with AsyncExitStack() as stack:
+        relay_dir = app.state.settings.tunnel_relay_dir
+        if relay_dir is not None:
+            relay = TunnelRelay(relay_dir, app.state.job_proxy.hub)
+            await relay.start()
+            stack.push_async_callback(relay.stop)
+        if app.state.run_reconcilers:
+            loop = ReconcilerLoop(app.state.sessions)
+            app.state.reconciler_loop = loop
+            loop.start()
+            stack.callback(loop.stop)
         yield
-    finally:
-        loop.stop()
 
 
 def create_app(
@@ -140,7 +147,7 @@ def create_app(
         "`Authorization: Bearer <token>` (an operator token, a node credential or a join token: see "
         "each route's security) except `POST /v1/join`, whose join token is in the body; /openapi.json "
         "and /healthz are the only public routes. Every error answers `{code, message}`.",
-        lifespan=_reconciler_lifespan if reconcilers else None,
+        lifespan=_lifespan,
         docs_url=None,
         redoc_url=None,
     )
@@ -148,6 +155,7 @@ def create_app(
     if heartbeat_timing is not None:
         runtime = dataclasses.replace(runtime, heartbeat=heartbeat_timing)
     app.state.settings = settings
+    app.state.run_reconcilers = reconcilers
     app.state.runtime = runtime
     app.state.engine = engine
     app.state.sessions = attach(make_sessionmaker(engine), runtime)

@@ -5,8 +5,10 @@ node for a TCP stream to a worker's port (a StreamOpen on its tunnel) and waits 
 stream's own WebSocket, which `arrived` hands over. A TunnelStream is then read and written like a socket,
 its bytes the binary messages of that WebSocket.
 
-The hub lives in the process the node's tunnel reached: with `provision serve --workers N` a URL is served
-only by the process that holds its node's tunnel (docs/job-urls.md says what that means).
+The hub lives in the process the node's tunnel reached. With `provision serve --workers N` the tunnel and
+the stream may each reach another process than the request: the hub's relay (api/tunnel_relay.py) sends
+the StreamOpen through the process holding the tunnel and brings the stream to the one that asked, which
+the stream id names (its first RELAY_TAG_LENGTH characters).
 
 Streams are counted per job and per source address, so one client opening thousands of connections is
 refused (429) before it takes a node's tunnel or another job's share."""
@@ -19,7 +21,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, Protocol
 
 from starlette.websockets import WebSocket, WebSocketState
 
@@ -27,6 +29,7 @@ from contracts.errors import RigbaseError, Unavailable
 from contracts.tunnel import StreamOpen
 
 OPEN_TIMEOUT_S: Final = 10.0
+RELAY_TAG_LENGTH: Final = 8  # a process's tag at the head of the stream ids it asks for
 
 
 class TooManyStreams(RigbaseError):
@@ -37,9 +40,23 @@ class StreamRefused(Unavailable):
     """The node could not reach the worker's port: its reason, in one line."""
 
 
+class TunnelStream(Protocol):
+    """One TCP connection to a worker's port: bytes until b"" (the node closed it, with close_code)."""
+
+    close_code: int | None
+    close_reason: str
+    done: asyncio.Event  # set by aclose: whoever holds the stream's WebSocket closes it then
+
+    async def read(self) -> bytes: ...
+
+    async def write(self, data: bytes) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
 @dataclass
-class TunnelStream:
-    """One TCP connection to a worker's port, over the stream's WebSocket."""
+class NodeStream:
+    """A TunnelStream over the stream's WebSocket, as the node opened it to this process."""
 
     ws: WebSocket
     done: asyncio.Event = field(default_factory=asyncio.Event)
@@ -69,6 +86,18 @@ class TunnelStream:
         self.done.set()
 
 
+class Relay(Protocol):
+    """The sibling processes of `serve --workers N` (api/tunnel_relay.py)."""
+
+    tag: str
+
+    async def send_open(self, node_id: str, opening: StreamOpen) -> bool: ...
+
+    async def holds(self, node_id: str) -> bool: ...
+
+    async def deliver(self, node_id: str, stream_id: str, stream: TunnelStream) -> bool: ...
+
+
 @dataclass
 class _Link:
     ws: WebSocket
@@ -83,6 +112,7 @@ class TunnelHub:
     pending: dict[str, tuple[str, asyncio.Future[TunnelStream]]] = field(default_factory=dict)
     per_job: Counter[str] = field(default_factory=Counter)
     per_source: Counter[str] = field(default_factory=Counter)
+    relay: Relay | None = None
 
     # -- the node's side ---------------------------------------------------------------------------------
     def attach(self, node_id: str, ws: WebSocket) -> _Link:
@@ -97,15 +127,25 @@ class TunnelHub:
     def connected(self, node_id: str) -> bool:
         return node_id in self.links
 
-    def arrived(self, node_id: str, stream_id: str, ws: WebSocket) -> TunnelStream | None:
-        """The stream a node opened for a StreamOpen of ours; None for one nobody waits for (late, or not
-        asked of this node)."""
+    async def reachable(self, node_id: str) -> bool:
+        """The node's tunnel is held by this process or, under `--workers N`, by a sibling."""
+        return self.connected(node_id) or (self.relay is not None and await self.relay.holds(node_id))
+
+    def asked_here(self, stream_id: str) -> bool:
+        """The stream id is one this process asked for (or there are no siblings to ask)."""
+        return self.relay is None or stream_id.startswith(self.relay.tag)
+
+    def waits_for(self, node_id: str, stream_id: str) -> bool:
         waiting = self.pending.get(stream_id)
-        if waiting is None or waiting[0] != node_id or waiting[1].done():
-            return None
-        stream = TunnelStream(ws)
-        waiting[1].set_result(stream)
-        return stream
+        return waiting is not None and waiting[0] == node_id and not waiting[1].done()
+
+    def arrived(self, node_id: str, stream_id: str, stream: TunnelStream) -> bool:
+        """Hand over the stream a node opened for a StreamOpen of ours; False for one nobody waits for
+        (late, or not asked of this node)."""
+        if not self.waits_for(node_id, stream_id):
+            return False
+        self.pending[stream_id][1].set_result(stream)
+        return True
 
     # -- the proxy's side --------------------------------------------------------------------------------
     @contextmanager
@@ -148,20 +188,17 @@ class TunnelHub:
     async def open(self, node_id: str, job_id: str, worker: int, port: int) -> TunnelStream:
         """A TCP stream to `port` of the worker's container; Unavailable when the node has no tunnel here
         or does not answer, StreamRefused when it cannot reach the port."""
-        link = self.links.get(node_id)
-        if link is None:
-            raise Unavailable(
-                f"the node running job {job_id} has no tunnel to this control plane process: its minion "
-                "reconnects by itself within a minute; retry then",
-                code="tunnel_down",
-            )
-        stream_id = secrets.token_urlsafe(24)
+        stream_id = (self.relay.tag if self.relay is not None else "") + secrets.token_urlsafe(24)
         future: asyncio.Future[TunnelStream] = asyncio.get_running_loop().create_future()
         self.pending[stream_id] = (node_id, future)
         try:
             opening = StreamOpen(stream_id=stream_id, job_id=job_id, worker=worker, port=port)
-            async with link.lock:
-                await link.ws.send_text(opening.model_dump_json())
+            if not await self._send(node_id, opening):
+                raise Unavailable(
+                    f"the node running job {job_id} has no tunnel to this control plane: its minion "
+                    "reconnects by itself within a minute; retry then",
+                    code="tunnel_down",
+                )
             stream = await asyncio.wait_for(future, OPEN_TIMEOUT_S)
         except (TimeoutError, RuntimeError, OSError) as exc:
             raise Unavailable(
@@ -172,3 +209,18 @@ class TunnelHub:
         finally:
             self.pending.pop(stream_id, None)
         return stream
+
+    async def _send(self, node_id: str, opening: StreamOpen) -> bool:
+        """The StreamOpen down the node's tunnel: here, else through the sibling that holds it."""
+        if await self.send_here(node_id, opening):
+            return True
+        return self.relay is not None and await self.relay.send_open(node_id, opening)
+
+    async def send_here(self, node_id: str, opening: StreamOpen) -> bool:
+        """A sibling's StreamOpen, down the tunnel this process holds; False when it holds none."""
+        link = self.links.get(node_id)
+        if link is None:
+            return False
+        async with link.lock:
+            await link.ws.send_text(opening.model_dump_json())
+        return True

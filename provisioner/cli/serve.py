@@ -7,7 +7,9 @@ injected fakes."""
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -193,17 +195,23 @@ def run_control_plane(  # noqa: C901, PLR0915
         if fds or providers:
             raise CliError("--workers cannot be combined with --fd (the lab) or injected providers")
         listening.close()  # uvicorn's workers bind it themselves
+        # the workers' sockets to each other (api/tunnel_relay.py): short, private, gone when serve stops
+        relay_dir = Path(tempfile.mkdtemp(prefix="rigbase-relay-"))
+        settings = settings.model_copy(update={"tunnel_relay_dir": relay_dir})
         # every worker loads the same settings: the ones given as flags go into the environment
         os.environ.update(settings.as_environment())
         app.state.engine.dispose()  # the workers open their own connections
-        uvicorn.run(
-            "provisioner.api.asgi:app_from_environment",
-            factory=True,
-            workers=workers,
-            host=host,
-            port=port,
-            **options,  # type: ignore[arg-type]
-        )
+        try:
+            uvicorn.run(
+                "provisioner.api.asgi:app_from_environment",
+                factory=True,
+                workers=workers,
+                host=host,
+                port=port,
+                **options,  # type: ignore[arg-type]
+            )
+        finally:
+            shutil.rmtree(relay_dir, ignore_errors=True)
         return
     _tune_gc()
     if not fds:

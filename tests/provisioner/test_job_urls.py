@@ -77,11 +77,14 @@ def file_server(root: Path) -> Iterator[int]:
 
 
 @contextmanager
-def fleet_at(home: Path, port: int, per_source: int = 40) -> Iterator[Fleet]:
+def fleet_at(
+    home: Path, port: int, per_source: int = 40, database_url: str | None = None, workers: int = 1
+) -> Iterator[Fleet]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("RIGBASE_QUOTE_EVERY", "100000")
         limit = {"RIGBASE_TUNNEL_STREAMS_PER_SOURCE": str(per_source)}
-        with start_control_plane(home, port=port, env=limit) as cp:
+        extra = ("--workers", str(workers)) if workers > 1 else ()
+        with start_control_plane(home, database_url, port=port, env=limit, extra_args=extra) as cp:
             engine = make_engine(cp.database_url)
             settings = Settings(home=cp.home, database_url=cp.database_url)
             yield Fleet(cp, attach(make_sessionmaker(engine), Runtime.from_settings(settings)))

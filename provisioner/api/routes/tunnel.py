@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated, Any
 
+from anyio import from_thread
 from fastapi import APIRouter, Query, Request, WebSocket
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
@@ -16,7 +17,7 @@ from contracts.tunnel import STREAM_ROUTE, TUNNEL_ROUTE
 from provisioner.api.deps import Db, Principal
 from provisioner.api.errors import documented
 from provisioner.api.job_proxy import proxy_of
-from provisioner.api.tunnel_hub import TooManyStreams, TunnelStream
+from provisioner.api.tunnel_hub import NodeStream, TooManyStreams, TunnelStream
 from provisioner.services.accounts import accounts
 from provisioner.services.fleet import node_credentials
 from provisioner.services.jobs import job_urls
@@ -70,11 +71,16 @@ async def node_stream(ws: WebSocket, node_id: str, stream_id: str) -> None:
     if not await _authenticated(ws, node_id):
         return
     await ws.accept()
-    stream = proxy_of(ws).hub.arrived(node_id, stream_id, ws)
-    if stream is None:
+    hub, stream = proxy_of(ws).hub, NodeStream(ws)
+    if hub.asked_here(stream_id):
+        taken = hub.arrived(node_id, stream_id, stream)
+        if taken:
+            await stream.done.wait()
+    else:  # another process of `serve --workers N` asked for it: carried there (api/tunnel_relay.py)
+        taken = hub.relay is not None and await hub.relay.deliver(node_id, stream_id, stream)
+    if not taken:
         await ws.close(code=1008, reason="no one waits for this stream")
         return
-    await stream.done.wait()
     try:
         await ws.close()
     except RuntimeError:  # the node closed it first
@@ -152,7 +158,7 @@ class JobUrlOut(BaseModel):
     ready: bool
     reason: str | None = None
     token: str | None = None  # a notebook's Jupyter token, for its own account (the LAN address)
-    connected: bool = False  # the node's tunnel reaches this control plane process
+    connected: bool = False  # the node's tunnel reaches this control plane (any of its processes)
 
 
 @router.get("/{ref}/url", response_model=JobUrlOut, responses=documented(409))
@@ -177,5 +183,5 @@ def job_url(request: Request, ref: str, session: Db, principal: Principal) -> An
         ready=ready,
         reason=reason,
         token=job_urls.token_of(session, job.id) if job.type == "notebook" else None,
-        connected=node_id is not None and proxy_of(request).hub.connected(node_id),
+        connected=node_id is not None and from_thread.run(proxy_of(request).hub.reachable, node_id),
     )
