@@ -228,6 +228,8 @@ def create(
     body = {"spec": spec.model_dump(mode="json"), "project": project}
     if dry_run or not yes:
         placement = client.post("/v1/jobs/dry-run", body)
+        for warning in placement.get("warnings") or []:  # what would fail or wait at start
+            print(f"warning: {warning}", file=sys.stderr)
         if dry_run:
             if not render.machine(placement, render.chosen(json_out)):
                 print_match_table(placement)

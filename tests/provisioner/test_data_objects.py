@@ -876,6 +876,25 @@ def test_a_job_waits_for_its_data_and_fails_when_the_data_does(fleet: Fleet, tmp
             and lost["reason"] == "its data cannot be had: dataset 'doomed' is failed: HTTP 404"
         ), lost
         http.post(f"/v1/jobs/{job['id']}/stop")
+        still = http.post("/v1/datasets", json={"name": "still-coming", "source": str(src.resolve())})
+        assert still.status_code == 201, still.text
+    # a dry run says what would fail or wait at start, one warning each, and still shows where it runs
+    job_file = tmp_path / "dry.yaml"
+    datasets = ["arriving", "doomed", "never-made", "still-coming"]
+    job_file.write_text(json.dumps(spec("dry-data", gpus=0, data={"datasets": datasets})))
+    dry = fleet.cp.provision("job", "create", "-f", str(job_file), "--dry-run")
+    assert dry.returncode == 0 and "matched" in dry.stdout, dry.stdout + dry.stderr
+    warnings = [line for line in dry.stderr.splitlines() if line.startswith("warning: ")]
+    assert warnings == [
+        "warning: dataset 'doomed' is failed (HTTP 404): remove it and create it again",
+        "warning: dataset 'never-made' does not exist in the job's project: create it with "
+        "`provision dataset create never-made --source PATH|URI`, or see `provision dataset list`",
+        "warning: dataset 'still-coming' is still downloading: the job waits until it is ready",
+    ], dry.stderr
+    made = fleet.cp.provision("job", "create", "-f", str(job_file), "-y")  # the real create refuses
+    assert made.returncode == 1 and made.stderr.startswith("error: dataset 'doomed' is failed"), made.stderr
+    with fleet.http() as http:
+        assert "dry-data" not in {j["name"] for j in http.get("/v1/jobs").json()["items"]}
 
 
 def test_an_inference_jobs_input_is_downloaded_once_for_it_and_removed_when_it_ends(

@@ -223,6 +223,11 @@ class PlacementOut(BaseModel):
     # GCP region of a match → seconds since its quota was read (None: never): placement works from the
     # cached read (refreshed every 60 s), so the operator sees how old the capacity it offers is
     gcp_quota_age_s: dict[str, float | None] = {}
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="what would fail or wait when the job is created: a dataset, model or checkpoint that "
+        "does not exist, failed, or is still downloading",
+    )
 
     @classmethod
     def of(cls, sub: service.Submission) -> PlacementOut:
@@ -252,6 +257,7 @@ class PlacementOut(BaseModel):
                 for c, r, m in rejected[:REJECTED_SHOWN]
             ],
             rejected_total=len(rejected),
+            warnings=sub.warnings,
         )
 
 

@@ -32,7 +32,7 @@ from typing import Any
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
-from contracts.errors import Conflict, InvalidInput, NotFound, RuleViolation
+from contracts.errors import Conflict, InvalidInput, NotFound, RigbaseError, RuleViolation
 from contracts.jobs import PEER_PORTS
 from contracts.jobspec import DataRole, JobKind, JobSpec, PlannedWorker
 from provisioner.domain import worker_placement
@@ -52,6 +52,7 @@ from provisioner.domain.states import (
     WORKER_TRANSITIONS,
     DatastoreState,
     JobState,
+    ObjectState,
     RegionState,
     ReservationState,
     WorkerState,
@@ -459,6 +460,7 @@ class Submission:
     decision: Decision
     pinned: Pinned
     plan: list[PlannedWorker] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # a dry run's: what would fail or wait at start
 
 
 def create(
@@ -478,7 +480,8 @@ def create(
     owner = proj.account_id  # a federated job places, and pays usage, as its project owner's would
     pinned = pinned_region(session, owner, spec)
     requests = requests_of(job_spec, owner, pinned, public_credit=ledger.can_cover(session, owner))
-    objects = _objects_of(session, job_spec, proj.id)
+    warnings: list[str] | None = [] if dry_run else None
+    objects = _objects_of(session, job_spec, proj.id, warnings)
     requests = _with_data(requests, frozenset(o.digest for o, _ in objects if o.digest))
     candidates = job_placement.snapshot(session)
     for request in dict.fromkeys(requests):
@@ -489,7 +492,7 @@ def create(
     kind = job_spec.job_kind
     decision = decide(requests, candidates, whole=kind == JobKind.GANG)
     if dry_run:
-        return Submission(None, decision, pinned, plan)
+        return Submission(None, decision, pinned, plan, warnings or [])
     if decision.unplaceable:
         raise RuleViolation(str(decision.reason), code="unplaceable")
     name = str(spec.get("name"))
@@ -572,8 +575,12 @@ def _start_or_wait(session: Session, job: Job, decision: Decision, *, data: bool
         wake_after_commit(session, Wake.JOBS)
 
 
-def _objects_of(session: Session, job_spec: JobSpec, project_id: str) -> list[tuple[DataObject, str]]:
-    """The ready datasets, model and checkpoints the job mounts (services/objects/data_objects.for_job)."""
+def _objects_of(
+    session: Session, job_spec: JobSpec, project_id: str, warnings: list[str] | None = None
+) -> list[tuple[DataObject, str]]:
+    """The ready datasets, model and checkpoints the job mounts (services/objects/data_objects.for_job).
+    With `warnings` (a dry run) one that is missing or failed is said there, not refused, and one still
+    downloading is said too: the job would wait for it."""
     if job_spec.model is not None and job_spec.model.name is None:
         raise InvalidInput(
             "model.source is made into a model by `provision job create -f FILE`: send model.name, the "
@@ -585,7 +592,20 @@ def _objects_of(session: Session, job_spec: JobSpec, project_id: str) -> list[tu
         for m in job_spec.mounts()
         if m.datastore is None and m.role is not DataRole.INPUT  # a uri input is the job's own (_input_of)
     ]
-    return data_objects.for_job(session, project_id, wanted)
+    if warnings is None:
+        return data_objects.for_job(session, project_id, wanted)
+    found: list[tuple[DataObject, str]] = []
+    for mount in wanted:
+        try:
+            found += data_objects.for_job(session, project_id, [mount])
+        except RigbaseError as exc:
+            warnings.append(exc.message)
+    warnings += [
+        f"{o.kind} {o.name!r} is still {o.state}: the job waits until it is ready"
+        for o, _ in found
+        if o.state != ObjectState.READY
+    ]
+    return found
 
 
 def _input_of(
