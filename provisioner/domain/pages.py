@@ -7,4 +7,4 @@ from typing import Final
 
 NODES_PAGE: Final = 500  # GET /v1/nodes
 REFUSALS_PAGE: Final = 500  # GET /v1/join-refusals
-CONSOLE_NODES_PAGE: Final = 100  # compute nodes per page of a region's console page
+CONSOLE_NODES_PAGE: Final = 100  # compute nodes, storage nodes or devices per page of a region's console page

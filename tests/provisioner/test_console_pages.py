@@ -453,6 +453,51 @@ def test_a_regions_compute_grid_comes_in_pages_of_a_hundred(fleet: Fleet) -> Non
         )
 
 
+def test_a_regions_device_grid_comes_in_pages_and_keeps_the_compute_grids_page(fleet: Fleet) -> None:
+    region = api(
+        fleet,
+        "POST",
+        "/v1/regions",
+        {"name": "paged-edge", "provider": "physical", "storage_mode": "central"},
+    )
+    with fleet.sessions.begin() as s:
+        storage = nodes.add(
+            s, "s-000", region="paged-edge", minion_id=f"{0xD000:032x}", service="storage", actor="t"
+        )
+        storage.state = "active"  # as if it had joined: devices join a central region once it is
+        s.flush()
+        for i in range(250):
+            nodes.add(
+                s,
+                f"d-{i:03d}",
+                region="paged-edge",
+                minion_id=f"{0xE000 + i:032x}",
+                service="device",
+                actor="t",
+            )
+        for i in range(150):
+            nodes.add(s, f"c-{i:03d}", region="paged-edge", minion_id=f"{0xF000 + i:032x}", actor="t")
+
+    def rows(page: str, prefix: str) -> list[str]:
+        return re.findall(rf'<tr data-node="({prefix}-\d{{3}})"', page)
+
+    with browser(fleet.cp) as client:
+        sign_in(client, fleet.cp.token)
+        first = client.get(f"/regions/{region['id']}").text
+        assert [len(rows(first, p)) for p in ("c", "s", "d")] == [100, 1, 100]
+        assert "Compute nodes 1–100 of 150" in first and "Devices 1–100 of 250" in first
+        # the devices' third page, with the compute grid on its second: each link keeps the other's page
+        both = client.get(f"/regions/{region['id']}", params={"page": "2", "devices_page": "3"}).text
+        assert rows(both, "d") == [f"d-{i:03d}" for i in range(200, 250)] and "201–250 of 250" in both
+        assert rows(both, "c") == [f"c-{i:03d}" for i in range(100, 150)]
+        assert rows(both, "s") == ["s-000"]
+        assert html.escape("?q=&state=&page=2&devices_page=2#devices") in both  # the devices' previous
+        assert html.escape("?q=&state=&page=1&devices_page=3#compute") in both  # the compute grid's
+        # a filter pages what it matched in every grid
+        matched = client.get(f"/regions/{region['id']}", params={"q": "-00"}).text
+        assert [len(rows(matched, p)) for p in ("c", "s", "d")] == [10, 1, 10] and "pager" not in matched
+
+
 def test_the_data_page_lists_the_projects_objects_and_hides_another_accounts(
     fleet: Fleet, tmp_path: Path
 ) -> None:

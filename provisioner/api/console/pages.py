@@ -6,7 +6,8 @@ account as the API's fleet routes are (render.reading(fleet=…), store/row_scop
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from urllib.parse import urlencode
 from typing import Any, Final, Protocol
 
 from fastapi import APIRouter, Request
@@ -143,6 +144,8 @@ class GridPage:
     first: int  # 1-based index of the first row shown (0: none)
     last: int
     total: int
+    prev_href: str | None = None  # links to the neighbouring pages, keeping the filter and other grids' pages
+    next_href: str | None = None
 
 
 def grid_page(rows: list[Node], asked: str | None, size: int = CONSOLE_NODES_PAGE) -> GridPage:
@@ -152,6 +155,38 @@ def grid_page(rows: list[Node], asked: str | None, size: int = CONSOLE_NODES_PAG
     start = (number - 1) * size
     items = rows[start : start + size]
     return GridPage(items, number, pages, start + 1 if items else 0, start + len(items), len(rows))
+
+
+# a region page's paged grids: (its rows' service, the query parameter of its page, its section's anchor);
+# the storage grid holds one node at most (a central region's storage node)
+REGION_GRIDS: Final = (
+    (Service.COMPUTE, "page", "compute"),
+    (Service.DEVICE, "devices_page", "devices"),
+)
+
+
+def region_grids(request: Request, live: list[Node], q: str, state: str) -> dict[Service, GridPage]:
+    """Each grid of a region page at the page asked for, with links to its neighbours that keep the
+    filter and the other grids' pages (a grid on its first page is left out of the links)."""
+    shown = {
+        service: grid_page([n for n in live if n.service == service], request.query_params.get(param))
+        for service, param, _ in REGION_GRIDS
+    }
+
+    def href(service: Service, number: int, anchor: str) -> str:
+        query = {"q": q, "state": state, "page": str(shown[Service.COMPUTE].number)}
+        query |= {p: str(shown[s].number) for s, p, _ in REGION_GRIDS[1:] if shown[s].number > 1}
+        param = next(p for s, p, _ in REGION_GRIDS if s == service)
+        return "?" + urlencode(query | {param: str(number)}) + "#" + anchor
+
+    return {
+        service: replace(
+            p,
+            prev_href=href(service, p.number - 1, anchor) if p.number > 1 else None,
+            next_href=href(service, p.number + 1, anchor) if p.number < p.pages else None,
+        )
+        for (service, _, anchor), p in zip(REGION_GRIDS, shown.values(), strict=True)
+    }
 
 
 @router.get("/regions/{ref}", response_class=HTMLResponse)
@@ -164,8 +199,7 @@ def region_dashboard(request: Request, ref: str, who: SignedIn) -> Response:
             for n in region_service.live_nodes(session, region)
             if q.lower() in n.name.lower() and state in ("", n.state)
         ]
-        compute = [n for n in live if n.service == Service.COMPUTE]
-        shown = grid_page(compute, request.query_params.get("page"))
+        grids = region_grids(request, live, q, state)
         return page(
             request,
             "region.html",
@@ -174,12 +208,13 @@ def region_dashboard(request: Request, ref: str, who: SignedIn) -> Response:
             q=q,
             state=state,
             node_states=[s.value for s in NodeState if s != NodeState.REMOVED],
-            compute=[node_row(n) for n in shown.items],
-            compute_page=shown,
+            compute=[node_row(n) for n in grids[Service.COMPUTE].items],
+            compute_page=grids[Service.COMPUTE],
             storage=[node_row(n) for n in live if n.service == Service.STORAGE],
-            devices=[device_row(session, n) for n in live if n.service == Service.DEVICE],
+            devices=[device_row(session, n) for n in grids[Service.DEVICE].items],
+            devices_page=grids[Service.DEVICE],
             device_configs=config_service.list_all(session, region.id),
-            assignable=[{"id": n.id, "name": n.name} for n in compute],
+            assignable=[{"id": n.id, "name": n.name} for n in live if n.service == Service.COMPUTE],
             datastores=datastores.list_all(session, region.id),
             reservations=reservations.list_all(session, region.id),
             pending=[p for p in pending.pending(session) if p["region_id"] == region.id],
