@@ -7,8 +7,8 @@ account as the API's fleet routes are (render.reading(fleet=…), store/row_scop
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from urllib.parse import urlencode
 from typing import Any, Final, Protocol
+from urllib.parse import urlencode
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
