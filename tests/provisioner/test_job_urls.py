@@ -324,6 +324,49 @@ def test_a_notebooks_kernel_runs_a_cell_through_the_url(world: dict[str, Any], t
         assert notebook_idle_s("127.0.0.1", serve, "wrong-token", later) is None
 
 
+def test_a_jobs_url_token_and_connect_are_its_own_accounts_even_against_a_root_admin(
+    world: dict[str, Any],
+) -> None:
+    fleet: Fleet = world["fleet"]
+    with fleet.http() as http:  # the root account shares a project: another account's job runs in it
+        assert http.post("/v1/projects", json={"name": "shared-urls"}).status_code == 201
+        assert http.post("/v1/projects/shared-urls/shares", json={"account": "other"}).status_code == 201
+    theirs_spec = {"name": "theirs-nb", "type": "notebook", "resources": {"gpu_count": 0, "cpu_count": 4}}
+    with fleet.http(fleet.other_token) as http:
+        made = http.post("/v1/jobs", json={"spec": theirs_spec, "project": "default/shared-urls"})
+        assert made.status_code == 201, made.text
+        theirs = made.json()
+    fleet.heartbeat("n-1", [report(a, "running") for a in fleet.heartbeat("n-1")["workers"]])
+    world["worker"].ports[theirs["id"]] = world["http_port"]
+    served_at = world["site"] / "j" / theirs["id"]  # a notebook's server gets the whole path (its base_url)
+    served_at.mkdir(parents=True)
+    (served_at / "index.html").write_text("their notebook\n")
+    url = f"{fleet.cp.url}/j/{theirs['id']}/index.html"
+    with fleet.http(fleet.other_token) as http:  # its own account: the URL and the notebook's token
+        answer = http.get(url)
+        assert answer.status_code == 200 and answer.text == "their notebook\n", answer.text
+        assert http.get(f"/v1/jobs/{theirs['id']}/url").json()["token"]
+    with fleet.http() as http:  # a root admin sees the job, but gets neither in
+        assert http.get(f"/v1/jobs/{theirs['id']}").status_code == 200
+        assert http.get(url).status_code == 404
+        shown = http.get(f"/v1/jobs/{theirs['id']}/url").json()
+        assert shown["token"] is None and not shown["ready"], shown
+    ws = websocket.create_connection(  # `job connect`: closed with the reason, which the CLI prints
+        fleet.cp.url.replace("https://", "wss://") + f"/v1/jobs/{theirs['id']}/connect?port=8000",
+        header=[f"Authorization: Bearer {fleet.cp.token}"],
+        sslopt={"ca_certs": str(fleet.cp.ca)},
+        timeout=15,
+    )
+    opcode, frame = ws.recv_data(control_frame=True)
+    assert opcode == websocket.ABNF.OPCODE_CLOSE and int.from_bytes(frame[:2], "big") == 1008
+    assert (
+        frame[2:].decode() == "job 'theirs-nb' is another account's: only its own account may connect to it"
+    )
+    ws.close()
+    with fleet.http() as http:
+        assert http.post(f"/v1/jobs/{theirs['id']}/stop").status_code == 200
+
+
 def test_an_idle_notebook_is_autostopped_and_a_used_one_keeps_running(world: dict[str, Any]) -> None:
     fleet: Fleet = world["fleet"]
     spec = {"type": "notebook", "resources": {"gpu_count": 0, "cpu_count": 4}, "autostop_minutes": 30}

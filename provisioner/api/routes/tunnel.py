@@ -4,15 +4,16 @@ credential), `provision job connect`'s byte stream to a worker's port, and a job
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Annotated, Any
 
 from anyio import from_thread
 from fastapi import APIRouter, Query, Request, WebSocket
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
-from starlette.websockets import WebSocketDisconnect
+from starlette.websockets import WebSocketDisconnect, WebSocketState
 
-from contracts.errors import Conflict, RigbaseError
+from contracts.errors import Conflict, RigbaseError, RuleViolation
 from contracts.tunnel import STREAM_ROUTE, TUNNEL_ROUTE
 from provisioner.api.deps import Db, Principal
 from provisioner.api.errors import documented
@@ -93,6 +94,11 @@ def _connect_target(ws: WebSocket, ref: str) -> tuple[str, str]:
     try:
         principal = accounts.principal_of(session, _bearer(ws))
         job = job_service.get(session, principal, ref)
+        if not job_urls.may_use(principal, job):
+            raise RuleViolation(
+                f"job '{job.name}' is another account's: only its own account may connect to it",
+                code="not_your_job",
+            )
         return job_urls.served_worker(session, job), job.id
     finally:
         session.close()
@@ -104,7 +110,7 @@ async def job_connect(ws: WebSocket, ref: str, port: Annotated[int, Query(ge=1, 
     try:
         node_id, job_id = await run_in_threadpool(_connect_target, ws, ref)
     except RigbaseError as exc:
-        await ws.close(code=1008, reason=exc.message[:120])
+        await _refuse(ws, 1008, exc.message)
         return
     hub = proxy_of(ws).hub
     source = ws.client.host if ws.client else "unknown"
@@ -117,9 +123,18 @@ async def job_connect(ws: WebSocket, ref: str, port: Annotated[int, Query(ge=1, 
             finally:
                 await stream.aclose()
     except TooManyStreams as exc:
-        await ws.close(code=1013, reason=exc.message[:120])
+        await _refuse(ws, 1013, exc.message)
     except RigbaseError as exc:
-        await ws.close(code=1011, reason=exc.message[:120])
+        await _refuse(ws, 1011, exc.message)
+
+
+async def _refuse(ws: WebSocket, code: int, message: str) -> None:
+    """Closed with the reason, `provision job connect` prints it: a WebSocket closed before its handshake
+    is answered would only be a bare HTTP 403, so the refusal accepts it first."""
+    with contextlib.suppress(RuntimeError):  # the client went first
+        if ws.application_state is WebSocketState.CONNECTING:
+            await ws.accept()
+        await ws.close(code=code, reason=message[:120])
 
 
 async def _bridge_bytes(ws: WebSocket, stream: TunnelStream) -> None:
@@ -182,6 +197,8 @@ def job_url(request: Request, ref: str, session: Db, principal: Principal) -> An
         public=job_urls.is_public(session, job.id),
         ready=ready,
         reason=reason,
-        token=job_urls.token_of(session, job.id) if job.type == "notebook" else None,
+        token=job_urls.token_of(session, job.id)
+        if job.type == "notebook" and job_urls.may_use(principal, job)
+        else None,
         connected=node_id is not None and from_thread.run(proxy_of(request).hub.reachable, node_id),
     )

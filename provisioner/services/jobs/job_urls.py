@@ -60,13 +60,19 @@ def is_public(session: Session, job_id: str) -> bool:
     return bool((job.spec.get("endpoint") or {}).get("public"))
 
 
+def may_use(principal: Principal, job: Job) -> bool:
+    """A job's URL, its notebook token and `job connect` are its own account's only: root admins, who see
+    every account's jobs, do not get into another account's notebook or server."""
+    return principal.account_id == job.account_id
+
+
 def served(session: Session, job_id: str, principal: Principal | None) -> Served:
     """The worker the URL of `job_id` reaches, for `principal` (None: no credential, which only a public
     endpoint takes). Another account's job is NotFound, as a missing one; an ended job is Gone (410) with
     its state; one not yet serving is a Conflict whose message is its reason."""
     job = _job(session, job_id)
     public = is_public(session, job_id)
-    if principal is not None and principal.account_scope() not in (None, job.account_id):
+    if principal is not None and not may_use(principal, job):
         raise _not_found(job_id)
     if principal is None and not public:
         raise _not_found(job_id)
