@@ -33,7 +33,6 @@ COPY site-packages/ /usr/local/lib/python3.{sys.version_info.minor}/dist-package
 COPY bin/ /usr/local/bin/
 COPY share/ /usr/local/share/
 COPY etc/ /usr/local/etc/
-RUN ln -sf {PYTHON} /usr/local/bin/python
 LABEL rigbase.notebook={{key}}
 """
 
@@ -70,6 +69,8 @@ def _install(prefix: Path, requirements: tuple[str, ...]) -> None:
         data = script.read_bytes()
         if data.startswith(b"#!") and b"python" in data.split(b"\n", 1)[0]:
             script.write_bytes(b"#!" + PYTHON.encode() + b"\n" + data.split(b"\n", 1)[1])
+    # ipykernel's kernel spec runs `python`; Debian's root has python3 only (a link: the build runs nothing)
+    (prefix / "bin" / "python").symlink_to(PYTHON)
     for part in ("share", "etc"):
         (prefix / part).mkdir(exist_ok=True)
     site.rename(prefix / "site-packages")
