@@ -5,6 +5,10 @@ throughput of a 64 MiB download, and 200 WebSocket connections held open through
 echo server, with the CPU this costs the control plane per connection (its process's CPU time while they
 each send one message a second, read from /proc). The direct path is plain HTTP on loopback; the tunnel's
 path is HTTPS to the control plane, a WebSocket stream over TLS to the minion, and TCP to the server.
+
+Then the relay between the processes of `provision serve --workers 2` (api/tunnel_relay.py): the same GET
+on a new connection each time, against one process and against two workers, where the request, the node's
+tunnel and the node's stream each land on either process (about half the requests are relayed).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from tests.provisioner.test_job_urls import (
 )
 
 REQUESTS = 300
+FRESH_REQUESTS = 200
 DOWNLOAD_MB = 64
 SOCKETS = 200
 HOLD_S = 10.0
@@ -55,6 +60,40 @@ def _latency(client: httpx.Client, url: str) -> list[float]:
         assert client.get(url).status_code == 200
         out.append(time.perf_counter() - started)
     return out
+
+
+def _fresh(cp_verify: object, url: str) -> list[float]:
+    """GET on a new TLS connection each time, as the kernel then spreads them over the workers."""
+    out = []
+    for _ in range(FRESH_REQUESTS):
+        started = time.perf_counter()
+        with httpx.Client(verify=cp_verify, timeout=60) as client:  # type: ignore[arg-type]
+            assert client.get(url).status_code == 200
+        out.append(time.perf_counter() - started)
+    return out
+
+
+def _relayed(root: Path, site: Path, workers: int) -> tuple[float, float]:
+    """p50 and p99 of a fresh-connection GET through a public endpoint's URL on a server of `workers`."""
+    with (
+        file_server(site) as http_port,
+        fleet_at(root / f"home-{workers}", free_port(), workers=workers) as fleet,
+    ):
+        os.environ["SSL_CERT_FILE"] = str(fleet.cp.ca)
+        deadline = time.monotonic() + 30
+        pids: set[int] = set()
+        while len(pids) < workers and time.monotonic() < deadline:  # every worker has started
+            with httpx.Client(verify=fleet.cp.verify, timeout=5) as c:
+                pids.add(c.get(f"{fleet.cp.url}/healthz").json()["pid"])
+        one_node(fleet)
+        files = running(fleet, "n-1", endpoint("files", public=True))
+        tunnel = tunnel_of(fleet, "n-1", Worker({files["id"]: http_port}))
+        try:
+            url = f"{fleet.cp.url}/j/{files['id']}/small.txt"
+            httpx.get(url, verify=fleet.cp.verify)  # the tunnel and the workers warm
+            return _percentiles(_fresh(fleet.cp.verify, url))
+        finally:
+            tunnel.close()
 
 
 def _download(client: httpx.Client, url: str, expect: str) -> float:
@@ -154,6 +193,8 @@ def main() -> None:
             finally:
                 tunnel.close()
                 stop_echo()
+        one50, one99 = _relayed(root, site, 1)
+        two50, two99 = _relayed(root, site, 2)
     print(f"GET p50: {t50:.2f} ms through the URL, {d50:.2f} ms direct; p99: {t99:.2f} ms, {d99:.2f} ms")
     print(f"download: {t_rate:.0f} MB/s through the URL, {d_rate:.0f} MB/s direct")
     print(f"{SOCKETS} WebSockets: opened in {t_open:.2f} s ({d_open:.2f} s direct)", end="; ")
@@ -171,6 +212,19 @@ def main() -> None:
         "s",
         target=20.0,
         note=f"direct {d_open:.2f} s",
+    )
+    print(f"new-connection GET p50: {one50:.2f} ms on one process, {two50:.2f} ms on two workers")
+    figure(
+        "new-connection GET p50 through the URL, serve --workers 2",
+        two50,
+        "ms",
+        note=f"one process {one50:.2f} ms: {two50 / one50:.2f}x",
+    )
+    figure(
+        "new-connection GET p99 through the URL, serve --workers 2",
+        two99,
+        "ms",
+        note=f"one process {one99:.2f} ms: {two99 / one99:.2f}x",
     )
     figure(
         f"control-plane CPU per WebSocket over {HOLD_S:.0f} s at 1 message/s",
