@@ -88,6 +88,18 @@ def test_a_notebook_in_the_lab_opens_from_the_console_and_its_kernel_answers_in_
     built = json.loads(_ok(home, "lab", "notebook-image", "--json", timeout=900))
     assert built["image"] == "localhost/rigbase-lab-notebook:latest" and built["id"], built
     _ok(home, "node", "maintenance", "node-1", "off")
+    # an image without Jupyter (the lab's plain one) fails at once, saying so in its log
+    plain = tmp_path / "plain-notebook.yaml"
+    plain.write_text(
+        (EXAMPLES / "lab-notebook.yaml")
+        .read_text()
+        .replace("name: lab-notebook", "name: no-jupyter")
+        .replace("localhost/rigbase-lab-notebook:latest", "localhost/rigbase-lab:latest")
+    )
+    _ok(home, "job", "create", "-f", str(plain), "-y")
+    failed = _wait_state(home, "no-jupyter", {"failed", "running"}, timeout=120)
+    assert failed["state"] == "failed" and "127" in (failed["reason"] or ""), failed
+    assert "this image has no `jupyter` command" in _ok(home, "job", "logs", "no-jupyter")
     job_id = _ok(home, "job", "create", "-f", str(EXAMPLES / "lab-notebook.yaml"), "-y").strip()
     job = _wait_state(home, "lab-notebook", {"running"}, timeout=180)
     assert job["id"] == job_id, job
