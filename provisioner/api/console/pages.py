@@ -34,7 +34,7 @@ from provisioner.services.fleet import pending
 from provisioner.services.jobs import fleet_summary
 from provisioner.services.regions import providers, reservations
 from provisioner.services.regions import regions as region_service
-from provisioner.store.models import Node
+from provisioner.store.models import Node, Region
 
 router = APIRouter(include_in_schema=False, route_class=ConsoleRoute)
 
@@ -117,7 +117,7 @@ def resources(request: Request, who: SignedIn) -> Response:
     providers, and the regions of each with their node counts."""
     with reading(request, fleet=who.principal) as session:
         shown = region_service.list_all(session)
-        counts = {r.id: len(region_service.live_nodes(session, r)) for r in shown}
+        counts = {r.id: region_service.count_live_nodes(session, r) for r in shown}
         scope = who.principal.account_scope()
         return page(
             request,
@@ -148,13 +148,11 @@ class GridPage:
     next_href: str | None = None
 
 
-def grid_page(rows: list[Node], asked: str | None, size: int = CONSOLE_NODES_PAGE) -> GridPage:
-    """Page `asked` (1-based; anything else, or past the end, is the nearest page) of `rows`."""
-    pages = max(1, -(-len(rows) // size))
-    number = min(pages, max(1, int(asked))) if asked and asked.isdigit() else 1
-    start = (number - 1) * size
-    items = rows[start : start + size]
-    return GridPage(items, number, pages, start + 1 if items else 0, start + len(items), len(rows))
+def page_number(asked: str | None, total: int, size: int = CONSOLE_NODES_PAGE) -> tuple[int, int]:
+    """(the page shown, how many pages): `asked` is 1-based; anything else, or past the end, is the
+    nearest page."""
+    pages = max(1, -(-total // size))
+    return (min(pages, max(1, int(asked))) if asked and asked.isdigit() else 1), pages
 
 
 # a region page's paged grids: (its rows' service, the query parameter of its page, its section's anchor);
@@ -165,13 +163,27 @@ REGION_GRIDS: Final = (
 )
 
 
-def region_grids(request: Request, live: list[Node], q: str, state: str) -> dict[Service, GridPage]:
-    """Each grid of a region page at the page asked for, with links to its neighbours that keep the
-    filter and the other grids' pages (a grid on its first page is left out of the links)."""
-    shown = {
-        service: grid_page([n for n in live if n.service == service], request.query_params.get(param))
-        for service, param, _ in REGION_GRIDS
-    }
+def region_grids(
+    request: Request, session: Session, region: Region, q: str, state: str
+) -> dict[Service, GridPage]:
+    """Each grid of a region page at the page asked for, read a page at a time from the store, with
+    links to its neighbours that keep the filter and the other grids' pages (a grid on its first page
+    is left out of the links)."""
+    shown: dict[Service, GridPage] = {}
+    for service, param, _ in REGION_GRIDS:
+        total = region_service.count_live_nodes(session, region, service.value, q, state)
+        number, pages = page_number(request.query_params.get(param), total)
+        start = (number - 1) * CONSOLE_NODES_PAGE
+        items = region_service.live_nodes_page(
+            session,
+            region,
+            service.value,
+            offset=start,
+            limit=CONSOLE_NODES_PAGE,
+            name_contains=q,
+            state=state,
+        )
+        shown[service] = GridPage(items, number, pages, start + 1 if items else 0, start + len(items), total)
 
     def href(service: Service, number: int, anchor: str) -> str:
         query = {"q": q, "state": state, "page": str(shown[Service.COMPUTE].number)}
@@ -194,12 +206,8 @@ def region_dashboard(request: Request, ref: str, who: SignedIn) -> Response:
     with reading(request, fleet=who.principal) as session:
         region = region_service.get(session, ref)
         q, state = request.query_params.get("q", "").strip()[:63], request.query_params.get("state", "")
-        live = [
-            n
-            for n in region_service.live_nodes(session, region)
-            if q.lower() in n.name.lower() and state in ("", n.state)
-        ]
-        grids = region_grids(request, live, q, state)
+        grids = region_grids(request, session, region, q, state)
+        shown_reservations = reservations.list_all(session, region.id)
         return page(
             request,
             "region.html",
@@ -210,13 +218,24 @@ def region_dashboard(request: Request, ref: str, who: SignedIn) -> Response:
             node_states=[s.value for s in NodeState if s != NodeState.REMOVED],
             compute=[node_row(n) for n in grids[Service.COMPUTE].items],
             compute_page=grids[Service.COMPUTE],
-            storage=[node_row(n) for n in live if n.service == Service.STORAGE],
+            storage=[
+                node_row(n)
+                for n in region_service.live_nodes_page(
+                    session, region, Service.STORAGE.value, offset=0, limit=10, name_contains=q, state=state
+                )
+            ],
             devices=[device_row(session, n) for n in grids[Service.DEVICE].items],
             devices_page=grids[Service.DEVICE],
             device_configs=config_service.list_all(session, region.id),
-            assignable=[{"id": n.id, "name": n.name} for n in live if n.service == Service.COMPUTE],
+            # every compute node may take a reservation, whatever the grids' filter shows
+            assignable=[
+                {"id": node_id, "name": name}
+                for node_id, name in region_service.live_node_names(session, region, Service.COMPUTE.value)
+            ]
+            if shown_reservations
+            else [],
             datastores=datastores.list_all(session, region.id),
-            reservations=reservations.list_all(session, region.id),
+            reservations=shown_reservations,
             pending=[p for p in pending.pending(session) if p["region_id"] == region.id],
             central=region.storage_mode == StorageMode.CENTRAL,
             node_url=request.app.state.runtime.node_url(),

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import ColumnElement, func, select
 from sqlalchemy.orm import Session
 
 from contracts.errors import Conflict, InvalidInput, NotFound
@@ -115,6 +115,49 @@ def live_nodes(session: Session, region: Region) -> list[Node]:
             .order_by(Node.name)
         )
     )
+
+
+def _live_where(
+    region: Region, service: str | None, name_contains: str, state: str
+) -> list[ColumnElement[bool]]:
+    where = [Node.region_id == region.id, Node.state != NodeState.REMOVED]
+    if service is not None:
+        where.append(Node.service == service)
+    if name_contains:  # node names are DNS labels: lower case
+        where.append(Node.name.contains(name_contains.lower(), autoescape=True))
+    if state:
+        where.append(Node.state == state)
+    return where
+
+
+def count_live_nodes(
+    session: Session, region: Region, service: str | None = None, name_contains: str = "", state: str = ""
+) -> int:
+    """How many of the region's live nodes (of `service`; None: any) match the filter (the console)."""
+    where = _live_where(region, service, name_contains, state)
+    return session.scalar(select(func.count()).select_from(Node).where(*where)) or 0
+
+
+def live_nodes_page(
+    session: Session,
+    region: Region,
+    service: str,
+    *,
+    offset: int,
+    limit: int,
+    name_contains: str = "",
+    state: str = "",
+) -> list[Node]:
+    """One page, by name, of the region's live nodes of `service` that match the filter: the database
+    pages, so a region of 10,000 nodes loads only the rows shown."""
+    where = _live_where(region, service, name_contains, state)
+    return list(session.scalars(select(Node).where(*where).order_by(Node.name).offset(offset).limit(limit)))
+
+
+def live_node_names(session: Session, region: Region, service: str) -> list[tuple[str, str]]:
+    """(id, name) of every live node of `service` in the region, by name: no node row is loaded."""
+    where = _live_where(region, service, "", "")
+    return [(i, n) for i, n in session.execute(select(Node.id, Node.name).where(*where).order_by(Node.name))]
 
 
 def _owned(session: Session, ref: str, principal: Principal, action: Action) -> Region:
