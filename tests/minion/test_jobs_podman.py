@@ -637,7 +637,9 @@ def test_a_served_worker_runs_once_its_server_answers_and_the_tunnel_dials_its_c
 ) -> None:
     agent = agents()
     serve = ServeBinding(port=8000, health_path="/health")
-    reply = "SYSTEM:'echo HTTP/1.0 200 OK; echo; echo ok'"
+    # the reply waits for the request's first line: a server that closes with the request unread sends
+    # a TCP reset, and the reset can discard its answer before the client reads it
+    reply = "SYSTEM:'read request; echo HTTP/1.0 200 OK; echo; echo ok'"
     command = f"sleep 3; exec socat TCP-LISTEN:8000,fork,reuseaddr {reply}"
     job = worker("job-served", command, serve=serve)
     actual = until(
@@ -648,7 +650,7 @@ def test_a_served_worker_runs_once_its_server_answers_and_the_tunnel_dials_its_c
     host, port = agent.dial(StreamOpen(stream_id="s" * 24, job_id="job-served", worker=0, port=8000))
     with socket.create_connection((host, port), timeout=10) as conn:
         conn.sendall(b"GET / HTTP/1.0\r\n\r\n")
-        answer = b"".join(iter(lambda: conn.recv(4096), b""))  # socat's echoes come as separate segments
+        answer = b"".join(iter(lambda: conn.recv(4096), b""))  # its echoes come as separate segments
     assert answer.rstrip().endswith(b"ok")
     with pytest.raises(NotHere):
         agent.dial(StreamOpen(stream_id="s" * 24, job_id="job-other", worker=0, port=8000))
