@@ -1,5 +1,5 @@
 """The fleet benchmark's load client: HTTP/1.1 POSTs over TLS keep-alive connections, written straight on
-asyncio streams.
+asyncio streams, byte for byte what a minion sends.
 
 Why not httpx: on this machine the load client shares the two cores with the server under test and
 PostgreSQL, so what the client spends is taken from the server. httpx (its connection pool, its request
@@ -9,18 +9,30 @@ needs: a request line and its headers, then a status line, `Content-Length` and 
 the CPU or less. TLS, keep-alive and the server's HTTP handling are
 the same as with any client, so the server's side of the measurement is unchanged; the benchmark prints
 the client's CPU per beat (`--client httpx` keeps the old one for an A/B).
+
+So that the figure is the fleet's, the bytes are the minion's own: the request head is the one the
+minion's httpx client builds (`minion.join.client.ControlPlane`, serialised by h11 as httpcore does), the
+body is httpx's JSON encoding, a connection resumes its TLS session through the minion's own context
+(minion/join/tls_resume.py), and a dropped connection is closed as httpcore closes one, without a
+close_notify. tests/provisioner/test_fleet_bench_client.py counts both clients' connections, handshakes
+and bytes in each direction through one relay and finds them equal.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import ssl
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
+import h11
 import httpx
+
+from minion.join.client import ControlPlane, Enrollment
+from minion.join.tls_resume import keep_from
 
 
 class BeatError(Exception):
@@ -38,10 +50,13 @@ class BeatClient(Protocol):
 class _Connection:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader, self.writer = reader, writer
+        self.uses = 0
 
-    async def exchange(self, request: bytes) -> tuple[int, bytes, bool]:
-        """Send one request; the status, the body, and whether the server keeps the connection open."""
-        self.writer.write(request)
+    async def exchange(self, head: bytes, body: bytes) -> tuple[int, bytes, bool]:
+        """Send one request; the status, the body, and whether the server keeps the connection open. The
+        head and the body are two writes, so two TLS records, as h11 hands them to httpcore."""
+        self.writer.write(head)
+        self.writer.write(body)
         head = await self.reader.readuntil(b"\r\n\r\n")
         status_line, *header_lines = head[:-4].split(b"\r\n")
         status = int(status_line.split(b" ", 2)[1])
@@ -63,20 +78,76 @@ class _Connection:
     def closed_by_server(self) -> bool:
         return self.reader.at_eof() or self.writer.is_closing()
 
-    def close(self) -> None:
-        self.writer.close()
+    def close(self, context: ssl.SSLContext) -> None:
+        """As httpcore closes a connection: the socket only, no close_notify; the session is kept first
+        for the next connection to resume (a context that resumes)."""
+        keep_from(context, self.writer.get_extra_info("ssl_object"))
+        self.writer.transport.abort()
 
 
 @dataclass(frozen=True)
 class Target:
-    """Where and how a client sends: the server's https URL, a TLS context trusting its CA, at most
-    `connections` at once, and whether a connection is kept for the next beat."""
+    """Where and how a client sends: the server's https URL, a TLS context trusting its CA (a
+    minion.join.tls_resume.ResumingContext resumes sessions as a minion does), at most `connections` at
+    once, and after how many beats a connection is dropped (0: kept as long as the server keeps it)."""
 
     base_url: str
     verify: ssl.SSLContext
     connections: int
     timeout_s: float = 30
-    keep_alive: bool = True
+    reconnect_every: int = 0
+
+
+_PATH, _CREDENTIAL, _LENGTH = "/path-sentinel", "credential-sentinel", 987654321
+
+
+@dataclass(frozen=True)
+class RequestHead:
+    """A heartbeat POST's head as a minion writes it, with room for the path, credential and length."""
+
+    before_path: bytes
+    before_credential: bytes
+    before_length: bytes
+    after_length: bytes
+
+    def render(self, path: str, credential: str, length: int) -> bytes:
+        return b"".join(
+            (
+                self.before_path,
+                path.encode(),
+                self.before_credential,
+                credential.encode(),
+                self.before_length,
+                str(length).encode(),
+                self.after_length,
+            )
+        )
+
+
+@functools.cache
+def minion_request_head(base_url: str) -> RequestHead:
+    """Built by the minion's own client (its headers, in its order) and serialised by h11, as httpcore
+    writes it: the same bytes a minion puts on the wire, for any path, credential and body length."""
+    http = ControlPlane(Enrollment(base_url, None)).http
+    request = http.build_request("POST", _PATH, json={}, headers={"Authorization": f"Bearer {_CREDENTIAL}"})
+    http.close()
+    headers = [
+        (name, str(_LENGTH).encode() if name.lower() == b"content-length" else value)
+        for name, value in request.headers.raw
+    ]
+    wire = h11.Connection(h11.CLIENT).send(
+        h11.Request(method="POST", target=request.url.raw_path, headers=headers)
+    )
+    assert wire is not None
+    before_path, rest = wire.split(_PATH.encode(), 1)
+    before_credential, rest = rest.split(_CREDENTIAL.encode(), 1)
+    before_length, after_length = rest.split(str(_LENGTH).encode(), 1)
+    return RequestHead(before_path, before_credential, before_length, after_length)
+
+
+def minion_body(body: dict[str, Any]) -> bytes:
+    """The body as httpx encodes `json=` (httpx._content.encode_json)."""
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
 
 
 class StreamBeatClient:
@@ -91,12 +162,11 @@ class StreamBeatClient:
             raise ValueError(f"{target.base_url}: the benchmark's client speaks TLS only")
         self.host, self.port = parts.hostname, parts.port or 443
         self.verify, self.timeout_s = target.verify, target.timeout_s
+        self.verify.set_alpn_protocols(["http/1.1"])  # as httpcore sets it on the minion's context
         self.idle: list[_Connection] = []
         self.limit, self.open = target.connections, 0
-        authority = self.host if self.port == 443 else f"{self.host}:{self.port}"
-        self.prefix = f"Host: {authority}\r\nContent-Type: application/json\r\n" + (
-            "" if target.keep_alive else "Connection: close\r\n"
-        )
+        self.reconnect_every = target.reconnect_every
+        self.head = minion_request_head(target.base_url)
 
     async def _connection(self) -> _Connection:
         while self.idle:
@@ -106,7 +176,7 @@ class StreamBeatClient:
             # uvicorn closes a keep-alive connection idle for 5 s; httpx's pool drops such a connection
             # the same way before it sends on it
             self.open -= 1
-            connection.close()
+            connection.close(self.verify)
         if self.open >= self.limit:
             raise BeatError(f"more than {self.limit} requests at once")
         self.open += 1
@@ -120,17 +190,14 @@ class StreamBeatClient:
         return _Connection(reader, writer)
 
     async def post(self, path: str, body: dict[str, Any], credential: str) -> tuple[int, bytes]:
-        payload = json.dumps(body, separators=(",", ":")).encode()
-        request = (
-            f"POST {path} HTTP/1.1\r\n{self.prefix}Authorization: Bearer {credential}\r\n"
-            f"Content-Length: {len(payload)}\r\n\r\n"
-        ).encode() + payload
+        payload = minion_body(body)
+        head = self.head.render(path, credential, len(payload))
         try:
             connection = await self._connection()
         except (OSError, ssl.SSLError) as exc:
             raise BeatError(f"connect: {exc}") from exc
         try:
-            status, answer, keep = await asyncio.wait_for(connection.exchange(request), self.timeout_s)
+            status, answer, keep = await asyncio.wait_for(connection.exchange(head, payload), self.timeout_s)
         except (
             OSError,
             ssl.SSLError,
@@ -141,18 +208,23 @@ class StreamBeatClient:
             BeatError,
         ) as exc:
             self.open -= 1
-            connection.close()
+            connection.close(self.verify)
             raise BeatError(f"{type(exc).__name__}: {exc}") from exc
-        if keep:
+        if connection.uses == 0:
+            note = getattr(self.verify, "note", None)
+            if note is not None:  # a resuming context counts the connection once its handshake is done
+                note(connection.writer.get_extra_info("ssl_object"))
+        connection.uses += 1
+        if keep and not (self.reconnect_every and connection.uses >= self.reconnect_every):
             self.idle.append(connection)
         else:
             self.open -= 1
-            connection.close()
+            connection.close(self.verify)
         return status, answer
 
     async def aclose(self) -> None:
         for connection in self.idle:
-            connection.close()
+            connection.close(self.verify)
         self.idle.clear()
 
 
@@ -160,7 +232,7 @@ class HttpxBeatClient:
     """The same requests through httpx.AsyncClient: the client the benchmark used before, for an A/B."""
 
     def __init__(self, target: Target) -> None:
-        kept = target.connections if target.keep_alive else 0
+        kept = 0 if target.reconnect_every else target.connections
         limits = httpx.Limits(max_connections=target.connections, max_keepalive_connections=kept)
         self.client = httpx.AsyncClient(
             base_url=target.base_url,
@@ -180,6 +252,31 @@ class HttpxBeatClient:
 
     async def aclose(self) -> None:
         await self.client.aclose()
+
+
+class PerNodeClient:
+    """A client per node credential, each holding at most `target.connections` (1) of its own: every
+    node keeps its own connection to the server between beats, or drops and reopens it, as each minion
+    does. `open`: the connections held now, over all nodes."""
+
+    def __init__(self, target: Target, kind: type[StreamBeatClient] | type[HttpxBeatClient]) -> None:
+        self.target, self.kind = target, kind
+        self.clients: dict[str, StreamBeatClient | HttpxBeatClient] = {}
+
+    async def post(self, path: str, body: dict[str, Any], credential: str) -> tuple[int, bytes]:
+        client = self.clients.get(credential)
+        if client is None:
+            client = self.clients[credential] = self.kind(self.target)
+        return await client.post(path, body, credential)
+
+    @property
+    def open(self) -> int:
+        return sum(c.open for c in self.clients.values() if isinstance(c, StreamBeatClient))
+
+    async def aclose(self) -> None:
+        for client in self.clients.values():
+            await client.aclose()
+        self.clients.clear()
 
 
 CLIENTS: dict[str, type[StreamBeatClient] | type[HttpxBeatClient]] = {

@@ -13,10 +13,15 @@ How it is built:
   on its next beat, as a minion does. Beat counters are seeded so 1/K of the nodes are asked in each
   30 s cycle; the nodes asked "in the cycle before" the measurement are asked in a warm-up pass (also
   opening the connections), so quotes flow at 1/K of the beats from the first measured second.
-- Load: one asyncio client (bench/beat_client.py: HTTP/1.1 on asyncio streams over TLS, `--connections`
-  keep-alive connections; `--client httpx` for httpx.AsyncClient, the client used before) sends
-  beats at a fixed arrival rate (open loop). `--connection-per-beat` opens a new TLS connection for each
-  beat, as a minion's beats do (the server closes a connection idle for 5 s; a minion beats every 30 s).
+- Load: one asyncio client (bench/beat_client.py: HTTP/1.1 on asyncio streams over TLS, a connection
+  per node, at most `--connections` beats in flight; `--client httpx` for httpx.AsyncClient) sends
+  beats at a fixed arrival rate (open loop), with the minion's bytes and its TLS session resumption. A
+  minion keeps its connection from beat to beat (the server keeps an idle one two beats and 15 s), so
+  kept connections are the fleet's steady load: the kept mode first opens every node's connection and
+  measures what holding them costs the server. One run measures three modes side by side against the
+  same server (`--modes`): `kept`; `resumed`, a new connection every `--reconnect-every` beats that
+  resumes its TLS session (a fleet that must reconnect: a control-plane host restarted); and `full`, the
+  same with full handshakes, as every minion beat was before the minion kept and resumed its connection.
   Latency is measured from each beat's scheduled time, so a server that falls behind shows it. The
   server runs on core 0 (taskset), the client on the others.
 - Where the time goes: the server's CPU (from /proc/<pid>/stat), PostgreSQL's and the client's, then a
@@ -32,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import asyncio.sslproto
 import base64
 import collections
 import hashlib
@@ -57,17 +63,25 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 
-from bench.beat_client import CLIENTS, BeatClient, BeatError, Target
+from bench.beat_client import CLIENTS, BeatClient, BeatError, PerNodeClient, Target
 from bench.harness import options_from_argv, sigterm_unwinds, tree_cpu_s
 from bench.results import figure
 from contracts.attestation import ATTESTED_PCRS
 from contracts.jobs import JobsActual
 from contracts.messages import QuoteMessage, to_wire
+from minion.join.tls_resume import ResumingContext
+from provisioner.api.tuning import TLS_READ_BUFFER
 
 GOAL_P99_MS = 50.0
 GOAL_NODES = 10_000
 HEARTBEAT_S = 30.0
 SOURCE_NOTE = "quotes from software AK keys, joins stay on swtpm"
+# How a beat's connection is made, measured side by side in one run
+MODES = {
+    "kept": "one connection from beat to beat, as a minion keeps it",
+    "resumed": "a new connection every N beats, resuming its TLS session",
+    "full": "a new connection every N beats, a full handshake",
+}
 
 # TPM 2.0 constants (Part 2) for the structures the server parses (provisioner/attestation/tpm_structures.py)
 _ALG_SHA256, _ALG_NULL, _ALG_ECDSA, _ALG_ECC, _CURVE_P256 = 0x000B, 0x0010, 0x0018, 0x0023, 0x0003
@@ -536,7 +550,12 @@ def _arguments(argv: Sequence[str]) -> argparse.Namespace:
     )
     parser.add_argument("--seconds", type=float, default=float(env("RIGBASE_BENCH_SECONDS", "60")))
     parser.add_argument("--quote-every", type=int, default=int(env("RIGBASE_BENCH_QUOTE_EVERY", "10")))
-    parser.add_argument("--connections", type=int, default=int(env("RIGBASE_BENCH_CONNECTIONS", "8")))
+    parser.add_argument(
+        "--connections",
+        type=int,
+        default=int(env("RIGBASE_BENCH_CONNECTIONS", "8")),
+        help="beats in flight at once at most (each node has a connection of its own)",
+    )
     parser.add_argument(
         "--profile-seconds",
         type=float,
@@ -559,13 +578,22 @@ def _arguments(argv: Sequence[str]) -> argparse.Namespace:
         help="the load client: HTTP/1.1 on asyncio streams (default) or httpx.AsyncClient",
     )
     parser.add_argument(
-        "--connection-per-beat",
-        action="store_true",
-        help="each beat on a new TLS connection, as a minion's: the server closes a connection idle for 5 s",
+        "--modes",
+        default=env("RIGBASE_BENCH_MODES", ",".join(MODES)),
+        help="comma-separated, measured in this order: " + "; ".join(f"{k}: {v}" for k, v in MODES.items()),
+    )
+    parser.add_argument(
+        "--reconnect-every",
+        type=int,
+        default=int(env("RIGBASE_BENCH_RECONNECT_EVERY", "1")),
+        help="the resumed and full modes: a new TLS connection after every N beats",
     )
     parser.add_argument("--no-pin", action="store_true", help="do not pin the server to core 0")
     args, _ = parser.parse_known_args(list(argv))  # a neighbour's options pass through
     args.rate = args.rate or args.nodes / HEARTBEAT_S
+    args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not args.modes or set(args.modes) - set(MODES) or args.reconnect_every < 1:
+        parser.error(f"--modes takes {', '.join(MODES)}; --reconnect-every at least 1")
     if args.nodes < args.quote_every or args.rate <= 0 or args.seconds <= 0:
         parser.error("--nodes must be at least --quote-every, --rate and --seconds positive")
     return args
@@ -604,14 +632,9 @@ def run(args: argparse.Namespace) -> None:
     )
     print(f"  machine: {os.cpu_count()} CPUs, load average {load} (other work inflates p99)")
     print(
-        f"  server: {layout}; TLS on loopback, "
-        + (
-            f"a new connection per beat, at most {args.connections} at once"
-            if args.connection_per_beat
-            else f"{args.connections} keep-alive connections"
-        )
-        + f" ({args.client} client); "
-        "PostgreSQL: a throw-away cluster (fsync off)"
+        f"  server: {layout}; TLS on loopback, a connection per node, at most {args.connections} beats in "
+        "flight "
+        f"({args.client} client, the minion's bytes); PostgreSQL: a throw-away cluster (fsync off)"
     )
     if cycle_s > 50:
         print("  warning: a node beats less often than every 50 s: its quote nonce (60 s) may expire")
@@ -638,7 +661,13 @@ def run(args: argparse.Namespace) -> None:
             stack.callback(os.sched_setaffinity, 0, os.sched_getaffinity(0))
             os.sched_setaffinity(0, set(range(1, cores)))
         postmaster = int((cluster.data / "postmaster.pid").read_text().split()[0])
-        summary = asyncio.run(_load(args, nodes, cp.url, cp.verify, cp.process.pid, postmaster, url, tmp))
+        asyncio.sslproto.SSLProtocol.max_size = TLS_READ_BUFFER  # this process holds a connection per node
+        summary = []
+        for i, mode in enumerate(args.modes):
+            summary.append(f"  -- {_how_connected(args, mode)}")
+            summary += asyncio.run(
+                _load(args, mode, i == 0, nodes, cp.url, cp.verify, cp.process.pid, postmaster, url, tmp)
+            )
         uow = unit_of_work_ms(url, tmp / "home", nodes)
         if uow is not None:
             figure("the heartbeat's unit of work alone, in process (the machine's speed)", uow, "ms")
@@ -652,6 +681,8 @@ def run(args: argparse.Namespace) -> None:
 
 async def _load(
     args: argparse.Namespace,
+    mode: str,
+    first: bool,
     nodes: list[SimNode],
     url: str,
     verify: ssl.SSLContext,
@@ -660,14 +691,16 @@ async def _load(
     database_url: str,
     tmp: Path,
 ) -> list[str]:
-    client = CLIENTS[args.client](
-        Target(url, verify, args.connections, keep_alive=not args.connection_per_beat)
-    )
+    if mode != "full":  # the minion's own context, resuming; the same CA
+        verify = ResumingContext(ssl.DER_cert_to_PEM_cert(verify.get_ca_certs(binary_form=True)[0]))
+    every = 0 if mode == "kept" else args.reconnect_every
+    client = PerNodeClient(Target(url, verify, 1, reconnect_every=every), CLIENTS[args.client])
     try:
         # the server's own background work (reconcilers), without beats
         idle0 = tree_cpu_s(server_pid)
         await asyncio.sleep(3)
         idle_pct = 100 * (tree_cpu_s(server_pid) - idle0) / 3
+        held = await hold(client, nodes, server_pid) if mode == "kept" else []
         # warm-up: the nodes asked for a quote "in the cycle before" (connections open on the way)
         primed = [n for n in nodes if n.index % args.quote_every == 0]
         warm = Tally()
@@ -682,11 +715,18 @@ async def _load(
         cpu1 = (tree_cpu_s(server_pid), tree_cpu_s(postmaster), sum(os.times()[:2]))
         tables1 = await table_activity(database_url)
         lines = _report(
-            args, tally, elapsed, [b - a for a, b in zip(cpu0, cpu1, strict=True)], asked, len(primed)
+            args, mode, tally, elapsed, [b - a for a, b in zip(cpu0, cpu1, strict=True)], asked, len(primed)
         )
         lines.insert(-1, f"  server CPU with no beats (its reconcilers): {idle_pct:.0f} % of one core")
+        lines[-1:-1] = held
+        if isinstance(verify, ResumingContext):
+            lines.insert(
+                -1,
+                f"  TLS: {verify.counts.connections} connections opened, {verify.counts.resumed} of them "
+                "resumed a session (warm-up included)",
+            )
         lines += summarise_tables(tables0, tables1, tally.sent)
-        if args.profile_seconds > 0:
+        if args.profile_seconds > 0 and first:
             raw = args.profile_out or tmp / "server.pyspy.txt"
             spy = profile(server_pid, args.profile_seconds, raw)
             if spy is None:
@@ -705,8 +745,49 @@ async def _load(
     return lines
 
 
+def _rss_kib(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(status.split("VmRSS:", 1)[1].split()[0])
+
+
+async def hold(client: BeatClient, nodes: Sequence[SimNode], server_pid: int) -> list[str]:
+    """Each node beats once on a connection of its own and keeps it, as a fleet of minions does between
+    beats: what the server's memory grows by for each connection it holds, and what holding them costs
+    its CPU while no beat arrives."""
+    opening = asyncio.Semaphore(64)
+    tally = Tally()
+
+    async def one(node: SimNode) -> None:
+        async with opening:
+            await _send(client, node, time.perf_counter(), tally)
+
+    before = _rss_kib(server_pid)
+    await asyncio.gather(*(one(n) for n in nodes))
+    await asyncio.sleep(2)
+    after = _rss_kib(server_pid)
+    cpu0 = tree_cpu_s(server_pid)
+    await asyncio.sleep(3)
+    idle_pct = 100 * (tree_cpu_s(server_pid) - cpu0) / 3
+    held = client.open if isinstance(client, PerNodeClient) else 0
+    per = (after - before) / max(1, held)
+    figure(f"server memory per held connection ({held:,} held)", per, "KiB")
+    return [
+        f"  held: {held:,} connections open, one per node (errors {sum(tally.errors.values())}); the "
+        f"server's memory {before / 1024:.0f} MiB before, {after / 1024:.0f} MiB holding them: "
+        f"{per:.1f} KiB each, {per * GOAL_NODES / 1024:.0f} MiB for {GOAL_NODES:,} minions (asyncio's TLS "
+        f"read buffer is {TLS_READ_BUFFER // 1024} KiB of it: provisioner/api/tuning.py); its CPU holding "
+        f"them with no beats: {idle_pct:.0f} % of one core",
+    ]
+
+
 def _report(
-    args: argparse.Namespace, tally: Tally, elapsed: float, cpu: list[float], asked: int, primed: int
+    args: argparse.Namespace,
+    mode: str,
+    tally: Tally,
+    elapsed: float,
+    cpu: list[float],
+    asked: int,
+    primed: int,
 ) -> list[str]:
     lat = tally.latencies_ms
     p50, p99 = (statistics.median(lat) if lat else float("nan")), _pct(lat, 0.99)
@@ -729,13 +810,20 @@ def _report(
         f"  p99 / {GOAL_P99_MS:.0f} ms goal = {p99 / GOAL_P99_MS:.2f} ({SOURCE_NOTE})",
         _budget(len(lat), cpu),
     ]
-    how = "a new TLS connection per beat" if args.connection_per_beat else "kept connections"
+    how = _how_connected(args, mode)
     how += f", {args.workers} workers" if args.workers > 1 else ", one process pinned to one core"
     run = f"{args.nodes:,} nodes at {args.rate:.0f} beats/s, {how}"
     figure(f"heartbeats, {run}: p99", p99, "ms", target=GOAL_P99_MS)
     figure("the same: beats answered", len(lat) / elapsed, "/s", target=args.rate, bound="≥")
     figure("the same: server CPU per beat", 1000 * cpu[0] / max(1, len(lat)), "ms")
     return lines
+
+
+def _how_connected(args: argparse.Namespace, mode: str) -> str:
+    if mode == "kept":
+        return "kept connections"
+    every = "every beat" if args.reconnect_every == 1 else f"every {args.reconnect_every} beats"
+    return f"a new TLS connection {every}, " + ("full handshakes" if mode == "full" else "resumed")
 
 
 def _budget(answered: int, cpu: list[float]) -> str:

@@ -8,7 +8,6 @@ gives; only the transport can fail (ConnectionProblem), which the caller retries
 
 from __future__ import annotations
 
-import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +20,7 @@ from contracts.bundle import BundleError, read_bundle
 from contracts.messages import JoinResult, KeyJoinChallenge
 from minion.device_key import DeviceKey
 from minion.join.attest import join_request, parse_challenge, proof_payload
+from minion.join.tls_resume import ResumingContext
 
 
 class EnrollmentError(ValueError):
@@ -66,23 +66,47 @@ class JoinStatus:
     node: dict[str, Any] = field(default_factory=dict)  # node_id, node_name, node_credential, state, …
 
 
-class ControlPlane:
-    """httpx client for one control plane, trusting the bundle's CA when it has one."""
+# httpx's own default: a connection idle this long is closed (the logs, outputs and objects clients)
+IDLE_S = 5.0
 
-    def __init__(self, enrollment: Enrollment, timeout: float = 15.0) -> None:
+
+def beat_idle_s(interval_s: float) -> float:
+    """How long the heartbeat's client keeps its idle connection: past the next beat, and shorter than the
+    server's keep-alive (provisioner/cli/serve.py keep_alive_s: 2 x interval + 15), so the server never
+    closes a connection the minion is about to send on."""
+    return 1.5 * interval_s + 5
+
+
+class ControlPlane:
+    """httpx client for one control plane, trusting the bundle's CA when it has one. A connection is kept
+    `idle_s` between requests; a new one resumes the last TLS session (minion/join/tls_resume.py)."""
+
+    def __init__(self, enrollment: Enrollment, timeout: float = 15.0, idle_s: float = IDLE_S) -> None:
         self.enrollment = enrollment
-        # Only the bundle's CA (not the system's store): a certificate any public CA signed for the name is
-        # no proof that this is the control plane the join token belongs to.
-        verify: Any = self.ssl_context()
-        self.http = httpx.Client(
-            base_url=enrollment.control_plane_url.rstrip("/"), verify=verify, timeout=timeout
+        self.timeout = timeout
+        self.tls = self.ssl_context()
+        self.idle_s = idle_s
+        self.http = self._client()
+
+    def _client(self) -> httpx.Client:
+        return httpx.Client(
+            base_url=self.enrollment.control_plane_url.rstrip("/"),
+            verify=self.tls,
+            timeout=self.timeout,
+            limits=httpx.Limits(keepalive_expiry=self.idle_s),
         )
 
-    def ssl_context(self) -> ssl.SSLContext:
-        """The bundle's CA only when it has one; the system's store otherwise."""
-        if self.enrollment.ca_certificate:
-            return ssl.create_default_context(cadata=self.enrollment.ca_certificate)
-        return ssl.create_default_context()
+    def ssl_context(self) -> ResumingContext:
+        """The bundle's CA only when it has one: a certificate any public CA signed for the name is no
+        proof that this is the control plane the join token belongs to. The system's store otherwise."""
+        return ResumingContext(self.enrollment.ca_certificate)
+
+    def keep_idle(self, seconds: float) -> None:
+        """Keep an idle connection `seconds` from now on (a new client, the same TLS session)."""
+        if seconds != self.idle_s:
+            self.idle_s = seconds
+            self.http.close()
+            self.http = self._client()
 
     def close(self) -> None:
         self.http.close()

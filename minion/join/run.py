@@ -29,7 +29,14 @@ from contracts.heartbeat_keys import HeartbeatKey
 from contracts.messages import HeartbeatRequest, HeartbeatResponse, QuoteMessage
 from minion import desired
 from minion.device_key import DeviceKey
-from minion.join.client import ConnectionProblem, ControlPlane, Enrollment, attempt_join, attempt_key_join
+from minion.join.client import (
+    ConnectionProblem,
+    ControlPlane,
+    Enrollment,
+    attempt_join,
+    attempt_key_join,
+    beat_idle_s,
+)
 from minion.join.state import StateDir
 from minion.settings import ContainerSettings
 from minion.watchdog import Watchdog
@@ -178,6 +185,7 @@ class Runner:
         from minion.join.state import read_json
 
         interval = self.heartbeat_s or float(node.get("heartbeat_interval_s") or 30)
+        self.cp.keep_idle(beat_idle_s(interval))  # one connection from beat to beat
         actual: dict[str, Any] = {}
         nonce: str | None = None
         while not self.stop.is_set():

@@ -20,11 +20,13 @@ import re
 import socket
 import ssl
 import struct
+import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -81,16 +83,53 @@ class ServerTls:
     issued: bool  # a new server certificate was written at this start
 
 
-def without_session_tickets(_config: object, default: Callable[[], ssl.SSLContext]) -> ssl.SSLContext:
-    """uvicorn's `ssl_context_factory`: its own context, issuing no TLS 1.3 session tickets. No rigbase
-    client resumes a session (httpx, in the minion and the CLI, never hands a session back), so the two
-    tickets OpenSSL sends after every handshake are work for nothing, and every minion beat is a new
-    handshake (it beats every 30 s; the server closes a connection idle for 5 s), which the tickets make
-    dearer. A ticket is also sealed with a key that lives as long as the process, so not issuing them
-    keeps each connection's forward secrecy its own."""
-    context = default()
-    context.num_tickets = 0
-    return context
+# A ticket key lives this long: a ticket sealed under an older key resumes no more (a full handshake), so
+# a leaked process memory opens at most an hour of resumptions. Resumption still runs ECDHE (psk_dhe_ke),
+# so the traffic of a resumed connection keeps its own forward secrecy either way.
+TICKET_KEY_S = 3600.0
+# One ticket per handshake: a minion holds one connection and resumes from the newest ticket
+TICKETS_PER_HANDSHAKE = 1
+
+
+class RotatingTickets(ssl.SSLContext):
+    """A server context whose TLS 1.3 session-ticket key is replaced every `every_s`.
+
+    Python cannot set OpenSSL's ticket keys, and each SSL_CTX draws its own at random when it is made, so
+    this context hands each new connection to a fresh inner context once the current one is `every_s`
+    old (asyncio and uvicorn call `wrap_bio` once per connection). Each inner context is `make()`:
+    uvicorn's own, from the certificate files, so a rotation also picks up a replaced certificate."""
+
+    def __new__(cls, make: Callable[[], ssl.SSLContext], every_s: float = TICKET_KEY_S) -> RotatingTickets:
+        return super().__new__(cls, ssl.PROTOCOL_TLS_SERVER)
+
+    def __init__(self, make: Callable[[], ssl.SSLContext], every_s: float = TICKET_KEY_S) -> None:
+        self._make, self._every_s = make, every_s
+        self.rotations = 0
+        self._current, self._since = self._fresh(), time.monotonic()
+
+    def _fresh(self) -> ssl.SSLContext:
+        context = self._make()
+        context.num_tickets = TICKETS_PER_HANDSHAKE
+        return context
+
+    def current(self) -> ssl.SSLContext:
+        if time.monotonic() - self._since >= self._every_s:
+            self._current, self._since = self._fresh(), time.monotonic()
+            self.rotations += 1
+        return self._current
+
+    def wrap_bio(self, *args: Any, **kwargs: Any) -> ssl.SSLObject:
+        return self.current().wrap_bio(*args, **kwargs)
+
+    def wrap_socket(self, sock: socket.socket, *args: Any, **kwargs: Any) -> ssl.SSLSocket:
+        return self.current().wrap_socket(sock, *args, **kwargs)
+
+
+def rotating_tickets(_config: object, default: Callable[[], ssl.SSLContext]) -> ssl.SSLContext:
+    """uvicorn's `ssl_context_factory`: its own context, issuing one TLS 1.3 session ticket per handshake
+    under a key rotated every TICKET_KEY_S, so a minion that must reconnect resumes its session
+    (minion/join/tls_resume.py) instead of a full handshake. Each worker process has its own key."""
+    return RotatingTickets(default)
 
 
 def split_names(

@@ -6,18 +6,15 @@ provisioner/reconcilers/leader.py)."""
 
 from __future__ import annotations
 
-import gc
-
 from fastapi import FastAPI
 
 from provisioner.api.app import create_app
+from provisioner.api.tuning import tune_process
 from provisioner.settings import Settings
 
 
 def app_from_environment() -> FastAPI:
     settings = Settings.load()
     app = create_app(settings, reconcilers=settings.reconcilers)
-    gc.collect()
-    gc.freeze()  # as the single-process server does (cli/serve.py _tune_gc)
-    gc.set_threshold(20_000, 20, 50)
+    tune_process()  # as the single-process server does
     return app

@@ -39,6 +39,13 @@ TLS_DEFAULT_HOST = "0.0.0.0"
 SHUTDOWN_GRACE_S = 5
 
 
+def keep_alive_s(heartbeat_s: float) -> int:
+    """How long the server keeps an idle connection: two beats and a margin, so a minion's connection
+    (kept 1.5 beats and 5 s, minion/join/client.py beat_idle_s) is always the minion's to close, and a
+    beat never races the server's close. A browser or the CLI holds an idle socket that long too."""
+    return int(2 * heartbeat_s + 15)
+
+
 def _is_address(name: str) -> bool:
     import ipaddress
 
@@ -76,18 +83,6 @@ def _answers(url: str, ca: str | None) -> bool:
         return False
 
 
-def _tune_gc() -> None:
-    """A page of 500 nodes allocates tens of thousands of short-lived objects; with CPython's default
-    thresholds a full collection of everything the app imported lands inside some requests and sets
-    the p99 (bench/bench_api.py). Freezing the start-up heap and collecting young objects less often
-    keeps the pauses short; memory stays bounded because full collections still run."""
-    import gc
-
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(20_000, 20, 50)
-
-
 def _claim(host: str, port: int) -> socket.socket:
     """The listening socket, or one line saying what holds the port (ports.holder)."""
     import socket
@@ -121,8 +116,9 @@ def run_control_plane(  # noqa: C901, PLR0915
     import uvicorn  # heavy imports only for this command, so `provision --help` stays instant
 
     from contracts.errors import RigbaseError
-    from provisioner.adapters.tls import server_tls, without_session_tickets
+    from provisioner.adapters.tls import rotating_tickets, server_tls
     from provisioner.api.app import create_app
+    from provisioner.api.tuning import tune_process
     from provisioner.client import read_client_config, write_client_config
     from provisioner.services.accounts import tokens
     from provisioner.store.engine import make_sessionmaker, session_scope
@@ -178,7 +174,7 @@ def run_control_plane(  # noqa: C901, PLR0915
         {
             "ssl_certfile": str(tls.cert),
             "ssl_keyfile": str(tls.key),
-            "ssl_context_factory": without_session_tickets,  # a module's function: workers unpickle it
+            "ssl_context_factory": rotating_tickets,  # a module's function: workers unpickle it
         }
         if tls
         else {}
@@ -186,6 +182,8 @@ def run_control_plane(  # noqa: C901, PLR0915
     options = {
         "log_level": "warning",
         "timeout_graceful_shutdown": SHUTDOWN_GRACE_S,
+        # a minion keeps one connection from beat to beat (minion/join/client.py beat_idle_s)
+        "timeout_keep_alive": keep_alive_s(settings.heartbeat_s),
         # uvicorn believes X-Forwarded-For from 127.0.0.1 unless told otherwise: only named proxies
         "proxy_headers": bool(settings.trusted_proxies),
         "forwarded_allow_ips": ",".join(settings.trusted_proxies) or None,
@@ -213,7 +211,7 @@ def run_control_plane(  # noqa: C901, PLR0915
         finally:
             shutil.rmtree(relay_dir, ignore_errors=True)
         return
-    _tune_gc()
+    tune_process()
     if not fds:
         listening.close()  # it proved the port free before anything was written; uvicorn binds its own
         uvicorn.run(app, host=host, port=port, **options)  # type: ignore[arg-type]

@@ -1,18 +1,24 @@
 """The fleet benchmark's load client (bench/beat_client.py) against a real `provision serve` over TLS: its
 figures are only as good as its HTTP, so it must get the same answers httpx does, keep a connection
-across beats in keep-alive mode, and open one per beat in the mode that models a minion."""
+across beats, open one per beat when told to, and look on the wire exactly like a minion: the same
+connections, the same resumed handshakes, the same bytes each way."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Iterator
 
 import pytest
 
 from bench.beat_client import CLIENTS, BeatError, StreamBeatClient, Target
 from bench.bench_fleet_heartbeats import ACTUAL, seed
+from minion.join.client import ControlPlane as MinionControlPlane
+from minion.join.client import Enrollment, beat_idle_s
+from minion.join.tls_resume import ResumingContext, TlsCounts
 from tests.fixtures.control_plane import ControlPlane, start_control_plane
+from tests.fixtures.wire_meter import wire_meter
 
 
 @pytest.fixture(scope="module")
@@ -26,12 +32,14 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ControlPl
         yield cp, nodes
 
 
-def _beats(cp: ControlPlane, nodes: list[tuple[str, str]], client_name: str, keep_alive: bool) -> list[int]:
+def _beats(
+    cp: ControlPlane, nodes: list[tuple[str, str]], client_name: str, reconnect_every: int
+) -> list[int]:
     """Three beats of each node through the client: the statuses, then (stream client only) how many
     connections it still holds."""
 
     async def go() -> list[int]:
-        client = CLIENTS[client_name](Target(cp.url, cp.verify, 2, keep_alive=keep_alive))
+        client = CLIENTS[client_name](Target(cp.url, cp.verify, 2, reconnect_every=reconnect_every))
         statuses = []
         try:
             for _ in range(3):
@@ -55,17 +63,17 @@ def test_both_clients_get_the_servers_answers(
     served: tuple[ControlPlane, list[tuple[str, str]]], client_name: str
 ) -> None:
     cp, nodes = served
-    assert _beats(cp, nodes, client_name, keep_alive=True)[:6] == [200] * 6
+    assert _beats(cp, nodes, client_name, reconnect_every=0)[:6] == [200] * 6
 
 
-def test_keep_alive_reuses_one_connection_and_per_beat_mode_keeps_none(
+def test_a_kept_connection_is_reused_and_per_beat_mode_keeps_none(
     served: tuple[ControlPlane, list[tuple[str, str]]],
 ) -> None:
     cp, nodes = served
-    *statuses, still_open = _beats(cp, nodes, "streams", keep_alive=True)
+    *statuses, still_open = _beats(cp, nodes, "streams", reconnect_every=0)
     assert statuses == [200] * 6 and still_open == 1  # one beat at a time: one connection, reused
-    *statuses, still_open = _beats(cp, nodes, "streams", keep_alive=False)
-    assert statuses == [200] * 6 and still_open == 0  # Connection: close: the server closed each one
+    *statuses, still_open = _beats(cp, nodes, "streams", reconnect_every=1)
+    assert statuses == [200] * 6 and still_open == 0  # each dropped after its beat
 
 
 def test_a_refused_credential_is_an_answer_and_a_dead_server_an_error(
@@ -88,3 +96,82 @@ def test_a_refused_credential_is_an_answer_and_a_dead_server_an_error(
     status, refused = asyncio.run(go())
     assert status == 401
     assert refused.startswith("connect:")
+
+
+def _minion(url: str, ca: str, node: tuple[str, str], beats: int, idle_s: float) -> TlsCounts:
+    """`beats` heartbeats through the minion's own client, its connection kept `idle_s` between them."""
+    cp = MinionControlPlane(Enrollment(url, None, ca_certificate=ca), idle_s=idle_s)
+    try:
+        for _ in range(beats):
+            response = cp.post(f"/v1/nodes/{node[0]}/heartbeat", {"version": 1, "actual": ACTUAL}, node[1])
+            assert response.status_code == 200, response.text
+            time.sleep(0.01)  # past an idle time of 0
+    finally:
+        cp.close()
+    return cp.tls.counts
+
+
+def _bench(url: str, ca: str, node: tuple[str, str], beats: int, reconnect_every: int) -> TlsCounts:
+    context = ResumingContext(ca)
+
+    async def go() -> None:
+        client = StreamBeatClient(Target(url, context, 1, reconnect_every=reconnect_every))
+        try:
+            for _ in range(beats):
+                status, body = await client.post(
+                    f"/v1/nodes/{node[0]}/heartbeat", {"version": 1, "actual": ACTUAL}, node[1]
+                )
+                assert status == 200, body
+        finally:
+            await client.aclose()
+
+    asyncio.run(go())
+    return context.counts
+
+
+@pytest.mark.parametrize(("idle_s", "reconnect_every"), [(60.0, 0), (0.0, 1)], ids=["kept", "per-beat"])
+def test_on_the_wire_the_bench_client_is_a_minion(
+    served: tuple[ControlPlane, list[tuple[str, str]]], idle_s: float, reconnect_every: int
+) -> None:
+    """Through one counting relay, the same node's beats from the minion's client and from the bench's:
+    the same connections, the same resumed handshakes, and the same bytes in each direction on each
+    connection (the hello and its ALPN, the request heads and bodies in their TLS records, the close)."""
+    cp, nodes = served
+    ca = cp.ca.read_text()
+    port = int(cp.url.rsplit(":", 1)[1])
+    with wire_meter(port) as meter:
+        url = f"https://127.0.0.1:{meter.port}"
+        minion_counts = _minion(url, ca, nodes[0], 3, idle_s)
+        minion_wire = meter.take()
+        bench_counts = _bench(url, ca, nodes[0], 3, reconnect_every)
+        bench_wire = meter.take()
+    connections = 1 if reconnect_every == 0 else 3
+    assert minion_counts == bench_counts == TlsCounts(connections, connections - 1)
+    assert len(minion_wire) == connections
+    assert [c.up for c in bench_wire] == [c.up for c in minion_wire]
+    # the server's side: the same but for its ECDSA signature in a full handshake, 70 to 72 bytes in DER
+    assert abs(bench_wire[0].down - minion_wire[0].down) <= 2
+    assert [c.down for c in bench_wire[1:]] == [c.down for c in minion_wire[1:]]
+    if connections > 1:  # a resumed handshake carries no certificate: the server sends less
+        assert minion_wire[1].down < minion_wire[0].down
+
+
+def test_a_minion_keeps_its_connection_between_beats_longer_than_uvicorns_default(
+    served: tuple[ControlPlane, list[tuple[str, str]]],
+) -> None:
+    """uvicorn closes a connection idle for 5 s unless told otherwise, and httpx drops one idle for 5 s:
+    a minion beating every 30 s opened a new TLS connection for every beat. Now both keep it past the beat
+    (serve: keep_alive_s, the minion: beat_idle_s), so 6 s apart two beats share one connection."""
+    cp, nodes = served
+    minion = MinionControlPlane(Enrollment(cp.url, None, ca_certificate=cp.ca.read_text()))
+    minion.keep_idle(beat_idle_s(30))
+    try:
+        for pause in (6.0, 0.0):
+            response = minion.post(
+                f"/v1/nodes/{nodes[1][0]}/heartbeat", {"version": 1, "actual": ACTUAL}, nodes[1][1]
+            )
+            assert response.status_code == 200, response.text
+            time.sleep(pause)
+    finally:
+        minion.close()
+    assert minion.tls.counts == TlsCounts(connections=1, resumed=0)
