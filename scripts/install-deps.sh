@@ -37,6 +37,8 @@ APT_PACKAGES=(
   qemu-user-static
   # a real Prometheus server scraping GET /metrics (tests/provisioner/test_prometheus.py)
   prometheus
+  # the load balancer in front of several control-plane hosts (tests/provisioner/test_scale_out.py)
+  haproxy
 )
 
 missing=()

@@ -72,7 +72,7 @@ IDLE_S = 5.0
 
 def beat_idle_s(interval_s: float) -> float:
     """How long the heartbeat's client keeps its idle connection: past the next beat, and shorter than the
-    server's keep-alive (provisioner/cli/serve.py keep_alive_s: 2 x interval + 15), so the server never
+    server's keep-alive (provisioner/api/tuning.py keep_alive_s: 2 x interval + 15), so the server never
     closes a connection the minion is about to send on."""
     return 1.5 * interval_s + 5
 

@@ -23,3 +23,10 @@ def tune_process() -> None:
     gc.freeze()
     gc.set_threshold(20_000, 20, 50)
     asyncio.sslproto.SSLProtocol.max_size = TLS_READ_BUFFER
+
+
+def keep_alive_s(heartbeat_s: float) -> int:
+    """How long the server keeps an idle connection: two beats and a margin, so a minion's connection
+    (kept 1.5 beats and 5 s, minion/join/client.py beat_idle_s) is always the minion's to close, and a
+    beat never races the server's close. A browser or the CLI holds an idle socket that long too."""
+    return int(2 * heartbeat_s + 15)

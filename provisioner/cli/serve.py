@@ -39,13 +39,6 @@ TLS_DEFAULT_HOST = "0.0.0.0"
 SHUTDOWN_GRACE_S = 5
 
 
-def keep_alive_s(heartbeat_s: float) -> int:
-    """How long the server keeps an idle connection: two beats and a margin, so a minion's connection
-    (kept 1.5 beats and 5 s, minion/join/client.py beat_idle_s) is always the minion's to close, and a
-    beat never races the server's close. A browser or the CLI holds an idle socket that long too."""
-    return int(2 * heartbeat_s + 15)
-
-
 def _is_address(name: str) -> bool:
     import ipaddress
 
@@ -118,7 +111,7 @@ def run_control_plane(  # noqa: C901, PLR0915
     from contracts.errors import RigbaseError
     from provisioner.adapters.tls import rotating_tickets, server_tls
     from provisioner.api.app import create_app
-    from provisioner.api.tuning import tune_process
+    from provisioner.api.tuning import keep_alive_s, tune_process
     from provisioner.client import read_client_config, write_client_config
     from provisioner.services.accounts import tokens
     from provisioner.store.engine import make_sessionmaker, session_scope

@@ -16,7 +16,7 @@ import pytest
 from minion.join.client import beat_idle_s
 from minion.join.tls_resume import ResumingContext, TlsCounts
 from provisioner.adapters.tls import RotatingTickets, TlsFiles, ensure_ca, ensure_server_cert
-from provisioner.cli.serve import keep_alive_s
+from provisioner.api.tuning import keep_alive_s
 
 
 @pytest.fixture
