@@ -16,7 +16,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +24,12 @@ import pytest
 from cryptography.fernet import Fernet
 from sqlalchemy import create_engine, text
 
-from bench.bench_fleet_heartbeats import ACTUAL, seed
-from minion.join.client import ConnectionProblem, ControlPlane, Enrollment, beat_idle_s
+from bench.bench_fleet_heartbeats import seed
+from minion.join.client import ControlPlane, Enrollment
 from provisioner.lab.haproxy import HaproxyConfig
 from provisioner.lab.netns import Lab, Netns
 from tests.fixtures.control_plane import PROVISION
+from tests.fixtures.fleet import Beats, fleet_beats
 from tests.fixtures.processes import stop
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
@@ -46,14 +47,6 @@ class Host:
     address: str
     home: Path
     proc: subprocess.Popen[bytes] | None = None
-
-
-@dataclass
-class Beats:
-    """What one minion saw: the times of its answered beats and of its failed ones."""
-
-    answered: list[float] = field(default_factory=list)
-    failed: list[float] = field(default_factory=list)
 
 
 def _wait_tcp(address: str, port: int, timeout: float = 60) -> bool:
@@ -75,40 +68,6 @@ def _healthz(url: str, ca: str) -> dict[str, Any]:
         return dict(cp.get("/healthz").json())
     finally:
         cp.close()
-
-
-def _fleet(url: str, ca: str, nodes: list[tuple[str, str]], seconds: float) -> list[Beats]:
-    """Each node beats every BEAT_S through the minion's own client, as `minion run` does: a beat the
-    transport failed is followed by the next one an interval later (minion/join/run.py heartbeats)."""
-    results = [Beats() for _ in nodes]
-    end = time.time() + seconds
-
-    def minion(i: int, node_id: str, credential: str) -> None:
-        cp = ControlPlane(Enrollment(url, None, ca_certificate=ca), timeout=5)
-        cp.keep_idle(beat_idle_s(BEAT_S))
-        time.sleep(i * BEAT_S / len(nodes))  # the fleet's beats spread over the interval
-        try:
-            while time.time() < end:
-                try:
-                    response = cp.post(
-                        f"/v1/nodes/{node_id}/heartbeat", {"version": 1, "actual": ACTUAL}, token=credential
-                    )
-                    if response.status_code == 200:
-                        results[i].answered.append(time.time())
-                    else:
-                        results[i].failed.append(time.time())
-                except ConnectionProblem:
-                    results[i].failed.append(time.time())
-                time.sleep(BEAT_S)
-        finally:
-            cp.close()
-
-    threads = [threading.Thread(target=minion, args=(i, *node)) for i, node in enumerate(nodes)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return results
 
 
 @pytest.fixture
@@ -214,7 +173,9 @@ def test_a_killed_host_s_minions_are_answered_by_another_within_one_beat(
     before = _beats_recorded(url, [n for n, _ in nodes])
     running: dict[str, list[Beats]] = {}
     fleet = threading.Thread(
-        target=lambda: running.update(beats=minions.call(_fleet, lb_url, ca, nodes, 14.0, timeout=60))
+        target=lambda: running.update(
+            beats=minions.call(fleet_beats, lb_url, ca, nodes, BEAT_S, 14.0, timeout=60)
+        )
     )
     fleet.start()
     time.sleep(5)  # every minion holds a connection, a third of them to each host
