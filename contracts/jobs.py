@@ -19,6 +19,7 @@ either side, so no byte is lost or stored twice. `eof` marks the chunk after whi
 
 from __future__ import annotations
 
+from datetime import datetime
 from enum import StrEnum
 from pathlib import PurePosixPath
 from typing import Annotated, Any, Final
@@ -331,11 +332,35 @@ class WorkerReport(MinionMessage):
     idle_s: float | None = Field(None, ge=0, le=2**40)
 
 
+# What a node tells of its images (NodeImages): enough for the dry run, bounded for the heartbeat
+MAX_LOCAL_IMAGES: Final = 64
+MAX_REGISTRIES: Final = 16
+
+
+class RegistryPull(MinionMessage):
+    """How the node's last pull from one registry went: its time and, when it failed, podman's error."""
+
+    ok: bool
+    at: datetime
+    message: str | None = Field(None, max_length=MESSAGE_MAX)
+
+
+class NodeImages(MinionMessage):
+    """What a job's image will meet on this node: the `localhost/` images it holds (such an image is the
+    node's own and never pulled, so a node without it cannot start the job), and how its last pull from
+    each registry went (every other image is pulled at each start). `job create --dry-run` warns from
+    these (services/jobs/image_warnings.py)."""
+
+    local: list[RegistryImage] = Field(default_factory=list, max_length=MAX_LOCAL_IMAGES)
+    pulls: dict[RegistryHost, RegistryPull] = Field(default_factory=dict, max_length=MAX_REGISTRIES)
+
+
 class JobsActual(MinionMessage):
     """actual["jobs"] in a heartbeat."""
 
     workers: list[WorkerReport] = Field(default_factory=list, max_length=MAX_WORKERS_PER_NODE)
     message: str | None = Field(None, max_length=MESSAGE_MAX)  # e.g. "podman is not installed"
+    images: NodeImages | None = None  # None: a minion that does not tell
 
 
 class LogChunk(MinionMessage):

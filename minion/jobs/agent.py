@@ -42,6 +42,7 @@ from minion.gpu import cdi
 from minion.gpu.keeper import CdiKeeper
 from minion.jobs.cache_agent import CacheAgent, cache_root
 from minion.jobs.gpus import GpuPool
+from minion.jobs.images import ImageBook
 from minion.jobs.logs import ControlPlaneLogs, LogTransport
 from minion.jobs.mounts import unbind_all
 from minion.jobs.network import JobsNetwork, NetworkRefused, peer_ports
@@ -78,8 +79,9 @@ def runtime_for(
 ) -> ContainerRuntime:
     """The podman, GPUs, log transport and object cache the workers under `root` share (its own owner
     label)."""
+    podman = Podman(settings)
     return ContainerRuntime(
-        podman=Podman(settings),
+        podman=podman,
         settings=settings,
         gpus=GpuPool(settings.cdi_spec_dirs, settings.gpu_kind),
         transport=transport,
@@ -88,6 +90,7 @@ def runtime_for(
         closing=threading.Event(),
         objects=objects,
         outputs=outputs,
+        images=ImageBook(podman),
     )
 
 
@@ -253,9 +256,10 @@ class JobsAgent:
                         message=message[:1000] if message else None,
                     )
                 )
-        return JobsActual(workers=reports, message=message[:1000] if message else None).model_dump(
-            mode="json"
-        )
+        images = self.rt.images.report() if self.rt.images and self.rt.podman.missing() is None else None
+        return JobsActual(
+            workers=reports, message=message[:1000] if message else None, images=images
+        ).model_dump(mode="json")
 
     def close(self, wait_s: float = 5.0) -> None:
         """Let the threads return; the containers keep running for the next minion to adopt."""

@@ -41,6 +41,7 @@ from minion.jobs.container import (
     write_private,
 )
 from minion.jobs.gpus import GpuPool, NotEnoughGpus
+from minion.jobs.images import ImageBook
 from minion.jobs.logs import LogShipper, LogTransport, LogUnavailable, last_lines
 from minion.jobs.mounts import Bound, MountRefused, bind_all, unbind_all
 from minion.jobs.objects import ObjectCache, ObjectWait
@@ -76,6 +77,7 @@ class ContainerRuntime:
     closing: threading.Event  # the agent shuts down: threads return, containers keep running
     objects: ObjectCache | None = None  # datasets, models and checkpoints, fetched by digest
     outputs: OutputSink | None = None  # where a worker's own /opt/ml/output goes when it ends
+    images: ImageBook | None = None  # what the node's images are, for the control plane's dry run
 
 
 def disk_used(path: str) -> int:
@@ -247,7 +249,14 @@ class Worker:
                 env_file,
                 auth_file,
             )
-            self.rt.podman.call(plan.args(self.rt.settings), timeout=RUN_TIMEOUT_S)
+            try:
+                self.rt.podman.call(plan.args(self.rt.settings), timeout=RUN_TIMEOUT_S)
+            except PodmanError as exc:
+                if self.rt.images is not None:
+                    self.rt.images.started(a.image, str(exc))
+                raise
+            if self.rt.images is not None:
+                self.rt.images.started(a.image, None)
         except (NotEnoughGpus, MountRefused, EnvRefused, PodmanError) as exc:
             self._fail(WorkerRunState.FAILED_TO_START, str(exc))
             return False

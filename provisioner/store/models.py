@@ -201,6 +201,8 @@ class Node(Base):
     finalize_actual: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     # what its object cache last reported under actual["objects"] (revision 0032; ObjectsActual)
     object_cache: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # contracts.jobs.NodeImages as the minion last told it (the dry run's image warnings); revision 0035
+    images: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
     version: Mapped[int] = mapped_column(Integer, nullable=False)

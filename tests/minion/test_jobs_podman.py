@@ -674,3 +674,23 @@ def test_a_served_worker_whose_server_keeps_exiting_is_restarted_then_fails_with
     assert (end.state, end.exit_code) == ("exited", 4)
     assert end.message is not None and "exited 4 times (last code 4)" in end.message
     assert end.message.endswith("crashing now | crashing now | crashing now | crashing now"), end.message
+
+
+def test_the_nodes_images_name_its_localhost_images_and_a_registry_it_failed_to_pull_from(
+    image: str, agents: Agents
+) -> None:
+    """What `job create --dry-run` warns from (contracts.jobs.NodeImages): the node holds the test's
+    localhost/ image, and a worker whose registry does not answer (nothing listens on 127.0.0.1:9) leaves
+    that registry's failed pull in the report, with podman's own error."""
+    agent = agents()
+    here = worker("job-local", "true")
+    absent = worker("job-pull", "true", image="127.0.0.1:9/rigbase/absent:1")
+    actual = until(agent, [here, absent], ended_and_shipped, timeout=60)
+    assert {w.job_id: w.state for w in actual.workers} == {
+        "job-local": "exited",
+        "job-pull": "failed_to_start",
+    }
+    told = actual.images
+    assert told is not None and image in told.local
+    pull = told.pulls["127.0.0.1:9"]
+    assert not pull.ok and "127.0.0.1:9" in (pull.message or ""), pull

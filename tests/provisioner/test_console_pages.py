@@ -538,3 +538,24 @@ def test_the_data_page_lists_the_projects_objects_and_hides_another_accounts(
         assert client.get("/data", params={"project": ours}).status_code == 404
         # another account's object cannot be removed from its console: the same 404 as for none
         assert client.get(f"/data/dataset/{row['id']}/remove").status_code == 404
+
+
+def test_a_dry_run_shows_what_would_fail_at_start(fleet: Fleet) -> None:
+    """The console's dry run shows the warnings `job create --dry-run` prints: here every node's minion
+    told it holds no localhost/ image, so the job's would not start where it would go."""
+    for node in fleet.node_ids:
+        fleet.heartbeat(node, jobs={"workers": [], "images": {"local": [], "pulls": {}}})
+    cpu_job = SPEC.replace("gpu_count: 1\n  gpu_types: [RTX 3090]", "gpu_count: 0\n  cpu_count: 4")
+    try:
+        with browser(fleet.cp) as client:
+            sign_in(client, fleet.cp.token)
+            dry = submit(client, cpu_job.format(name="console-warned"), do="dry-run")
+            assert dry.status_code == 200 and "Where it would run now" in dry.text
+            assert re.search(
+                r'role="alert">Warning: node &#39;[\w-]+&#39; does not hold localhost/rigbase-job:test',
+                dry.text,
+            ), dry.text
+    finally:
+        held = {"local": ["localhost/rigbase-job:test"], "pulls": {}}
+        for node in fleet.node_ids:
+            fleet.heartbeat(node, jobs={"workers": [], "images": held})

@@ -848,3 +848,43 @@ def test_job_show_names_every_node_its_workers_are_on(fleet: Fleet) -> None:
     assert line.split(None, 1)[1].strip() == "gpu-1, gpu-2", shown.stdout
     with fleet.http() as http:
         assert http.post(f"/v1/jobs/{job_id}/stop").status_code == 200
+
+
+@pytest.mark.usefixtures("image")
+def test_a_dry_run_warns_of_an_image_the_node_lacks_or_a_registry_it_failed_to_pull_from(
+    tmp_path: Path,
+) -> None:
+    """issue 44: the minion tells what images it holds and how its pulls went (contracts.jobs.NodeImages,
+    through the real jobs agent and heartbeat); `job create --dry-run` warns of a localhost/ image the
+    chosen node lacks and of a registry its last pull from failed, and says nothing of an image it has."""
+    absent = "127.0.0.1:9/rigbase/absent:1"  # nothing listens there: the pull fails, no host is contacted
+    with running_fleet(tmp_path / "home") as fleet, minion_agent(fleet, "pod-1", tmp_path) as agent:
+        body = podman_spec("pulls", "true")
+        body["environment"] = {"image": absent}
+        created = create(fleet, body).json()
+        assert created["node"] == "pod-1", created
+        drive(fleet, "pod-1", agent, created["id"], lambda j: j["state"] == "failed")
+        fleet.heartbeat("pod-1", jobs=agent.handle(fleet.heartbeat("pod-1")))
+        with fleet.sessions.begin() as s:
+            told = nodes.get(s, "pod-1").images
+        assert told is not None and IMAGE in told["local"] and not told["pulls"]["127.0.0.1:9"]["ok"], told
+
+        def warnings(image: str) -> list[str]:
+            job_file = tmp_path / "dry.yaml"
+            dry_body = podman_spec("dry", "true")
+            dry_body["environment"] = {"image": image}
+            job_file.write_text(json.dumps(dry_body))
+            dry = fleet.cp.provision("job", "create", "-f", str(job_file), "--dry-run")
+            assert dry.returncode == 0 and "pod-1" in dry.stdout, dry.stdout + dry.stderr
+            return [line for line in dry.stderr.splitlines() if line.startswith("warning: ")]
+
+        (failed,) = warnings(absent)
+        assert failed.startswith("warning: node 'pod-1' last failed to pull from 127.0.0.1:9 (") and (
+            "connection refused" in failed
+        ), failed
+        assert warnings("localhost/rigbase-not-here:1") == [
+            "warning: node 'pod-1' does not hold localhost/rigbase-not-here:1: a localhost/ image is the "
+            "node's own and is never pulled, so the job would fail to start there; build or load it on the "
+            "node, or name a registry image"
+        ]
+        assert warnings(IMAGE) == []

@@ -148,6 +148,7 @@ def submit(request: Request, posted: Posted) -> Response:
                 "rejected": [(c.name, c.region, m) for c, _, m in first.rejected[:20]],
                 "rejected_total": len(first.rejected),
                 "notes": parsed.notes,
+                "warnings": sub.warnings,  # what would stop or hold it at start (data, image)
             }
             session.rollback()
             return _submit_form(request, session, who, text=text, project=project, placement=placement)

@@ -394,6 +394,10 @@ def record_actual(session: Session, node: Node, reported: Any) -> None:
     except ValidationError as exc:
         log.warning("node %s sent a jobs report the contract refuses: %s", node.name, exc.errors()[:3])
         return
+    if actual.images is not None:
+        images = actual.images.model_dump(mode="json")
+        if node.images != images:  # a steady beat writes nothing more
+            node.images = images
     mine = {(w.job_id, w.index): w for w in _workers_on(session, node)}
     actor = f"minion:{node.minion_id}"
     now = datetime.now(UTC)

@@ -65,6 +65,7 @@ from provisioner.services.common import audit, lifecycle
 from provisioner.services.common.errors import flush
 from provisioner.services.common.wakeups import Wake, wake_after_commit
 from provisioner.services.jobs import job_placement, job_secrets, worker_output
+from provisioner.services.jobs.image_warnings import image_warnings
 from provisioner.services.objects import data_objects, node_caches
 from provisioner.store.account_models import Project
 from provisioner.store.data_models import DataObject
@@ -492,7 +493,8 @@ def create(
     kind = job_spec.job_kind
     decision = decide(requests, candidates, whole=kind == JobKind.GANG)
     if dry_run:
-        return Submission(None, decision, pinned, plan, warnings or [])
+        warnings = [*(warnings or []), *image_warnings(session, job_spec.environment.image, decision.chosen)]
+        return Submission(None, decision, pinned, plan, warnings)
     if decision.unplaceable:
         raise RuleViolation(str(decision.reason), code="unplaceable")
     name = str(spec.get("name"))
