@@ -10,56 +10,25 @@ and another host takes the reconcilers over."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from cryptography.fernet import Fernet
 from sqlalchemy import create_engine, text
 
 from bench.bench_fleet_heartbeats import seed
 from minion.join.client import ControlPlane, Enrollment
 from provisioner.lab.haproxy import HaproxyConfig
-from provisioner.lab.netns import Lab, Netns
-from tests.fixtures.control_plane import PROVISION
 from tests.fixtures.fleet import Beats, fleet_beats
-from tests.fixtures.processes import stop
+from tests.fixtures.scale_out import Deployment, Host, control_plane_hosts
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
-LAN = "10.83.0"
-LB = f"{LAN}.2"
-PORT = 8443
-HOSTS = (11, 12, 13)
 BEAT_S = 2.0
 NODES = 24
-
-
-@dataclass
-class Host:
-    ns: Netns
-    address: str
-    home: Path
-    proc: subprocess.Popen[bytes] | None = None
-
-
-def _wait_tcp(address: str, port: int, timeout: float = 60) -> bool:
-    import socket
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection((address, port), timeout=1):
-                return True
-        except OSError:
-            time.sleep(0.1)
-    return False
 
 
 def _healthz(url: str, ca: str) -> dict[str, Any]:
@@ -71,85 +40,14 @@ def _healthz(url: str, ca: str) -> dict[str, Any]:
 
 
 @pytest.fixture
-def hosts(
-    tmp_path: Path, postgres_cluster: Any
-) -> Iterator[tuple[list[Host], Netns, str, str, list[tuple[str, str]]]]:
-    """Three control-plane hosts and HAProxy, started; the minions' namespace, the CA, the store's URL and
-    the seeded nodes."""
+def hosts(tmp_path: Path, postgres_cluster: Any) -> Iterator[tuple[Deployment, str, list[tuple[str, str]]]]:
+    """Three control-plane hosts and HAProxy, started; the store's URL and the seeded nodes."""
     url = postgres_cluster.create_database()
     nodes = [(n.node_id, n.credential) for n in seed(url, NODES, 1_000_000)]
-    with Lab("so") as lab:
-        lan = lab.lan(f"{LAN}.0/24")
-        hosts = []
-        for number in HOSTS:
-            ns = lab.netns(f"cp{number}")
-            hosts.append(Host(ns, lan.attach(ns, number, multicast_route=False), tmp_path / f"cp{number}"))
-        balancer, minions = lab.netns("lb"), lab.netns("minions")
-        lan.attach(balancer, 2, multicast_route=False)
-        lan.attach(minions, 50, multicast_route=False)
-        for ns in (*[h.ns for h in hosts], balancer, minions):
-            ns.ip("link", "set", "lo", "up")
-        env = {
-            **{k: v for k, v in os.environ.items() if not k.startswith("RIGBASE_")},
-            "RIGBASE_HEARTBEAT_S": str(BEAT_S),
-            "RIGBASE_QUOTE_EVERY": "10000019",  # the seeded counters reach no multiple of K: no quotes
-        }
-        first = hosts[0]
-        first.home.mkdir(mode=0o700)
-        # the key that seals stored secrets: made once for the deployment (a host makes its own lazily)
-        (first.home / "secret.key").write_bytes(Fernet.generate_key())
-        (first.home / "secret.key").chmod(0o600)
-        try:
-            for host in hosts:
-                if host is not first:  # one deployment: the same CA and secret key on every host
-                    (host.home / "tls").mkdir(parents=True, mode=0o700)
-                    for name in ("ca.pem", "ca.key"):
-                        shutil.copy2(first.home / "tls" / name, host.home / "tls" / name)
-                    shutil.copy2(first.home / "secret.key", host.home / "secret.key")
-                host.proc = host.ns.popen(
-                    [
-                        str(PROVISION),
-                        "serve",
-                        "--port",
-                        str(PORT),
-                        "--database",
-                        postgres_cluster.socket_url(url),  # the store's Unix socket reaches every namespace
-                        "--advertise",
-                        LB,
-                        "--advertise",
-                        host.address,
-                    ],
-                    env={**env, "RIGBASE_HOME": str(host.home)},
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                )
-                assert host.ns.call(_wait_tcp, host.address, PORT), f"{host.address} never listened"
-            ca_file = first.home / "tls" / "ca.pem"
-            config = tmp_path / "haproxy.cfg"
-            config.write_text(
-                HaproxyConfig(
-                    f"{LB}:{PORT}",
-                    [f"{h.address}:{PORT}" for h in hosts],
-                    str(ca_file),
-                    "localhost",
-                    heartbeat_s=BEAT_S,
-                ).render()
-            )
-            check = subprocess.run(["haproxy", "-c", "-f", str(config)], capture_output=True, text=True)
-            assert check.returncode == 0, check.stdout + check.stderr
-            proxy = balancer.popen(
-                ["haproxy", "-f", str(config), "-db"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-            )
-            try:
-                assert minions.call(_wait_tcp, LB, PORT)
-                time.sleep(1)  # two health checks: every host UP
-                yield hosts, minions, ca_file.read_text(), url, nodes
-            finally:
-                stop(proxy)
-        finally:
-            for host in hosts:
-                if host.proc is not None and host.proc.poll() is None:
-                    stop(host.proc)
+    # the seeded counters reach no multiple of K: no quotes
+    quiet = {"RIGBASE_QUOTE_EVERY": "10000019"}
+    with control_plane_hosts(tmp_path, postgres_cluster, url, 3, quiet, BEAT_S) as deployment:
+        yield deployment, url, nodes
 
 
 def _beats_recorded(url: str, node_ids: list[str]) -> dict[str, int]:
@@ -163,13 +61,11 @@ def _beats_recorded(url: str, node_ids: list[str]) -> dict[str, int]:
 
 
 def test_a_killed_host_s_minions_are_answered_by_another_within_one_beat(
-    hosts: tuple[list[Host], Netns, str, str, list[tuple[str, str]]],
+    hosts: tuple[Deployment, str, list[tuple[str, str]]],
 ) -> None:
-    servers, minions, ca, url, nodes = hosts
-    lb_url = f"https://{LB}:{PORT}"
-    leader = next(
-        h for h in servers if minions.call(_healthz, f"https://{h.address}:{PORT}", ca)["reconciler_leader"]
-    )
+    deployment, url, nodes = hosts
+    servers, minions, ca, lb_url = deployment.hosts, deployment.minions, deployment.ca, deployment.url
+    leader = next(h for h in servers if minions.call(_healthz, h.url, ca)["reconciler_leader"])
     before = _beats_recorded(url, [n for n, _ in nodes])
     running: dict[str, list[Beats]] = {}
     fleet = threading.Thread(
@@ -200,17 +96,13 @@ def test_a_killed_host_s_minions_are_answered_by_another_within_one_beat(
             seen,
         )
     failed = sum(len(b.failed) for b in beats)
-    assert failed <= NODES // len(HOSTS) + 1  # at most the killed host's own minions, once each
+    assert failed <= NODES // len(servers) + 1  # at most the killed host's own minions, once each
 
     survivors = [h for h in servers if h is not leader]
     deadline = time.monotonic() + 30
     leaders: list[Host] = []
     while time.monotonic() < deadline and not leaders:
-        leaders = [
-            h
-            for h in survivors
-            if minions.call(_healthz, f"https://{h.address}:{PORT}", ca)["reconciler_leader"]
-        ]
+        leaders = [h for h in survivors if minions.call(_healthz, h.url, ca)["reconciler_leader"]]
         time.sleep(0.5)
     assert len(leaders) == 1, "no surviving host took the reconcilers over within 30 s"
 
