@@ -166,6 +166,7 @@ class SimNode:
     ak: SoftAk
     pcrs: dict[int, bytes]
     nonce: bytes | None = None  # the last quote nonce the server handed this node
+    revision: str | None = None  # the desired state's revision it holds, echoed as the real minion does
     busy: bool = False
 
 
@@ -375,6 +376,8 @@ async def _beat(
 
 async def _send(client: BeatClient, node: SimNode, scheduled: float, tally: Tally | None) -> None:
     body: dict[str, Any] = {"version": 1, "actual": ACTUAL}
+    if node.revision is not None:
+        body["desired_revision"] = node.revision
     nonce, node.nonce = node.nonce, None
     if nonce is not None:
         body["quote"] = node.ak.quote(nonce, node.pcrs)
@@ -388,6 +391,7 @@ async def _send(client: BeatClient, node: SimNode, scheduled: float, tally: Tall
             error = "" if reply["state"] == "maintenance" else f"node {reply['state']}: {reply['reason']}"
             asked = reply.get("quote_nonce")
             node.nonce = base64.b64decode(asked) if asked else None
+            node.revision = reply.get("desired_revision")
     except BeatError as exc:
         done, error = time.perf_counter(), str(exc)[:160]
     if tally is None:

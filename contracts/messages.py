@@ -243,6 +243,9 @@ class HeartbeatRequest(MinionMessage):
     key_signature: B64Bytes | None = None
     inventory: Report | None = None
     requirements: Report | None = None
+    # the `desired_revision` of the last answer this minion holds the desired state of: an answer whose
+    # desired state is still that one leaves `desired` out (a few bytes, not the whole state again)
+    desired_revision: str | None = Field(default=None, max_length=64)
 
     def to_wire(self) -> dict[str, Any]:
         return self.model_dump(mode="json", exclude_none=True)
@@ -250,14 +253,16 @@ class HeartbeatRequest(MinionMessage):
 
 class HeartbeatResponse(ControlPlaneMessage):
     """The heartbeat's answer: the node's state, its desired state and, every K beats, a nonce (base64) the
-    next beat must quote over (continuous attestation)."""
+    next beat must quote over (continuous attestation). `desired` is None when it is the state the
+    request's `desired_revision` names: the minion keeps applying the one it holds."""
 
     node_id: str
     state: str
     reason: str | None
-    desired: dict[str, Any]
+    desired: dict[str, Any] | None
     quote_nonce: str | None
     heartbeat_interval_s: float
+    desired_revision: str | None = None  # names this desired state; the next request echoes it
 
 
 def to_wire(message: BaseModel) -> dict[str, Any]:

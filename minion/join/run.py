@@ -81,6 +81,24 @@ def _maintenance(value: Any) -> bool:
     return bool(value)
 
 
+@dataclass
+class HeldDesired:
+    """The desired state last received and its revision, which the next request names: an answer that
+    leaves `desired` out means "the one you hold" (docs/join-protocol.md, Heartbeat)."""
+
+    state: dict[str, Any] | None = None
+    revision: str | None = None
+
+    def take(self, answer: HeartbeatResponse) -> dict[str, Any] | None:
+        """The desired state to apply for this answer; None when it names none this minion holds."""
+        if answer.desired is not None:
+            # an answer without a revision (an older control plane's) is not kept: the next is whole too
+            self.revision = answer.desired_revision
+            self.state = answer.desired if self.revision else None
+            return answer.desired
+        return self.state
+
+
 class Printer:
     """One line per change of state (not per attempt), so a lab log stays readable."""
 
@@ -188,6 +206,7 @@ class Runner:
         self.cp.keep_idle(beat_idle_s(interval))  # one connection from beat to beat
         actual: dict[str, Any] = {}
         nonce: str | None = None
+        held = HeldDesired()
         while not self.stop.is_set():
             quote, signature = None, None
             if nonce and self.ctx.device_key:
@@ -198,7 +217,9 @@ class Runner:
                 from minion.tpm.session import AttestationKey
 
                 quote = _quote(self.ctx.tcti, AttestationKey.from_dict(ak or {}), nonce, self.ctx.event_log)
-            body = HeartbeatRequest(actual=actual, quote=quote, key_signature=signature).to_wire()
+            body = HeartbeatRequest(
+                actual=actual, quote=quote, key_signature=signature, desired_revision=held.revision
+            ).to_wire()
             try:
                 response = self.cp.post(
                     f"/v1/nodes/{node['node_id']}/heartbeat", body, token=node["node_credential"]
@@ -225,7 +246,12 @@ class Runner:
             if answer.state == "new":  # retried by the operator: attest again
                 self.ctx.state.forget_node()
                 return
-            actual = desired.apply(answer.desired)
+            current = held.take(answer)
+            if current is None:  # "unchanged" though this minion named no revision: not an answer to act on
+                self.say("heartbeat-refused", "heartbeat answer without a desired state")
+                self.pause(interval)
+                continue
+            actual = desired.apply(current)
             nonce = answer.quote_nonce
             self.pause(0 if nonce else interval)
 

@@ -7,6 +7,7 @@ the real heartbeat service."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections import Counter
 from datetime import UTC, datetime
@@ -21,7 +22,8 @@ from bench.bench_fleet_heartbeats import ACTUAL, SimNode, seed
 from contracts.errors import Conflict
 from contracts.heartbeat import parse_desired
 from contracts.heartbeat_keys import HeartbeatKey
-from contracts.messages import HeartbeatRequest
+from contracts.messages import HeartbeatRequest, HeartbeatResponse
+from minion.join.run import HeldDesired
 from provisioner.services import beat
 from provisioner.services.common.heartbeat_timing import HeartbeatTiming
 from provisioner.services.common.runtime import Runtime, attach
@@ -67,8 +69,10 @@ def fleet(database_url: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> 
     engine.dispose()
 
 
-def _beat(sessions: Any, node: SimNode, actual: dict[str, Any]) -> dict[str, Any]:
-    body = HeartbeatRequest.model_validate({"version": 1, "actual": actual})
+def _beat(
+    sessions: Any, node: SimNode, actual: dict[str, Any], revision: str | None = None
+) -> dict[str, Any]:
+    body = HeartbeatRequest.model_validate({"version": 1, "actual": actual, "desired_revision": revision})
     with sessions.begin() as s:
         answer = beat.beat(
             s, node.node_id, node.credential, body, observed_address="127.0.0.1", timing=TIMING
@@ -107,6 +111,32 @@ def test_a_beat_reads_its_node_and_its_reservations_once(fleet: Any) -> None:
     with sessions.begin() as s:
         rsv = reservations.get(s, "web", "fleet")
         assert (rsv.actual_state, rsv.address) == ("published", "192.0.2.7")
+
+
+def test_an_unchanged_desired_state_is_not_sent_again_and_a_change_is_sent_whole(fleet: Any) -> None:
+    """The minion echoes the answer's revision; while the desired state is the same, the answer leaves it
+    out. A change (here: the reservation's port) gets the whole state under a new revision, and a beat
+    naming an old or unknown revision gets it whole too. The minion's side (HeldDesired, as its heartbeat
+    loop keeps it) applies the state it holds for an answer that leaves it out."""
+    sessions, _engine, node = fleet
+    held = HeldDesired()
+    first = _beat(sessions, node, ACTUAL, held.revision)
+    revision = first["desired_revision"]
+    assert first["desired"]["reservations"] and len(revision) == 32
+    assert held.take(HeartbeatResponse.model_validate(first)) == first["desired"]
+    again = _beat(sessions, node, ACTUAL, held.revision)
+    assert again["desired"] is None and again["desired_revision"] == revision
+    assert held.take(HeartbeatResponse.model_validate(again)) == first["desired"]
+    assert HeldDesired().take(HeartbeatResponse.model_validate(again)) is None  # holds none: nothing to apply
+    assert len(json.dumps(again)) < len(json.dumps(first)) / 2
+    with sessions.begin() as s:
+        reservations.remove(s, "web", region="fleet", actor="test")
+    changed = _beat(sessions, node, ACTUAL, held.revision)
+    assert changed["desired"]["reservations"] == [] and changed["desired_revision"] != revision
+    assert held.take(HeartbeatResponse.model_validate(changed)) == changed["desired"]
+    assert held.revision == changed["desired_revision"]
+    assert _beat(sessions, node, ACTUAL, "0" * 32)["desired"] == changed["desired"]
+    assert _beat(sessions, node, ACTUAL, changed["desired_revision"])["desired"] is None
 
 
 def _row(sessions: Any, node: SimNode) -> tuple[Any, ...]:

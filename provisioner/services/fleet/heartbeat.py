@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import base64
 import functools
+import hashlib
 import logging
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pydantic_core
 from sqlalchemy import Select
 from sqlalchemy.orm import Session
 
@@ -88,7 +90,7 @@ def _beat(
     now = datetime.now(UTC)
     if not _quote_passes(session, node, att, body, now=now):
         session.flush()
-        return _answer(session, node, keys, None, timing)
+        return _answer(session, node, keys, None, timing, body.desired_revision)
     # the report, the beat's count and the observed address in one write of the node's row: a steady beat
     # writes nothing else
     inventory = node_address.inventory_to_store(node, body.inventory, observed_address)
@@ -100,7 +102,7 @@ def _beat(
         wake_after_commit(session, Wake.REGION_HEALTH)
     keys.record_actual(session, node, body.actual)
     session.flush()
-    return _answer(session, node, keys, quote_nonce, timing)
+    return _answer(session, node, keys, quote_nonce, timing, body.desired_revision)
 
 
 @functools.cache
@@ -113,16 +115,32 @@ def _holder_with_reads(keys: HeartbeatKeys) -> tuple[Select[Any], tuple[str, ...
 
 
 def _answer(
-    session: Session, node: Node, keys: HeartbeatKeys, quote_nonce: str | None, timing: HeartbeatTiming
+    session: Session,
+    node: Node,
+    keys: HeartbeatKeys,
+    quote_nonce: str | None,
+    timing: HeartbeatTiming,
+    held: str | None,
 ) -> HeartbeatResponse:
+    """`held`: the revision of the desired state the minion says it holds; the same one is not sent again."""
+    desired = keys.desired_for(session, node)
+    revision = desired_revision(desired)
     return HeartbeatResponse(
         node_id=node.id,
         state=node.state,
         reason=node.reason,
-        desired=keys.desired_for(session, node),
+        desired=None if revision == held else desired,
         quote_nonce=quote_nonce,
         heartbeat_interval_s=timing.interval_s,
+        desired_revision=revision,
     )
+
+
+def desired_revision(desired: dict[str, Any]) -> str:
+    """A name for this desired state: the digest of its JSON (a value the node must see again, a job's
+    secret included, changes it). The state is still built every beat, so a change anywhere reaches the
+    node at its next beat; what a steady beat saves is its encoding and its bytes on the wire."""
+    return hashlib.blake2b(pydantic_core.to_json(desired), digest_size=16).hexdigest()
 
 
 def _quote_passes(
