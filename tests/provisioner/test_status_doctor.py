@@ -5,6 +5,7 @@ plane, fails (exit 1) with the fix when no TPM CA is trusted, and warns about a 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from tests.fixtures.control_plane import ControlPlane
 from tests.provisioner.test_join_http import api
@@ -61,3 +62,24 @@ def test_doctor_finds_what_is_missing(api_server: ControlPlane, tpm_vendor_ca) -
 
     refused = subprocess.run([str(PROVISION), "doctor"], env=bad, capture_output=True, text=True, timeout=60)
     assert refused.returncode == 1 and "token" in refused.stdout
+
+
+def test_the_fleet_status_counts_on_both_stores(store: Any) -> None:
+    """The status's grouped queries on SQLite and PostgreSQL alike (PostgreSQL refused the online count's
+    GROUP BY when it repeated the expression with a second bound cutoff)."""
+    from datetime import UTC, datetime, timedelta
+
+    from sqlalchemy import update
+
+    from bench.bench_fleet_heartbeats import seed
+    from provisioner.services.fleet.fleet_status import status
+    from provisioner.store.models import Node
+
+    nodes = seed(store.url, 3, 1_000_000)
+    with store.sessions.begin() as s:  # one node last heard from an hour ago: offline
+        stale = datetime.now(UTC) - timedelta(hours=1)
+        s.execute(update(Node).where(Node.id == nodes[0].node_id).values(last_heartbeat_at=stale))
+    with store.sessions.begin() as s:
+        (region,) = status(s)["regions"]
+    got = (region["region"], region["by_state"], region["nodes_offline"])
+    assert got == ("fleet", {"maintenance": 3}, 1), region

@@ -34,10 +34,13 @@ def status(session: Session, now: datetime | None = None) -> dict[str, Any]:
     )
     by_state: dict[str, Counter[str]] = {r.id: Counter() for r in regions}
     offline: Counter[str] = Counter()
+    # grouped by the label, not by the expression again: PostgreSQL takes a second copy of the expression,
+    # with its own bound cutoff, for another one and refuses the query
+    online = (Node.last_heartbeat_at >= cutoff).label("online")
     for region_id, state, heartbeat, count in session.execute(
-        select(Node.region_id, Node.state, Node.last_heartbeat_at >= cutoff, func.count())
+        select(Node.region_id, Node.state, online, func.count())
         .where(Node.state != NodeState.REMOVED)
-        .group_by(Node.region_id, Node.state, Node.last_heartbeat_at >= cutoff)
+        .group_by(Node.region_id, Node.state, online)
     ):
         by_state.setdefault(region_id, Counter())[state] += count
         if state in NODE_READY and not heartbeat:
