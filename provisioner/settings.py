@@ -113,6 +113,16 @@ class Settings(BaseSettings):
         description="set by `provision serve --workers N` for its workers: where each one's Unix socket "
         "lets the others reach the node tunnels it holds (api/tunnel_relay.py)",
     )
+    # several control-plane hosts (docs/control-plane.md, "Several hosts"): their processes reach each
+    # other's node tunnels over TLS at this address (api/tunnel_relay.py, api/relay_peers.py)
+    peer_address: str | None = Field(
+        None,
+        description="the address this host's peers (the deployment's other control-plane hosts) reach "
+        "it at: a job's URL then answers through whichever host holds its node's tunnel",
+    )
+    peer_port: int = Field(
+        0, ge=0, le=65535, description="the tunnel relay port between hosts (0: each process a free one)"
+    )
     object_store_presign: bool = Field(
         True,
         description="nodes read chunks straight from a bucket store through short-lived pre-signed URLs "

@@ -6,6 +6,8 @@ key file's path is given once, when the control plane builds its runtime (servic
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +23,8 @@ class Sealer:
 
     key_path: Path
 
-    def _fernet(self) -> Fernet:
+    def ensure_key(self) -> Path:
+        """The key file, made race-free if it is not there yet (a deployment copies it to every host)."""
         path = self.key_path
         if not path.exists():
             key = Fernet.generate_key()
@@ -33,7 +36,15 @@ class Sealer:
             else:
                 with os.fdopen(fd, "wb") as f:
                     f.write(key)
-        return Fernet(path.read_bytes().strip())
+        return path
+
+    def _fernet(self) -> Fernet:
+        return Fernet(self.ensure_key().read_bytes().strip())
+
+    def derive(self, label: bytes) -> bytes:
+        """A key for one purpose (`label`), derived from this one (created on first use): the same on
+        every host that holds the same key file."""
+        return hmac.new(self.ensure_key().read_bytes().strip(), label, hashlib.sha256).digest()
 
     def seal(self, plaintext: bytes) -> str:
         """Encrypt for storage; the result is ASCII and safe for a text column."""

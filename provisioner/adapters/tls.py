@@ -372,6 +372,8 @@ def server_tls(settings: Settings, host: str) -> ServerTls | None:
     advertise = list(settings.advertise) or default_advertise()
     if host not in ("", "0.0.0.0", "::"):
         advertise.append(host)
+    if settings.peer_address:  # the other hosts' processes check this name (api/tunnel_relay.py)
+        advertise.append(settings.peer_address)
     return ensure_server_cert(TlsFiles(settings.tls_dir), advertise)
 
 

@@ -25,6 +25,7 @@ from provisioner.api import console, errors, fleet_metrics, job_proxy, links
 from provisioner.api.deps import FleetScope, require_operator
 from provisioner.api.job_proxy import Proxy
 from provisioner.api.limits import RequestLimits
+from provisioner.api.relay_peers import peer_link
 from provisioner.api.routes import (
     accounts,
     billing,
@@ -106,9 +107,10 @@ class ControlPlaneApp(FastAPI):
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     """The relay to this process's siblings under `serve --workers N`, and the reconcilers when asked."""
     async with AsyncExitStack() as stack:
-        relay_dir = app.state.settings.tunnel_relay_dir
-        if relay_dir is not None:
-            relay = TunnelRelay(relay_dir, app.state.job_proxy.hub)
+        settings = app.state.settings
+        peers = peer_link(settings, app.state.runtime.sealer, app.state.sessions)
+        if settings.tunnel_relay_dir is not None or peers is not None:
+            relay = TunnelRelay(settings.tunnel_relay_dir, app.state.job_proxy.hub, peers)
             await relay.start()
             stack.push_async_callback(relay.stop)
         if app.state.run_reconcilers:

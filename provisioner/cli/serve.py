@@ -118,6 +118,11 @@ def run_control_plane(  # noqa: C901, PLR0915
 
     if host is None:
         host = INSECURE_DEFAULT_HOST if settings.insecure_http else TLS_DEFAULT_HOST
+    if settings.peer_address is not None and settings.insecure_http:
+        raise CliError("--peer-address needs TLS: hosts relay tunnels only over TLS; drop --insecure-http")
+    if settings.peer_address is not None and workers > 1 and settings.peer_port:
+        raise CliError(f"--peer-port {settings.peer_port} cannot serve --workers {workers}: leave it out "
+                       "(each process takes a free port and says which in the store)")  # fmt: skip
     listening = _claim(host, port)  # before anything is written: a busy port changes nothing on disk
     settings.ensure_home()
     client_config = settings.client_config
@@ -267,6 +272,20 @@ def serve(
             help="Serve plain HTTP (binds 127.0.0.1 unless --host): tokens travel unencrypted.",
         ),
     ] = False,
+    peer_address: Annotated[
+        str | None,
+        typer.Option(
+            "--peer-address",
+            help="With several control-plane hosts: the address the others reach this one at, so a job's "
+            "URL answers through whichever host holds its node's tunnel (docs/control-plane.md).",
+        ),
+    ] = None,
+    peer_port: Annotated[
+        int | None,
+        typer.Option(
+            "--peer-port", min=0, max=65535, help="The port for --peer-address (default 0: a free one)."
+        ),
+    ] = None,
     workers: Annotated[
         int,
         typer.Option(
@@ -290,6 +309,8 @@ def serve(
             tls_key=tls_key,
             tls_ca=tls_ca,
             insecure_http=True if insecure_http else None,
+            peer_address=peer_address,
+            peer_port=peer_port,
         )
     except RigbaseError as exc:
         raise CliError(exc.message) from exc

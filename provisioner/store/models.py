@@ -254,3 +254,14 @@ class ApiToken(Base):
     # Written at most once a minute per token (services/accounts/tokens.py), so reads stay cheap.
     last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class RelayPeer(Base):
+    """A `provision serve` process that relays node tunnels to other hosts' processes
+    (api/tunnel_relay.py): its relay tag, where it listens, and when it last said it lives."""
+
+    __tablename__ = "relay_peers"
+
+    tag: Mapped[str] = mapped_column(String(16), primary_key=True)
+    url: Mapped[str] = mapped_column(String(300))
+    seen_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)

@@ -78,11 +78,16 @@ def file_server(root: Path) -> Iterator[int]:
 
 @contextmanager
 def fleet_at(
-    home: Path, port: int, per_source: int = 40, database_url: str | None = None, workers: int = 1
+    home: Path,
+    port: int,
+    per_source: int = 40,
+    database_url: str | None = None,
+    workers: int = 1,
+    env: dict[str, str] | None = None,
 ) -> Iterator[Fleet]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("RIGBASE_QUOTE_EVERY", "100000")
-        limit = {"RIGBASE_TUNNEL_STREAMS_PER_SOURCE": str(per_source)}
+        limit = {"RIGBASE_TUNNEL_STREAMS_PER_SOURCE": str(per_source), **(env or {})}
         extra = ("--workers", str(workers)) if workers > 1 else ()
         with start_control_plane(home, database_url, port=port, env=limit, extra_args=extra) as cp:
             engine = make_engine(cp.database_url)

@@ -23,7 +23,6 @@ import json
 import secrets
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Final
 
 from provisioner.adapters.secrets import Sealer
@@ -39,10 +38,7 @@ _KEY_LABEL: Final = b"rigbase console session v1"
 
 def signing_key(sealer: Sealer) -> bytes:
     """The console's HMAC key, derived from the control plane's secret key (created on first use)."""
-    path: Path = sealer.key_path
-    if not path.exists():
-        sealer.seal(b"")  # the sealer creates its key file race-free (O_EXCL)
-    return hmac.new(path.read_bytes().strip(), _KEY_LABEL, hashlib.sha256).digest()
+    return sealer.derive(_KEY_LABEL)
 
 
 def _b64(data: bytes) -> str:
