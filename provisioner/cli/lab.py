@@ -96,6 +96,14 @@ def up(
             "storage node).",
         ),
     ] = 0,
+    control_planes: Annotated[
+        int,
+        typer.Option(
+            "--control-planes",
+            help="How many control-plane hosts (1-5). More than one: each host serves in its own namespace "
+            'on one PostgreSQL, behind HAProxy (docs/lab.md, "Several control planes").',
+        ),
+    ] = 1,
     timeout: Annotated[
         float, typer.Option("--timeout", help="Seconds to wait for the nodes to reach maintenance.", min=1)
     ] = 600,
@@ -107,7 +115,7 @@ def up(
     from provisioner.lab.topology import LabPlan
 
     try:
-        plan = LabPlan(nodes=nodes, upnp=upnp, devices=devices)
+        plan = LabPlan(nodes=nodes, upnp=upnp, devices=devices, control_planes=control_planes)
     except ValueError as exc:
         fail(str(exc), exit_code=EXIT_USAGE)
     _run(
@@ -157,7 +165,9 @@ def status(json_out: Json = False) -> None:
         print(f"no lab in {report['home']}{leftovers}")
         return
     reach = "reachable" if report["control_plane_reachable"] else "NOT reachable"
-    print(f"control plane {report['host_url']} (LAN {report['lan_url']}): {reach}\n")
+    hosts = report.get("control_planes", 1)
+    shape = f", {hosts} hosts behind HAProxy" if hosts > 1 else ""
+    print(f"control plane {report['host_url']} (LAN {report['lan_url']}{shape}): {reach}\n")
     render.table(report["namespaces"], NS_COLUMNS, as_json=False)
     print()
     render.table(report["processes"], PROC_COLUMNS, as_json=False)

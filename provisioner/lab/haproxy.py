@@ -35,6 +35,9 @@ defaults
 
 frontend control_plane
     bind {{ listen }}
+{%- for extra in also_listen %}
+    bind {{ extra }}
+{%- endfor %}
     default_backend control_plane_hosts
 
 backend control_plane_hosts
@@ -51,7 +54,8 @@ verifyhost {{ check_name }}
 class HaproxyConfig:
     """`listen`: ADDRESS:PORT the minions and operators dial; `servers`: each control-plane host's
     ADDRESS:PORT; `ca_file`: the control plane's CA (the checks verify each host's certificate, issued
-    for `check_name`, the name or address the bundles carry)."""
+    for `check_name`, the name or address the bundles carry); `also_listen`: more addresses, e.g. the lab's
+    `fd@N`, a socket made in another network namespace and inherited."""
 
     listen: str
     servers: Sequence[str]
@@ -59,6 +63,7 @@ class HaproxyConfig:
     check_name: str
     heartbeat_s: float = 30.0
     admin_socket: str | None = None
+    also_listen: Sequence[str] = ()
 
     def render(self) -> str:
         if not self.servers:
@@ -71,4 +76,5 @@ class HaproxyConfig:
             check_name=self.check_name,
             idle_s=keep_alive_s(self.heartbeat_s) + 15,
             admin_socket=self.admin_socket,
+            also_listen=list(self.also_listen),
         )

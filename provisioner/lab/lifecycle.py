@@ -36,7 +36,7 @@ from contracts.errors import Conflict, RigbaseError, Unavailable
 from provisioner.adapters.tls import TlsFiles
 from provisioner.client import Client, ControlPlaneError, read_client_config
 from provisioner.domain.states import NODE_READY, NODE_STOPPED
-from provisioner.lab import hardware, job_image, job_runtime, netns, notebook_image, rootfs
+from provisioner.lab import control_planes, hardware, job_image, job_runtime, netns, notebook_image, rootfs
 from provisioner.lab.state import (
     LabNodeRecord,
     LabState,
@@ -110,6 +110,8 @@ def _preflight(plan: LabPlan, home: Path, state: LabState | None) -> None:
         raise Unavailable("provision lab up needs root to create network namespaces: run it with sudo")
     tools = TOOLS | (UPNP_TOOLS if plan.upnp else {})
     missing = sorted({pkg for tool, pkg in tools.items() if shutil.which(tool) is None})
+    if plan.control_planes > 1:
+        missing = sorted({*missing, *control_planes.missing_packages()})
     if missing:
         raise Unavailable(f"missing packages {', '.join(missing)}: run scripts/install-deps.sh")
     if state is None and (home / "client.json").exists():
@@ -118,33 +120,43 @@ def _preflight(plan: LabPlan, home: Path, state: LabState | None) -> None:
             "home, e.g. RIGBASE_HOME=/var/tmp/rigbase-lab provision lab up"
         )
     if state is not None:
-        have = len(state.nodes)
-        if plan.nodes < have:
-            raise Conflict(
-                f"the lab has {have} nodes and cannot shrink to {plan.nodes}: "
-                f"run `provision lab down --yes` first, or `provision lab up --nodes {have}`"
-            )
-        if plan.devices and state.storage_mode != "central":
-            raise Conflict(
-                f"the lab's region {REGION} uses local storage and devices need a central-storage region: "
-                f"run `provision lab down --yes`, then `provision lab up --devices {plan.devices}`"
-            )
-        devices = sum(1 for n in state.nodes.values() if n.service == "device")
-        if plan.devices < devices:
-            raise Conflict(
-                f"the lab has {devices} devices and cannot shrink to {plan.devices}: "
-                f"run `provision lab down --yes` first, or `provision lab up --devices {devices}`"
-            )
-        if state.upnp and not plan.upnp:
-            raise Conflict(
-                "the lab is up with a UPnP router: pass --upnp again, or `provision lab down --yes` first"
-            )
+        _refuse_change(plan, state)
     recorded = set(state.namespaces) if state else set()
     foreign = sorted(
         n for n in netns.list_namespaces(NETNS_PREFIX) if NAME_PATTERN.match(n) and n not in recorded
     )
     if foreign:
         raise Conflict(_foreign_namespace(foreign[0], home))
+
+
+def _refuse_change(plan: LabPlan, state: LabState) -> None:
+    """What a lab that is up cannot become by another `lab up`."""
+    have = len(state.nodes)
+    if plan.nodes < have:
+        raise Conflict(
+            f"the lab has {have} nodes and cannot shrink to {plan.nodes}: "
+            f"run `provision lab down --yes` first, or `provision lab up --nodes {have}`"
+        )
+    if plan.devices and state.storage_mode != "central":
+        raise Conflict(
+            f"the lab's region {REGION} uses local storage and devices need a central-storage region: "
+            f"run `provision lab down --yes`, then `provision lab up --devices {plan.devices}`"
+        )
+    devices = sum(1 for n in state.nodes.values() if n.service == "device")
+    if plan.devices < devices:
+        raise Conflict(
+            f"the lab has {devices} devices and cannot shrink to {plan.devices}: "
+            f"run `provision lab down --yes` first, or `provision lab up --devices {devices}`"
+        )
+    if state.control_planes != plan.control_planes:
+        raise Conflict(
+            f"the lab is up with {state.control_planes} control plane(s), its store with them: "
+            f"pass --control-planes {state.control_planes}, or `provision lab down --yes` first"
+        )
+    if state.upnp and not plan.upnp:
+        raise Conflict(
+            "the lab is up with a UPnP router: pass --upnp again, or `provision lab down --yes` first"
+        )
 
 
 def _foreign_namespace(name: str, home: Path) -> str:
@@ -217,7 +229,9 @@ def _ensure_network(plan: LabPlan, state: LabState, progress: Progress) -> netns
         lan_ns.ip("link", "set", "br0", "up")
     lan = netns.VirtualLan(lan_ns, LAN_CIDR, members=dict(state.lan_members))
     members: list[tuple[str, int]] = [(netns_name(HostRole.CP), 2), (netns_name(HostRole.CLIENT), 3)]
-    members += [(p.netns, int(p.address.rsplit(".", 1)[1])) for p in plan.member_plans()]
+    members += [
+        (p.netns, int(p.address.rsplit(".", 1)[1])) for p in [*plan.member_plans(), *plan.host_plans()]
+    ]
     made = []
     for name, host in members:
         if name in state.lan_members:
@@ -298,13 +312,7 @@ def _healthy(url: str, ca: Path) -> bool:
     return True
 
 
-def _ensure_control_plane(state: LabState, progress: Progress) -> None:
-    if state.serve and state.serve.alive() and state.host_url and _healthy(state.host_url, _ca(state)):
-        return
-    if state.serve:
-        state.serve.stop()
-    lan_sock = _listen_in(netns_name(HostRole.CP), address(HostRole.CP), CP_PORT)
-    port = _free_port()
+def _serve_environment(state: LabState) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in CLIENT_VARIABLES}
     # RIGBASE_PUBLIC_URL: the URL finalize writes into each node's minion.yaml (the LAN one, not loopback)
     env |= {
@@ -314,6 +322,20 @@ def _ensure_control_plane(state: LabState, progress: Progress) -> None:
     }
     # a lab's data may come from this machine (a bucket of a local MinIO, a web server): loopback is allowed
     env.setdefault("RIGBASE_SOURCE_NETWORKS", "127.0.0.0/8,::1/128")
+    return env
+
+
+def _ensure_control_plane(plan: LabPlan, state: LabState, progress: Progress) -> None:
+    if plan.control_planes > 1:  # several hosts on PostgreSQL behind HAProxy
+        control_planes.ensure(plan, state, _serve_environment(state), progress)
+        return
+    if state.serve and state.serve.alive() and state.host_url and _healthy(state.host_url, _ca(state)):
+        return
+    if state.serve:
+        state.serve.stop()
+    lan_sock = _listen_in(netns_name(HostRole.CP), address(HostRole.CP), CP_PORT)
+    port = _free_port()
+    env = _serve_environment(state)
     log = open(lab_dir() / "serve.log", "ab")
     try:
         proc = subprocess.Popen(
@@ -669,6 +691,7 @@ def up(
             home=str(home),
             upnp=plan.upnp,
             storage_mode=plan.storage_mode,
+            control_planes=plan.control_planes,
             home_entries_before=sorted(e for e in os.listdir(home)),
         )
     state.upnp = plan.upnp
@@ -684,7 +707,7 @@ def up(
         image = pool.submit(_ensure_job_image, base, step)
         _ensure_network(plan, state, step)
         ca = create_vendor_ca(lab_dir() / "tpm-ca")
-        _ensure_control_plane(state, step)
+        _ensure_control_plane(plan, state, step)
         bundle = _ensure_region(state, ca, step)
         # each minion finalizes itself in a chroot of its root: the roots exist before the minions start
         for p in plan.member_plans():
@@ -790,9 +813,10 @@ def status(home: Path | None = None) -> dict[str, Any]:
         }
     procs = [
         {"kind": p.kind, "pid": p.pid, "alive": p.alive(), "node": None}
-        for p in (state.serve, state.miniupnpd)
+        for p in (state.serve, state.haproxy, state.postgres, state.miniupnpd)
         if p
     ]
+    procs += [{"kind": p.kind, "pid": p.pid, "alive": p.alive(), "node": h} for h, p in state.hosts.items()]
     for node in state.nodes.values():
         tpm = Swtpm(_node_dir(node.name, home) / "swtpm")
         if _has_tpm(node):
@@ -826,6 +850,7 @@ def status(home: Path | None = None) -> dict[str, Any]:
         "home": str(home),
         "upnp": state.upnp,
         "storage_mode": state.storage_mode,
+        "control_planes": state.control_planes,
         "host_url": state.host_url,
         "lan_url": state.lan_url,
         "control_plane_reachable": reachable,
@@ -858,6 +883,10 @@ def down(*, progress: Progress = _quiet, home: Path | None = None) -> dict[str, 
     if state and state.miniupnpd:
         state.miniupnpd.stop()
         removed["processes"].append(f"miniupnpd {state.miniupnpd.pid}")
+    if state:
+        removed["processes"] += control_planes.stop(state)
+    if control_planes.remove_postgres():  # also a crashed lab's cluster, found by its fixed place
+        removed["processes"].append("postgres")
     removed["namespaces"] = _delete_namespaces(state)
     for tpm_dir in sorted((lab_dir(home) / "nodes").glob("*/swtpm")):
         Swtpm(tpm_dir).stop()

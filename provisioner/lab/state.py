@@ -63,7 +63,8 @@ def release_machine(home: Path) -> None:
 
 @dataclass
 class Proc:
-    """A process the lab started: `kind` (serve, swtpm, minion, miniupnpd), pid and its start time."""
+    """A process the lab started: `kind` (serve, swtpm, minion, miniupnpd, haproxy, postgres), pid and its
+    start time."""
 
     kind: str
     pid: int
@@ -112,6 +113,12 @@ class LabState:
     lan_url: str | None = None  # the control plane on the lab LAN (what minions use)
     serve: Proc | None = None
     miniupnpd: Proc | None = None
+    # `--control-planes N` > 1 (control_planes.py): a serve per host (host1 …) instead of `serve`, HAProxy
+    # in front of them and the PostgreSQL they share
+    control_planes: int = 1
+    hosts: dict[str, Proc] = field(default_factory=dict)
+    haproxy: Proc | None = None
+    postgres: Proc | None = None
     # what $RIGBASE_HOME held before the first `lab up`; `lab down` removes every other entry (the
     # control plane's client config, its secret key, Ansible artifacts) except the rootfs cache
     home_entries_before: list[str] = field(default_factory=list)
@@ -119,8 +126,8 @@ class LabState:
     version: int = STATE_VERSION
 
     def processes(self) -> list[Proc]:
-        procs = [p for p in (self.serve, self.miniupnpd) if p]
-        return procs + [n.minion for n in self.nodes.values() if n.minion]
+        procs = [p for p in (self.serve, self.miniupnpd, self.haproxy, self.postgres) if p]
+        return procs + list(self.hosts.values()) + [n.minion for n in self.nodes.values() if n.minion]
 
     def save(self) -> None:
         path = state_path(Path(self.home))
@@ -142,9 +149,6 @@ class LabState:
             name: LabNodeRecord(**(n | {"minion": proc(n.get("minion"))}))
             for name, n in data.pop("nodes", {}).items()
         }
-        return cls(
-            **(
-                data
-                | {"serve": proc(data.get("serve")), "miniupnpd": proc(data.get("miniupnpd")), "nodes": nodes}
-            )
-        )
+        procs = {k: proc(data.get(k)) for k in ("serve", "miniupnpd", "haproxy", "postgres")}
+        hosts = {name: Proc(**h) for name, h in data.pop("hosts", {}).items()}
+        return cls(**(data | procs | {"hosts": hosts, "nodes": nodes}))

@@ -6,11 +6,12 @@ never disagree and a crashed `lab up` is cleaned by name even without its state 
 ```
                     rigbase-lab-lan (bridge br0, 10.77.0.0/24, no host interface)
    ┌──────────────┬────────────────┬───────────────┬─────────────┬──────────────────────┐
- .1 router*     .2 cp            .3 client      .11 node1    .12 node2 …
- rigbase-lab-   rigbase-lab-cp    rigbase-lab-   rigbase-lab-  (each: swtpm, umockdev
- router ── wan  (control plane's  client         node1          profile, minion)
- (miniupnpd)    LAN socket)       (operator's laptop)
- * with --upnp only
+ .1 router*     .2 cp            .3 client      .11 node1    .12 node2 …     .61 host1** .62 host2** …
+ rigbase-lab-   rigbase-lab-cp    rigbase-lab-   rigbase-lab-  (each: swtpm,   rigbase-lab-host1 …
+ router ── wan  (control plane's  client         node1          umockdev       (`provision serve`,
+ (miniupnpd)    LAN socket, or    (operator's                   profile,       one per control-
+                HAProxy**)        laptop)                       minion)        plane host)
+ * with --upnp only   ** with --control-planes N > 1 (provisioner/lab/control_planes.py)
 ```
 """
 
@@ -30,6 +31,10 @@ CP_PORT = (
 )
 MIN_NODES, MAX_NODES, DEFAULT_NODES = 1, 16, 2
 NODE_HOST_BASE = 10  # node K is .(10+K)
+# `lab up --control-planes N`: N `provision serve` hosts on one PostgreSQL behind HAProxy, host K in its
+# own namespace at .(60+K); one control plane is the single serve process on SQLite
+MIN_CONTROL_PLANES, MAX_CONTROL_PLANES = 1, 5
+CONTROL_PLANE_HOST_BASE = 60
 REGION = "lab"
 PROVIDER = "physical"
 HARDWARE_PROFILE = "lab-gpu-node"
@@ -63,6 +68,7 @@ class HostRole(StrEnum):
     WAN = "wan"
     NODE = "node"
     DEVICE = "device"
+    HOST = "host"  # a control-plane host of a lab with several (`--control-planes N`)
 
 
 # host numbers on the LAN of the fixed members (the bridge namespace has no address)
@@ -70,15 +76,20 @@ HOSTS = {HostRole.ROUTER: 1, HostRole.CP: 2, HostRole.CLIENT: 3}
 
 # exactly the names a lab makes: `lab down` deletes these and nothing else, so namespaces of tests
 # (rigbase-<tag>-<role>-<random>) or other tools are never touched
-NAME_PATTERN = re.compile(rf"^{NETNS_PREFIX}(lan|cp|client|router|wan|node\d+|device\d+)$")
+NAME_PATTERN = re.compile(rf"^{NETNS_PREFIX}(lan|cp|client|router|wan|node\d+|device\d+|host\d+)$")
+NUMBERED = (HostRole.NODE, HostRole.DEVICE, HostRole.HOST)
 
 
 def netns_name(role: HostRole, k: int | None = None) -> str:
-    return f"{NETNS_PREFIX}{role.value}{k if role in (HostRole.NODE, HostRole.DEVICE) else ''}"
+    return f"{NETNS_PREFIX}{role.value}{k if role in NUMBERED else ''}"
 
 
 def address(role: HostRole, k: int | None = None) -> str:
-    bases = {HostRole.NODE: NODE_HOST_BASE, HostRole.DEVICE: DEVICE_HOST_BASE}
+    bases = {
+        HostRole.NODE: NODE_HOST_BASE,
+        HostRole.DEVICE: DEVICE_HOST_BASE,
+        HostRole.HOST: CONTROL_PLANE_HOST_BASE,
+    }
     host = bases[role] + k if role in bases and k is not None else HOSTS[role]
     return str(LAN_CIDR.network_address + host)
 
@@ -129,16 +140,47 @@ class DevicePlan:
 
 
 @dataclass(frozen=True)
+class HostPlan:
+    """A control-plane host of a lab with several: `provision serve` in its own namespace."""
+
+    k: int
+
+    @property
+    def name(self) -> str:
+        return f"host{self.k}"
+
+    @property
+    def netns(self) -> str:
+        return netns_name(HostRole.HOST, self.k)
+
+    @property
+    def address(self) -> str:
+        return address(HostRole.HOST, self.k)
+
+
+@dataclass(frozen=True)
 class LabPlan:
     nodes: int = DEFAULT_NODES
     upnp: bool = False
     devices: int = DEFAULT_DEVICES
+    control_planes: int = MIN_CONTROL_PLANES
 
     def __post_init__(self) -> None:
         if not MIN_NODES <= self.nodes <= MAX_NODES:
             raise ValueError(f"--nodes {self.nodes} is out of range: use {MIN_NODES} to {MAX_NODES}")
         if not 0 <= self.devices <= MAX_DEVICES:
             raise ValueError(f"--devices {self.devices} is out of range: use 0 to {MAX_DEVICES}")
+        if not MIN_CONTROL_PLANES <= self.control_planes <= MAX_CONTROL_PLANES:
+            raise ValueError(
+                f"--control-planes {self.control_planes} is out of range: "
+                f"use {MIN_CONTROL_PLANES} to {MAX_CONTROL_PLANES}"
+            )
+
+    def host_plans(self) -> list[HostPlan]:
+        """The control-plane hosts of a lab with several; none for the single serve process."""
+        if self.control_planes == MIN_CONTROL_PLANES:
+            return []
+        return [HostPlan(k) for k in range(1, self.control_planes + 1)]
 
     def node_plans(self) -> list[NodePlan]:
         return [NodePlan(k) for k in range(1, self.nodes + 1)]
@@ -161,7 +203,8 @@ class LabPlan:
         return [(r, netns_name(r)) for r in roles]
 
     def namespaces(self) -> list[str]:
-        return [n for _, n in self.fixed_namespaces()] + [p.netns for p in self.member_plans()]
+        members = [p.netns for p in self.member_plans()] + [h.netns for h in self.host_plans()]
+        return [n for _, n in self.fixed_namespaces()] + members
 
     @property
     def cp_lan_url(self) -> str:

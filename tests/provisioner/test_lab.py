@@ -143,8 +143,12 @@ def test_the_lab_reaches_the_control_plane_over_http_only() -> None:
             in (["provisioner", "services"], ["provisioner", "store"], ["provisioner", "cli"])
         }
         assert not forbidden, f"{module.name} imports {sorted(forbidden)}"
-    # the one `provision` the lab runs is `provision serve`: the control plane it simulates a region for
-    assert (lab_package / "lifecycle.py").read_text().count('BIN / "provision"') == 1
+    # the one `provision` the lab runs is `provision serve`: the control plane it simulates a region for,
+    # one process or (control_planes.py) one per host
+    for module in ("lifecycle.py", "control_planes.py"):
+        text = (lab_package / module).read_text()
+        assert text.count('BIN / "provision"') == 1, module
+        assert text.split('BIN / "provision")', 1)[1].lstrip(" ,\n").startswith('"serve"'), module
 
 
 def test_state_survives_a_round_trip_and_never_trusts_a_reused_pid(tmp_path: Path) -> None:
