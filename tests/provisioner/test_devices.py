@@ -171,10 +171,9 @@ def test_a_device_joins_finalizes_and_enters_active_without_maintenance(
         dnode = join(cp, device, "edge", {"gpus": [], "device": ORIN_NX})
         work = current_work(cp.url, dnode["node_id"], dnode["node_credential"])
         assert work["playbook"] == "finalize-device.yml"
-        assert (
-            work["variables"]["rigbase_service"] == "device"
-            and work["variables"]["rigbase_nfs_server"] is None
-        )
+        # the device mounts the region cache from the storage node, at the address its minion came from
+        assert work["variables"]["rigbase_service"] == "device"
+        assert work["variables"]["rigbase_nfs_server"] == "127.0.0.1", work["variables"]
         done = finish_finalize(cp.url, dnode["node_id"], dnode["node_credential"], work["generation"])
         assert done["state"] == "active", done
         _, err = waiting.communicate(timeout=60)
@@ -310,12 +309,17 @@ def test_device_days_count_every_device_that_existed_that_day(store: Store) -> N
 
 
 @pytest.mark.slow
-def test_the_device_playbook_writes_hostname_and_minion_config_and_touches_no_drive(
-    root: Path, tmp_path: Path
-) -> None:
+def test_the_device_playbook_mounts_the_region_cache_and_touches_no_drive(root: Path, tmp_path: Path) -> None:
     """finalize-device.yml through the minion's runner into a lab root (tests/minion/test_finalize.py's
-    way): the NVMe drives the work names are left alone (a device has no scratch array)."""
-    device = work(rigbase_service="device", rigbase_node_name="cam-1", rigbase_hostname="cam-1")
+    way): the storage node's cache export goes into fstab at /data/cache, where the inference container's
+    models are read; the NVMe drives the work names are left alone (a device has no scratch array)."""
+    device = work(
+        rigbase_service="device",
+        rigbase_node_name="cam-1",
+        rigbase_hostname="cam-1",
+        rigbase_storage_mode="central",
+        rigbase_nfs_server="10.77.0.11",
+    )
     assert device.playbook == "finalize-device.yml"
     for attempt in range(2):
         events: list[FinalizeEvent] = []
@@ -323,11 +327,17 @@ def test_the_device_playbook_writes_hostname_and_minion_config_and_touches_no_dr
             device, BUNDLE.data, FinalizePaths(tmp_path / "state"), host_root=root, on_event=events.append
         )
         assert result.outcome.ok, result
-        tasks = {e.task for e in events}
-        assert not [t for t in tasks if "scratch" in t.lower() or "cache" in t.lower()], tasks
+        ran = {e.task for e in events if e.status not in (TaskStatus.SKIPPED, TaskStatus.STARTED)}
+        touching = [t for t in ran if any(w in t.lower() for w in ("scratch", "raid", "drive", "sata"))]
+        assert not touching and "Add the data cache to fstab" in ran, ran
         if attempt:  # a second run converges: nothing changes
             assert result.outcome.changed == 0, [e for e in events if e.status is TaskStatus.CHANGED]
     assert (root / "etc/hostname").read_text() == "cam-1\n"
     config = yaml.safe_load((root / "etc/rigbase/minion.yaml").read_text())
     assert config["service"] == "device" and config["node_name"] == "cam-1" and config["scratch"] is None
     assert not (root / "etc/rigbase/scratch.yaml").exists()
+    fstab = (root / "etc/fstab").read_text().splitlines()
+    assert "10.77.0.11:/scratch/cache /data/cache nfs4 defaults,_netdev,nofail,noatime 0 0" in fstab
+    assert (root / "data/cache").is_dir()
+    storage = yaml.safe_load((root / "etc/rigbase/storage.yaml").read_text())
+    assert (storage["role"], storage["cache"]["kind"], storage["applied"]) == ("device", "nfs4", False)

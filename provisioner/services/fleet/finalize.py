@@ -102,10 +102,16 @@ def scratch_drives(inventory: Sequence[Mapping[str, Any] | str]) -> list[dict[st
     ]
 
 
+# what mounts the storage node's region cache in a central region
+CACHE_CLIENTS = frozenset({Service.COMPUTE, Service.DEVICE})
+
+
 def _storage_address(session: Session, node: Node) -> str | None:
-    """The NFS server of a compute node in a central region: its storage node's operator hostname,
-    else the address its minion last connected from; None in a local region or before there is one."""
-    if node.service != Service.COMPUTE or node.region.storage_mode != StorageMode.CENTRAL:
+    """The NFS server of a compute node or device in a central region (the region cache it mounts at
+    /data/cache, where its jobs' and inference containers' models and data are): its storage node's
+    operator hostname, else the address its minion last connected from; None in a local region or before
+    there is one."""
+    if node.service not in CACHE_CLIENTS or node.region.storage_mode != StorageMode.CENTRAL:
         return None
     storage = node_service.storage_node(session, node.region)
     if storage is None:
