@@ -13,6 +13,7 @@ from pydantic import TypeAdapter
 
 from contracts.device import DeviceActual, DeviceDesired
 from contracts.finalize import FinalizeStatus, FinalizeWork
+from contracts.gpu_health import GpuHealthReport
 from contracts.heartbeat_keys import HeartbeatKey
 from contracts.jobs import JobsActual, JobsDesired
 from contracts.object_cache import ObjectsActual, ObjectsDesired
@@ -31,6 +32,7 @@ DESIRED: Final[Mapping[HeartbeatKey, Any]] = {
     HeartbeatKey.JOBS: JobsDesired,
     HeartbeatKey.DEVICE_CONFIG: DeviceDesired | None,
     HeartbeatKey.OBJECTS: ObjectsDesired | None,
+    HeartbeatKey.GPU_HEALTH: bool,
 }
 # the type of each key's value in HeartbeatRequest.actual (a key is reported once its handler ran)
 ACTUAL: Final[Mapping[HeartbeatKey, Any]] = {
@@ -41,6 +43,7 @@ ACTUAL: Final[Mapping[HeartbeatKey, Any]] = {
     HeartbeatKey.JOBS: JobsActual,
     HeartbeatKey.DEVICE_CONFIG: DeviceActual,
     HeartbeatKey.OBJECTS: ObjectsActual,
+    HeartbeatKey.GPU_HEALTH: GpuHealthReport,
 }
 
 

@@ -15,3 +15,4 @@ class HeartbeatKey(StrEnum):
     JOBS = "jobs"  # desired: JobsDesired; actual: JobsActual
     DEVICE_CONFIG = "device_config"  # desired: DeviceDesired (devices) or null; actual: DeviceActual
     OBJECTS = "objects"  # desired: ObjectsDesired or null (devices); actual: ObjectsActual, its cache
+    GPU_HEALTH = "gpu_health"  # desired: whether to report it; actual: GpuHealthReport (NVML: facts, health)

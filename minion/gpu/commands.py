@@ -55,5 +55,38 @@ def cdi_command(
     print(output)
 
 
+@gpu.command("health")
+def health_command(
+    record: Annotated[
+        Path | None,
+        typer.Option("--record", help="Also write NVML's raw answers to this file (to replay elsewhere)."),
+    ] = None,
+    replay: Annotated[
+        Path | None, typer.Option("--replay", help="Assess answers recorded with --record instead of NVML.")
+    ] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="The report as JSON.")] = False,
+) -> None:
+    """What NVML says of each GPU and what it is fit for: ok (offered), busy, lost or failed (docs)."""
+    from minion.gpu.health import NvmlAnswers, PynvmlReader, RecordedReader, assess
+
+    try:
+        answers = RecordedReader(replay).read() if replay else PynvmlReader().read()
+    except (OSError, ValueError, TypeError) as exc:
+        print(f"error: cannot read {replay} ({exc}): pass a file written by --record", file=sys.stderr)
+        raise typer.Exit(1) from None
+    if record is not None:
+        record.write_text(NvmlAnswers.dump(answers))
+    report = assess(answers)
+    if json_out:
+        print(report.model_dump_json(indent=1))
+        return
+    print(f"driver {report.driver_version or '-'}" + (f": {report.problem}" if report.problem else ""))
+    for g in report.gpus:
+        facts = f"{g.name or '?'} {g.pci_bus_id or ''} PCIe gen {g.pcie_gen or '?'} x{g.pcie_width or '?'}"
+        print(f"GPU {g.index}  {g.state.value:<6}  {facts}" + (f"  {g.reason}" if g.reason else ""))
+    if report.problem or any(g.state.value != "ok" for g in report.gpus):
+        raise typer.Exit(1)
+
+
 def register(app: typer.Typer) -> None:
     app.add_typer(gpu, name="gpu")

@@ -48,6 +48,7 @@ RUN_HOOKS: list[str] = [
     "minion.finalize.agent",  # desired["finalize"]: on-node finalize (docs/finalize.md)
     "minion.jobs.agent",  # desired["jobs"]: job containers with podman (docs/minion-jobs.md)
     "minion.devices.agent",  # desired["device_config"]: a device's inference container (docs/devices.md)
+    "minion.gpu.agent",  # desired["gpu_health"]: NVML facts and health (docs/minion-jobs.md, "GPU health")
 ]
 
 

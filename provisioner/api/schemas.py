@@ -174,6 +174,11 @@ class NodeOut(BaseModel):
         description="what its object cache last reported: role, the digests "
         "held whole, used and budget bytes, what it fetches and what waits for room",
     )
+    gpu_health: dict[str, Any] | None = Field(
+        None,
+        description="what its NVML last said of each GPU (GpuHealthReport): facts, counters and state "
+        "(ok: offered; busy, lost: not offered; failed: the node takes no job); null until it tells",
+    )
     created_at: datetime
     updated_at: datetime
     version: int
@@ -206,6 +211,7 @@ class NodeOut(BaseModel):
             finalize_retry=n.finalize_retry or 0,
             finalize_actual=getattr(n, "finalize_actual", None),
             object_cache=getattr(n, "object_cache", None),
+            gpu_health=getattr(n, "gpu_health", None),
             created_at=n.created_at,
             updated_at=n.updated_at,
             version=n.version,

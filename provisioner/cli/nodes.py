@@ -208,6 +208,8 @@ def show(name: str, region: RegionOpt = None, json_out: Json = False) -> None:
             "inventory": hardware_text.one_line(node.get("inventory") or {}),
             "requirements": hardware_text.requirements_line(node.get("requirements") or {}),
         }
+        if node.get("gpu_health"):
+            node["gpu_health"] = hardware_text.gpu_health_line(node["gpu_health"])
     render.detail(node, as_json=json_out)
 
 

@@ -3,6 +3,7 @@ and `node show` print and the console shows (the reports themselves are under `-
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -46,3 +47,19 @@ def requirements_line(requirements: Mapping[str, Any]) -> str:
     if failing or ok is False:
         return "fail: " + (", ".join(failing) or "no rule named")
     return "pass"
+
+
+def gpu_health_line(report: Mapping[str, Any]) -> str:
+    """A node's GPU health report (contracts.gpu_health.GpuHealthReport) as one line: the driver, the
+    GPUs by state, and the first one that is not ok with its reason; or NVML's problem."""
+    if report.get("problem"):
+        return f"{report['problem']}"
+    gpus = report.get("gpus") or []
+    if not gpus:
+        return "no GPU reported"
+    states = Counter(str(g.get("state")) for g in gpus)
+    line = f"driver {report.get('driver_version') or '?'}: " + ", ".join(
+        f"{n} {state}" for state, n in sorted(states.items(), key=lambda kv: kv[0] != "ok")
+    )
+    bad = next((g for g in gpus if g.get("state") != "ok"), None)
+    return line + (f"; GPU {bad.get('index')} {bad.get('state')}: {bad.get('reason')}" if bad else "")

@@ -98,6 +98,11 @@ class Candidate:
     preemptible: bool = False
     # the object digests it would read without fetching: its own cache's, or its region's storage node's
     holds: frozenset[str] = frozenset()
+    # its GPUs as its NVML reports them (contracts/gpu_health.py): why a failed GPU takes it out (None: none
+    # failed), and how many of its GPUs are not offered (lost, or held by a process outside rigbase): those
+    # are already left out of gpus_total and gpus_free
+    gpu_failed: str | None = None
+    gpus_unoffered: int = 0
 
     @property
     def free_vcpus(self) -> int:
@@ -114,6 +119,7 @@ class Rejection(StrEnum):
     WRONG_GPU_TYPE = "wrong_gpu_type"
     OVER_MAX_PRICE = "over_max_price"
     HARDWARE_RULES = "hardware_rules"
+    GPU_FAILED = "gpu_failed"
     NOT_ACTIVE = "not_active"
     MAINTENANCE = "maintenance"
     OFFLINE = "offline"
@@ -168,6 +174,11 @@ TEXTS: dict[Rejection, RejectionText] = {
         "hardware rules",
         "fails the hardware rules that apply to this job ({failed}): `minion check` on it says what to fix",
     ),
+    Rejection.GPU_FAILED: RejectionText(
+        "GPU failed",
+        "has a failed GPU ({gpu_failed}): takes jobs again once it is reset or replaced and its minion "
+        "reports it healthy (`provision node show {name}`)",
+    ),
     Rejection.NOT_ACTIVE: RejectionText(
         "not active",
         "is {state}: takes jobs once it is active",
@@ -182,7 +193,7 @@ TEXTS: dict[Rejection, RejectionText] = {
     ),
     Rejection.TOO_FEW_GPUS: RejectionText(
         "too few free GPUs",
-        "has {gpus_free} of {gpus_total} GPUs free, the job needs {gpu_count}: "
+        "has {gpus_free} of {gpus_total} GPUs free{unoffered}, the job needs {gpu_count}: "
         "fits when enough are free, or with a lower resources.gpu_count",
     ),
     Rejection.TOO_FEW_CPUS: RejectionText(
@@ -201,6 +212,7 @@ PRECEDENCE: tuple[Rejection, ...] = (
     Rejection.WRONG_GPU_TYPE,
     Rejection.OVER_MAX_PRICE,
     Rejection.HARDWARE_RULES,
+    Rejection.GPU_FAILED,
     Rejection.NOT_ACTIVE,
     Rejection.MAINTENANCE,
     Rejection.OFFLINE,
@@ -211,6 +223,7 @@ PRECEDENCE: tuple[Rejection, ...] = (
 TRANSIENT: frozenset[Rejection] = frozenset(
     {
         Rejection.NO_CREDITS,
+        Rejection.GPU_FAILED,  # a reset or a replaced GPU brings the node back, the job unchanged
         Rejection.NOT_ACTIVE,
         Rejection.MAINTENANCE,
         Rejection.OFFLINE,
@@ -234,6 +247,10 @@ def _fields(request: PlacementRequest, c: Candidate) -> dict[str, object]:
         "state": c.state,
         "gpus_free": c.gpus_free,
         "gpus_total": c.gpus_total,
+        "gpu_failed": c.gpu_failed,
+        "unoffered": f" ({c.gpus_unoffered} more not offered: lost or held outside rigbase)"
+        if c.gpus_unoffered
+        else "",
         "gpu_count": request.gpu_count,
         "vcpus_free": c.free_vcpus,
         "vcpus": c.vcpus,
@@ -393,6 +410,8 @@ def _check(  # noqa: C901
             reason = Rejection.OVER_MAX_PRICE
         elif not c.requirements_ok:
             reason = Rejection.HARDWARE_RULES
+        elif c.gpu_failed is not None:
+            reason = Rejection.GPU_FAILED
         elif c.state != active:
             reason = Rejection.MAINTENANCE if c.state == maintenance else Rejection.NOT_ACTIVE
         elif not c.online:

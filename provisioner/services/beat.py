@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 from contracts.heartbeat_keys import HeartbeatKey
 from provisioner.services.common.desired_state import Contributor, CouldFind, HeartbeatKeys, Reporter
 from provisioner.services.devices import device_deployments
-from provisioner.services.fleet import finalize, heartbeat
+from provisioner.services.fleet import finalize, gpu_health, heartbeat
 from provisioner.services.jobs import job_assignments
 from provisioner.services.objects import node_caches
 from provisioner.services.regions import reservations
@@ -31,6 +31,7 @@ CONTRIBUTORS: Final[Mapping[HeartbeatKey, Contributor]] = {
     ),
     HeartbeatKey.FINALIZE: finalize.desired_for_node,
     HeartbeatKey.MAINTENANCE: heartbeat.maintenance_for_node,
+    HeartbeatKey.GPU_HEALTH: gpu_health.desired_for_node,
 }
 REPORTERS: Final[Mapping[HeartbeatKey, Reporter]] = {
     HeartbeatKey.RESERVATIONS: reservations.record_actual,
@@ -38,6 +39,7 @@ REPORTERS: Final[Mapping[HeartbeatKey, Reporter]] = {
     HeartbeatKey.DEVICE_CONFIG: device_deployments.record_actual,
     HeartbeatKey.OBJECTS: node_caches.record_actual,
     HeartbeatKey.FINALIZE: finalize.record_actual,
+    HeartbeatKey.GPU_HEALTH: gpu_health.record_actual,
 }
 # The store reads a beat makes for its contributors and reporters, each with the question that tells
 # whether it could find anything: the heartbeat asks them all in its first query and skips the reads

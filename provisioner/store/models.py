@@ -203,6 +203,9 @@ class Node(Base):
     object_cache: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     # contracts.jobs.NodeImages as the minion last told it (the dry run's image warnings); revision 0035
     images: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # what its NVML says of its GPUs (contracts.gpu_health.GpuHealthReport): placement offers only `ok` ones
+    # and takes the node out while one has failed (services/fleet/gpu_health.py); null until it tells
+    gpu_health: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
     version: Mapped[int] = mapped_column(Integer, nullable=False)

@@ -212,8 +212,26 @@ def check_container(probe: Path | None) -> None:
     report(peak["memory_used_mib"] > 0, "nvml", f"{len(samples)} samples under load, peaks {peak}")
 
 
+def check_health() -> None:
+    """NVML's answers as the minion's GPU health reads them (recorded, to replay in the tests), and the
+    state each GPU gets (minion/gpu/health.py)."""
+    from minion.gpu.health import PynvmlReader, assess
+
+    answers = PynvmlReader().read()
+    record = Path(os.environ.get("GPU_CHECK_RECORD", tempfile.mkdtemp())) / "nvml-answers.json"
+    record.parent.mkdir(parents=True, exist_ok=True)
+    record.write_text(answers.dump())
+    health = assess(answers)
+    print(health.model_dump_json(indent=1))
+    states = ", ".join(f"GPU {g.index} {g.state.value}" for g in health.gpus) or "no GPU"
+    report(
+        not health.problem and bool(health.gpus), "health", f"{health.problem or states}; answers in {record}"
+    )
+
+
 def main() -> int:
     check_inventory()
+    check_health()
     document = check_cdi()
     probe_env = os.environ.get("GPU_CHECK_PROBE")
     probe = Path(probe_env) if probe_env else None

@@ -92,6 +92,11 @@ CASES: dict[Rejection, tuple[dict[str, Any], dict[str, Any], str]] = {
         {},
         "(memory-vs-vram): `minion check`",
     ),
+    Rejection.GPU_FAILED: (
+        {"gpu_failed": "GPU 3 failed: uncorrectable ECC errors (2)"},
+        {},
+        "(GPU 3 failed: uncorrectable ECC errors (2)): takes jobs again once it is reset or replaced",
+    ),
     Rejection.NOT_ACTIVE: ({"state": NodeState.PROVISIONING}, {}, "takes jobs once it is active"),
     Rejection.MAINTENANCE: ({"state": NodeState.MAINTENANCE}, {}, "`provision node maintenance n1 off`"),
     Rejection.OFFLINE: ({"online": False}, {}, "when its minion reports"),

@@ -28,6 +28,7 @@ from provisioner.domain.placement import Candidate, CandidateSource, PlacementRe
 from provisioner.domain.states import WORKER_ON_NODE, NodeState, Service, is_online
 from provisioner.services.billing import prices
 from provisioner.services.cloud import gcp_capacity
+from provisioner.services.fleet import gpu_health
 from provisioner.services.objects import node_caches
 from provisioner.store.gcp_models import GcpBurstVm
 from provisioner.store.job_models import JobWorker
@@ -119,6 +120,9 @@ def candidate_of(
 ) -> Candidate:
     inventory = node.inventory or {}
     gpus = gpus_of(inventory)
+    health = gpu_health.report_of(node)
+    # where NVML reports, it decides what is offered: its ok GPUs, never more than the inventory lists
+    offered = min(len(gpus), health.offered()) if health and health.gpus else len(gpus)
     vcpus = _vcpus(inventory)
     failing = failed_rules(node.requirements or {})
     region = node.region
@@ -131,8 +135,8 @@ def candidate_of(
         region_public_jobs=bool(region.public_jobs),
         provider=region.provider.kind,
         gpu_type=gpu_type_of(inventory),
-        gpus_total=len(gpus),
-        gpus_free=max(0, len(gpus) - busy.gpus),
+        gpus_total=offered,
+        gpus_free=max(0, offered - busy.gpus),
         vcpus=vcpus,
         memory_gib=round(int(inventory.get("memory_total_bytes") or 0) / GIB, 2),
         price_per_gpu_hour=price_of(region.settings, inventory, public or {}),
@@ -142,6 +146,8 @@ def candidate_of(
         failed_rules=tuple(failing),
         vcpus_free=max(0, vcpus - busy.vcpus),
         holds=holds,
+        gpu_failed=health.out_of_placement() if health else None,
+        gpus_unoffered=len(gpus) - offered,
     )
 
 
