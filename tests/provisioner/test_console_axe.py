@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from contracts.metrics import format_line
+from minion.gpu.health import RecordedReader, assess
 from tests.provisioner import test_console_browser
 from tests.provisioner.test_console_browser import browser
 from tests.provisioner.test_jobs_api import Fleet, create, mine, report, running_fleet, spec
@@ -27,6 +28,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 __all__ = ["browser"]
 pytestmark = test_console_browser.pytestmark
 
+NVML = Path(__file__).resolve().parents[1] / "minion" / "nvml"  # recorded NVML answers: the node page's GPUs
 AXE = Path(__file__).resolve().parents[2] / ".venv" / "npm" / "node_modules" / "axe-core" / "axe.min.js"
 WAIT_S = 30
 SIZES = {"desktop": (1280, 900), "phone": (390, 844)}
@@ -63,7 +65,10 @@ def pages(fleet: Fleet) -> dict[str, str]:
         {"at": time.time(), "cpu_cores": 1.0, "memory_bytes": 2**30, "disk_bytes": 0}
         | {"net_rx_bytes": 0, "net_tx_bytes": 0, "gpus": []}
     ]
-    fleet.heartbeat("gpu-1", [report(worker, "running", gpu_indices=[0], usage=usage)])
+    health = assess(RecordedReader(NVML / "h100x4-faults.json").read()).model_dump(mode="json")
+    fleet.heartbeat(
+        "gpu-1", [report(worker, "running", gpu_indices=[0], usage=usage)], {"gpu_health": health}
+    )
     fleet.log("gpu-1", job_id, 0, 0, "start\n" + format_line({"loss": 0.5}, step=1) + "\n")
     assert create(fleet, spec("axe-waits", types=("A100 80GB",))).json()["state"] == "waiting"
     with fleet.http() as http:

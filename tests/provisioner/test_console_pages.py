@@ -559,3 +559,30 @@ def test_a_dry_run_shows_what_would_fail_at_start(fleet: Fleet) -> None:
         held = {"local": ["localhost/rigbase-job:test"], "pulls": {}}
         for node in fleet.node_ids:
             fleet.heartbeat(node, jobs={"workers": [], "images": held})
+
+
+def test_the_node_page_shows_its_gpus_health(fleet: Fleet) -> None:
+    """The node page's GPU table from the node's last GPU health report (docs/minion-jobs.md)."""
+    from minion.gpu.health import RecordedReader, assess
+
+    recorded = Path(__file__).resolve().parents[1] / "minion" / "nvml"
+    with browser(fleet.cp) as client:
+        sign_in(client, fleet.cp.token)
+        node_id = fleet.node_ids["gpu-2"]
+        before = client.get(f"/nodes/{node_id}").text
+        assert "No GPU health report yet" in before
+        health = assess(RecordedReader(recorded / "h100x2-busy.json").read(), ours=lambda pid: pid == 4242)
+        fleet.heartbeat("gpu-2", extra={"gpu_health": health.model_dump(mode="json")})
+        page = client.get(f"/nodes/{node_id}").text
+        table = page.split('id="gpu-health"', 1)[1].split("</table>", 1)[0]
+        rows = [html.unescape(re.sub(r"<[^>]+>", " ", r)).split() for r in table.split("<tr>")[2:]]
+        assert rows[0][:9] == ["0", "ok", "NVIDIA", "H100", "80GB", "HBM3", "gen", "5", "x16"], rows[0]
+        assert "97 %" in " ".join(rows[0]) and "612 W" in " ".join(rows[0])
+        assert rows[1][1] == "busy" and "outside rigbase's containers (pid 9001)" in " ".join(rows[1])
+        assert "Driver 550.127.05" in page
+        missing = assess(RecordedReader(recorded / "driver-not-loaded.json").read())
+        fleet.heartbeat("gpu-2", extra={"gpu_health": missing.model_dump(mode="json")})
+        problem = client.get(f"/nodes/{node_id}").text
+        assert (
+            'id="gpu-problem">the NVIDIA driver is installed but its kernel module is not loaded' in problem
+        )

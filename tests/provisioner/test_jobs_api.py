@@ -89,13 +89,17 @@ class Fleet:
         return client
 
     def heartbeat(
-        self, node: str, workers: list[dict[str, Any]] | None = None, jobs: dict[str, Any] | None = None
+        self,
+        node: str,
+        workers: list[dict[str, Any]] | None = None,
+        jobs: dict[str, Any] | None = None,
+        extra: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """One beat of the node over the real route (reporting `workers`, or a whole JobsActual `jobs`);
-        returns desired["jobs"]."""
+        """One beat of the node over the real route (reporting `workers`, or a whole JobsActual `jobs`, and
+        any other keys' values in `extra`); returns desired["jobs"]."""
         actual = (
             {"jobs": jobs} if jobs is not None else {} if workers is None else {"jobs": {"workers": workers}}
-        )
+        ) | (extra or {})
         answer = httpx.post(
             f"{self.cp.url}/v1/nodes/{self.node_ids[node]}/heartbeat",
             json={"version": 1, "actual": actual},
