@@ -1,6 +1,6 @@
 """GET /v1/nodes as JSON: a page of NodeOut (provisioner/api/schemas.py) written without decoding the reports.
 
-A node's reports (inventory, requirements, finalize_actual, object_cache) are most of its bytes — ~6 KiB of
+A node's reports (inventory, requirements, finalize_actual, object_cache, gpu_health) are most of its bytes — ~6 KiB of
 a realistic 8-GPU node — and the store already holds them as JSON text. Decoding and re-encoding them was
 most of what a listed node cost. So list rows carry the reports' stored text
 (provisioner/services/fleet/nodes.py LIST_COLUMNS), the other fields are serialised by pydantic-core in one
@@ -38,8 +38,9 @@ SOURCE: Final = {
     "requirements": "requirements_json",
     "finalize_actual": "finalize_actual_json",
     "object_cache": "object_cache_json",
+    "gpu_health": "gpu_health_json",
 }
-REPORTS: Final = ("inventory", "requirements", "finalize_actual", "object_cache")
+REPORTS: Final = ("inventory", "requirements", "finalize_actual", "object_cache", "gpu_health")
 _UNREADABLE_JSON: Final = json.dumps(UNREADABLE_REPORT, separators=(",", ":"))
 # Hashes of report texts found within bounds: three reports of 60,000 nodes in ~15 MB. Past this it starts
 # over (the next lists check again).

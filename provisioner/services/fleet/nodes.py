@@ -346,6 +346,7 @@ LIST_COLUMNS = (
     cast(Node.requirements, Text).label("requirements_json"),
     cast(Node.finalize_actual, Text).label("finalize_actual_json"),
     cast(Node.object_cache, Text).label("object_cache_json"),
+    cast(Node.gpu_health, Text).label("gpu_health_json"),
 )
 
 
