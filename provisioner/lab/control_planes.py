@@ -33,7 +33,7 @@ from provisioner.adapters.tls import TlsFiles
 from provisioner.client import Client, ControlPlaneError, read_client_config, write_client_config
 from provisioner.lab import netns
 from provisioner.lab.haproxy import HaproxyConfig
-from provisioner.lab.state import LabState, Proc, lab_dir
+from provisioner.lab.state import LabState, Proc, lab_dir, spawn
 from provisioner.lab.topology import CP_PORT, HostPlan, HostRole, LabPlan, address, netns_name
 
 Progress = Callable[[str], None]
@@ -181,16 +181,9 @@ def _start_host(state: LabState, host: HostPlan, env: Mapping[str, str], progres
         # checks and the other hosts' relays dial) and loopback (the operator's URL through the balancer)
         *("--advertise", address(HostRole.CP), "--advertise", host.address, "--peer-address", host.address),
     ]
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(
-            ["nsenter", f"--net={ns.path}", "--", *argv],
-            env={**env, "RIGBASE_HOME": str(home)},
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    state.hosts[host.name] = Proc.of("serve", proc.pid)
+    state.hosts[host.name], proc = spawn(
+        "serve", ["nsenter", f"--net={ns.path}", "--", *argv], log, env={**env, "RIGBASE_HOME": str(home)}
+    )
     state.save()
     url, ca = f"https://{host.address}:{CP_PORT}", TlsFiles(Path(state.home) / "tls").ca_cert
     deadline = time.monotonic() + START_TIMEOUT_S
@@ -222,19 +215,11 @@ def _start_balancer(plan: LabPlan, state: LabState, progress: Progress) -> None:
     )
     log = lab_dir() / "haproxy.log"
     ns = netns.Netns(netns_name(HostRole.CP))
+    argv = ["nsenter", f"--net={ns.path}", "--", "haproxy", "-f", str(config), "-db"]
     try:
-        with open(log, "ab") as out:
-            proc = subprocess.Popen(
-                ["nsenter", f"--net={ns.path}", "--", "haproxy", "-f", str(config), "-db"],
-                pass_fds=[loopback.fileno()],
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        state.haproxy, _ = spawn("haproxy", argv, log, pass_fds=[loopback.fileno()])
     finally:
         loopback.close()
-    state.haproxy = Proc.of("haproxy", proc.pid)
     state.host_url = f"https://127.0.0.1:{port}"
     state.lan_url = plan.cp_lan_url
     state.save()

@@ -46,6 +46,7 @@ from provisioner.lab.state import (
     lab_dir,
     machine_owner,
     release_machine,
+    spawn,
     state_path,
 )
 from provisioner.lab.swtpm import Swtpm, VendorCA, create_vendor_ca, provision_swtpm
@@ -335,36 +336,22 @@ def _ensure_control_plane(plan: LabPlan, state: LabState, progress: Progress) ->
         state.serve.stop()
     lan_sock = _listen_in(netns_name(HostRole.CP), address(HostRole.CP), CP_PORT)
     port = _free_port()
-    env = _serve_environment(state)
-    log = open(lab_dir() / "serve.log", "ab")
+    argv = [
+        *(str(BIN / "provision"), "serve", "--host", "127.0.0.1", "--port", str(port)),
+        *("--database", f"sqlite:///{lab_dir() / 'rigbase.db'}", "--fd", str(lan_sock.fileno())),
+        # the certificate names the LAN address minions dial (and loopback, always)
+        *("--advertise", address(HostRole.CP)),
+    ]
     try:
-        proc = subprocess.Popen(
-            [
-                str(BIN / "provision"),
-                "serve",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--database",
-                f"sqlite:///{lab_dir() / 'rigbase.db'}",
-                "--fd",
-                str(lan_sock.fileno()),
-                # the certificate names the LAN address minions dial (and loopback, always)
-                "--advertise",
-                address(HostRole.CP),
-            ],
+        state.serve, proc = spawn(
+            "serve",
+            argv,
+            lab_dir() / "serve.log",
+            env=_serve_environment(state),
             pass_fds=[lan_sock.fileno()],
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
         )
     finally:
         lan_sock.close()
-        log.close()
-    state.serve = Proc.of("serve", proc.pid)
     state.host_url, state.lan_url = f"https://127.0.0.1:{port}", f"https://{address(HostRole.CP)}:{CP_PORT}"
     state.save()
     deadline = time.monotonic() + 60

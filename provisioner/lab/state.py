@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -81,6 +83,29 @@ class Proc:
     def stop(self, timeout: float = 5.0) -> None:
         """SIGTERM (a minion says goodbye on its way out), SIGKILL after `timeout`."""
         terminate(lambda sig: os.kill(self.pid, sig), self.alive, grace_s=timeout)
+
+
+def spawn(
+    kind: str,
+    argv: Sequence[str],
+    log: Path,
+    *,
+    env: Mapping[str, str] | None = None,
+    pass_fds: Sequence[int] = (),
+) -> tuple[Proc, subprocess.Popen[bytes]]:
+    """Start one of the lab's processes in a session of its own (it outlives the `lab up` that started
+    it), its output appended to `log`; the record to keep, and the process to watch while it starts."""
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            list(argv),
+            env=dict(env) if env is not None else None,
+            pass_fds=tuple(pass_fds),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    return Proc.of(kind, proc.pid), proc
 
 
 @dataclass

@@ -6,7 +6,6 @@ comes back is one line in the node's history, with its reason."""
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from pydantic import ValidationError
@@ -14,11 +13,9 @@ from sqlalchemy.orm import Session
 
 from contracts.gpu_health import GpuHealthReport
 from provisioner.domain.states import Service
-from provisioner.services.common import audit
+from provisioner.services.common import audit, node_reports
 from provisioner.services.common.errors import flush
 from provisioner.store.models import Node
-
-log = logging.getLogger(__name__)
 
 
 def desired_for_node(session: Session, node: Node) -> bool:
@@ -37,16 +34,10 @@ def report_of(node: Node) -> GpuHealthReport | None:
 
 
 def record_actual(session: Session, node: Node, value: Any) -> None:
-    try:
-        report = GpuHealthReport.model_validate(value)
-    except ValidationError as exc:
-        log.warning("node %s reported unreadable GPU health (%d problems)", node.name, exc.error_count())
-        return
-    stored = report.model_dump(mode="json")
-    if stored == node.gpu_health:
-        return
+    report = node_reports.read(node, GpuHealthReport, value, "GPU health")
     before = report_of(node)
-    node.gpu_health = stored
+    if report is None or not node_reports.store_changed(node, "gpu_health", report):
+        return
     was, now = before.out_of_placement() if before else None, report.out_of_placement()
     if was != now:
         why = now or f"its GPUs are healthy again ({report.offered()} offered)"

@@ -20,14 +20,13 @@ from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from pydantic import ValidationError
 from sqlalchemy import exists, select
 from sqlalchemy.orm import Session
 
 from contracts.object_cache import MAX_REPORTED, CacheRole, ObjectsActual, ObjectsDesired, WantedObject
 from contracts.regional import StorageMode
 from provisioner.domain.states import NODE_STOPPED, WORKER_ON_NODE, ObjectState, Service, WorkerState
-from provisioner.services.common import desired_state
+from provisioner.services.common import desired_state, node_reports
 from provisioner.services.common.errors import flush
 from provisioner.store.data_models import DataObject, JobObject
 from provisioner.store.job_models import Job, JobWorker
@@ -151,15 +150,9 @@ def recently_removed(session: Session) -> list[str]:
 
 
 def record_actual(session: Session, node: Node, value: Any) -> None:
-    try:
-        report = ObjectsActual.model_validate(value)
-    except ValidationError as exc:
-        log.warning("node %s reported an unreadable object cache (%d problems)", node.name, exc.error_count())
+    report = node_reports.read(node, ObjectsActual, value, "an object cache")
+    if report is None or not node_reports.store_changed(node, "object_cache", report):
         return
-    stored = report.model_dump(mode="json")
-    if stored == node.object_cache:
-        return
-    node.object_cache = stored
     if report.role is CacheRole.REGION:
         _update_waiting_reasons(session, node, report)
     flush(session, f"node {node.name}")
