@@ -36,6 +36,7 @@ NODE_REQUIREMENTS = (
     "nvidia-ml-py",
     "cryptography",
     "segno",  # `minion id --qr`: the sticker an operator prints for a device or a server
+    "websockets",  # the node's outbound tunnel for job URLs and `job connect` (minion/jobs/tunnel.py)
     # The node runs its own finalize playbook (node_ansible.py): ansible-core and ansible-runner, and their
     # dependencies pinned too, so the wheelhouse does not drift to whatever PyPI has on the build day.
     "ansible-core",
