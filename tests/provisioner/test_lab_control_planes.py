@@ -1,7 +1,9 @@
 """`provision lab up --control-planes N` (provisioner/lab/control_planes.py): the lab's control plane as
 several `provision serve` hosts, each in its own namespace, on one PostgreSQL behind HAProxy. The node joins
-through the balancer; a host killed under it leaves the node beating and the operator's commands answered
-by the others; `lab up` again restarts only that host; `lab down` leaves no host, balancer or cluster."""
+through the balancer, and an endpoint's URL answers through whichever host the balancer picks (the hosts
+relay the node's tunnel to each other). Two of the three hosts killed under it: the node beats on, its
+minion's tunnel dials the host that is left, the URL answers again and the operator's commands are
+answered; `lab up` again restarts only those hosts; `lab down` leaves no host, balancer or cluster."""
 
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ from provisioner.lab import control_planes
 from provisioner.lab.haproxy import HaproxyConfig
 from provisioner.lab.topology import NAME_PATTERN, LabPlan
 from tests.provisioner.test_lab import cached_lab_home, lab_home, lab_namespaces, provision, rootfs_cache
+from tests.provisioner.test_lab_job_urls import _client
+from tests.provisioner.test_lab_jobs import EXAMPLES, _job, _ok
 
 __all__ = ["cached_lab_home", "lab_home", "rootfs_cache"]  # the fixtures, shared with test_lab
 
@@ -69,14 +73,47 @@ def _last_beat(home: Path) -> str:
     return str(json.loads(shown.stdout)["last_heartbeat_at"])
 
 
-def test_three_control_planes_survive_a_host_killed_and_down_leaves_nothing(cached_lab_home: Path) -> None:
+def _an_endpoint_outlives_two_hosts(home: Path, hosts: dict[str, int]) -> None:
+    """An endpoint's URL answers through any host; with host1 and host2 killed, the node beats on through
+    host3, its minion's tunnel dials host3 (whichever host it held before), and the URL answers again."""
+    # an endpoint: its URL answers through any host, whichever holds the node's tunnel
+    _ok(home, "node", "maintenance", "node-1", "off")
+    _ok(home, "job", "create", "-f", str(EXAMPLES / "lab-endpoint.yaml"), "-y")
+    deadline = time.monotonic() + 120
+    while (job := _job(home, "hello-endpoint"))["state"] != "running":
+        assert job["state"] in ("waiting", "starting") and time.monotonic() < deadline, job
+        time.sleep(0.5)
+    config, client = _client(home)
+    url, auth = f"{config['url']}/j/{job['id']}/", {"Authorization": f"Bearer {config['token']}"}
+    with client:
+        for _ in range(10):  # each on a new connection: HAProxy spreads them over the hosts
+            answer = client.get(url, headers=auth | {"Connection": "close"})
+            assert (answer.status_code, answer.text) == (200, "hello from hello-endpoint\n"), answer.text
+
+        # two of the three hosts killed under the fleet: the node beats on through the third, its tunnel
+        # dials the third, the URL answers again, the CLI is answered
+        for name in ("host1", "host2"):
+            os.kill(hosts[name], signal.SIGKILL)
+        before, deadline = _last_beat(home), time.monotonic() + 30
+        while _last_beat(home) == before:
+            assert time.monotonic() < deadline, "node-1 was not heard from after two hosts were killed"
+            time.sleep(0.5)
+        back, deadline = None, time.monotonic() + 60
+        while back is None or back.status_code != 200:
+            assert time.monotonic() < deadline, f"the URL did not answer again: {back and back.text}"
+            time.sleep(1)
+            back = client.get(url, headers=auth | {"Connection": "close"})
+        assert back.text == "hello from hello-endpoint\n"
+
+
+def test_three_control_planes_outlive_two_hosts_killed_and_down_leaves_nothing(cached_lab_home: Path) -> None:
     home = cached_lab_home
     up = provision(home, "lab", "up", "--nodes", "1", "--control-planes", "3", "--json", timeout=600)
     assert up.returncode == 0, up.stderr[-3000:]
     assert [(n["name"], n["state"]) for n in json.loads(up.stdout)["nodes"]] == [("node-1", "maintenance")]
     report = _report(home)
     assert report["control_planes"] == 3 and report["control_plane_reachable"], report
-    kinds = sorted(p["kind"] for p in report["processes"] if p["alive"])
+    kinds = sorted(p["kind"] for p in report["processes"] if p["alive"])  # before any job: no container
     assert kinds == ["haproxy", "minion", "postgres", "serve", "serve", "serve", "swtpm"], report["processes"]
     # the operator's URL is the balancer's loopback socket; the fleet's status reads PostgreSQL
     client = json.loads((home / "client.json").read_text())
@@ -86,14 +123,8 @@ def test_three_control_planes_survive_a_host_killed_and_down_leaves_nothing(cach
     (region,) = json.loads(status.stdout)["regions"]
     assert region["by_state"] == {"maintenance": 1}, region
 
-    # a host killed under the fleet: the node beats on through the others, the CLI is answered
     hosts = _hosts(report)
-    os.kill(hosts["host1"], signal.SIGKILL)
-    before = _last_beat(home)
-    deadline = time.monotonic() + 20
-    while _last_beat(home) == before:
-        assert time.monotonic() < deadline, "node-1 was not heard from after host1 was killed"
-        time.sleep(0.5)
+    _an_endpoint_outlives_two_hosts(home, hosts)
     listed = provision(home, "node", "list", "--json")
     assert listed.returncode == 0 and json.loads(listed.stdout)[0]["online"] is True, listed
 
@@ -101,9 +132,8 @@ def test_three_control_planes_survive_a_host_killed_and_down_leaves_nothing(cach
     again = provision(home, "lab", "up", "--nodes", "1", "--control-planes", "3", timeout=300)
     assert again.returncode == 0, again.stderr[-2000:]
     after = _hosts(_report(home))
-    assert after["host1"] != hosts["host1"] and {h: after[h] for h in ("host2", "host3")} == {
-        h: hosts[h] for h in ("host2", "host3")
-    }
+    assert after["host1"] != hosts["host1"] and after["host2"] != hosts["host2"], (hosts, after)
+    assert after["host3"] == hosts["host3"]
     other = provision(home, "lab", "up", "--nodes", "1", "--control-planes", "2")
     assert other.returncode == 1 and "--control-planes 3" in other.stderr, other.stderr
     assert other.stderr.strip().count("\n") == 0
