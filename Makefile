@@ -5,7 +5,7 @@ export TSS2_LOG := all+none
 # one debootstrap'd lab root for the finalize and lab tests, kept between runs (keyed by its inputs)
 export RIGBASE_TEST_ROOTFS_CACHE ?= $(CURDIR)/.cache/rootfs
 
-.PHONY: deps test test-deep test-vm demo bench clean
+.PHONY: deps test test-deep test-vm test-vagrant test-nvidia demo bench clean
 
 deps:
 	./scripts/install-deps.sh
@@ -23,10 +23,22 @@ test-deep: deps
 test-vm: deps
 	$(PY) -m pytest -q --durations=5 -p no:cacheprovider tests/image_builder/test_node_life_vm.py
 
+# a Vagrant VM (libvirt, TCG) installs from the USB image, joins the control plane on the host, finalizes
+# and goes into maintenance; libvirtd in a network namespace of the test (docs/vagrant.md, "Tested here")
+test-vagrant: deps
+	$(PY) -m pytest -q --durations=5 -p no:cacheprovider tests/image_builder/test_vagrant_join.py
+
+# an image built --with-nvidia: Debian's driver at its pinned version, its modules compiled by DKMS for the
+# image's own kernel, read back with modinfo (docs/image-builder.md, "The NVIDIA driver"; docs/testing.md)
+test-nvidia: deps
+	$(PY) -m pytest -q -s --durations=5 -p no:cacheprovider tests/image_builder/test_nvidia_image.py
+
 demo: deps
 	./scripts/demo.sh
 
+# the bench extra: py-spy, which samples where the server's time goes in bench fleet_heartbeats
 bench: deps
+	$(PY) -m pip install -q -e '.[bench]'
 	$(PY) -m bench
 
 clean:

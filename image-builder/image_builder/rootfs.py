@@ -17,6 +17,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from image_builder import nvidia
+from image_builder.dpkg import package_versions
 from image_builder.errors import BuildError
 
 #: Bump when the way the base tree is prepared changes (so old cache entries are not reused).
@@ -69,9 +71,9 @@ BASE_PACKAGES: tuple[str, ...] = (
     "nftables",  # the jobs network's narrowing (minion/jobs/network.py)
 )
 
-#: Debian's non-free NVIDIA driver stack for real GPU nodes (--with-nvidia).
-NVIDIA_PACKAGES: tuple[str, ...] = ("nvidia-driver", "nvidia-kernel-dkms", "linux-headers-amd64")
-NVIDIA_COMPONENTS: tuple[str, ...] = ("main", "contrib", "non-free", "non-free-firmware")
+#: Debian's non-free NVIDIA driver stack for real GPU nodes (--with-nvidia; image_builder/nvidia.py).
+NVIDIA_PACKAGES: tuple[str, ...] = nvidia.PACKAGES
+NVIDIA_COMPONENTS: tuple[str, ...] = nvidia.COMPONENTS
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,7 @@ class RootfsInputs:
     packages: tuple[str, ...] = BASE_PACKAGES
     components: tuple[str, ...] = ("main",)
     with_nvidia: bool = False
+    nvidia_driver: str | None = None  # the pinned driver version, with --with-nvidia
     debootstrap_version: str = field(default_factory=lambda: debootstrap_version())
     stage_version: int = STAGE_VERSION
 
@@ -120,7 +123,11 @@ def inputs_for(with_nvidia: bool = False, mirror: str | None = None) -> RootfsIn
     packages = BASE_PACKAGES + (NVIDIA_PACKAGES if with_nvidia else ())
     components = NVIDIA_COMPONENTS if with_nvidia else ("main",)
     return RootfsInputs(
-        mirror=mirror or apt_mirror(), packages=packages, components=components, with_nvidia=with_nvidia
+        mirror=mirror or apt_mirror(),
+        packages=packages,
+        components=components,
+        with_nvidia=with_nvidia,
+        nvidia_driver=nvidia.DRIVER_VERSION if with_nvidia else None,
     )
 
 
@@ -211,6 +218,11 @@ def base_tree(cache: Path, inputs: RootfsInputs, log=print) -> Path:
         log(f"debootstrap {inputs.suite} from {inputs.mirror} ({len(inputs.packages)} extra packages) ...")
         started = time.monotonic()
         _debootstrap(inputs, work / "tree", work / "debootstrap.log", cache / "debs")
+        if inputs.with_nvidia:  # its modules for the image's kernel, before _trim drops apt's state
+            t = time.monotonic()
+            facts = nvidia.compile_modules(work / "tree", chroot, log)
+            (work / "nvidia-seconds").write_text(f"{time.monotonic() - t:.1f}\n")  # for performance.md
+            log(f"NVIDIA {facts.version}: {len(facts.modules)} modules for {facts.kernel}")
         _trim(work / "tree")
         (work / "inputs.json").write_text(json.dumps(asdict(inputs), indent=2, sort_keys=True))
         (work / "packages.txt").write_text(installed_packages(work / "tree"))
@@ -235,15 +247,7 @@ def _unmount_below(path: Path) -> None:
 
 def installed_packages(root: Path) -> str:
     """`name version` lines, sorted: read from dpkg's status file so no chroot is needed."""
-    status = (root / "var/lib/dpkg/status").read_text(errors="replace")
-    pkgs: list[str] = []
-    for stanza in status.split("\n\n"):
-        fields = dict(
-            line.split(": ", 1) for line in stanza.splitlines() if ": " in line and not line[0].isspace()
-        )
-        if fields.get("Status", "").endswith(" installed") and "Package" in fields:
-            pkgs.append(f"{fields['Package']} {fields.get('Version', '')}")
-    return "\n".join(sorted(pkgs)) + "\n"
+    return "\n".join(sorted(f"{name} {version}" for name, version in package_versions(root).items())) + "\n"
 
 
 def simulate_install(
