@@ -1,7 +1,7 @@
 """The top-level Vagrantfile (docs/vagrant.md): `vagrant validate` with the libvirt provider's plugin
 checks every provider setting, and the Vagrantfile's own settings refuse bad values in one line.
 
-A real `vagrant up` is not run here: see docs/vagrant.md for why it cannot run on this machine kind."""
+Real `vagrant up` runs are tests/image_builder/test_vagrant_up.py and test_vagrant_join.py."""
 
 from __future__ import annotations
 
@@ -34,6 +34,12 @@ def test_vagrantfile_validates_and_creates_nothing(tmp_path: Path, profile: str)
     assert not (tmp_path / "disks").exists()  # drives are made by `vagrant up`, not by validate
 
 
+@pytest.mark.parametrize("mode", ["none", "nat", "user", "off"])
+def test_every_network_mode_validates(tmp_path: Path, mode: str) -> None:
+    done = _validate(tmp_path, RIGBASE_NETWORK_MODE=mode, RIGBASE_ACCEL="qemu")
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 @pytest.mark.parametrize(
     ("name", "value"),
     [
@@ -42,6 +48,7 @@ def test_vagrantfile_validates_and_creates_nothing(tmp_path: Path, profile: str)
         ("RIGBASE_NODE_PROFILE", "gpu"),
         ("RIGBASE_ACCEL", "hvf"),
         ("RIGBASE_NETWORK_ADDRESS", "rigbase.lan"),
+        ("RIGBASE_NETWORK_MODE", "bridge"),
     ],
 )
 def test_a_bad_setting_is_one_line_naming_it(tmp_path: Path, name: str, value: str) -> None:
