@@ -1,27 +1,33 @@
 """Join burst benchmark: N minions (default 1,000), each with its OWN swtpm process
-and EK, start the attested join at the same instant against ONE control plane (`provision serve`, TLS,
-a throw-away PostgreSQL cluster by default); none was added as a node, so each ends pending (202).
-Measured: the time from the start signal until every minion is pending, joins/s, and the ratio to the
-60 s goal (the earlier bench_join burst: 200 in 20.4 s).
+and EK, start the attested join at the same instant against one control-plane host and then against three
+(`--hosts 1,3`), each shape behind HAProxy on one throw-away PostgreSQL cluster, as docs/control-plane.md
+"Several hosts" deploys it (tests/fixtures/scale_out.py: every host, HAProxy and the minions a network
+namespace of their own); none was added as a node, so each ends pending (202). Measured per shape: the
+time from the start signal until every minion is pending, joins/s, and the ratio to the 60 s goal; then
+three hosts against one.
 
 What the figure includes: both join steps over HTTPS (POST /v1/join, then the proof: TPM2_ActivateCredential
 and TPM2_Quote on the minion's swtpm), the server's EK chain, credential and quote checks and its writes.
 Not included: manufacturing the TPM states (swtpm_setup, ~0.7 s each, once, cached in
 $RIGBASE_BENCH_CACHE, shared with bench_join), starting the swtpm processes (parallel batches of
 `--batch`) and creating each minion's AK. On a real fleet each minion's TPM work runs on its own machine;
-here all N swtpms share the server's two cores, so the swtpm CPU is printed beside the server's.
-Every swtpm process is stopped at the end, also on Ctrl-C or SIGTERM.
+here all N swtpms share the hosts' two cores, so the swtpm CPU is printed beside the servers'. On a
+machine of two cores three hosts have no core more than one: the ratio says what the shape costs or
+gains here, not what hosts of their own would. Every swtpm process is stopped at the end, also on Ctrl-C
+or SIGTERM.
 
-    .venv/bin/python -m bench join_burst                       # full size: 1,000 minions, PostgreSQL
+    .venv/bin/python -m bench join_burst                       # full size: 1,000 minions, 1 and 3 hosts
     .venv/bin/python -m bench join_burst --minions 20          # a quick look
-    RIGBASE_BENCH_MINIONS=20 RIGBASE_BENCH_STORE=sqlite .venv/bin/python -m bench join_burst
+    RIGBASE_BENCH_MINIONS=20 RIGBASE_BENCH_HOSTS=3 .venv/bin/python -m bench join_burst
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
+import ssl
 import statistics
 import sys
 import tempfile
@@ -202,25 +208,30 @@ def _arguments(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="bench join_burst", description=__doc__.split("\n")[0])
     parser.add_argument("--minions", type=int, default=int(env("RIGBASE_BENCH_MINIONS", "1000")))
     parser.add_argument(
-        "--store", choices=("postgresql", "sqlite"), default=env("RIGBASE_BENCH_STORE", "postgresql")
+        "--hosts", default=env("RIGBASE_BENCH_HOSTS", "1,3"), help="control-plane hosts, one shape each"
     )
     parser.add_argument(
         "--batch", type=int, default=int(env("RIGBASE_BENCH_BATCH", "16")), help="swtpms started at once"
     )
     args, _ = parser.parse_known_args(list(argv))  # a neighbour's options pass through
-    if args.minions < 1 or args.batch < 1:
-        parser.error("--minions and --batch must be at least 1")
+    try:
+        args.hosts = [int(h) for h in args.hosts.split(",") if h.strip()]
+    except ValueError:
+        parser.error(f"--hosts takes counts separated by commas (got {args.hosts!r})")
+    if args.minions < 1 or args.batch < 1 or not args.hosts or min(args.hosts) < 1:
+        parser.error("--minions, --batch and every --hosts count must be at least 1")
     return args
 
 
-def _setup(cp: Any, ca: Any) -> str:
-    """Provider, region, the vendor CA; a join token good for the burst."""
-    with cp.client() as client:
-        client.post("/v1/providers", json={"kind": "physical"}).raise_for_status()
-        client.post("/v1/regions", json={"name": "burst", "provider": "physical"}).raise_for_status()
-        pem = b"".join(ca.certificate_pems()).decode()
-        client.post("/v1/tpm-cas", json={"pem": pem}).raise_for_status()
-        return str(client.post("/v1/regions/burst/join-tokens", json={"ttl": "2h"}).json()["token"])
+def _setup(url: str, ca_file: str, admin: str, vendor: Any) -> str:
+    """Provider, region, the vendor CA; a join token good for the burst (run in the minions' namespace)."""
+    headers = {"Authorization": f"Bearer {admin}"}
+    with httpx.Client(base_url=url, verify=ssl.create_default_context(cafile=ca_file), headers=headers) as c:
+        c.post("/v1/providers", json={"kind": "physical"}).raise_for_status()
+        c.post("/v1/regions", json={"name": "burst", "provider": "physical"}).raise_for_status()
+        pem = b"".join(vendor.certificate_pems()).decode()
+        c.post("/v1/tpm-cas", json={"pem": pem}).raise_for_status()
+        return str(c.post("/v1/regions/burst/join-tokens", json={"ttl": "2h"}).json()["token"])
 
 
 def _parallel(pool_size: int, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
@@ -228,83 +239,119 @@ def _parallel(pool_size: int, fn: Callable[[Any], Any], items: Sequence[Any]) ->
         return list(pool.map(fn, items))
 
 
-def run(args: argparse.Namespace) -> None:
-    from tests.fixtures.control_plane import start_control_plane
-    from tests.fixtures.postgres import PostgresCluster
+@dataclass
+class Burst:
+    """What one burst gave: every outcome, the minions' ids, restarted joins, and the CPU seconds of the
+    control-plane hosts, the swtpms and the minions' client side during it."""
 
+    outcomes: list[Outcome]
+    minion_ids: set[str]
+    retries: int
+    cpu: tuple[float, float, float]
+    swtpm_mib: float
+
+
+def _burst_from(
+    tpms: Sequence[Any], url: str, token: str, ca_file: str, servers: Sequence[int], batch: int
+) -> Burst:
+    """In the minions' namespace: a minion per swtpm (AK made, not timed), then the burst."""
+    verify = ssl.create_default_context(cafile=ca_file)
+    minions: list[BurstMinion] = []
+    try:
+        minions += _parallel(batch, lambda tpm: BurstMinion(tpm, url, token, verify), tpms)
+        cpu0 = (sum(tree_cpu_s(p) for p in servers), swtpm_cpu_s(tpms), sum(os.times()[:2]))
+        outcomes, _ = burst(minions)
+        cpu1 = (sum(tree_cpu_s(p) for p in servers), swtpm_cpu_s(tpms), sum(os.times()[:2]))
+    finally:
+        _parallel(batch, BurstMinion.close, minions)
+    cpu = (cpu1[0] - cpu0[0], cpu1[1] - cpu0[1], cpu1[2] - cpu0[2])
+    ids = {m.minion_id for m in minions}
+    return Burst(outcomes, ids, sum(m.retries for m in minions), cpu, swtpm_rss_mib(tpms))
+
+
+def _one_shape(args: argparse.Namespace, count: int, golden: Sequence[Any], vendor: Any) -> float | None:
+    """The burst against `count` hosts behind HAProxy; the seconds until all were pending (None: not all)."""
+    from tests.fixtures.postgres import PostgresCluster
+    from tests.fixtures.scale_out import control_plane_hosts
+
+    with ExitStack() as stack:
+        work = Path(tempfile.mkdtemp(prefix="rigbase-bench-burst-"))
+        stack.callback(shutil.rmtree, work, True)
+        cluster = stack.enter_context(PostgresCluster())
+        url = cluster.create_database()
+        t = time.monotonic()
+        shape = stack.enter_context(control_plane_hosts(work / "hosts", cluster, url, count, {}, 30.0))
+        first = shape.hosts[0].home
+        admin = json.loads((first / "client.json").read_text())["token"]
+        ca_file = str(first / "tls" / "ca.pem")
+        token = shape.minions.call(_setup, shape.url, ca_file, admin, vendor)
+        print(f"  -- {count} host(s) behind HAProxy (up in {time.monotonic() - t:.1f} s)")
+        t = time.monotonic()
+        tpms = stack.enter_context(swtpm_fleet(golden, work, args.batch))
+        servers = [h.proc.pid for h in shape.hosts if h.proc is not None]
+        done: Burst = shape.minions.call(
+            _burst_from, tpms, shape.url, token, ca_file, servers, args.batch, timeout=3600
+        )
+        print(
+            f"    {len(tpms)} swtpm processes started and AKs created in batches of {args.batch} "
+            f"({time.monotonic() - t:.1f} s with the burst; {done.swtpm_mib:.0f} MiB resident together)"
+        )
+        pending = count_pending(url, done.minion_ids)
+    return _report(args, count, done, pending)
+
+
+def run(args: argparse.Namespace) -> None:
     cache = Path(os.environ.get("RIGBASE_BENCH_CACHE", "/tmp/rigbase-bench-swtpm"))
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(
-        f"join burst: {args.minions} minions, each with its own swtpm, join at once against one control "
-        f"plane ({args.store}); {os.cpu_count()} CPUs, load average {load}"
+        f"join burst: {args.minions} minions, each with its own swtpm, join at once against "
+        f"{' and then '.join(str(h) for h in args.hosts)} control-plane host(s) behind HAProxy on "
+        f"PostgreSQL; {os.cpu_count()} CPUs, load average {load}"
     )
     t = time.monotonic()
-    ca, golden = manufacture(cache, args.minions)
+    vendor, golden = manufacture(cache, args.minions)
     print(f"  {len(golden)} swtpm states ready ({time.monotonic() - t:.0f} s, cached in {cache})")
-    with ExitStack() as stack:
-        stack.enter_context(sigterm_unwinds())
-        work = Path(tempfile.mkdtemp(prefix="rigbase-bench-burst-"))
-        stack.callback(shutil.rmtree, work, True)
-        if args.store == "postgresql":
-            url = stack.enter_context(PostgresCluster()).create_database()
-        else:
-            (work / "home").mkdir()
-            url = f"sqlite:///{work / 'home' / 'rigbase.db'}"
-        cp = stack.enter_context(start_control_plane(work / "home", url))
-        token = _setup(cp, ca)
-        t = time.monotonic()
-        tpms = stack.enter_context(swtpm_fleet(golden, work, args.batch))
-        minions: list[BurstMinion] = []
-        stack.callback(lambda: _parallel(args.batch, BurstMinion.close, minions))
-        minions += _parallel(args.batch, lambda tpm: BurstMinion(tpm, cp.url, token, cp.verify), tpms)
-        print(
-            f"  {len(tpms)} swtpm processes started and AKs created in batches of {args.batch} "
-            f"({time.monotonic() - t:.1f} s, not timed; {swtpm_rss_mib(tpms):.0f} MiB resident together)"
-        )
-        cpu0 = (tree_cpu_s(cp.process.pid), swtpm_cpu_s(tpms), sum(os.times()[:2]))
-        outcomes, _ = burst(minions)
-        cpu1 = (tree_cpu_s(cp.process.pid), swtpm_cpu_s(tpms), sum(os.times()[:2]))
-        pending = count_pending(url, {m.minion_id for m in minions})
-        retries = sum(m.retries for m in minions)
-    _report(args, outcomes, pending, [b - a for a, b in zip(cpu0, cpu1, strict=True)], retries)
+    taken: dict[int, float | None] = {}
+    with sigterm_unwinds():
+        for count in args.hosts:
+            taken[count] = _one_shape(args, count, golden, vendor)
+    one, three = taken.get(1), taken.get(3)
+    if one and three:
+        print(f"  three hosts against one: {one / three:.2f}x the joins per second")
+        figure("join burst: three hosts against one, joins per second", one / three, "x")
 
 
-def _report(
-    args: argparse.Namespace,
-    outcomes: Sequence[Outcome],
-    pending: int,
-    cpu: Sequence[float],
-    retries: int,
-) -> None:
+def _report(args: argparse.Namespace, count: int, done: Burst, pending: int) -> float | None:
+    outcomes, cpu = done.outcomes, done.cpu
     statuses = Counter(o.status if isinstance(o.status, int) else "error" for o in outcomes)
     errors = [o.status for o in outcomes if not isinstance(o.status, int) or o.status != 202]
     all_s = max(o.answered_s for o in outcomes)
     times = sorted(o.answered_s for o in outcomes)
+    whole = pending == args.minions and not errors
     print(
-        f"  answers: {dict(statuses)}; pending in the store afterwards: {pending}/{args.minions}; "
-        f"joins restarted after a transport error: {retries}"
+        f"    answers: {dict(statuses)}; pending in the store afterwards: {pending}/{args.minions}; "
+        f"joins restarted after a transport error: {done.retries}"
         + (f"; first error: {errors[0]}" if errors else "")
     )
     print(
-        f"  all {args.minions} pending after {all_s:.1f} s ({args.minions / all_s:.1f} joins/s); "
+        f"    all {args.minions} pending after {all_s:.1f} s ({args.minions / all_s:.1f} joins/s); "
         f"half after {statistics.median(times):.1f} s"
     )
     print(
-        f"  CPU during the burst: server {cpu[0]:.1f} s ({100 * cpu[0] / all_s:.0f} % of one core), "
-        f"the {args.minions} swtpms {cpu[1]:.1f} s, the minions' client side (this process) {cpu[2]:.1f} s"
+        f"    CPU during the burst: the host(s) {cpu[0]:.1f} s ({100 * cpu[0] / all_s:.0f} % of one core), "
+        f"the {args.minions} swtpms {cpu[1]:.1f} s, the minions' client side {cpu[2]:.1f} s"
     )
+    hosts = "one host" if count == 1 else f"{count} hosts"
     figure(
-        f"join burst: {args.minions:,} minions, each with its own swtpm ({args.store}), all pending",
+        f"join burst: {args.minions:,} minions, each with its own swtpm, {hosts} behind HAProxy, all pending",
         all_s,
         "s",
         target=GOAL_S,
-        note="" if pending == args.minions and not errors else "NOT all pending",
+        note="" if whole else "NOT all pending",
     )
-    figure("the same: half pending", statistics.median(times), "s")
-    print(
-        f"  time / {GOAL_S:.0f} s goal = {all_s / GOAL_S:.2f}"
-        + ("" if pending == args.minions and not errors else "  (NOT all pending: see errors)")
-    )
+    figure(f"the same: half pending ({hosts})", statistics.median(times), "s")
+    print(f"    time / {GOAL_S:.0f} s goal = {all_s / GOAL_S:.2f}" + ("" if whole else "  (NOT all pending)"))
+    return all_s if whole else None
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -1,8 +1,8 @@
 """GET /v1/nodes as JSON: a page of NodeOut (provisioner/api/schemas.py) written without decoding the reports.
 
-A node's reports (inventory, requirements, finalize_actual, object_cache, gpu_health) are most of its bytes — ~6 KiB of
-a realistic 8-GPU node — and the store already holds them as JSON text. Decoding and re-encoding them was
-most of what a listed node cost. So list rows carry the reports' stored text
+A node's reports (inventory, requirements, finalize_actual, object_cache, gpu_health) are most of its
+bytes — ~6 KiB of a realistic 8-GPU node — and the store already holds them as JSON text. Decoding and
+re-encoding them was most of what a listed node cost. So list rows carry the reports' stored text
 (provisioner/services/fleet/nodes.py LIST_COLUMNS), the other fields are serialised by pydantic-core in one
 call with a marker where each report goes, and the stored text is spliced in at the markers. The answer
 is the NodeOut page's JSON: same keys in the same order, same values; only the whitespace inside a report

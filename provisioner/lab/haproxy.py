@@ -3,8 +3,9 @@ own timings (docs/control-plane.md "Several hosts").
 
 TCP mode, so TLS ends at each control-plane host and the CA a bundle pins still signs what a minion sees.
 The idle timeouts are the server's keep-alive and a margin, so HAProxy never cuts a minion's connection
-between two beats; health checks are verified TLS handshakes, and a connection refused by a host that
-died before its check noticed is sent to another (`retries` + `option redispatch`)."""
+between two beats; health checks are verified TLS handshakes, patient with a host that is busy (a join
+burst), and a connection refused by a host that died before its check noticed is sent to another
+(`retries` + `option redispatch`)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,10 @@ defaults
     timeout server {{ idle_s }}s
     retries 2
     option redispatch
+    # a busy host answers a check's TLS handshake late, not never: a burst of joins once had every host
+    # marked down by 200 ms checks, and HAProxy closed new connections (a dead host is skipped at once
+    # anyway: its refusals are retried on another host)
+    timeout check 3s
 
 frontend control_plane
     bind {{ listen }}
@@ -42,8 +47,8 @@ frontend control_plane
 
 backend control_plane_hosts
     balance roundrobin
-    default-server check inter 200ms fall 2 rise 2 check-ssl verify required ca-file {{ ca_file }} \
-verifyhost {{ check_name }}
+    default-server check inter 1s fastinter 200ms fall 3 rise 2 \
+check-ssl verify required ca-file {{ ca_file }} verifyhost {{ check_name }}
 {%- for server in servers %}
     server cp{{ loop.index }} {{ server }}
 {%- endfor %}
