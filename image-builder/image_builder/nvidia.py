@@ -8,8 +8,9 @@ does not rely on that: it asks DKMS for the image's kernel by name (`-k`), build
 is missing, and refuses a tree whose modules are not there. The modules are built against the image's own
 headers (`linux-headers-KVER` in the tree) and installed into `lib/modules/KVER/updates/dkms`; from there
 they are part of the
-verity root, so they are measured with it (the root hash is on the UKI's measured command line). udev
-loads them at boot from the GPU's PCI alias, and nvidia-modprobe's rules make `/dev/nvidia*`.
+verity root, so they are measured with it (the root hash is on the UKI's measured command line). Debian's
+nouveau blacklist and udev rule (nvidia_helper makes `/dev/nvidia*`) come with the packages; a boot on a
+GPU has not been seen here.
 """
 
 from __future__ import annotations
