@@ -76,8 +76,12 @@ class GpuHealthReport(MinionMessage):
     driver_version: str | None = Field(None, max_length=32)
     gpus: list[GpuHealth] = Field(default_factory=list, max_length=64)
     problem: Reason | None = None  # no driver module, a library/module version mismatch, …
+    # why the node has no CDI spec of its GPUs (a directory it cannot write, no libraries): none is offered
+    cdi_problem: Reason | None = None
 
     def offered(self) -> int:
+        if self.cdi_problem:  # podman cannot give a GPU without the spec
+            return 0
         return sum(1 for g in self.gpus if g.state in OFFERED)
 
     def out_of_placement(self) -> str | None:

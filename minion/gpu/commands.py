@@ -32,17 +32,17 @@ def cdi_command(
     ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="JSON instead of YAML.")] = False,
 ) -> None:
-    """Print the spec `nvidia-ctk cdi generate` would write for this driver (hooks replaced by mounts)."""
+    """Print the spec `nvidia-ctk cdi generate` would write for this driver (hooks replaced by mounts);
+    on a Jetson, the spec of its --mode=csv from L4T's host-files-for-container.d."""
     from minion.gpu import cdi
-    from minion.gpu.driver import NoDriver, discover
+    from minion.gpu.driver import NoDriver
     from minion.gpu.nvml import driver_view
 
     try:
-        driver = discover(host_root, nvml=driver_view() if host_root == Path("/") else None)
+        document, _ = cdi.node_spec(host_root, driver_view() if host_root == Path("/") else None)
     except NoDriver as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise typer.Exit(1) from None
-    document = cdi.spec(driver)
     text = json.dumps(document, indent=1) + "\n" if json_out else cdi.render(document)
     if output is None:
         sys.stdout.write(text)

@@ -2,7 +2,11 @@
 Toolkit (`nvidia-ctk cdi generate`, its pkg/nvcdi) finds it, without the toolkit (Debian does not ship it,
 and a node's verity root cannot install it):
 
-- the GPUs: from NVML (index, UUID, minor number) when the driver is loaded, else the /dev/nvidiaN nodes;
+- the GPUs: from NVML (index, UUID, minor number, PCI bus id) when the driver is loaded, else the
+  /dev/nvidiaN nodes (with the bus id the driver's /proc/driver/nvidia/gpus/BUS/information gives);
+- each GPU's DRM nodes: the card and render nodes its PCI device has under /sys/bus/pci/devices/BUS/drm,
+  and the /dev/dri/by-path links to them (the toolkit's create-symlinks hook makes those links; a node
+  at the link's path with the same device numbers serves the same opens);
 - the driver version: NVML's, else /sys/module/nvidia/version, else /proc/driver/nvidia/version;
 - the control device nodes (nvidiactl, nvidia-uvm, nvidia-uvm-tools, nvidia-modeset) that exist;
 - the user-space libraries: every regular file named `*.so.VERSION` that the root's ld.so cache (read
@@ -50,6 +54,9 @@ SOCKETS: Final = ("/run/nvidia-persistenced/socket", "/run/nvidia-fabricmanager/
 VERSION_FILES: Final = ("sys/module/nvidia/version", "proc/driver/nvidia/version")
 _VERSION: Final = re.compile(r"\b(\d+\.\d+(?:\.\d+)?)\b")
 _GPU_NODE: Final = re.compile(r"^nvidia(\d+)$")
+_DEVICE_MINOR: Final = re.compile(r"^Device Minor:\s*(\d+)\s*$", re.MULTILINE)
+GPU_INFO_DIR: Final = "proc/driver/nvidia/gpus"
+DRM_KINDS: Final = ("card", "renderD")  # the DRM nodes the toolkit gives a GPU (not controlD)
 _LDCONFIG_LINE: Final = re.compile(r"^\s*(\S+) \(([^)]*)\) => (\S+)$")
 
 
@@ -62,6 +69,7 @@ class Gpu:
     index: int
     minor: int  # /dev/nvidiaMINOR
     uuid: str | None = None
+    pci_bus_id: str | None = None  # sysfs form, 0000:3b:00.0
 
 
 @dataclass(frozen=True)
@@ -83,9 +91,16 @@ class DriverInstall:
     binaries: tuple[HostFile, ...]
     sockets: tuple[HostFile, ...]
     firmware: tuple[HostFile, ...] = field(default=())
+    drm: tuple[tuple[HostFile, ...], ...] = field(default=())  # per GPU, in `gpus` order: drm_nodes()
 
     def host(self, path: str) -> str:
         return host_path(self.root, path)
+
+    def nodes_of(self, position: int) -> list[HostFile]:
+        """The device nodes of the GPU at `position` in `gpus`: /dev/nvidiaMINOR, then its DRM nodes."""
+        gpu = self.gpus[position]
+        own = HostFile(self.host(f"/dev/nvidia{gpu.minor}"), f"/dev/nvidia{gpu.minor}")
+        return [own, *(self.drm[position] if position < len(self.drm) else ())]
 
 
 def host_path(root: Path, path: str) -> str:
@@ -136,12 +151,50 @@ def driver_version(root: Path, nvml_version: str | None = None) -> str:
     )
 
 
+def sysfs_bus_id(bus_id: str) -> str:
+    """NVML's `00000000:3B:00.0` as sysfs names it, `0000:3b:00.0` (as the toolkit shortens it)."""
+    return bus_id.strip().lower()[-12:]
+
+
+def _bus_ids_by_minor(root: Path) -> dict[int, str]:
+    found: dict[int, str] = {}
+    info_dir = root / GPU_INFO_DIR
+    if info_dir.is_dir():
+        for gpu_dir in info_dir.iterdir():
+            try:
+                match = _DEVICE_MINOR.search((gpu_dir / "information").read_text())
+            except OSError:
+                continue
+            if match:
+                found[int(match.group(1))] = sysfs_bus_id(gpu_dir.name)
+    return found
+
+
 def gpus_from_nodes(root: Path) -> tuple[Gpu, ...]:
+    buses = _bus_ids_by_minor(root)
     found = []
     for node in (root / "dev").glob("nvidia*"):
         if match := _GPU_NODE.match(node.name):
-            found.append(Gpu(index=int(match.group(1)), minor=int(match.group(1))))
+            minor = int(match.group(1))
+            found.append(Gpu(index=minor, minor=minor, pci_bus_id=buses.get(minor)))
     return tuple(sorted(found, key=lambda g: g.index))
+
+
+def drm_nodes(root: Path, bus_id: str | None) -> tuple[HostFile, ...]:
+    """The GPU's DRM card and render nodes, then the by-path links to them, each as (host node, the path
+    the container sees); none without a bus id or a DRM driver bound to the GPU."""
+    if not bus_id:
+        return ()
+    drm = root / "sys/bus/pci/devices" / bus_id / "drm"
+    names = sorted(e.name for e in drm.iterdir() if e.name.startswith(DRM_KINDS)) if drm.is_dir() else []
+    nodes = [f"/dev/dri/{name}" for name in names if (root / "dev/dri" / name).exists()]
+    out = [HostFile(host_path(root, node), node) for node in nodes]
+    for kind, suffix in (("card", "card"), ("renderD", "render")):
+        link = f"/dev/dri/by-path/pci-{bus_id}-{suffix}"
+        target = resolve_in_root(root, link)
+        if target in nodes and PurePosixPath(target).name.startswith(kind):
+            out.append(HostFile(host_path(root, target), link))
+    return tuple(out)
 
 
 def _ld_cache(root: Path) -> list[tuple[str, str]]:
@@ -230,6 +283,7 @@ def discover(root: Path = Path("/"), *, nvml: NvmlView | None = None) -> DriverI
         binaries=_existing(root, [b for b in binaries if b]),
         sockets=_existing(root, SOCKETS),
         firmware=_existing(root, [firmware]),
+        drm=tuple(drm_nodes(root, gpu.pci_bus_id) for gpu in gpus),
     )
 
 

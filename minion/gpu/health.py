@@ -49,8 +49,11 @@ class GpuAnswers:
     pci_bus_id: str | None = None
     memory_total: int | None = None
     memory_used: int | None = None
-    pcie_gen: int | None = None
+    pcie_gen: int | None = None  # the link now (an idle GPU trains down)
     pcie_width: int | None = None
+    pcie_max_gen: int | None = None  # the most the GPU and its slot can run at together
+    pcie_max_width: int | None = None
+    module_id: int | None = None  # its module on a baseboard (SXM, OAM); 0 on a PCIe card
     mig: bool | None = None
     ecc_uncorrected: int | None = None
     ecc_corrected: int | None = None
@@ -200,6 +203,9 @@ def _one_gpu(nv: Any, index: int) -> GpuAnswers:
     mig = _optional(lambda: nv.nvmlDeviceGetMigMode(h))
     answers.pcie_gen = _optional(lambda: int(nv.nvmlDeviceGetCurrPcieLinkGeneration(h)))
     answers.pcie_width = _optional(lambda: int(nv.nvmlDeviceGetCurrPcieLinkWidth(h)))
+    answers.pcie_max_gen = _optional(lambda: int(nv.nvmlDeviceGetMaxPcieLinkGeneration(h)))
+    answers.pcie_max_width = _optional(lambda: int(nv.nvmlDeviceGetMaxPcieLinkWidth(h)))
+    answers.module_id = _optional(lambda: int(nv.nvmlDeviceGetModuleId(h)))
     answers.mig = bool(mig[0]) if mig is not None else None
     answers.ecc_uncorrected = _optional(lambda: int(nv.nvmlDeviceGetTotalEccErrors(h, unc, vol)))
     answers.ecc_corrected = _optional(lambda: int(nv.nvmlDeviceGetTotalEccErrors(h, cor, vol)))
@@ -263,7 +269,7 @@ class XidWatch:
 class PynvmlReader:
     """NVML on this node, asked everything once per read; its Xid watch started on the first."""
 
-    xids: XidWatch = field(default_factory=XidWatch)
+    xids: XidWatch | None = field(default_factory=XidWatch)  # None: one read, no Xid thread (inventory)
 
     def read(self) -> NvmlAnswers:
         try:
@@ -275,11 +281,13 @@ class PynvmlReader:
         except nv.NVMLError as exc:
             return NvmlAnswers(error_code=int(exc.value), error=str(exc))
         try:
-            self.xids.start()
+            if self.xids is not None:
+                self.xids.start()
             version = _optional(lambda: _text(nv.nvmlSystemGetDriverVersion()))
             count = int(nv.nvmlDeviceGetCount())
             gpus = [_one_gpu(nv, i) for i in range(count)]
-            return NvmlAnswers(driver_version=version, gpus=gpus, xids=self.xids.snapshot())
+            xids = self.xids.snapshot() if self.xids is not None else {}
+            return NvmlAnswers(driver_version=version, gpus=gpus, xids=xids)
         except nv.NVMLError as exc:
             return NvmlAnswers(error_code=int(exc.value), error=str(exc))
         finally:

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Final
 
 from minion.gpu import cdi
-from minion.gpu.driver import VERSION_FILES, NoDriver, discover
+from minion.gpu.csv_mode import csv_files
+from minion.gpu.driver import VERSION_FILES, NoDriver
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,8 @@ class CdiKeeper:
             except OSError:
                 continue
         nodes = sorted(p.name for p in (self.root / "dev").glob("nvidia[0-9]*"))
-        return (version, *nodes)
+        csvs = [f"{f.name}:{f.stat().st_mtime_ns}" for f in csv_files(self.root)]  # a Jetson's L4T update
+        return (version, *nodes, *csvs)
 
     def refresh(self, *, now: float | None = None) -> str | None:
         """The spec brought up to date (at most every CHECK_EVERY_S); returns `note`."""
@@ -63,13 +65,16 @@ class CdiKeeper:
         from minion.gpu.nvml import driver_view
 
         try:
-            driver = discover(self.root, nvml=driver_view() if self.root == Path("/") else None)
+            document, what = cdi.node_spec(self.root, driver_view() if self.root == Path("/") else None)
         except NoDriver as exc:
             ours.unlink(missing_ok=True)
             return str(exc)
         try:
-            path = cdi.write(cdi.spec(driver), self.directory)
+            path = cdi.write(document, self.directory)
         except OSError as exc:
-            return f"cannot write the CDI spec in {self.directory} ({exc.strerror}): its GPUs cannot be given"
-        log.info("GPUs: wrote %s for driver %s (%d GPU(s))", path, driver.version, len(driver.gpus))
+            return (
+                f"cannot write the CDI spec in {self.directory} ({exc.strerror}): its GPUs cannot be given "
+                "to jobs; make it a writable directory (a tmpfs) or set RIGBASE_JOBS_CDI_SPEC_DIRS"
+            )
+        log.info("GPUs: wrote %s for %s", path, what)
         return None

@@ -3,11 +3,11 @@ spec (minion/gpu/driver.py); without the driver or the library, nothing (the spe
 
 from __future__ import annotations
 
-from minion.gpu.driver import Gpu, NvmlView
+from minion.gpu.driver import Gpu, NvmlView, sysfs_bus_id
 
 
 def driver_view() -> NvmlView | None:
-    """The loaded driver's version and its GPUs (index, minor number, UUID); None without NVML."""
+    """The loaded driver's version and its GPUs (index, minor number, UUID, bus id); None without NVML."""
     try:
         import pynvml
     except ImportError:
@@ -22,11 +22,13 @@ def driver_view() -> NvmlView | None:
         for index in range(pynvml.nvmlDeviceGetCount()):
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
             uuid = pynvml.nvmlDeviceGetUUID(handle)
+            bus = pynvml.nvmlDeviceGetPciInfo(handle).busId
             gpus.append(
                 Gpu(
                     index=index,
                     minor=int(pynvml.nvmlDeviceGetMinorNumber(handle)),
                     uuid=uuid.decode() if isinstance(uuid, bytes) else str(uuid),
+                    pci_bus_id=sysfs_bus_id(bus.decode() if isinstance(bus, bytes) else str(bus)),
                 )
             )
         return NvmlView(version.decode() if isinstance(version, bytes) else str(version), tuple(gpus))

@@ -40,6 +40,15 @@ PublicJobsFlag = Annotated[
     bool,
     typer.Option("--public-jobs", help="The region sells spare capacity: memory, lane and core rules apply."),
 ]
+NvmlReplay = Annotated[
+    Path | None,
+    typer.Option(
+        "--nvml-replay",
+        dir_okay=False,
+        help="NVML's answers recorded on a node (`minion gpu health --record FILE`) in place of this "
+        "machine's NVML: a node's GPU facts and rules, checked elsewhere.",
+    ),
+]
 InventoryFile = Annotated[
     Path | None,
     typer.Option(
@@ -55,12 +64,28 @@ def fail(message: str, code: int) -> typer.Exit:
 
 
 def load_or_collect(
-    inventory_file: Path | None, host_root: Path | None, catalogue_file: Path | None = None
+    inventory_file: Path | None,
+    host_root: Path | None,
+    catalogue_file: Path | None = None,
+    nvml_replay: Path | None = None,
 ) -> Inventory:
     """The saved inventory when one is given, else this machine's (GPU facts from `catalogue_file`,
-    MinionSettings.gpu_catalogue). Bad input exits 2, a machine whose /proc cannot be read exits 1."""
+    MinionSettings.gpu_catalogue, and NVML or its recorded answers). Bad input exits 2, a machine whose
+    /proc cannot be read exits 1."""
+    from minion.gpu.health import RecordedReader
     from minion.hardware.inventory import collect
     from minion.hardware.model import InvalidInventory, Inventory
+
+    reader = None
+    if nvml_replay is not None:
+        reader = RecordedReader(nvml_replay)
+        try:
+            reader.read()
+        except (OSError, ValueError, TypeError) as exc:
+            raise fail(
+                f"cannot read {nvml_replay} ({exc}); pass a file written by `minion gpu health --record`.",
+                EXIT_USAGE,
+            ) from None
 
     if inventory_file is not None:
         try:
@@ -74,7 +99,7 @@ def load_or_collect(
         except InvalidInventory as exc:
             raise fail(f"{inventory_file}: {exc}.", EXIT_USAGE) from None
     try:
-        return collect(host_root, catalogue_file)
+        return collect(host_root, catalogue_file, reader)
     except (OSError, ValueError) as exc:
         hint = (
             "point --host-root at a directory holding proc/meminfo and proc/cpuinfo"
@@ -86,9 +111,14 @@ def load_or_collect(
         ) from None
 
 
-def inventory_command(ctx: typer.Context, host_root: HostRoot = None, json_output: JsonFlag = False) -> None:
+def inventory_command(
+    ctx: typer.Context,
+    host_root: HostRoot = None,
+    nvml_replay: NvmlReplay = None,
+    json_output: JsonFlag = False,
+) -> None:
     """Show the GPUs, drives, TPM, NICs, memory and CPU this machine has."""
-    inventory = load_or_collect(None, host_root, MinionSettings.of(ctx).gpu_catalogue)
+    inventory = load_or_collect(None, host_root, MinionSettings.of(ctx).gpu_catalogue, nvml_replay)
     if json_output:
         print(json.dumps(inventory.to_json(), indent=2))
         return
@@ -103,12 +133,14 @@ def check_command(
     public_jobs: PublicJobsFlag = False,
     inventory_file: InventoryFile = None,
     host_root: HostRoot = None,
+    nvml_replay: NvmlReplay = None,
     json_output: JsonFlag = False,
 ) -> None:
     """Check this machine against the hardware requirements. Exit 0 when all pass, 1 when any fails."""
     from minion.hardware.requirements import check
 
-    inventory = load_or_collect(inventory_file, host_root, MinionSettings.of(ctx).gpu_catalogue)
+    settings = MinionSettings.of(ctx)
+    inventory = load_or_collect(inventory_file, host_root, settings.gpu_catalogue, nvml_replay)
     report = check(inventory, storage_mode, public_jobs)
     if json_output:
         print(json.dumps({**report.to_json(), "inventory": inventory.to_json()}, indent=2))

@@ -1,8 +1,8 @@
 """`collect()`: the whole inventory of this machine (or of the umockdev testbed the process runs in).
 
 GPU facts are merged from three places, each recorded in `Gpu.sources`: NVML when the NVIDIA driver is
-bound (exact name, usable memory), sysfs (PCIe link; amdgpu's VRAM), and the catalogue in
-regions/gpus.yaml (model, fee class, form factor, and the rest when no driver is loaded).
+bound (exact name, usable memory, PCIe link, SXM or PCIe), sysfs (PCIe link; amdgpu's VRAM), and the
+catalogue in regions/gpus.yaml (model, fee class, form factor, and the rest when no driver is loaded).
 """
 
 from __future__ import annotations
@@ -10,14 +10,18 @@ from __future__ import annotations
 from pathlib import Path
 
 from contracts.catalogue import CatalogueMissing
+from minion.gpu.health import NvmlReader
 from minion.hardware import catalogue, devices, hostfiles, jetson, nvml
 from minion.hardware.addresses import local_addresses
 from minion.hardware.model import Address, FormFactor, Gpu, Inventory
 from minion.hardware.units import GIB
 
 
-def collect(host_root: Path | None = None, catalogue_file: Path | None = None) -> Inventory:
-    """`catalogue_file`: MinionSettings.gpu_catalogue (None: the source tree's, then the installed one)."""
+def collect(
+    host_root: Path | None = None, catalogue_file: Path | None = None, nvml_reader: NvmlReader | None = None
+) -> Inventory:
+    """`catalogue_file`: MinionSettings.gpu_catalogue (None: the source tree's, then the installed one);
+    `nvml_reader`: where NVML's answers come from (None: this machine's NVML)."""
     import pyudev  # heavy-ish (ctypes + libudev); only the commands that need it pay for it
 
     context = pyudev.Context()
@@ -26,7 +30,7 @@ def collect(host_root: Path | None = None, catalogue_file: Path | None = None) -
     nvml_facts: dict[str, nvml.NvmlFacts] = {}
     nvidia_bound = [g.pci_address for g in pci_gpus if g.driver == "nvidia"]
     if nvidia_bound:
-        nvml_facts, problem = nvml.query(nvidia_bound)
+        nvml_facts, problem = nvml.query(nvidia_bound, nvml_reader)
         if problem:
             notes.append(problem)
     entries: dict[tuple[str, str], catalogue.CatalogueEntry] | None
@@ -103,6 +107,20 @@ def _merge(
         if entry is None:
             # Without a catalogue entry NVML's name is the best model key we have.
             gpu.model, sources["model"] = live.name, "nvml"
+        _nvml_link(gpu, live)
     if gpu.form_factor is FormFactor.UNKNOWN:
         sources["form_factor"] = "unknown"
     return gpu
+
+
+def _nvml_link(gpu: Gpu, live: nvml.NvmlFacts) -> None:
+    """NVML's link and form factor over sysfs's and the catalogue's: the driver reads the GPU's own
+    registers, where a riser or a bridge can hide the link from sysfs."""
+    if live.pcie_width is not None or live.pcie_gen is not None:
+        gpu.link.current_width = live.pcie_width or gpu.link.current_width
+        gpu.link.max_width = live.pcie_max_width or gpu.link.max_width
+        gpu.link.max_generation = live.pcie_gen
+        gpu.sources["link"] = "nvml"
+    if live.sxm is not None:
+        gpu.form_factor = FormFactor.SXM if live.sxm else FormFactor.PCIE
+        gpu.sources["form_factor"] = "nvml"

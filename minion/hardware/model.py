@@ -40,19 +40,24 @@ class InvalidInventory(ValueError):
 
 @dataclass
 class PcieLink:
-    """The GPU's PCIe link from sysfs. `port_max_speed_gts` is the upstream port's capability: a
-    PCIe 4.0 GPU in a PCIe 3.0 slot runs at 3.0, and that is what the cores-per-GPU rule cares about."""
+    """The GPU's PCIe link from sysfs, or from NVML where it answers. `port_max_speed_gts` is the upstream
+    port's capability: a PCIe 4.0 GPU in a PCIe 3.0 slot runs at 3.0, and that is what the cores-per-GPU
+    rule cares about."""
 
     current_speed_gts: float | None = None
     current_width: int | None = None
     max_speed_gts: float | None = None
     max_width: int | None = None
     port_max_speed_gts: float | None = None
+    max_generation: int | None = None  # NVML's: the generation the GPU and its slot run at together
 
     @property
     def generation(self) -> int | None:
-        """Generation the link can run at: the lower of the GPU's and the slot's maximum. The current
-        speed is not used because idle GPUs train their link down to 2.5 GT/s to save power."""
+        """Generation the link can run at: NVML's when it answered, else the lower of the GPU's and the
+        slot's maximum in sysfs. The current speed is not used because idle GPUs train their link down
+        to 2.5 GT/s to save power."""
+        if self.max_generation:
+            return self.max_generation
         speeds = [s for s in (self.max_speed_gts, self.port_max_speed_gts) if s]
         return pcie_generation(min(speeds)) if speeds else None
 

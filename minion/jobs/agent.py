@@ -38,7 +38,6 @@ from contracts.jobs import (
 from contracts.tunnel import StreamOpen
 from minion import desired
 from minion.finalize.runner import read_facts
-from minion.gpu import cdi
 from minion.gpu.keeper import CdiKeeper
 from minion.jobs.cache_agent import CacheAgent, cache_root
 from minion.jobs.gpus import GpuPool
@@ -281,11 +280,8 @@ def setup(ctx: Any) -> None:
         ControlPlaneObjects(cp, lambda: ctx.node),
         ControlPlaneOutputs(cp, lambda: ctx.node),
     )
-    if settings.gpu_kind == cdi.KIND:  # the node's NVIDIA GPUs: the minion writes their CDI spec
-        agent.gpu_spec = CdiKeeper(settings.cdi_spec_dirs[-1], settings.cdi_spec_dirs)
-        if note := agent.gpu_spec.refresh():
-            log.info("GPUs: %s", note)
-        agent.rt.gpus.why_none = lambda: agent.gpu_spec.note if agent.gpu_spec else None
+    agent.gpu_spec = getattr(ctx, "gpu_spec", None)  # minion.gpu.agent keeps it (it runs first)
+    agent.rt.gpus.why_none = lambda: agent.gpu_spec.note if agent.gpu_spec else None
     desired.register(HeartbeatKey.JOBS, agent.handle)
     tunnel = Tunnel(ctx.enrollment.control_plane_url, lambda: ctx.node, agent.dial, cp.ssl_context())
     tunnel.start()

@@ -46,9 +46,10 @@ from minion.watchdog import Watchdog
 RUN_HOOKS: list[str] = [
     "minion.reservations.heartbeat",  # desired["upnp"], ["reservations"]: mDNS, UPnP (docs/reservations.md)
     "minion.finalize.agent",  # desired["finalize"]: on-node finalize (docs/finalize.md)
+    # desired["gpu_health"]: NVML facts and health; the CDI spec the two below use (before them)
+    "minion.gpu.agent",
     "minion.jobs.agent",  # desired["jobs"]: job containers with podman (docs/minion-jobs.md)
     "minion.devices.agent",  # desired["device_config"]: a device's inference container (docs/devices.md)
-    "minion.gpu.agent",  # desired["gpu_health"]: NVML facts and health (docs/minion-jobs.md, "GPU health")
 ]
 
 
@@ -75,6 +76,8 @@ class RunContext:
     jobs: ContainerSettings | None = None
     # `--device-key`: a device without a TPM proves itself with the key in the state dir, not a TPM
     device_key: bool = False
+    # the node's NVIDIA CDI spec, kept by minion.gpu.agent (a CdiKeeper); None: GPUs of another kind
+    gpu_spec: Any = None
 
 
 def _maintenance(value: Any) -> bool:

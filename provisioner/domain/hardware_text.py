@@ -51,7 +51,8 @@ def requirements_line(requirements: Mapping[str, Any]) -> str:
 
 def gpu_health_line(report: Mapping[str, Any]) -> str:
     """A node's GPU health report (contracts.gpu_health.GpuHealthReport) as one line: the driver, the
-    GPUs by state, and the first one that is not ok with its reason; or NVML's problem."""
+    GPUs by state, the first one that is not ok with its reason, and why the node has no CDI spec; or
+    NVML's problem."""
     if report.get("problem"):
         return f"{report['problem']}"
     gpus = report.get("gpus") or []
@@ -62,4 +63,5 @@ def gpu_health_line(report: Mapping[str, Any]) -> str:
         f"{n} {state}" for state, n in sorted(states.items(), key=lambda kv: kv[0] != "ok")
     )
     bad = next((g for g in gpus if g.get("state") != "ok"), None)
-    return line + (f"; GPU {bad.get('index')} {bad.get('state')}: {bad.get('reason')}" if bad else "")
+    line += f"; GPU {bad.get('index')} {bad.get('state')}: {bad.get('reason')}" if bad else ""
+    return line + (f"; none offered: {report['cdi_problem']}" if report.get("cdi_problem") else "")

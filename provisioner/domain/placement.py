@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from functools import cached_property
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Final, NamedTuple, Protocol
 
 from provisioner.domain.states import NodeState
 
@@ -62,6 +62,10 @@ class PlacementRequest:
     # the digests of the datasets, models and checkpoints it mounts: a candidate holding them ranks first
     # among those of its price (Candidate.holds)
     data: frozenset[str] = frozenset()
+
+
+# why GPUs a node has are not offered, unless it says otherwise (contracts/gpu_health.py: lost, busy)
+UNOFFERED_WHY: Final = "lost or held outside rigbase"
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +107,7 @@ class Candidate:
     # are already left out of gpus_total and gpus_free
     gpu_failed: str | None = None
     gpus_unoffered: int = 0
+    unoffered_why: str = UNOFFERED_WHY  # or the node's own reason (it has no CDI spec)
 
     @property
     def free_vcpus(self) -> int:
@@ -248,9 +253,7 @@ def _fields(request: PlacementRequest, c: Candidate) -> dict[str, object]:
         "gpus_free": c.gpus_free,
         "gpus_total": c.gpus_total,
         "gpu_failed": c.gpu_failed,
-        "unoffered": f" ({c.gpus_unoffered} more not offered: lost or held outside rigbase)"
-        if c.gpus_unoffered
-        else "",
+        "unoffered": f" ({c.gpus_unoffered} more not offered: {c.unoffered_why})" if c.gpus_unoffered else "",
         "gpu_count": request.gpu_count,
         "vcpus_free": c.free_vcpus,
         "vcpus": c.vcpus,

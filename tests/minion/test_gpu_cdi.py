@@ -190,34 +190,107 @@ def test_the_command_prints_the_spec_and_refuses_a_broken_driver_in_one_line(
         discover(root)
 
 
-@pytest.mark.usefixtures("image")
-def test_podman_runs_a_container_with_a_gpu_of_the_spec(root: Path) -> None:
-    """podman reads the spec and gives the container the GPU's node, the control node and the driver's
-    files. (A customer's job runs in a user namespace, where runc binds a device from the host path of
-    the same name: on a node the root is / and the paths are the same; here the node's own container.)"""
-    document = cdi.spec(discover(root), kind=f"gpu-cdi-{secrets.token_hex(3)}.rigbase.dev/gpu")
+def podman_run(document: dict[str, Any], device: str, check: str) -> subprocess.CompletedProcess[str]:
+    """`podman run --device KIND=DEVICE IMAGE sh -c CHECK` with `document` as a spec podman reads."""
     spec = Path("/etc/cdi") / f"rigbase-gpu-cdi-test-{secrets.token_hex(3)}.yaml"
     spec.parent.mkdir(exist_ok=True)
     spec.write_text(cdi.render(document))
     podman: list[str] = ["podman", "--runtime", str(RUNTIME["oci_runtime"])]
     podman += ["--cgroup-manager", str(RUNTIME["cgroup_manager"])]
     limits: list[Any] = [arg for u in RUNTIME["ulimits"] for arg in ("--ulimit", u)]  # type: ignore[attr-defined]
-    check = (
-        "[ -c /dev/nvidia0 ] && [ -c /dev/nvidiactl ] && echo nodes; "
-        f"[ -f {LIB}/libcuda.so.1 ] && [ -f {LIB}/vdpau/libvdpau_nvidia.so.{VERSION} ] && echo libraries; "
-        'echo "visible=$NVIDIA_VISIBLE_DEVICES"'
-    )
     try:
-        ran = subprocess.run(
-            [*podman, "run", "--rm", *limits, "--device", f"{document['kind']}=0", IMAGE, "sh", "-c", check],
+        return subprocess.run(
+            [
+                *podman,
+                "run",
+                "--rm",
+                *limits,
+                "--device",
+                f"{document['kind']}={device}",
+                IMAGE,
+                "sh",
+                "-c",
+                check,
+            ],
             capture_output=True,
             text=True,
             timeout=120,
         )
     finally:
         spec.unlink()
+
+
+def scratch_kind() -> str:
+    return f"gpu-cdi-{secrets.token_hex(3)}.rigbase.dev/gpu"
+
+
+@pytest.mark.usefixtures("image")
+def test_podman_runs_a_container_with_a_gpu_of_the_spec(root: Path) -> None:
+    """podman reads the spec and gives the container the GPU's node, the control node and the driver's
+    files. (A customer's job runs in a user namespace, where runc binds a device from the host path of
+    the same name: on a node the root is / and the paths are the same; here the node's own container.)"""
+    document = cdi.spec(discover(root), kind=scratch_kind())
+    check = (
+        "[ -c /dev/nvidia0 ] && [ -c /dev/nvidiactl ] && echo nodes; "
+        f"[ -f {LIB}/libcuda.so.1 ] && [ -f {LIB}/vdpau/libvdpau_nvidia.so.{VERSION} ] && echo libraries; "
+        'echo "visible=$NVIDIA_VISIBLE_DEVICES"'
+    )
+    ran = podman_run(document, "0", check)
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.split() == ["nodes", "libraries", "visible=void"]
+
+
+def rootfs_drm(root: Path) -> Path:
+    """rootfs-1 with the toolkit's testdata/lookup/rootfs-drm beside it: GPU 0 at 0000:07:00.0 has a DRM
+    card and render node (and their by-path links); GPU 1 at 0000:08:00.0 has no DRM driver bound."""
+    rootfs_1(root)
+    _char(root / "dev/nvidia1")
+    _char(root / "dev/dri/card0", minor=5)
+    _char(root / "dev/dri/renderD128", minor=7)
+    (root / "dev/dri/by-path").mkdir()
+    (root / "dev/dri/by-path/pci-0000:07:00.0-card").symlink_to("../card0")
+    (root / "dev/dri/by-path/pci-0000:07:00.0-render").symlink_to("../renderD128")
+    for bus, minor in (("0000:07:00.0", 0), ("0000:08:00.0", 1)):
+        _file(root / "proc/driver/nvidia/gpus" / bus / "information", f"Model: X\nDevice Minor: {minor}\n")
+    for name in ("card0", "renderD128", "controlD64"):  # the toolkit gives no control node
+        (root / "sys/bus/pci/devices/0000:07:00.0/drm" / name).mkdir(parents=True)
+    return root
+
+
+def test_a_gpus_drm_nodes_are_in_its_device_with_their_by_path_names(tmp_path: Path) -> None:
+    """The toolkit gives GPU 0 /dev/dri/card0 and renderD128 (drm.GetDeviceNodesByBusID) and makes the
+    by-path links with create-symlinks; here the links are nodes of their own with the same numbers."""
+    if os.geteuid() != 0:
+        pytest.skip("device nodes need mknod: run the tests as root")
+    root = rootfs_drm(tmp_path / "drm")
+    driver = discover(root)
+    assert [(g.index, g.pci_bus_id) for g in driver.gpus] == [(0, "0000:07:00.0"), (1, "0000:08:00.0")]
+    made = {d["name"]: d["containerEdits"]["deviceNodes"] for d in cdi.spec(driver)["devices"]}
+    by_path = "/dev/dri/by-path/pci-0000:07:00.0"
+    assert made["0"] == [
+        {"path": "/dev/nvidia0", "hostPath": f"{root}/dev/nvidia0"},  # the toolkit's, as its test expects
+        {"path": "/dev/dri/card0", "hostPath": f"{root}/dev/dri/card0"},
+        {"path": "/dev/dri/renderD128", "hostPath": f"{root}/dev/dri/renderD128"},
+        {"path": f"{by_path}-card", "hostPath": f"{root}/dev/dri/card0"},  # in place of create-symlinks
+        {"path": f"{by_path}-render", "hostPath": f"{root}/dev/dri/renderD128"},
+    ]
+    assert made["1"] == [{"path": "/dev/nvidia1", "hostPath": f"{root}/dev/nvidia1"}]
+    assert made["all"] == made["0"] + made["1"]
+
+
+@pytest.mark.usefixtures("image")
+def test_podman_gives_the_drm_nodes_at_both_names(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("device nodes need mknod: run the tests as root")
+    document = cdi.spec(discover(rootfs_drm(tmp_path / "drm")), kind=scratch_kind())
+    by_path = "/dev/dri/by-path/pci-0000:07:00.0"
+    check = (
+        f"[ -c /dev/dri/card0 ] && [ -c /dev/dri/renderD128 ] && [ -c {by_path}-card ] && echo drm; "
+        "[ -e /dev/nvidia1 ] || echo 'not GPU 1'"
+    )
+    ran = podman_run(document, "0", check)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.splitlines() == ["drm", "not GPU 1"]
 
 
 def test_the_minion_keeps_the_spec_in_step_with_the_driver(root: Path, tmp_path: Path) -> None:

@@ -10,18 +10,21 @@ takes the node out of placement. NVML that cannot start says why in one line."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from contracts.gpu_health import GpuState
+from contracts.gpu_health import GpuHealthReport, GpuState
 from contracts.heartbeat import parse_actual
 from contracts.heartbeat_keys import HeartbeatKey
 from minion import desired
 from minion.gpu import agent
 from minion.gpu.health import NvmlAnswers, PynvmlReader, RecordedReader, assess, in_rigbase_container
+from minion.gpu.keeper import CdiKeeper
+from tests.minion.test_gpu_cdi import rootfs_1
 
 RECORDED = Path(__file__).parent / "nvml"
 MINION = Path(sys.executable).parent / "minion"
@@ -112,6 +115,25 @@ def test_the_heartbeat_handler_reports_the_contracts_model() -> None:
         assert parse_actual(desired.apply({"gpu_health": False}))[HeartbeatKey.GPU_HEALTH].gpus == []
     finally:
         desired.register(HeartbeatKey.GPU_HEALTH, agent.handler(PynvmlReader()))
+
+
+def test_a_cdi_directory_the_minion_cannot_write_is_the_reports_one_line(tmp_path: Path) -> None:
+    """The keeper's note travels in the report, so `node show` says why no GPU is offered; a driver NVML
+    cannot start has its own line, and the spec's note (the same cause) is not repeated."""
+    if os.geteuid() != 0:
+        pytest.skip("device nodes need mknod: run the tests as root")
+    root = rootfs_1(tmp_path / "driver-root")
+    (tmp_path / "file").write_text("not a directory")
+    blocked = CdiKeeper(tmp_path / "file" / "cdi", (tmp_path / "file" / "cdi",), root=root)
+    handle = agent.handler(RecordedReader(RECORDED / "h100x2-busy.json"), blocked.refresh)
+    report = GpuHealthReport.model_validate(handle(True))
+    where = tmp_path / "file" / "cdi"
+    assert report.cdi_problem is not None and report.cdi_problem.startswith(
+        f"cannot write the CDI spec in {where} (Not a directory): its GPUs cannot be given"
+    )
+    assert report.offered() == 0 and "\n" not in report.cdi_problem
+    no_module = agent.handler(RecordedReader(RECORDED / "driver-not-loaded.json"), blocked.refresh)
+    assert GpuHealthReport.model_validate(no_module(True)).cdi_problem is None
 
 
 def test_minion_gpu_health_replays_a_recording_and_exits_1_on_a_bad_gpu(tmp_path: Path) -> None:

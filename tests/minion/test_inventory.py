@@ -374,3 +374,54 @@ def test_the_minion_checks_its_hardware_with_no_catalogue_file_anywhere(umockdev
     report = json.loads(result.stdout)
     assert {r["rule"] for r in report["rules"]} >= {"gpu-single-model", "nvme-count", "tpm2"}, report
     assert "contracts.gpu_types" not in result.stderr
+
+
+def _nvml_recording(path: Path, addresses: list[str], modules: list[int], **facts: Any) -> Path:
+    """NVML's answers for GPUs at `addresses` (module ids `modules`), in `minion gpu health --record`'s
+    form."""
+    gpus = [
+        {"index": i, "uuid": f"GPU-{i}", "name": "NVIDIA Future GPU", "pci_bus_id": f"0000{a.upper()}",
+         "memory_total": 100 * 2**30, "pcie_gen": 1, "pcie_width": facts.get("width"),
+         "pcie_max_gen": facts.get("max_gen"), "pcie_max_width": 16, "module_id": module}
+        for i, (a, module) in enumerate(zip(addresses, modules, strict=True))
+    ]  # fmt: skip
+    path.write_text(json.dumps({"driver_version": "535.261.03", "gpus": gpus, "xids": {}}))
+    return path
+
+
+def test_the_rules_read_nvmls_link_and_form_factor_over_sysfs(umockdev_testbed: Make, tmp_path: Path) -> None:
+    """Two GPUs the catalogue does not know, on x4 links as sysfs reads them (a riser's bridge, say):
+    NVML's answers, recorded on the node, say x16 at PCIe 3 on PCIe cards, and then modules on a
+    baseboard (SXM). The rules follow NVML, and say so in the sources."""
+    testbed = umockdev_testbed(
+        _profile("nvml-link", [{"id": "10de:ffff", "count": 2, "gen": 4, "width": 4, "driver": "nvidia"}])
+    )
+    plain = json.loads(testbed.run("check", "--json", "--public-jobs").stdout)
+    rules = {r["rule"]: r for r in plain["rules"]}
+    assert not rules["pcie-lanes"]["ok"] and rules["pcie-lanes"]["found"] == "2 at x4"
+    addresses = [g["pci_address"] for g in plain["inventory"]["gpus"]]
+
+    cards = _nvml_recording(tmp_path / "cards.json", addresses, [0, 0], width=16, max_gen=3)
+    result = testbed.run("check", "--json", "--public-jobs", "--nvml-replay", str(cards))
+    checked = json.loads(result.stdout)
+    rules = {r["rule"]: r for r in checked["rules"]}
+    assert rules["pcie-lanes"]["ok"] and rules["pcie-lanes"]["found"] == "2 at x16"
+    assert rules["cpu-cores-per-gpu"]["required"] == ">= 4 physical cores (2 x PCIe 3.0)"  # 8 at PCIe 4
+    gpu = checked["inventory"]["gpus"][0]
+    assert (gpu["name"], gpu["form_factor"], gpu["link"]["max_generation"]) == (
+        "NVIDIA Future GPU",
+        "pcie",
+        3,
+    )
+    assert gpu["sources"]["link"] == gpu["sources"]["form_factor"] == "nvml"
+
+    modules = _nvml_recording(tmp_path / "sxm.json", addresses, [1, 2], width=16, max_gen=5)
+    result = testbed.run("check", "--json", "--public-jobs", "--nvml-replay", str(modules))
+    checked = json.loads(result.stdout)
+    assert {g["form_factor"] for g in checked["inventory"]["gpus"]} == {"sxm"}
+    lanes = {r["rule"]: r for r in checked["rules"]}["pcie-lanes"]
+    assert lanes["ok"] and lanes["found"] == "2 SXM GPUs"
+
+    refused = testbed.run("check", "--nvml-replay", str(tmp_path / "none.json"))
+    assert refused.returncode == 2 and "minion gpu health --record" in refused.stderr
+    assert refused.stderr.count("\n") == 1

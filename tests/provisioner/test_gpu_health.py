@@ -116,3 +116,25 @@ def test_an_unreadable_report_is_ignored_and_nvmls_problem_is_the_line(store: St
         )
     assert _candidate(store).gpus_total == 4  # NVML said nothing of the GPUs: the inventory decides
     assert json.dumps(node.gpu_health)  # stored as JSON on both stores
+
+
+def test_a_node_without_its_cdi_spec_offers_no_gpu_and_says_why(store: Store) -> None:
+    (sim,) = seed(store.url, 1, 1_000_000)
+    with store.sessions.begin() as s:  # type: ignore[attr-defined]
+        s.execute(update(Node).where(Node.id == sim.node_id).values(state=NodeState.ACTIVE.value))
+    report = _report("h100x4-faults.json", gpu_0=GpuState.OK, gpu_1=GpuState.OK)
+    report["cdi_problem"] = "cannot write the CDI spec in /var/run/cdi (Read-only file system): its GPUs …"
+    with store.sessions.begin() as s:  # type: ignore[attr-defined]
+        beat.record_actual(s, s.get(Node, sim.node_id), {"gpu_health": report})
+    blocked = _candidate(store)
+    assert (blocked.gpus_total, blocked.gpus_unoffered, blocked.gpu_failed) == (0, 4, None)
+    [(_, reason, message)] = place(
+        PlacementRequest(account_id="a", gpu_types=frozenset(), gpu_count=1), [blocked]
+    ).rejected
+    assert reason is Rejection.TOO_FEW_GPUS
+    assert (
+        "(4 more not offered: the node has no CDI spec: cannot write the CDI spec in /var/run/cdi" in message
+    )
+    with store.sessions.begin() as s:  # type: ignore[attr-defined]
+        line = gpu_health_line(NodeOut.of(s.get(Node, sim.node_id)).model_dump(mode="json")["gpu_health"])
+    assert line.endswith("; none offered: " + report["cdi_problem"])

@@ -24,7 +24,7 @@ from provisioner.domain import billing_rules
 from provisioner.domain.hardware_text import failed_rules
 from provisioner.domain.inventory_gpus import gpu_type_of as gpu_type_of
 from provisioner.domain.inventory_gpus import gpus_of
-from provisioner.domain.placement import Candidate, CandidateSource, PlacementRequest
+from provisioner.domain.placement import UNOFFERED_WHY, Candidate, CandidateSource, PlacementRequest
 from provisioner.domain.states import WORKER_ON_NODE, NodeState, Service, is_online
 from provisioner.services.billing import prices
 from provisioner.services.cloud import gcp_capacity
@@ -148,6 +148,9 @@ def candidate_of(
         holds=holds,
         gpu_failed=health.out_of_placement() if health else None,
         gpus_unoffered=len(gpus) - offered,
+        unoffered_why=f"the node has no CDI spec: {health.cdi_problem}"
+        if health and health.cdi_problem
+        else UNOFFERED_WHY,
     )
 
 
