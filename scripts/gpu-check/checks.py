@@ -64,10 +64,15 @@ def check_inventory() -> None:
         report(False, "inventory", f"no GPU in the inventory ({notes or 'no note'})")
         return
     shown = ", ".join(
-        f"{g.get('model')} {g.get('memory_bytes') or g.get('memory_total_bytes')}" for g in gpus
+        f"{g.get('model')} {g.get('vram_bytes')} B, PCIe {g['link'].get('max_generation')} "
+        f"x{g['link'].get('current_width')} {g.get('form_factor')} (sources {g.get('sources')})"
+        for g in gpus
     )
+    from_nvml = all(g.get("sources", {}).get("name") == "nvml" for g in gpus)
     report(
-        "NVML" not in notes, "inventory", f"{len(gpus)} GPU(s): {shown}" + (f" ({notes})" if notes else "")
+        from_nvml and "NVML" not in notes,
+        "inventory",
+        f"{len(gpus)} GPU(s): {shown}" + (f" ({notes})" if notes else ""),
     )
     print(json.dumps(gpus, indent=1))
 

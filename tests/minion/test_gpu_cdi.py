@@ -63,7 +63,12 @@ containerEdits:
 """
 
 
-def _char(path: Path, minor: int = 3) -> None:
+def needs_mknod() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("device nodes need mknod: run the tests as root")
+
+
+def char_device(path: Path, minor: int = 3) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, minor))
 
@@ -75,8 +80,8 @@ def _file(path: Path, text: str = "") -> None:
 
 def rootfs_1(root: Path) -> Path:
     """The toolkit's testdata/lookup/rootfs-1, as far as a GPU's spec reads it."""
-    _char(root / "dev/nvidia0")
-    _char(root / "dev/nvidiactl")
+    char_device(root / "dev/nvidia0")
+    char_device(root / "dev/nvidiactl")
     _file(root / f"lib/x86_64-linux-gnu/libcuda.so.{VERSION}")
     (root / "lib/x86_64-linux-gnu/libcuda.so.1").symlink_to(f"libcuda.so.{VERSION}")
     _file(root / f"lib/x86_64-linux-gnu/vdpau/libvdpau_nvidia.so.{VERSION}")
@@ -87,8 +92,7 @@ def rootfs_1(root: Path) -> Path:
 
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
-    if os.geteuid() != 0:
-        pytest.skip("device nodes need mknod: run the tests as root")
+    needs_mknod()
     return rootfs_1(tmp_path / "driver-root")
 
 
@@ -115,10 +119,10 @@ def test_a_debian_driver_is_found_through_the_roots_ld_cache_and_its_alternative
     if os.geteuid() != 0 or shutil.which("gcc") is None:
         pytest.skip("needs root (mknod) and gcc (a real ELF library for ldconfig)")
     root = tmp_path / "debian"
-    _char(root / "dev/nvidia0")
-    _char(root / "dev/nvidia1")
+    char_device(root / "dev/nvidia0")
+    char_device(root / "dev/nvidia1")
     for node in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"):
-        _char(root / "dev" / node)
+        char_device(root / "dev" / node)
     current = root / "usr/lib/x86_64-linux-gnu/nvidia/current"
     current.mkdir(parents=True)
     source = tmp_path / "nvml.c"
@@ -244,9 +248,9 @@ def rootfs_drm(root: Path) -> Path:
     """rootfs-1 with the toolkit's testdata/lookup/rootfs-drm beside it: GPU 0 at 0000:07:00.0 has a DRM
     card and render node (and their by-path links); GPU 1 at 0000:08:00.0 has no DRM driver bound."""
     rootfs_1(root)
-    _char(root / "dev/nvidia1")
-    _char(root / "dev/dri/card0", minor=5)
-    _char(root / "dev/dri/renderD128", minor=7)
+    char_device(root / "dev/nvidia1")
+    char_device(root / "dev/dri/card0", minor=5)
+    char_device(root / "dev/dri/renderD128", minor=7)
     (root / "dev/dri/by-path").mkdir()
     (root / "dev/dri/by-path/pci-0000:07:00.0-card").symlink_to("../card0")
     (root / "dev/dri/by-path/pci-0000:07:00.0-render").symlink_to("../renderD128")
@@ -260,8 +264,7 @@ def rootfs_drm(root: Path) -> Path:
 def test_a_gpus_drm_nodes_are_in_its_device_with_their_by_path_names(tmp_path: Path) -> None:
     """The toolkit gives GPU 0 /dev/dri/card0 and renderD128 (drm.GetDeviceNodesByBusID) and makes the
     by-path links with create-symlinks; here the links are nodes of their own with the same numbers."""
-    if os.geteuid() != 0:
-        pytest.skip("device nodes need mknod: run the tests as root")
+    needs_mknod()
     root = rootfs_drm(tmp_path / "drm")
     driver = discover(root)
     assert [(g.index, g.pci_bus_id) for g in driver.gpus] == [(0, "0000:07:00.0"), (1, "0000:08:00.0")]
@@ -280,8 +283,7 @@ def test_a_gpus_drm_nodes_are_in_its_device_with_their_by_path_names(tmp_path: P
 
 @pytest.mark.usefixtures("image")
 def test_podman_gives_the_drm_nodes_at_both_names(tmp_path: Path) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("device nodes need mknod: run the tests as root")
+    needs_mknod()
     document = cdi.spec(discover(rootfs_drm(tmp_path / "drm")), kind=scratch_kind())
     by_path = "/dev/dri/by-path/pci-0000:07:00.0"
     check = (
@@ -308,7 +310,7 @@ def test_the_minion_keeps_the_spec_in_step_with_the_driver(root: Path, tmp_path:
         "0",
         "all",
     ]
-    _char(root / "dev/nvidia1")  # a second GPU appears
+    char_device(root / "dev/nvidia1")  # a second GPU appears
     keeper.refresh(now=next(clock))
     assert [d["name"] for d in written()["devices"]] == ["0", "1", "all"]
     (root / "sys/module/nvidia/version").write_text("515.105.01\n")  # a new module, the old libraries

@@ -8,7 +8,6 @@ the device agent asks for (`nvidia.com/gpu=all`)."""
 from __future__ import annotations
 
 import os
-import stat
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,7 @@ from minion.devices.agent import ACCELERATOR
 from minion.gpu import cdi, csv_mode
 from minion.gpu.driver import NoDriver
 from minion.gpu.keeper import CdiKeeper
-from tests.minion.test_gpu_cdi import podman_run, scratch_kind
+from tests.minion.test_gpu_cdi import char_device, needs_mknod, podman_run, scratch_kind
 from tests.minion.test_jobs_podman import image  # noqa: F401  (fixture)
 
 NV = "/usr/lib/aarch64-linux-gnu/nvidia"
@@ -43,16 +42,11 @@ sym, /etc/vulkan/icd.d/nvidia_icd.json
 """
 
 
-def _char(path: Path, minor: int = 3) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, minor))
-
-
 def rootfs_orin(root: Path, *, nvgpu: bool = False) -> Path:
     """The toolkit's rootfs-orin; `nvgpu`: also an Orin's nvgpu control node (a nested /dev path)."""
-    _char(root / "dev/nvidia0")
+    char_device(root / "dev/nvidia0")
     if nvgpu:
-        _char(root / "dev/nvgpu/igpu0/ctrl", minor=5)
+        char_device(root / "dev/nvgpu/igpu0/ctrl", minor=5)
     for name in ("libcuda.so.1.1", "libnvidia-ml.so.1"):
         (root / NV.lstrip("/")).mkdir(parents=True, exist_ok=True)
         (root / NV.lstrip("/") / name).write_text("")
@@ -65,8 +59,7 @@ def rootfs_orin(root: Path, *, nvgpu: bool = False) -> Path:
 
 @pytest.fixture
 def orin(tmp_path: Path) -> Path:
-    if os.geteuid() != 0:
-        pytest.skip("device nodes need mknod: run the tests as root")
+    needs_mknod()
     return rootfs_orin(tmp_path / "orin")
 
 
@@ -120,7 +113,7 @@ def test_the_keeper_writes_the_csv_spec_on_a_jetson_and_again_when_l4t_changes(
     assert keeper.refresh(now=0) is None
     written = yaml.safe_load((run_cdi / cdi.SPEC_NAME).read_text())
     assert [d["name"] for d in written["devices"]] == ["0", "all"]
-    _char(orin / "dev/nvmap", minor=7)
+    char_device(orin / "dev/nvmap", minor=7)
     csv = orin / csv_mode.CSV_DIR / "devices.csv"
     csv.write_text(csv.read_text())  # an L4T update rewrites its CSV files
     os.utime(csv, ns=(csv.stat().st_atime_ns, csv.stat().st_mtime_ns + 1_000_000))
@@ -134,8 +127,7 @@ def test_the_keeper_writes_the_csv_spec_on_a_jetson_and_again_when_l4t_changes(
 
 @pytest.mark.usefixtures("image")
 def test_podman_gives_a_device_container_the_jetson_gpu_by_the_agents_name(tmp_path: Path) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("device nodes need mknod: run the tests as root")
+    needs_mknod()
     root = rootfs_orin(tmp_path / "orin", nvgpu=True)
     document, _ = cdi.node_spec(root)
     document["kind"] = scratch_kind()

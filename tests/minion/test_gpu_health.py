@@ -10,7 +10,6 @@ takes the node out of placement. NVML that cannot start says why in one line."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +23,7 @@ from minion import desired
 from minion.gpu import agent
 from minion.gpu.health import NvmlAnswers, PynvmlReader, RecordedReader, assess, in_rigbase_container
 from minion.gpu.keeper import CdiKeeper
-from tests.minion.test_gpu_cdi import rootfs_1
+from tests.minion.test_gpu_cdi import needs_mknod, rootfs_1
 
 RECORDED = Path(__file__).parent / "nvml"
 MINION = Path(sys.executable).parent / "minion"
@@ -120,8 +119,7 @@ def test_the_heartbeat_handler_reports_the_contracts_model() -> None:
 def test_a_cdi_directory_the_minion_cannot_write_is_the_reports_one_line(tmp_path: Path) -> None:
     """The keeper's note travels in the report, so `node show` says why no GPU is offered; a driver NVML
     cannot start has its own line, and the spec's note (the same cause) is not repeated."""
-    if os.geteuid() != 0:
-        pytest.skip("device nodes need mknod: run the tests as root")
+    needs_mknod()
     root = rootfs_1(tmp_path / "driver-root")
     (tmp_path / "file").write_text("not a directory")
     blocked = CdiKeeper(tmp_path / "file" / "cdi", (tmp_path / "file" / "cdi",), root=root)
