@@ -21,7 +21,7 @@ from typing import Any
 
 import pydantic_core
 from sqlalchemy import Select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, defaultload
 
 from contracts.messages import HeartbeatRequest, HeartbeatResponse
 from provisioner.attestation.continuous import issue_quote_nonce, quote_due, verify_fresh_quote
@@ -39,7 +39,7 @@ from provisioner.services.fleet import images, node_address, node_credentials, n
 from provisioner.services.fleet import join as join_service
 from provisioner.services.fleet import nodes as node_service
 from provisioner.store.join_models import NodeAttestation
-from provisioner.store.models import Node
+from provisioner.store.models import Node, Region
 
 log = logging.getLogger("rigbase.heartbeat")
 
@@ -111,7 +111,11 @@ def _holder_with_reads(keys: HeartbeatKeys) -> tuple[Select[Any], tuple[str, ...
     reads (`keys.skippable_reads`) whether it could find anything. Built once per set of keys."""
     reads = tuple(keys.skippable_reads)
     facts = [keys.skippable_reads[r](Node.id).label(f"could_find_{i}") for i, r in enumerate(reads)]
-    return node_credentials.holder_statement(*facts), reads
+    # no beat reads the region's provider (its kind, its config): not joined, loaded if one ever does
+    statement = node_credentials.holder_statement(*facts).options(
+        defaultload(Node.region).lazyload(Region.provider)
+    )
+    return statement, reads
 
 
 def _answer(
