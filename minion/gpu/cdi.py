@@ -30,10 +30,6 @@ SPEC_NAME: Final = "rigbase-nvidia.yaml"
 MOUNT_OPTIONS: Final = ["ro", "nosuid", "nodev", "rbind", "rprivate"]
 
 
-def _node(driver: DriverInstall, path: str) -> dict[str, str]:
-    return {"path": path, "hostPath": driver.host(path)}
-
-
 def _device(f: HostFile) -> dict[str, str]:
     return {"path": f.container, "hostPath": f.host}
 
@@ -56,7 +52,7 @@ def spec(driver: DriverInstall, kind: str = KIND) -> dict[str, Any]:
     files = [*driver.libraries, *driver.aliases, *driver.binaries, *driver.sockets, *driver.firmware]
     edits: dict[str, Any] = {"env": ["NVIDIA_VISIBLE_DEVICES=void"]}
     if driver.control_nodes:
-        edits["deviceNodes"] = [_node(driver, path) for path in driver.control_nodes]
+        edits["deviceNodes"] = [_device(HostFile(driver.host(p), p)) for p in driver.control_nodes]
     edits["mounts"] = [_mount(f) for f in files]
     return {"cdiVersion": CDI_VERSION, "kind": kind, "devices": devices, "containerEdits": edits}
 

@@ -76,6 +76,8 @@ def load_or_collect(
     from minion.hardware.inventory import collect
     from minion.hardware.model import InvalidInventory, Inventory
 
+    if inventory_file is not None and nvml_replay is not None:
+        raise fail("--inventory and --nvml-replay both say what the GPUs are: pass one of them.", EXIT_USAGE)
     reader = None
     if nvml_replay is not None:
         reader = RecordedReader(nvml_replay)

@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -40,6 +40,9 @@ from minion.join.client import (
 from minion.join.state import StateDir
 from minion.settings import ContainerSettings
 from minion.watchdog import Watchdog
+
+if TYPE_CHECKING:
+    from minion.gpu.keeper import CdiKeeper
 
 # Modules whose `setup(context: RunContext)` is called once before the first heartbeat (e.g. to start
 # the reservations agent and register its desired-state handler and shutdown hook). One line each.
@@ -76,8 +79,8 @@ class RunContext:
     jobs: ContainerSettings | None = None
     # `--device-key`: a device without a TPM proves itself with the key in the state dir, not a TPM
     device_key: bool = False
-    # the node's NVIDIA CDI spec, kept by minion.gpu.agent (a CdiKeeper); None: GPUs of another kind
-    gpu_spec: Any = None
+    # the node's NVIDIA CDI spec, kept by minion.gpu.agent; None: GPUs of another kind
+    gpu_spec: CdiKeeper | None = None
 
 
 def _maintenance(value: Any) -> bool:

@@ -425,3 +425,5 @@ def test_the_rules_read_nvmls_link_and_form_factor_over_sysfs(umockdev_testbed: 
     refused = testbed.run("check", "--nvml-replay", str(tmp_path / "none.json"))
     assert refused.returncode == 2 and "minion gpu health --record" in refused.stderr
     assert refused.stderr.count("\n") == 1
+    both = testbed.run("check", "--nvml-replay", str(cards), "--inventory", str(cards))
+    assert both.returncode == 2 and "pass one of them" in both.stderr and both.stderr.count("\n") == 1
