@@ -303,7 +303,7 @@ class WorkerUsage(MinionMessage):
     at: float = Field(ge=0, lt=2**40, description="Unix time of the sample, in seconds")
     cpu_cores: float = Field(ge=0, le=4096)  # CPU time per wall time since the previous sample
     memory_bytes: ByteCount
-    disk_bytes: ByteCount  # written to its container disk (the writable layer), against disk_gb
+    disk_bytes: ByteCount  # its container disk (the writable layer) and own output, against disk_gb
     net_rx_bytes: ByteCount
     net_tx_bytes: ByteCount
     gpus: list[GpuUsage] = Field(default_factory=list, max_length=64)

@@ -39,6 +39,10 @@ APT_PACKAGES=(
   prometheus
   # the load balancer in front of several control-plane hosts (tests/provisioner/test_scale_out.py)
   haproxy
+  # real datastore servers in a network namespace of the test, mounted by a guest booted from the image
+  # (tests/image_builder/test_datastores_vm.py): userspace NFS (no kernel nfsd here) and Samba;
+  # xfsprogs makes the XFS (pquota) volume that podman's hard disk quota needs
+  nfs-ganesha nfs-ganesha-vfs rpcbind nfs-common samba smbclient xfsprogs
 )
 
 missing=()

@@ -29,8 +29,13 @@ from minion.datastores.paths import open_in_root
 # timeo keep a training job blocked (not corrupted) through a server restart; nosuid/nodev because the
 # files belong to the datastore's owners, not to this node.
 NFS_OPTIONS = ("vers=4", "proto=tcp", "hard", "timeo=600", "retrans=2", "noresvport", "nosuid", "nodev")
-# SMB 3.1.1 (encryption and pre-auth integrity); root-owned files because job containers run as root.
-SMB_OPTIONS = ("vers=3.1.1", "uid=0", "gid=0", "file_mode=0660", "dir_mode=0770", "nosuid", "nodev")
+# SMB 3.1.1 (encryption and pre-auth integrity). The server decides who may do what, as the datastore's
+# user: noperm, because a customer's container runs as its account's host uid (never 0), which the
+# mount's uid=0 files would otherwise shut out on the node itself. Only the node's root reaches the
+# staging directory; a job sees only the path bound into its container.
+SMB_OPTIONS = (
+    "vers=3.1.1", "uid=0", "gid=0", "file_mode=0660", "dir_mode=0770", "noperm", "nosuid", "nodev",
+)  # fmt: skip
 CREDENTIALS_DIR = Path("/run/rigbase/credentials")
 
 
@@ -119,7 +124,8 @@ def mount_root(ds: DatastoreMount, staging: Path, credentials_dir: Path = CREDEN
     spec = root_mount_spec(ds, staging)
     if is_mountpoint(staging):
         return spec
-    staging.mkdir(parents=True, exist_ok=True)
+    staging.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # the node's root only (noperm above)
+    staging.mkdir(exist_ok=True)
     if spec.credentials is None:
         _run(spec.argv(), f"mounting datastore {ds.name}")
     else:

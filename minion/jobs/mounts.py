@@ -86,7 +86,13 @@ def _give_to(host: Path, userns: UserNamespace) -> None:
     uid holds stays as it is (another account's output is not taken over: the job cannot write there)."""
     held = host.stat()
     if held.st_uid == 0:
-        os.chown(host, userns.first, userns.first if held.st_gid == 0 else held.st_gid)
+        try:
+            os.chown(host, userns.first, userns.first if held.st_gid == 0 else held.st_gid)
+        except PermissionError:  # a root_squash NFS export: the node's root is the server's nobody there
+            raise MountRefused(
+                "the datastore server refuses to give this directory to the job's user; export it with "
+                "all_squash,anonuid=UID,anongid=GID owned by that user (docs/datastores.md)"
+            ) from None
 
 
 def bind_all(
@@ -121,7 +127,7 @@ def bind_all(
     except ObjectWait:
         unbind_all(worker_dir)
         raise
-    except (RigbaseError, OSError) as exc:
+    except (RigbaseError, OSError, MountRefused) as exc:
         unbind_all(worker_dir)
         what = (
             mount.name

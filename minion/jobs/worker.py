@@ -412,7 +412,9 @@ class Worker:
         pid, upper = found
         indices = list(self.gpu_indices)
         return UsageSampler(
-            pid, disk=lambda: disk_used(upper) if upper else 0, gpus=lambda: usage.gpu_usage(indices)
+            pid,
+            disk=lambda: (disk_used(upper) if upper else 0) + self._own_output_bytes(),
+            gpus=lambda: usage.gpu_usage(indices),
         )
 
     def _sample(self) -> None:
@@ -433,17 +435,24 @@ class Worker:
         thread.start()
         return thread
 
+    def _own_output_bytes(self) -> int:
+        """Its own /opt/ml/output on the node's disk (none when a mount took that path: the datastore's)."""
+        own = self.dir / "output"
+        return disk_used(str(own)) if own.is_dir() else 0
+
     def _over_quota(self) -> str | None:
+        """`watch` counts the container disk and its own output; `storage-opt` leaves the container disk
+        to podman's hard limit and counts the output, which that limit does not reach."""
         limit_gb = self.assignment.disk_gb
-        if self.rt.settings.disk_quota != "watch" or not limit_gb:
+        mode = self.rt.settings.disk_quota
+        if mode == "off" or not limit_gb:
             return None
-        upper = self.rt.podman.upper_dir(self.name)
-        if upper is None:
-            return None
-        used = disk_used(upper)
+        upper = self.rt.podman.upper_dir(self.name) if mode == "watch" else None
+        used = (disk_used(upper) if upper else 0) + self._own_output_bytes()
         if used <= limit_gb * 2**30:
             return None
-        return f"stopped: wrote {used / 2**30:.1f} GB to its container disk, over its {limit_gb} GB quota"
+        where = "container disk and output" if mode == "watch" else "output"
+        return f"stopped: wrote {used / 2**30:.1f} GB to its {where}, over its {limit_gb} GB quota"
 
     def _end(self, exit_code: int | None, note: str | None = None) -> None:
         stopped = self.stop_requested.is_set() and note is None

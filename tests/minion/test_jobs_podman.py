@@ -457,6 +457,25 @@ def test_a_busy_workers_usage_shows_its_cpu_quota_and_its_disk_growing_as_it_wri
     assert samples[-1].memory_bytes > 0 and samples[-1].net_rx_bytes >= 0
 
 
+def test_the_watched_quota_counts_what_a_worker_writes_to_its_own_output(
+    image: str, agents: Agents, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """disk_gb 1, and 1.25 GiB written to /opt/ml/output (the worker's own directory on the node, not the
+    container's layer): stopped, with the quota's reason, and what it wrote is in its usage."""
+    monkeypatch.setattr("minion.jobs.worker.DISK_CHECK_S", 1.0)
+    command = (
+        'x=$(printf "%*s" 1048575 ""); for i in $(seq 1280 2>/dev/null || echo {1..1280}); do '
+        'echo "$x" >> "$RIGBASE_OUTPUT_PATH/fill"; done; echo filled; sleep 600'
+    )
+    a = worker("job-fills", f"bash -c '{command}'", disk_gb=1, stop_grace_s=1)
+    agent = agents()
+    actual = until(agent, [a], ended_and_shipped, timeout=90)
+    w = actual.workers[0]
+    assert w.state == "exited" and w.exit_code in (137, 143), w  # stopped: SIGTERM, or SIGKILL after grace
+    assert "to its container disk and output, over its 1 GB quota" in (w.message or ""), w.message
+    assert max(u.disk_bytes for u in w.usage) > 2**30
+
+
 def test_exit_3_is_reported_and_two_workers_never_share_a_gpu(image: str, agents: Agents) -> None:
     agent = agents()
     pair = [worker("job-three", "sleep 4; exit 3", n, gpu_count=1) for n in (0, 1)]
