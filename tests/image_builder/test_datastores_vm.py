@@ -4,6 +4,8 @@ This host's kernel has neither the nfs nor the cifs filesystem; the image's kern
 - nfs-ganesha (userspace NFSv4) and smbd serve the datastores from a network namespace of the test;
 - QEMU (TCG) boots the image's own kernel, initramfs and verity root from the built USB image, in a second
   namespace, with a user network whose only ways out are two forwards to the servers (2049 and 445);
+- the datastores are added to a region with the control plane's own services (the SMB password sealed in
+  its store) and sent as the control plane sends them to a node (`datastore_access`, unsealed);
 - the image's systemd runs datastore_probe.py from a data disk (`systemd.run=`, then it powers off): the
   minion's own bind_all, RunPlan and podman, with a customer's user namespace, against the real mounts;
 - the test then reads, on the servers' side, who owns what the job wrote.
@@ -103,6 +105,43 @@ def _sparse(path: Path, size: int) -> Path:
     return path
 
 
+def _regional_datastores(d: Path) -> list[dict]:
+    """The three datastores as an operator adds them to a region (`provision datastore add`: the SMB
+    password sealed in the store), and as the control plane sends them to a node for its workers."""
+    from provisioner.services.data import datastores
+    from provisioner.services.jobs.job_assignments import datastore_access
+    from provisioner.services.regions import providers, regions
+    from provisioner.store.engine import make_engine, make_sessionmaker
+    from provisioner.store.migrate import upgrade
+
+    url = f"sqlite:///{d / 'rigbase.db'}"
+    d.mkdir()
+    engine = make_engine(url)
+    upgrade(url, engine)
+    actor = "operator:test"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RIGBASE_HOME", str(d / "home"))  # the sealing key
+        with make_sessionmaker(engine).begin() as s:
+            providers.enable(s, "physical", {}, actor=actor)
+            region = regions.create(s, "vm", provider="physical", actor=actor)
+            add = {"region": "vm", "address": FORWARD, "actor": actor}
+            datastores.add(s, "out", type="nfs", root="/out", **add)
+            datastores.add(s, "squashed", type="nfs", root="/squashed", **add)
+            office = datastores.add(
+                s,
+                "office",
+                type="smb",
+                root="/office/ml",
+                username=ALICE.name,
+                password=ALICE.password,
+                **add,
+            )
+            assert office.sealed_password and ALICE.password not in str(office.sealed_password)
+            sent = datastore_access(s, region.id, {"out", "squashed", "office"})
+    engine.dispose()
+    return [a.model_dump(mode="json") for a in sent]
+
+
 @pytest.fixture(scope="module")
 def probe(built_image, servers: Servers, tmp_path_factory: pytest.TempPathFactory) -> dict:
     """Boot the image's UKI parts directly (the same kernel, initramfs and verity root hash as its boot
@@ -115,18 +154,7 @@ def probe(built_image, servers: Servers, tmp_path_factory: pytest.TempPathFactor
     data = d / "data"
     data.mkdir()
     shutil.copy(HERE / "datastore_probe.py", data / "datastore_probe.py")
-    datastores = [
-        {"name": "out", "type": "nfs", "address": FORWARD, "root": "/out"},
-        {"name": "squashed", "type": "nfs", "address": FORWARD, "root": "/squashed"},
-        {
-            "name": "office",
-            "type": "smb",
-            "address": FORWARD,
-            "root": "/office/ml",
-            "username": ALICE.name,
-            "password": ALICE.password,
-        },
-    ]
+    datastores = _regional_datastores(d / "store")
     config = {"guest_address": GUEST_ADDRESS, "gateway": GATEWAY, "xfs_device": "/dev/vdc"}
     (data / "config.json").write_text(json.dumps({**config, "datastores": datastores}))
     subprocess.run(["mkfs.ext4", "-q", "-d", str(data), str(d / "data.img"), "16M"], check=True)
