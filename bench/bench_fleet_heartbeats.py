@@ -70,7 +70,7 @@ from contracts.attestation import ATTESTED_PCRS
 from contracts.jobs import JobsActual
 from contracts.messages import QuoteMessage, to_wire
 from minion.join.tls_resume import ResumingContext
-from provisioner.api.tuning import TLS_READ_BUFFER
+from provisioner.api.tuning import SERVE_HTTP, SERVE_LOOP, TLS_READ_BUFFER
 
 GOAL_P99_MS = 50.0
 GOAL_NODES = 10_000
@@ -778,8 +778,8 @@ async def hold(client: BeatClient, nodes: Sequence[SimNode], server_pid: int) ->
     return [
         f"  held: {held:,} connections open, one per node (errors {sum(tally.errors.values())}); the "
         f"server's memory {before / 1024:.0f} MiB before, {after / 1024:.0f} MiB holding them: "
-        f"{per:.1f} KiB each, {per * GOAL_NODES / 1024:.0f} MiB for {GOAL_NODES:,} minions (asyncio's TLS "
-        f"read buffer is {TLS_READ_BUFFER // 1024} KiB of it: provisioner/api/tuning.py); its CPU holding "
+        f"{per:.1f} KiB each, {per * GOAL_NODES / 1024:.0f} MiB for {GOAL_NODES:,} minions (the server runs "
+        f"{SERVE_LOOP} and {SERVE_HTTP}: provisioner/api/tuning.py); its CPU holding "
         f"them with no beats: {idle_pct:.0f} % of one core",
     ]
 

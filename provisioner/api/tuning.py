@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import gc
 
-# asyncio gives every TLS connection a read buffer of SSLProtocol.max_size (256 KiB), zero-filled and so
-# resident: 10,000 minions each keeping its connection between beats would pin 2.5 GiB in buffers alone.
+#: The event loop and HTTP parser `provision serve` runs uvicorn with (uvicorn's "standard" extras).
+SERVE_LOOP, SERVE_HTTP = "uvloop", "httptools"
+
+# On asyncio's own loop (the bench's load client; uvloop keeps its own, smaller buffers), every TLS
+# connection gets a read buffer of SSLProtocol.max_size (256 KiB), zero-filled and so resident: 10,000
+# connections held between beats would pin 2.5 GiB in buffers alone.
 # A TLS record carries at most 16 KiB, so a 32 KiB read still takes two whole records; a large upload
 # only makes more reads (bench/bench_fleet_heartbeats.py measures the memory a held connection costs).
 TLS_READ_BUFFER = 32 * 1024
@@ -16,7 +20,7 @@ def tune_process() -> None:
     thresholds a full collection of everything the app imported lands inside some requests and sets
     the p99 (bench/bench_api.py). Freezing the start-up heap and collecting young objects less often
     keeps the pauses short; memory stays bounded because full collections still run. Then the smaller
-    TLS read buffer (TLS_READ_BUFFER)."""
+    TLS read buffer (TLS_READ_BUFFER) for whatever runs on asyncio's own loop; uvloop's is its own."""
     import asyncio.sslproto
 
     gc.collect()
