@@ -365,11 +365,11 @@ def add_upnp_router(
         start_new_session=True,
     )
     gw = UpnpRouter(router, wan, lan_ip, "192.0.2.1", "192.0.2.2", reported_ip, http_port, state_dir, proc)
-    _wait_for_tcp(router, lan_ip, http_port, proc, state_dir / "miniupnpd.log")
+    wait_for_tcp(router, lan_ip, http_port, proc, state_dir / "miniupnpd.log")
     return gw
 
 
-def _wait_for_tcp(
+def wait_for_tcp(
     ns: Netns, host: str, port: int, proc: subprocess.Popen[Any], log: Path, timeout: float = 10
 ) -> None:
     def connect() -> bool:
