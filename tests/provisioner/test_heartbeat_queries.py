@@ -7,6 +7,7 @@ the real heartbeat service."""
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 from collections import Counter
@@ -27,7 +28,7 @@ from minion.join.run import HeldDesired
 from provisioner.services import beat
 from provisioner.services.common.heartbeat_timing import HeartbeatTiming
 from provisioner.services.common.runtime import Runtime, attach
-from provisioner.services.fleet import nodes
+from provisioner.services.fleet import nodes, nonce_store
 from provisioner.services.regions import reservations
 from provisioner.settings import Settings
 from provisioner.store.engine import make_engine, make_sessionmaker
@@ -70,12 +71,20 @@ def fleet(database_url: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def _beat(
-    sessions: Any, node: SimNode, actual: dict[str, Any], revision: str | None = None
+    sessions: Any,
+    node: SimNode,
+    actual: dict[str, Any],
+    revision: str | None = None,
+    *,
+    quote: dict[str, Any] | None = None,
+    timing: HeartbeatTiming = TIMING,
 ) -> dict[str, Any]:
-    body = HeartbeatRequest.model_validate({"version": 1, "actual": actual, "desired_revision": revision})
+    body = HeartbeatRequest.model_validate(
+        {"version": 1, "actual": actual, "desired_revision": revision, "quote": quote}
+    )
     with sessions.begin() as s:
         answer = beat.beat(
-            s, node.node_id, node.credential, body, observed_address="127.0.0.1", timing=TIMING
+            s, node.node_id, node.credential, body, observed_address="127.0.0.1", timing=timing
         )
     return answer.model_dump(mode="json")
 
@@ -161,6 +170,29 @@ def test_a_steady_beat_writes_only_its_node_row_once(fleet: Any) -> None:
     heartbeats, version, beat_at, inventory = _row(sessions, node)
     assert (heartbeats, version) == (before[0] + 1, before[1] + 1)
     assert beat_at > before[2] and inventory == before[3]
+
+
+def test_a_beat_carrying_a_quote_reads_the_manifests_once_and_spends_its_nonce_in_one_statement(
+    fleet: Any,
+) -> None:
+    """The quote check asks for the region's PCR policy and its boot path, both from its registered
+    manifests: one read. The nonce is spent by one UPDATE that returns its record."""
+    sessions, engine, node = fleet
+    asked = _beat(sessions, node, ACTUAL, timing=HeartbeatTiming(quote_every=1))
+    nonce = base64.b64decode(asked["quote_nonce"])
+    statements: list[str] = []
+    event.listen(engine, "before_cursor_execute", lambda _c, _cur, sql, *_: statements.append(sql))
+    answer = _beat(sessions, node, ACTUAL, quote=node.ak.quote(nonce, node.pcrs))
+    assert (answer["state"], answer["reason"], answer["quote_nonce"]) == ("maintenance", None, None)
+    assert _reads(statements)["image_manifests"] == 1, statements
+    spent = [s for s in statements if "attestation_nonces" in s]
+    assert len(spent) == 1 and "RETURNING" in spent[0].upper(), spent
+    # spent: the one statement matches nothing, and a read tells a spent nonce from an unknown one
+    with sessions.begin() as s:
+        store = nonce_store.DbNonceStore(s)
+        replayed = store.consume(nonce)
+        assert replayed is not None and replayed.used and replayed.subject == f"node:{node.node_id}"
+        assert store.consume(b"never issued") is None
 
 
 def test_a_beat_moving_to_a_new_address_stores_it_in_the_same_write(fleet: Any) -> None:

@@ -12,6 +12,7 @@ from starlette.concurrency import run_in_threadpool
 from contracts.messages import HeartbeatRequest, HeartbeatResponse, JoinChallenge, KeyJoinChallenge
 from provisioner.api.deps import NODE_CREDENTIAL, Credentials, Db, JoinToken, Timing, admitted
 from provisioner.api.errors import JOIN_ERRORS, NODE_ERRORS, PROOF_ERRORS
+from provisioner.api.lean_route import LeanRoute
 from provisioner.domain.states import JoinOutcome
 from provisioner.services import beat as heartbeat_service
 from provisioner.services.common.heartbeat_timing import HeartbeatTiming
@@ -66,7 +67,6 @@ def proof(
 # hops. Same security scheme, same values, same parameters in the OpenAPI operation.
 # The answer is serialised once, in that hop, from its model (as the join's challenge is): returned as a
 # dict, FastAPI validated it again against the return annotation and encoded it on the event loop.
-@router.post("/v1/nodes/{node_id}/heartbeat", response_model=HeartbeatResponse, responses=NODE_ERRORS)
 async def heartbeat(
     node_id: str,
     body: HeartbeatRequest,
@@ -85,6 +85,16 @@ async def heartbeat(
             request.app.state.runtime.heartbeat,
         )
     return Response(answer, media_type="application/json")
+
+
+router.add_api_route(
+    "/v1/nodes/{node_id}/heartbeat",
+    heartbeat,
+    methods=["POST"],
+    response_model=HeartbeatResponse,
+    responses=NODE_ERRORS,
+    route_class_override=LeanRoute,
+)
 
 
 def _beat(

@@ -20,7 +20,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -29,7 +29,7 @@ from contracts.errors import Conflict, InvalidInput, NotFound, RuleViolation
 from provisioner.attestation.boot_path import BootPathPolicy
 from provisioner.attestation.pcr_policy import ManifestPolicy, PcrPolicy, PcrPolicyMode, PcrVerdict
 from provisioner.domain.states import IMAGE_TRANSITIONS, TRUST_TRANSITIONS, ImageState, TrustState
-from provisioner.services.common import lifecycle
+from provisioner.services.common import desired_state, lifecycle
 from provisioner.services.regions import regions as region_service
 from provisioner.store.image_models import ImageKey, ImagePublication, RegisteredManifest
 from provisioner.store.models import Region
@@ -402,19 +402,39 @@ def _delete_manifest(session: Session, row: RegisteredManifest, *, actor: str, r
 # ---------------------------------------------------------------- what the join verifier expects
 
 
-def expected_pcrs(row: RegisteredManifest) -> dict[int, bytes]:
+def expected_pcrs(row: RegisteredManifest | ManifestFacts) -> dict[int, bytes]:
     return {11: bytes.fromhex(row.pcr11), 12: bytes.fromhex(row.pcr12)}
+
+
+class ManifestFacts(NamedTuple):
+    """What a node's attestation checks of one registered manifest."""
+
+    pcr11: str
+    pcr12: str
+    pe_hashes: list[str] | None
+
+
+_MANIFEST_FACTS = "images.manifest_facts"
+
+
+def _manifest_facts(session: Session, region: Region) -> list[ManifestFacts]:
+    """The region's registered manifests, oldest first, as the checks read them: once per heartbeat
+    (desired_state.memo), whose quote check asks for both the PCR policy and the boot path."""
+
+    def read() -> list[ManifestFacts]:
+        m = RegisteredManifest
+        rows = session.execute(
+            select(m.pcr11, m.pcr12, m.pe_hashes).where(m.region_id == region.id).order_by(m.created_at, m.id)
+        )
+        return [ManifestFacts(*row) for row in rows]
+
+    return desired_state.memo(session, (_MANIFEST_FACTS, region.id), read)
 
 
 def manifest_pcr_sets(session: Session, region: Region) -> list[dict[int, bytes]]:
     """One expectation per registered manifest of the region, oldest first (distinct ones only)."""
-    rows = session.scalars(
-        select(RegisteredManifest)
-        .where(RegisteredManifest.region_id == region.id)
-        .order_by(RegisteredManifest.created_at, RegisteredManifest.id)
-    )
     sets: list[dict[int, bytes]] = []
-    for row in rows:
+    for row in _manifest_facts(session, region):
         expected = expected_pcrs(row)
         if expected not in sets:
             sets.append(expected)
@@ -448,7 +468,7 @@ def manifest_policy_for(session: Session, region: Region) -> PcrPolicy | None:
 def boot_path_policy_for(session: Session, region: Region) -> BootPathPolicy:
     """What the region's event logs must show: with manifests registered, a log whose EFI applications
     are all among their pe_hashes (any manifest's, as in a rollout); without, only a log that replays."""
-    rows = list(session.scalars(select(RegisteredManifest).where(RegisteredManifest.region_id == region.id)))
+    rows = _manifest_facts(session, region)
     if not rows:
         return BootPathPolicy()
     return BootPathPolicy(frozenset(d for row in rows for d in row.pe_hashes or ()))

@@ -1,7 +1,7 @@
 """The database-backed NonceStore (provisioner/attestation/nonces.py): several API processes share the
-store, so "spent" must be decided by the database. `consume` is one conditional UPDATE
-(`used = false → true`): on PostgreSQL the second of two racing transactions waits on the row lock and
-then matches nothing; SQLite serialises writers. Whoever updated the row spent the nonce."""
+store, so "spent" must be decided by the database. `consume` is one conditional UPDATE (`used = false →
+true`, returning the nonce's record): on PostgreSQL the second of two racing transactions waits on the
+row lock and then matches nothing; SQLite serialises writers. Whoever updated the row spent the nonce."""
 
 from __future__ import annotations
 
@@ -33,24 +33,21 @@ class DbNonceStore:
 
     def consume(self, nonce: bytes) -> NonceRecord | None:
         key = nonce.hex()
-        # Session.execute is typed as returning a Result; a DML statement's is a CursorResult (rowcount)
-        spent = cast(
-            CursorResult[Any],
-            self.session.execute(
-                update(AttestationNonce)
-                .where(AttestationNonce.nonce == key, AttestationNonce.used.is_(False))
-                .values(used=True)
-                .execution_options(synchronize_session=False)
-            ),
-        )
-        row = self.session.execute(
-            select(AttestationNonce.subject, AttestationNonce.issued_at, AttestationNonce.expires_at).where(
-                AttestationNonce.nonce == key
-            )
+        t = AttestationNonce
+        # the answer to a fresh nonce in one statement; only a nonce spent already or unknown reads again
+        spent = self.session.execute(
+            update(t)
+            .where(t.nonce == key, t.used.is_(False))
+            .values(used=True)
+            .returning(t.subject, t.issued_at, t.expires_at)
+            .execution_options(synchronize_session=False)
         ).first()
+        if spent is not None:
+            return NonceRecord(nonce, spent.subject, spent.issued_at, spent.expires_at, used=False)
+        row = self.session.execute(select(t.subject, t.issued_at, t.expires_at).where(t.nonce == key)).first()
         if row is None:
             return None
-        return NonceRecord(nonce, row.subject, row.issued_at, row.expires_at, used=spent.rowcount == 0)
+        return NonceRecord(nonce, row.subject, row.issued_at, row.expires_at, used=True)
 
     def purge(self, before: datetime) -> int:
         deleted = self.session.execute(delete(AttestationNonce).where(AttestationNonce.expires_at < before))

@@ -29,6 +29,7 @@ from provisioner.domain.states import NODE_STOPPED, WORKER_ON_NODE, ObjectState,
 from provisioner.services.common import desired_state, node_reports
 from provisioner.services.common.errors import flush
 from provisioner.store.data_models import DataObject, JobObject
+from provisioner.store.expressions import one_of
 from provisioner.store.job_models import Job, JobWorker
 from provisioner.store.models import Node, Region
 
@@ -54,7 +55,7 @@ def could_mount(node_id: Any) -> Any:
     correlates to): most nodes' beats skip the read of their objects."""
     return exists().where(
         JobWorker.node_id == node_id,
-        JobWorker.state.in_([s.value for s in WORKER_ON_NODE]),
+        one_of(JobWorker.state, [s.value for s in WORKER_ON_NODE]),
         JobObject.job_id == JobWorker.job_id,
     )
 
