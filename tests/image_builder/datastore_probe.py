@@ -134,14 +134,15 @@ def main() -> dict[str, Any]:
     access = {d["name"]: DatastoreAccess.model_validate(d) for d in cfg["datastores"]}
     settings = podman_store(cfg["xfs_device"])
     import_busybox(settings)
-    out: dict[str, Any] = {"uid_first": UserNamespace.of_slot(3).first}
+    userns = UserNamespace.of_slot(3)
+    out: dict[str, Any] = {"userns": [userns.first, userns.size]}
 
     # 1. One job with three datastore mounts: output on the all_squash NFS export, data on the SMB share,
     #    and a path through a server-side symlink that points at /etc
     job = assignment(
         0,
         # `;`, not `&&`: each part is its own finding (exit_code is the last part's)
-        "id -u > /opt/ml/output/uid.txt; echo from-the-job > /opt/ml/output/result.txt; "
+        "cat /proc/self/uid_map > /opt/ml/output/uid_map.txt; echo from-the-job > /opt/ml/output/result.txt; "
         "cat /data/input.txt; echo written-over-smb > /data/from-job.txt; "
         "echo marker: $(cat /in/marker.txt); ls /in",
         [

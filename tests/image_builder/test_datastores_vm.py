@@ -202,9 +202,10 @@ def test_a_jobs_output_on_an_all_squash_export_belongs_to_the_anonymous_user(
     assert written.read_text() == "from-the-job\n"
     st = written.stat()
     assert (st.st_uid, st.st_gid) == (ANON_UID, ANON_GID)
-    # the container's root was its account's host uid, never the node's root
-    assert (servers.nfs_out / "jobs/j1/uid.txt").read_text().strip() == "0"
-    assert probe["uid_first"] >= 2**30
+    # the container's uids were its account's host range, never the node's: its root was uid 2³⁰ or more
+    first, size = probe["userns"]
+    assert (servers.nfs_out / "jobs/j1/uid_map.txt").read_text().split() == ["0", str(first), str(size)]
+    assert first >= 2**30
 
 
 def test_a_job_reads_and_writes_an_smb_share_as_the_datastores_user(probe: dict, servers: Servers) -> None:
