@@ -68,6 +68,9 @@ class Settings(BaseSettings):
         DEFAULT_QUOTE_GRACE_BEATS, ge=1, description="heartbeats a node may let pass unanswered after a quote"
     )
     reconcilers: bool = Field(True, description="run the reconcilers in this process")
+    beats_at_once: int = Field(
+        3, ge=1, description="heartbeats one serving process runs at once; the rest wait on its event loop"
+    )
     finalize_timeout_s: float = Field(
         DEFAULT_FINALIZE_TIMEOUT_S,
         gt=0,

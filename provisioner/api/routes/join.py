@@ -10,7 +10,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from contracts.messages import HeartbeatRequest, HeartbeatResponse, JoinChallenge, KeyJoinChallenge
-from provisioner.api.deps import NODE_CREDENTIAL, Credentials, Db, JoinToken, Timing, admitted
+from provisioner.api.admission import beat_admitted
+from provisioner.api.deps import NODE_CREDENTIAL, Credentials, Db, JoinToken, Timing
 from provisioner.api.errors import JOIN_ERRORS, NODE_ERRORS, PROOF_ERRORS
 from provisioner.api.lean_route import LeanRoute
 from provisioner.domain.states import JoinOutcome
@@ -74,7 +75,7 @@ async def heartbeat(
     bearer: Annotated[Credentials, Depends(NODE_CREDENTIAL)],
 ) -> Response:
     """Actual state in, desired state (and, every K beats, a quote nonce) out."""
-    async with admitted(request):  # one of the units of work the pool and the threads can carry
+    async with beat_admitted(request):  # a few beats at once, within what the pool and threads carry
         answer = await run_in_threadpool(
             _beat,
             request.app.state.sessions,
