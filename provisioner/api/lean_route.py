@@ -21,7 +21,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 import fastapi.routing
-from fastapi.exceptions import RequestValidationError
+from fastapi.exceptions import HTTPException, RequestValidationError
 from fastapi.params import Depends
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPBearer
@@ -117,6 +117,8 @@ def _body(model: type[BaseModel], raw: bytes, content_type: str | None) -> BaseM
                 "input": {},
             }
             raise RequestValidationError([error | {"ctx": {"error": exc.msg}}], body=exc.doc) from None
+        except ValueError:  # not UTF-8 (nor UTF-16 or -32): FastAPI's 400, which the API answers as 422
+            raise HTTPException(400, "There was an error parsing the body") from None
     else:
         value = raw  # FastAPI validates a body not sent as JSON as its bytes
     try:

@@ -58,6 +58,7 @@ CASES: dict[str, tuple[bytes, dict[str, str]]] = {
         {"content-type": "application/vnd.rigbase+json; charset=utf-8"} | CREDENTIAL,
     ),
     "invalid JSON": (b'{"version": 1,', JSON | CREDENTIAL),
+    "bytes that are not UTF-8 (found by the API fuzzer)": (b"\xff\x13\xfe", JSON | CREDENTIAL),
     "no body": (b"", JSON | CREDENTIAL),
     "no Content-Type": (GOOD, CREDENTIAL),
     "text/plain": (GOOD, {"content-type": "text/plain"} | CREDENTIAL),
