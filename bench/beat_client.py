@@ -23,6 +23,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import math
+import random
 import ssl
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -31,7 +33,7 @@ from urllib.parse import urlsplit
 import h11
 import httpx
 
-from minion.join.client import ControlPlane, Enrollment
+from minion.join.client import ControlPlane, Enrollment, connection_lifetime_s
 from minion.join.tls_resume import keep_from
 
 
@@ -48,9 +50,17 @@ class BeatClient(Protocol):
 
 
 class _Connection:
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, beats: int, asks: bool
+    ) -> None:
         self.reader, self.writer = reader, writer
-        self.uses = 0
+        self.uses, self.beats, self.asks = 0, beats, asks
+
+    @property
+    def last(self) -> bool:
+        """The next beat is this connection's last and asks the server to close it (a minion letting a
+        connection go at the end of its lifetime; one dropped after a fixed count just ends)."""
+        return self.asks and self.beats > 0 and self.uses + 1 >= self.beats
 
     async def exchange(self, head: bytes, body: bytes) -> tuple[int, bytes, bool]:
         """Send one request; the status, the body, and whether the server keeps the connection open. The
@@ -89,13 +99,40 @@ class _Connection:
 class Target:
     """Where and how a client sends: the server's https URL, a TLS context trusting its CA (a
     minion.join.tls_resume.ResumingContext resumes sessions as a minion does), at most `connections` at
-    once, and after how many beats a connection is dropped (0: kept as long as the server keeps it)."""
+    once, and how many beats a connection carries before its last asks the server to close it:
+    `reconnect_every` beats, or, with `lifetime_s`, as many as a minion's connection of that mean
+    lifetime carries at a beat every `interval_s` (minion.join.client.ConnectionAge); 0 and 0: kept as
+    long as the server keeps it. `partway`: the first connection is part-way through its life."""
 
     base_url: str
     verify: ssl.SSLContext
     connections: int
     timeout_s: float = 30
     reconnect_every: int = 0
+    lifetime_s: float = 0
+    interval_s: float = 30
+    partway: bool = False
+
+
+class Lifetimes:
+    """How many beats each next connection carries (0: no limit). A minion's connection is first used at
+    a beat and let go at the first beat at least its drawn lifetime later, which asks the server to close
+    it (`asks`). With `Target.partway` the first connection is part-way through its life, as a steady
+    fleet's connections are, so a short run reconnects at the fleet's steady rate and not in a burst at
+    the end of the first lifetime."""
+
+    def __init__(self, target: Target) -> None:
+        self.target, self.first = target, target.partway
+        self.asks = bool(target.lifetime_s and not target.reconnect_every)
+
+    def next(self) -> int:
+        if self.target.reconnect_every or not self.target.lifetime_s:
+            return self.target.reconnect_every
+        beats = math.ceil(connection_lifetime_s(self.target.lifetime_s) / self.target.interval_s) + 1
+        if self.first:
+            self.first = False
+            return random.randint(1, beats)
+        return beats
 
 
 _PATH, _CREDENTIAL, _LENGTH = "/path-sentinel", "credential-sentinel", 987654321
@@ -103,7 +140,8 @@ _PATH, _CREDENTIAL, _LENGTH = "/path-sentinel", "credential-sentinel", 987654321
 
 @dataclass(frozen=True)
 class RequestHead:
-    """A heartbeat POST's head as a minion writes it, with room for the path, credential and length."""
+    """A heartbeat POST's head as a minion writes it, with room for the path, credential and length (its
+    connection's last: with `Connection: close`)."""
 
     before_path: bytes
     before_credential: bytes
@@ -125,12 +163,12 @@ class RequestHead:
 
 
 @functools.cache
-def minion_request_head(base_url: str) -> RequestHead:
+def minion_request_head(base_url: str, last: bool = False) -> RequestHead:
     """Built by the minion's own client (its headers, in its order) and serialised by h11, as httpcore
     writes it: the same bytes a minion puts on the wire, for any path, credential and body length."""
-    http = ControlPlane(Enrollment(base_url, None)).http
-    request = http.build_request("POST", _PATH, json={}, headers={"Authorization": f"Bearer {_CREDENTIAL}"})
-    http.close()
+    minion = ControlPlane(Enrollment(base_url, None))
+    request = minion.http.build_request("POST", _PATH, json={}, headers=minion.headers(_CREDENTIAL, last))
+    minion.close()
     headers = [
         (name, str(_LENGTH).encode() if name.lower() == b"content-length" else value)
         for name, value in request.headers.raw
@@ -165,8 +203,9 @@ class StreamBeatClient:
         self.verify.set_alpn_protocols(["http/1.1"])  # as httpcore sets it on the minion's context
         self.idle: list[_Connection] = []
         self.limit, self.open = target.connections, 0
-        self.reconnect_every = target.reconnect_every
+        self.lifetimes = Lifetimes(target)
         self.head = minion_request_head(target.base_url)
+        self.last_head = minion_request_head(target.base_url, last=True)
 
     async def _connection(self) -> _Connection:
         while self.idle:
@@ -187,15 +226,15 @@ class StreamBeatClient:
         except BaseException:
             self.open -= 1
             raise
-        return _Connection(reader, writer)
+        return _Connection(reader, writer, self.lifetimes.next(), self.lifetimes.asks)
 
     async def post(self, path: str, body: dict[str, Any], credential: str) -> tuple[int, bytes]:
         payload = minion_body(body)
-        head = self.head.render(path, credential, len(payload))
         try:
             connection = await self._connection()
         except (OSError, ssl.SSLError) as exc:
             raise BeatError(f"connect: {exc}") from exc
+        head = (self.last_head if connection.last else self.head).render(path, credential, len(payload))
         try:
             status, answer, keep = await asyncio.wait_for(connection.exchange(head, payload), self.timeout_s)
         except (
@@ -215,7 +254,7 @@ class StreamBeatClient:
             if note is not None:  # a resuming context counts the connection once its handshake is done
                 note(connection.writer.get_extra_info("ssl_object"))
         connection.uses += 1
-        if keep and not (self.reconnect_every and connection.uses >= self.reconnect_every):
+        if keep and not (connection.beats and connection.uses >= connection.beats):
             self.idle.append(connection)
         else:
             self.open -= 1
@@ -232,21 +271,28 @@ class HttpxBeatClient:
     """The same requests through httpx.AsyncClient: the client the benchmark used before, for an A/B."""
 
     def __init__(self, target: Target) -> None:
-        kept = 0 if target.reconnect_every else target.connections
-        limits = httpx.Limits(max_connections=target.connections, max_keepalive_connections=kept)
+        limits = httpx.Limits(max_connections=target.connections)
         self.client = httpx.AsyncClient(
             base_url=target.base_url,
             verify=target.verify,
             limits=limits,
             timeout=httpx.Timeout(target.timeout_s, pool=60),
         )
+        # one connection at a time (PerNodeClient): its beats counted here
+        self.lifetimes, self.uses = Lifetimes(target), 0
+        self.beats = self.lifetimes.next()
 
     async def post(self, path: str, body: dict[str, Any], credential: str) -> tuple[int, bytes]:
+        self.uses += 1
+        last = self.beats > 0 and self.uses >= self.beats
+        headers = {"Authorization": f"Bearer {credential}"}
+        if last:
+            headers["Connection"] = "close"  # httpx's pool lets a connection go only when told so
+            self.uses, self.beats = 0, self.lifetimes.next()
         try:
-            answer = await self.client.post(
-                path, json=body, headers={"Authorization": f"Bearer {credential}"}
-            )
+            answer = await self.client.post(path, json=body, headers=headers)
         except httpx.HTTPError as exc:
+            self.uses, self.beats = 0, self.lifetimes.next()
             raise BeatError(f"{type(exc).__name__}: {exc}") from exc
         return answer.status_code, answer.content
 

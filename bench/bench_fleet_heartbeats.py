@@ -16,12 +16,16 @@ How it is built:
 - Load: one asyncio client (bench/beat_client.py: HTTP/1.1 on asyncio streams over TLS, a connection
   per node, at most `--connections` beats in flight; `--client httpx` for httpx.AsyncClient) sends
   beats at a fixed arrival rate (open loop), with the minion's bytes and its TLS session resumption. A
-  minion keeps its connection from beat to beat (the server keeps an idle one two beats and 15 s), so
-  kept connections are the fleet's steady load: the kept mode first opens every node's connection and
-  measures what holding them costs the server. One run measures three modes side by side against the
-  same server (`--modes`): `kept`; `resumed`, a new connection every `--reconnect-every` beats that
-  resumes its TLS session (a fleet that must reconnect: a control-plane host restarted); and `full`, the
-  same with full handshakes, as every minion beat was before the minion kept and resumed its connection.
+  minion keeps its connection from beat to beat (the server keeps an idle one two beats and 15 s) and
+  lets it go after its lifetime (minion/join/client.py CONNECTION_LIFETIME_S, ± 25 %: about 21 beats at
+  30 s), its last beat asking the server to close it, so that behind a load balancer a restarted host
+  gets its share back. One run measures four modes side by side against the same server (`--modes`),
+  each but the storm first opening every node's connection, as a steady fleet holds them: `kept`, never
+  let go; `resumed`, the minion's own (each connection part-way through its life at the start, so the
+  fleet reconnects at its steady rate); `full`, the same with full handshakes (a minion's next
+  connection reaching another host behind HAProxy); and `storm`, a new resumed connection every beat,
+  a whole fleet reconnecting. `--reconnect-every N` lets the resumed and full connections go after N
+  beats instead.
   Latency is measured from each beat's scheduled time, so a server that falls behind shows it. The
   server runs on core 0 (taskset), the client on the others.
 - Where the time goes: the server's CPU (from /proc/<pid>/stat), PostgreSQL's and the client's, then a
@@ -69,6 +73,7 @@ from bench.results import figure
 from contracts.attestation import ATTESTED_PCRS
 from contracts.jobs import JobsActual
 from contracts.messages import QuoteMessage, to_wire
+from minion.join.client import CONNECTION_LIFETIME_JITTER, CONNECTION_LIFETIME_S
 from minion.join.tls_resume import ResumingContext
 from provisioner.api.tuning import SERVE_HTTP, SERVE_LOOP, TLS_READ_BUFFER
 
@@ -78,9 +83,12 @@ HEARTBEAT_S = 30.0
 SOURCE_NOTE = "quotes from software AK keys, joins stay on swtpm"
 # How a beat's connection is made, measured side by side in one run
 MODES = {
-    "kept": "one connection from beat to beat, as a minion keeps it",
-    "resumed": "a new connection every N beats, resuming its TLS session",
-    "full": "a new connection every N beats, a full handshake",
+    "kept": "one connection from beat to beat, never let go",
+    "resumed": "as a minion does: each connection let go after its lifetime (--reconnect-every), the next "
+    "resuming its TLS session",
+    "full": "the same with full handshakes (behind HAProxy a minion's next connection may reach another "
+    "host, which cannot resume its session)",
+    "storm": "a new connection every beat, resuming: a whole fleet reconnecting at once",
 }
 
 # TPM 2.0 constants (Part 2) for the structures the server parses (provisioner/attestation/tpm_structures.py)
@@ -589,15 +597,17 @@ def _arguments(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument(
         "--reconnect-every",
         type=int,
-        default=int(env("RIGBASE_BENCH_RECONNECT_EVERY", "1")),
-        help="the resumed and full modes: a new TLS connection after every N beats",
+        default=int(env("RIGBASE_BENCH_RECONNECT_EVERY", "0")),
+        help="the resumed and full modes: a new TLS connection after every N beats (0: as a minion, "
+        f"after each connection's lifetime, {CONNECTION_LIFETIME_S:.0f} s ± "
+        f"{100 * CONNECTION_LIFETIME_JITTER:.0f} %%)",
     )
     parser.add_argument("--no-pin", action="store_true", help="do not pin the server to core 0")
     args, _ = parser.parse_known_args(list(argv))  # a neighbour's options pass through
     args.rate = args.rate or args.nodes / HEARTBEAT_S
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    if not args.modes or set(args.modes) - set(MODES) or args.reconnect_every < 1:
-        parser.error(f"--modes takes {', '.join(MODES)}; --reconnect-every at least 1")
+    if not args.modes or set(args.modes) - set(MODES) or args.reconnect_every < 0:
+        parser.error(f"--modes takes {', '.join(MODES)}; --reconnect-every 0 or more")
     if args.nodes < args.quote_every or args.rate <= 0 or args.seconds <= 0:
         parser.error("--nodes must be at least --quote-every, --rate and --seconds positive")
     return args
@@ -697,14 +707,19 @@ async def _load(
 ) -> list[str]:
     if mode != "full":  # the minion's own context, resuming; the same CA
         verify = ResumingContext(ssl.DER_cert_to_PEM_cert(verify.get_ca_certs(binary_form=True)[0]))
-    every = 0 if mode == "kept" else args.reconnect_every
-    client = PerNodeClient(Target(url, verify, 1, reconnect_every=every), CLIENTS[args.client])
+    every = {"kept": 0, "storm": 1}.get(mode, args.reconnect_every)
+    lifetime = 0.0 if mode in ("kept", "storm") else CONNECTION_LIFETIME_S
+    target = Target(
+        url, verify, 1, reconnect_every=every, lifetime_s=lifetime, interval_s=HEARTBEAT_S, partway=True
+    )
+    client = PerNodeClient(target, CLIENTS[args.client])
     try:
         # the server's own background work (reconcilers), without beats
         idle0 = tree_cpu_s(server_pid)
         await asyncio.sleep(3)
         idle_pct = 100 * (tree_cpu_s(server_pid) - idle0) / 3
-        held = await hold(client, nodes, server_pid) if mode == "kept" else []
+        # a steady fleet holds its connections; a storm has none yet
+        held = await hold(client, nodes, server_pid, first) if mode != "storm" else []
         # warm-up: the nodes asked for a quote "in the cycle before" (connections open on the way)
         primed = [n for n in nodes if n.index % args.quote_every == 0]
         warm = Tally()
@@ -754,10 +769,11 @@ def _rss_kib(pid: int) -> int:
     return int(status.split("VmRSS:", 1)[1].split()[0])
 
 
-async def hold(client: BeatClient, nodes: Sequence[SimNode], server_pid: int) -> list[str]:
+async def hold(client: BeatClient, nodes: Sequence[SimNode], server_pid: int, first: bool) -> list[str]:
     """Each node beats once on a connection of its own and keeps it, as a fleet of minions does between
-    beats: what the server's memory grows by for each connection it holds, and what holding them costs
-    its CPU while no beat arrives."""
+    beats: what the server's memory grows by for each connection it holds (`first`: measured only on
+    a fresh server, whose allocator has not held as many before), and what holding them costs its CPU
+    while no beat arrives."""
     opening = asyncio.Semaphore(64)
     tally = Tally()
 
@@ -774,13 +790,17 @@ async def hold(client: BeatClient, nodes: Sequence[SimNode], server_pid: int) ->
     idle_pct = 100 * (tree_cpu_s(server_pid) - cpu0) / 3
     held = client.open if isinstance(client, PerNodeClient) else 0
     per = (after - before) / max(1, held)
-    figure(f"server memory per held connection ({held:,} held)", per, "KiB")
+    memory = ""
+    if first:
+        figure(f"server memory per held connection ({held:,} held)", per, "KiB")
+        memory = (
+            f"; the server's memory {before / 1024:.0f} MiB before, {after / 1024:.0f} MiB holding them: "
+            f"{per:.1f} KiB each, {per * GOAL_NODES / 1024:.0f} MiB for {GOAL_NODES:,} minions (the server "
+            f"runs {SERVE_LOOP} and {SERVE_HTTP}: provisioner/api/tuning.py)"
+        )
     return [
-        f"  held: {held:,} connections open, one per node (errors {sum(tally.errors.values())}); the "
-        f"server's memory {before / 1024:.0f} MiB before, {after / 1024:.0f} MiB holding them: "
-        f"{per:.1f} KiB each, {per * GOAL_NODES / 1024:.0f} MiB for {GOAL_NODES:,} minions (the server runs "
-        f"{SERVE_LOOP} and {SERVE_HTTP}: provisioner/api/tuning.py); its CPU holding "
-        f"them with no beats: {idle_pct:.0f} % of one core",
+        f"  held: {held:,} connections open, one per node (errors {sum(tally.errors.values())}){memory}; "
+        f"its CPU holding them with no beats: {idle_pct:.0f} % of one core",
     ]
 
 
@@ -826,7 +846,14 @@ def _report(
 def _how_connected(args: argparse.Namespace, mode: str) -> str:
     if mode == "kept":
         return "kept connections"
-    every = "every beat" if args.reconnect_every == 1 else f"every {args.reconnect_every} beats"
+    if mode == "storm":
+        return "a new TLS connection every beat, resumed"
+    every = (
+        f"every {args.reconnect_every} beats"
+        if args.reconnect_every
+        else f"after each connection's lifetime ({CONNECTION_LIFETIME_S:.0f} s ± "
+        f"{100 * CONNECTION_LIFETIME_JITTER:.0f} %, as a minion)"
+    )
     return f"a new TLS connection {every}, " + ("full handshakes" if mode == "full" else "resumed")
 
 

@@ -8,7 +8,9 @@ gives; only the transport can fail (ConnectionProblem), which the caller retries
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import random
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -77,15 +79,70 @@ def beat_idle_s(interval_s: float) -> float:
     return 1.5 * interval_s + 5
 
 
+#: How long a minion keeps one connection before its next request asks the server to close it
+#: (`Connection: close`), so that the request after it opens a new one, resuming TLS. Behind a load
+#: balancer a connection stays on its host for as long as it lives: a host restarted or added gets its
+#: share of the fleet back within this long. Each connection draws its own lifetime within ±25 % of
+#: it, so a fleet that reconnected at once (a host restarted) spreads its next reconnects out.
+CONNECTION_LIFETIME_S = 600.0
+CONNECTION_LIFETIME_JITTER = 0.25
+
+
+def connection_lifetime_s(
+    mean_s: float = CONNECTION_LIFETIME_S, draw: Callable[[], float] = random.random
+) -> float:
+    """One connection's lifetime: `mean_s` within ±CONNECTION_LIFETIME_JITTER, uniformly."""
+    return mean_s * (1 - CONNECTION_LIFETIME_JITTER + 2 * CONNECTION_LIFETIME_JITTER * draw())
+
+
+class ConnectionAge:
+    """When the connection a client sends on was opened (the first answer it carried, told apart by
+    httpcore's network stream), and whether the next request is past its lifetime and so its last."""
+
+    def __init__(
+        self,
+        mean_s: float,
+        clock: Callable[[], float] = time.monotonic,
+        draw: Callable[[], float] = random.random,
+    ) -> None:
+        self.mean_s, self.clock, self.draw = mean_s, clock, draw
+        self.lifetime_s = connection_lifetime_s(mean_s, draw)
+        self.stream: object | None = None
+        self.opened_at = 0.0
+
+    def last(self) -> bool:
+        """The next request asks for its connection to be closed after its answer."""
+        return self.stream is not None and self.clock() - self.opened_at >= self.lifetime_s
+
+    def answered(self, stream: object | None, sent_at: float, closed: bool) -> None:
+        """A request sent at `sent_at` was answered on `stream`; `closed`: the connection ends with it."""
+        if closed:
+            self.stream, self.lifetime_s = None, connection_lifetime_s(self.mean_s, self.draw)
+        elif stream is not self.stream:
+            self.stream, self.opened_at = stream, sent_at
+
+    def forget(self) -> None:
+        """The connection failed or was closed: the next one is aged from its own first answer."""
+        self.stream = None
+
+
 class ControlPlane:
     """httpx client for one control plane, trusting the bundle's CA when it has one. A connection is kept
-    `idle_s` between requests; a new one resumes the last TLS session (minion/join/tls_resume.py)."""
+    `idle_s` between requests and let go after its lifetime (`lifetime_s` on average, ConnectionAge); a new
+    one resumes the last TLS session (minion/join/tls_resume.py)."""
 
-    def __init__(self, enrollment: Enrollment, timeout: float = 15.0, idle_s: float = IDLE_S) -> None:
+    def __init__(
+        self,
+        enrollment: Enrollment,
+        timeout: float = 15.0,
+        idle_s: float = IDLE_S,
+        lifetime_s: float = CONNECTION_LIFETIME_S,
+    ) -> None:
         self.enrollment = enrollment
         self.timeout = timeout
         self.tls = self.ssl_context()
         self.idle_s = idle_s
+        self.age = ConnectionAge(lifetime_s)
         self.http = self._client()
 
     def _client(self) -> httpx.Client:
@@ -106,6 +163,7 @@ class ControlPlane:
         if seconds != self.idle_s:
             self.idle_s = seconds
             self.http.close()
+            self.age.forget()
             self.http = self._client()
 
     def close(self) -> None:
@@ -128,18 +186,29 @@ class ControlPlane:
         """Any request (`json=`, `content=`); ConnectionProblem as for post."""
         return self._send(method, path, token, headers, **kwargs)
 
+    def headers(self, token: str | None, last: bool = False) -> dict[str, str]:
+        """A request's own headers: its credential, and `Connection: close` on its connection's last."""
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        if last:
+            headers["Connection"] = "close"
+        return headers
+
     def _send(
         self, method: str, path: str, token: str | None, more: Mapping[str, str] | None = None, **kwargs: Any
     ) -> httpx.Response:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        headers = self.headers(token, self.age.last())
         headers.update(more or {})
+        sent_at = self.age.clock()
         try:
             response = self.http.request(method, path, headers=headers, **kwargs)
         except httpx.TransportError as exc:
+            self.age.forget()
             raise ConnectionProblem(
                 f"cannot reach the control plane at {self.enrollment.control_plane_url} "
                 f"({type(exc).__name__})"
             ) from exc
+        closed = "close" in (headers.get("Connection"), response.headers.get("Connection"))
+        self.age.answered(response.extensions.get("network_stream"), sent_at, closed)
         if response.status_code >= 500:
             raise ConnectionProblem(
                 f"the control plane answered HTTP {response.status_code}: {_message(response)}"

@@ -14,8 +14,8 @@ import pytest
 
 from bench.beat_client import CLIENTS, BeatError, StreamBeatClient, Target
 from bench.bench_fleet_heartbeats import ACTUAL, seed
+from minion.join.client import ConnectionAge, Enrollment, beat_idle_s
 from minion.join.client import ControlPlane as MinionControlPlane
-from minion.join.client import Enrollment, beat_idle_s
 from minion.join.tls_resume import ResumingContext, TlsCounts
 from tests.fixtures.control_plane import ControlPlane, start_control_plane
 from tests.fixtures.wire_meter import wire_meter
@@ -98,11 +98,24 @@ def test_a_refused_credential_is_an_answer_and_a_dead_server_an_error(
     assert refused.startswith("connect:")
 
 
-def _minion(url: str, ca: str, node: tuple[str, str], beats: int, idle_s: float) -> TlsCounts:
-    """`beats` heartbeats through the minion's own client, its connection kept `idle_s` between them."""
+# A connection lifetime shorter than a beat (its ±25 % included): each connection carries two beats, the
+# second asking the server to close it
+LIFETIME_S, INTERVAL_S = 60.0, 100.0
+CLOSE_NOTIFY = 5 + 2 + 1 + 16  # a TLS 1.3 alert record: header, alert, content type, AEAD tag
+
+
+def _minion(
+    url: str, ca: str, node: tuple[str, str], beats: int, idle_s: float, lifetime: bool = False
+) -> TlsCounts:
+    """`beats` heartbeats through the minion's own client, its connection kept `idle_s` between them;
+    `lifetime`: a beat every INTERVAL_S on the connection's clock, each connection living LIFETIME_S."""
     cp = MinionControlPlane(Enrollment(url, None, ca_certificate=ca), idle_s=idle_s)
+    now = [0.0]
+    if lifetime:
+        cp.age = ConnectionAge(LIFETIME_S, clock=lambda: now[0])
     try:
-        for _ in range(beats):
+        for beat in range(beats):
+            now[0] = beat * INTERVAL_S
             response = cp.post(f"/v1/nodes/{node[0]}/heartbeat", {"version": 1, "actual": ACTUAL}, node[1])
             assert response.status_code == 200, response.text
             time.sleep(0.01)  # past an idle time of 0
@@ -111,11 +124,21 @@ def _minion(url: str, ca: str, node: tuple[str, str], beats: int, idle_s: float)
     return cp.tls.counts
 
 
-def _bench(url: str, ca: str, node: tuple[str, str], beats: int, reconnect_every: int) -> TlsCounts:
+def _bench(
+    url: str, ca: str, node: tuple[str, str], beats: int, reconnect_every: int, lifetime: bool = False
+) -> TlsCounts:
     context = ResumingContext(ca)
+    target = Target(
+        url,
+        context,
+        1,
+        reconnect_every=reconnect_every,
+        lifetime_s=LIFETIME_S if lifetime else 0,
+        interval_s=INTERVAL_S,
+    )
 
     async def go() -> None:
-        client = StreamBeatClient(Target(url, context, 1, reconnect_every=reconnect_every))
+        client = StreamBeatClient(target)
         try:
             for _ in range(beats):
                 status, body = await client.post(
@@ -129,26 +152,39 @@ def _bench(url: str, ca: str, node: tuple[str, str], beats: int, reconnect_every
     return context.counts
 
 
-@pytest.mark.parametrize(("idle_s", "reconnect_every"), [(60.0, 0), (0.0, 1)], ids=["kept", "per-beat"])
+@pytest.mark.parametrize(
+    ("idle_s", "reconnect_every", "lifetime", "connections"),
+    [(60.0, 0, False, 1), (0.0, 1, False, 4), (60.0, 0, True, 2)],
+    ids=["kept", "per-beat", "lifetime"],
+)
 def test_on_the_wire_the_bench_client_is_a_minion(
-    served: tuple[ControlPlane, list[tuple[str, str]]], idle_s: float, reconnect_every: int
+    served: tuple[ControlPlane, list[tuple[str, str]]],
+    idle_s: float,
+    reconnect_every: int,
+    lifetime: bool,
+    connections: int,
 ) -> None:
     """Through one counting relay, the same node's beats from the minion's client and from the bench's:
     the same connections, the same resumed handshakes, and the same bytes in each direction on each
-    connection (the hello and its ALPN, the request heads and bodies in their TLS records, the close)."""
+    connection (the hello and its ALPN, the request heads and bodies in their TLS records, the close).
+    `lifetime`: each connection's second beat asks the server to close it (`Connection: close`)."""
     cp, nodes = served
     ca = cp.ca.read_text()
     port = int(cp.url.rsplit(":", 1)[1])
     with wire_meter(port) as meter:
         url = f"https://127.0.0.1:{meter.port}"
-        minion_counts = _minion(url, ca, nodes[0], 3, idle_s)
+        minion_counts = _minion(url, ca, nodes[0], 4, idle_s, lifetime)
         minion_wire = meter.take()
-        bench_counts = _bench(url, ca, nodes[0], 3, reconnect_every)
+        bench_counts = _bench(url, ca, nodes[0], 4, reconnect_every, lifetime)
         bench_wire = meter.take()
-    connections = 1 if reconnect_every == 0 else 3
     assert minion_counts == bench_counts == TlsCounts(connections, connections - 1)
     assert len(minion_wire) == connections
-    assert [c.up for c in bench_wire] == [c.up for c in minion_wire]
+    # a connection the server closed (its last beat asked it to): asyncio's TLS answers the server's
+    # close_notify with its own, one 24-byte record, when it read it before the client let go; httpcore's
+    # socket just closes
+    answered = (0, CLOSE_NOTIFY) if lifetime else (0,)
+    ups = zip(bench_wire, minion_wire, strict=True)
+    assert all(b.up - m.up in answered for b, m in ups), (bench_wire, minion_wire)
     # the server's side: the same but for its ECDSA signature in a full handshake, 70 to 72 bytes in DER
     assert abs(bench_wire[0].down - minion_wire[0].down) <= 2
     assert [c.down for c in bench_wire[1:]] == [c.down for c in minion_wire[1:]]
