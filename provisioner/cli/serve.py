@@ -111,7 +111,8 @@ def run_control_plane(  # noqa: C901, PLR0915
     from contracts.errors import RigbaseError
     from provisioner.adapters.tls import rotating_tickets, server_tls
     from provisioner.api.app import create_app
-    from provisioner.api.tuning import SERVE_HTTP, SERVE_LOOP, keep_alive_s, tune_process
+    from provisioner.api.http_protocol import HTTP_PROTOCOL
+    from provisioner.api.tuning import SERVE_LOOP, keep_alive_s, tune_process
     from provisioner.client import read_client_config, write_client_config
     from provisioner.services.accounts import tokens
     from provisioner.store.engine import make_sessionmaker, session_scope
@@ -180,9 +181,10 @@ def run_control_plane(  # noqa: C901, PLR0915
     options = {
         "log_level": "warning",
         # uvloop and httptools (uvicorn's own "standard" stack) rather than asyncio and h11: a held TLS
-        # connection costs 38 KiB, not 65 (bench fleet_heartbeats), and the HTTP parser is C
+        # connection costs 38 KiB, not 65 (bench fleet_heartbeats), and the HTTP parser is C; its
+        # protocol lets go of a finished request (api/http_protocol.py)
         "loop": SERVE_LOOP,
-        "http": SERVE_HTTP,
+        "http": HTTP_PROTOCOL,
         "timeout_graceful_shutdown": SHUTDOWN_GRACE_S,
         # a minion keeps one connection from beat to beat (minion/join/client.py beat_idle_s)
         "timeout_keep_alive": keep_alive_s(settings.heartbeat_s),
