@@ -23,6 +23,7 @@ class HttpProtocol(HttpToolsProtocol):
         super().on_response_complete()
         cycle = self.cycle
         if cycle is not None and cycle.response_complete and not cycle.more_body and not self.pipeline:
-            # uvicorn reads neither again before the next request's on_message_begin sets them
             self.cycle = None  # type: ignore[assignment]
-            self.scope = None  # type: ignore[assignment]
+            # the next request's, when its head is arriving already (a pipelining client), is kept
+            if self.scope is cycle.scope:
+                self.scope = None  # type: ignore[assignment]

@@ -140,3 +140,18 @@ def test_an_answer_before_the_body_arrived_keeps_the_request_until_its_body_is_r
         conn.sendall(b"67890" + _post("/after", b"xy"))
         assert _read_answers(conn, 1) == [b"HTTP/1.1 200 OK | /after 2"]
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+
+
+def test_a_pipelined_request_whose_head_arrives_in_pieces_is_answered(
+    served: tuple[int, App, uvicorn.Server], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The next request's head begins before the answer to the one before is sent: its scope is the
+    protocol's by then, and letting go of the finished request must leave it."""
+    port, _, _ = served
+    caplog.set_level(logging.ERROR)
+    with socket.create_connection(("127.0.0.1", port)) as conn:
+        conn.sendall(_post("/first", b"1") + b"POST /second HTTP/1.1\r\nHost: t\r\n")
+        assert _read_answers(conn, 1) == [b"HTTP/1.1 200 OK | /first 1"]
+        conn.sendall(b"Content-Length: 2\r\n\r\nzz")
+        assert _read_answers(conn, 1) == [b"HTTP/1.1 200 OK | /second 2"]
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
